@@ -1,0 +1,27 @@
+# Everything a newcomer runs. Each target sets itself up: a virtualenv with the project and its
+# dependencies; the Kafka broker's jars and Spark's Kafka connector come from Maven Central on
+# first use, into the cache folder (GEOINGEST_CACHE_DIR, default ~/.cache/geoingest).
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+INSTALLED := $(VENV)/.installed
+
+.PHONY: setup demo test clean
+
+$(INSTALLED): pyproject.toml
+	@$(PYTHON) -c 'import sys; assert sys.version_info[:2] == (3, 11), f"geoingest needs Python 3.11, {sys.executable} is {sys.version.split()[0]}"'
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet --editable ".[test]"
+	@touch $@
+
+setup: $(INSTALLED)
+
+demo: setup
+	$(VENV)/bin/geoingest demo
+
+test: setup
+	$(PY) -m pytest
+
+clean:
+	rm -rf .demo $(VENV)

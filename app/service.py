@@ -1,0 +1,135 @@
+"""Wiring of the ingest service: settings -> Spark -> table -> streaming query, and its stop on SIGTERM."""
+
+from __future__ import annotations
+
+import json
+import logging
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from pyspark.sql import SparkSession
+
+from app.settings import Settings
+from app.spark import spark_session
+from streaming.catalog import load_contract_table, open_catalog
+from streaming.contract import Contract
+from streaming.decode import DecodeOptions
+from streaming.job import BatchProcessor, BatchReport, JobConfig, start_query
+
+log = logging.getLogger("geoingest.service")
+
+
+class JsonLinesFormatter(logging.Formatter):
+    """One JSON object per log line, with any `extra` mapping merged in."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        entry = {
+            "ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created)) + f".{int(record.msecs):03d}Z",
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "msg": record.getMessage(),
+        }
+        for key in ("batch", "settings", "summary"):
+            if hasattr(record, key):
+                entry[key] = getattr(record, key)
+        if record.exc_info:
+            entry["error"] = self.formatException(record.exc_info)
+        return json.dumps(entry, default=str)
+
+
+def configure_logging(level: str = "INFO") -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(JsonLinesFormatter())
+    root = logging.getLogger("geoingest")
+    root.handlers[:] = [handler]
+    root.setLevel(level)
+    root.propagate = False
+    # kafka-python reports every reconnect attempt at ERROR; the service reports what matters.
+    logging.getLogger("kafka").setLevel(logging.CRITICAL)
+
+
+@dataclass
+class RunTotals:
+    """Running totals over the batches of one run (the demo summary reads them)."""
+
+    batches: int = 0
+    consumed: int = 0
+    committed_rows: int = 0
+    files: int = 0
+    bytes: int = 0
+    rejected: dict[str, int] = field(default_factory=dict)
+    commits: dict[str, int] = field(default_factory=dict)
+
+    def observe(self, report: BatchReport) -> None:
+        self.batches += 1
+        self.consumed += report.consumed
+        self.committed_rows += report.committed_rows if report.outcome and report.outcome.status == "committed" else 0
+        self.files += len(report.files)
+        self.bytes += sum(f.file_size_in_bytes for f in report.files)
+        for reason, n in report.rejected.items():
+            self.rejected[reason] = self.rejected.get(reason, 0) + n
+        if report.outcome is not None:
+            self.commits[report.outcome.status] = self.commits.get(report.outcome.status, 0) + 1
+
+
+def job_config(settings: Settings, contract: Contract) -> JobConfig:
+    return JobConfig(
+        bootstrap_servers=settings.bootstrap_servers,
+        topic=settings.topic,
+        checkpoint_location=settings.checkpoint_for(contract.table),
+        writer_id=settings.writer_id_for(contract.table),
+        starting_offsets=settings.starting_offsets,
+        max_offsets_per_trigger=settings.max_offsets_per_trigger,
+        rows_per_partition=settings.rows_per_partition,
+        kafka_options=dict(settings.kafka),
+        decode=DecodeOptions(max_message_bytes=settings.max_message_bytes, max_vertices=settings.max_vertices),
+    )
+
+
+def start_spark(settings: Settings) -> SparkSession:
+    return spark_session(settings.spark_master, settings.cache_dir, settings.driver_memory, settings.spark)
+
+
+def run(settings: Settings, contract: Contract, until_idle: bool,
+        observers: tuple[Callable[[BatchReport], None], ...] = (),
+        spark: SparkSession | None = None) -> RunTotals:
+    """Run the ingest. With until_idle, drain what the topic holds and return; otherwise run until
+    SIGTERM or SIGINT, then stop after the batch in progress."""
+    catalog = open_catalog(settings.catalog_name, settings.catalog)
+    table = load_contract_table(catalog, contract)
+    totals = RunTotals()
+    spark = spark or start_spark(settings)
+    config = job_config(settings, contract)
+    log.info("starting", extra={"settings": {**settings.shown(), "table": contract.table,
+                                              "writer_id": config.writer_id, "until_idle": until_idle}})
+    processor = BatchProcessor(spark, table, contract, config, observers=(totals.observe, *observers))
+    query = start_query(spark, processor, until_idle=until_idle, trigger_interval=settings.trigger_interval)
+
+    stop_requested = threading.Event()
+    if not until_idle and threading.current_thread() is threading.main_thread():
+        def request_stop(signum, _frame):
+            log.info("stop requested", extra={"summary": {"signal": signal.Signals(signum).name}})
+            stop_requested.set()
+        signal.signal(signal.SIGTERM, request_stop)
+        signal.signal(signal.SIGINT, request_stop)
+
+    while query.isActive:
+        if stop_requested.is_set():
+            _stop_after_current_batch(query)
+            break
+        query.awaitTermination(1.0)
+    if query.exception() is not None:
+        raise RuntimeError(f"the streaming query failed: {query.exception()}")
+    return totals
+
+
+def _stop_after_current_batch(query) -> None:
+    # A batch in progress finishes its commit; stopping between batches loses nothing, since
+    # offsets are only recorded once a batch is done.
+    while query.isActive and query.status.get("isTriggerActive"):
+        time.sleep(0.2)
+    query.stop()

@@ -1,0 +1,147 @@
+"""One frozen, typed settings object, from defaults, an optional TOML file and the environment.
+
+Precedence: environment (GEOINGEST_*) over the file (GEOINGEST_CONFIG or --config) over defaults.
+Nested maps are set in the environment with a double underscore:
+GEOINGEST_CATALOG__URI=postgresql+psycopg2://... or GEOINGEST_KAFKA__SASL_MECHANISM=PLAIN
+(the Kafka key is lower-cased and its underscores become dots: sasl.mechanism).
+Values of keys that look secret are masked wherever settings are shown.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import os
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+ENV_PREFIX = "GEOINGEST_"
+_SECRET_MARKERS = ("password", "secret", "token", "jaas", "credential", "key.pem", "keystore", "truststore")
+_MASK = "***"
+
+
+def _default_cache_dir() -> str:
+    return str(Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "geoingest")
+
+
+@dataclass(frozen=True)
+class Settings:
+    # Kafka
+    bootstrap_servers: str = "127.0.0.1:9092"
+    topic: str = "geo-events"
+    dlq_topic: str = ""  # default: "<topic>.dlq"
+    starting_offsets: str = "earliest"
+    max_offsets_per_trigger: int = 1_000_000
+    # Extra Kafka client options, passed to the Spark source as kafka.<key> (SASL, SSL, ...).
+    kafka: dict[str, str] = field(default_factory=dict)
+    # Iceberg catalog (pyiceberg properties)
+    catalog_name: str = "geoingest"
+    catalog: dict[str, str] = field(default_factory=lambda: {
+        "type": "sql",
+        "uri": f"sqlite:///{Path('.demo/catalog.db').absolute()}",
+        "warehouse": f"file://{Path('.demo/warehouse').absolute()}",
+    })
+    # Streaming
+    checkpoint_location: str = field(default_factory=lambda: str(Path(".demo/checkpoints").absolute()))
+    writer_id: str = ""  # default: derived from the checkpoint location and the table
+    trigger_interval: str = "10 seconds"
+    rows_per_partition: int = 1_000_000
+    max_message_bytes: int = 1024 * 1024
+    max_vertices: int = 100_000
+    # Spark
+    spark_master: str = "local[*]"
+    driver_memory: str = "2g"
+    spark: dict[str, str] = field(default_factory=dict)  # any spark.* configuration
+    # Local state
+    cache_dir: str = field(default_factory=_default_cache_dir)
+    metrics_port: int = 9108
+
+    @property
+    def dead_letter_topic(self) -> str:
+        return self.dlq_topic or f"{self.topic}.dlq"
+
+    def checkpoint_for(self, table: str) -> str:
+        return f"{self.checkpoint_location.rstrip('/')}/{table}"
+
+    def writer_id_for(self, table: str) -> str:
+        """Stable for a streaming query: the same checkpoint and table give the same writer id."""
+        if self.writer_id:
+            return self.writer_id
+        digest = hashlib.sha256(f"{self.checkpoint_for(table)}|{table}".encode()).hexdigest()
+        return f"geoingest-{digest[:16]}"
+
+    def shown(self) -> dict[str, Any]:
+        """The settings as a user may see them: secrets masked."""
+        return {k: _mask(k, v) for k, v in dataclasses.asdict(self).items()}
+
+    def __repr__(self) -> str:
+        return f"Settings({self.shown()!r})"
+
+
+def _mask(key: str, value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _mask(k, v) for k, v in value.items()}
+    if any(marker in key.lower() for marker in _SECRET_MARKERS):
+        return _MASK
+    if isinstance(value, str) and "://" in value and "@" in value:
+        scheme, rest = value.split("://", 1)
+        creds, host = rest.rsplit("@", 1)
+        return f"{scheme}://{creds.split(':')[0]}:{_MASK}@{host}" if ":" in creds else value
+    return value
+
+
+class SettingsError(ValueError):
+    pass
+
+
+def load_settings(config_file: str | Path | None = None, env: dict[str, str] | None = None,
+                  **overrides: Any) -> Settings:
+    env = dict(os.environ if env is None else env)
+    values: dict[str, Any] = {}
+    config_file = config_file or env.get(f"{ENV_PREFIX}CONFIG")
+    if config_file:
+        path = Path(config_file)
+        try:
+            values.update(tomllib.loads(path.read_text()))
+        except FileNotFoundError:
+            raise SettingsError(f"{path}: settings file not found") from None
+        except tomllib.TOMLDecodeError as exc:
+            raise SettingsError(f"{path}: not valid TOML ({exc})") from None
+    fields = {f.name: f for f in dataclasses.fields(Settings)}
+    for key, raw in env.items():
+        if not key.startswith(ENV_PREFIX) or key == f"{ENV_PREFIX}CONFIG":
+            continue
+        name, _, sub = key.removeprefix(ENV_PREFIX).lower().partition("__")
+        if name not in fields:
+            continue
+        if sub:
+            sub_key = sub.replace("_", ".") if name in ("kafka", "spark") else sub
+            values.setdefault(name, dict(_default(fields[name])))[sub_key] = raw
+        else:
+            values[name] = raw
+    values.update({k: v for k, v in overrides.items() if v is not None})
+    unknown = set(values) - set(fields)
+    if unknown:
+        raise SettingsError(f"unknown settings: {sorted(unknown)}")
+    typed = {name: _coerce(name, value, fields[name]) for name, value in values.items()}
+    return Settings(**typed)
+
+
+def _default(f: dataclasses.Field) -> Any:
+    return f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+
+
+def _coerce(name: str, value: Any, f: dataclasses.Field) -> Any:
+    kind = type(_default(f))
+    if kind is dict:
+        if not isinstance(value, dict):
+            raise SettingsError(f"{name}: expected a table of key = value, got {value!r}")
+        return {str(k): str(v) for k, v in value.items()}
+    if kind is int:
+        try:
+            return int(value)
+        except (TypeError, ValueError):
+            raise SettingsError(f"{name}: expected a whole number, got {value!r}") from None
+    return str(value)

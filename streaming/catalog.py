@@ -1,0 +1,109 @@
+"""The Iceberg catalog and the tables made from contracts."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from pyiceberg.catalog import Catalog, load_catalog
+from pyiceberg.exceptions import NamespaceAlreadyExistsError, NoSuchTableError
+from pyiceberg.table import Table
+
+from streaming.contract import Contract
+
+
+class TableMismatch(RuntimeError):
+    """The table exists, but was made from another contract."""
+
+
+def open_catalog(name: str, properties: dict[str, str]) -> Catalog:
+    props = dict(properties)
+    uri = props.get("uri", "")
+    if uri.startswith("sqlite:///"):
+        Path(uri.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+    warehouse = props.get("warehouse", "")
+    if warehouse.startswith("file://"):
+        Path(warehouse.removeprefix("file://")).mkdir(parents=True, exist_ok=True)
+    return load_catalog(name, **props)
+
+
+def create_table(catalog: Catalog, contract: Contract) -> tuple[Table, bool]:
+    """The contract's table, created if missing. Returns (table, created)."""
+    try:
+        catalog.create_namespace(contract.namespace)
+    except NamespaceAlreadyExistsError:
+        pass
+    try:
+        table = catalog.load_table(contract.table)
+    except NoSuchTableError:
+        table = catalog.create_table(
+            contract.table,
+            schema=contract.iceberg_schema(),
+            properties=contract.table_properties(),
+        )
+        check_table_matches(table, contract)
+        return table, True
+    check_table_matches(table, contract)
+    return table, False
+
+
+def load_contract_table(catalog: Catalog, contract: Contract) -> Table:
+    try:
+        table = catalog.load_table(contract.table)
+    except NoSuchTableError:
+        raise NoSuchTableError(
+            f"table {contract.table} does not exist; create it with "
+            f"'geoingest table create --contract <file>'"
+        ) from None
+    check_table_matches(table, contract)
+    return table
+
+
+def check_table_matches(table: Table, contract: Contract) -> None:
+    """The table's schema and geometry properties are the contract's: writes would break otherwise."""
+    expected = contract.iceberg_schema()
+    actual = table.schema()
+    if actual.as_struct() != expected.as_struct():
+        raise TableMismatch(
+            f"table {contract.table}: its schema differs from the contract's.\n"
+            f"table:    {actual}\ncontract: {expected}"
+        )
+    props = table.properties
+    for key, value in contract.table_properties().items():
+        if key.startswith("geo.") and props.get(key) != value:
+            raise TableMismatch(
+                f"table {contract.table}: property {key} is {props.get(key)!r}, the contract says {value!r}"
+            )
+
+
+def describe(table: Table) -> dict[str, Any]:
+    """What a user wants to see of a geospatial table: schema, geometry column, layout, snapshots."""
+    props = table.properties
+    geometry = props.get("geo.primary-column")
+    prefix = f"geo.column.{geometry}."
+    snapshot = table.current_snapshot()
+    return {
+        "table": ".".join(table.name()),
+        "location": table.location(),
+        "format_version": table.metadata.format_version,
+        "schema": [
+            {"id": f.field_id, "name": f.name, "type": str(f.field_type), "required": f.required}
+            for f in table.schema().fields
+        ],
+        "geometry": {
+            "column": geometry,
+            **{k.removeprefix(prefix): v for k, v in props.items() if k.startswith(prefix)},
+        },
+        "hilbert": {
+            "bits": int(props["geo.hilbert.bits"]) if "geo.hilbert.bits" in props else None,
+            "extent": [float(v) for v in props.get("geo.hilbert.extent", "").split(",") if v],
+        },
+        "snapshots": len(table.metadata.snapshots),
+        "current_snapshot": None if snapshot is None else {
+            "id": snapshot.snapshot_id,
+            "timestamp_ms": snapshot.timestamp_ms,
+            "summary": dict(snapshot.summary.additional_properties) if snapshot.summary else {},
+        },
+        "contract": json.loads(props["geoingest.contract"]) if "geoingest.contract" in props else None,
+    }

@@ -1,0 +1,372 @@
+"""Table contracts: what a table holds and how events map onto it.
+
+A contract is a JSON file in `schemas/`. It is validated when loaded, and every error names the
+field that caused it (`columns[2].type: ...`). From a contract come the Iceberg schema, the
+Arrow schema of the data files, and the table properties that record the geometry column.
+
+Field ids are those Iceberg assigns on table creation (top-level fields 1..n in order, then the
+fields of the bbox struct), so the contract states them and loading checks them: the ids a
+contract promises are the ids the table gets.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+from pyiceberg.io.pyarrow import schema_to_pyarrow
+from pyiceberg.schema import Schema
+from pyiceberg.types import (
+    BinaryType,
+    BooleanType,
+    DoubleType,
+    FloatType,
+    IcebergType,
+    IntegerType,
+    LongType,
+    NestedField,
+    StringType,
+    StructType,
+    TimestamptzType,
+)
+from pyproj import CRS
+
+COLUMN_TYPES: dict[str, IcebergType] = {
+    "string": StringType(),
+    "int": IntegerType(),
+    "long": LongType(),
+    "float": FloatType(),
+    "double": DoubleType(),
+    "boolean": BooleanType(),
+    "timestamptz": TimestamptzType(),
+}
+GEOMETRY_TYPES = (
+    "Point",
+    "LineString",
+    "Polygon",
+    "MultiPoint",
+    "MultiLineString",
+    "MultiPolygon",
+    "GeometryCollection",
+)
+DIMENSIONS = ("XY", "XYZ", "XYM", "XYZM")
+FORMATS = ("geojson", "wkb", "ewkb")
+KAFKA_SOURCES = ("kafka.key", "kafka.timestamp", "kafka.topic", "kafka.partition", "kafka.offset")
+BBOX_FIELDS = ("xmin", "ymin", "xmax", "ymax")
+DEFAULT_HILBERT_BITS = 16
+# Defaults measured by bench/layout.py (see README, "Layout defaults").
+DEFAULT_TARGET_FILE_BYTES = 64 * 1024 * 1024
+DEFAULT_ROW_GROUP_ROWS = 16_384
+
+
+class ContractError(ValueError):
+    """A contract that cannot be used; the message starts with the offending field."""
+
+
+@dataclass(frozen=True)
+class Column:
+    id: int
+    name: str
+    type: str
+    required: bool
+    sources: tuple[str, ...]
+
+    @property
+    def iceberg_type(self) -> IcebergType:
+        return COLUMN_TYPES[self.type]
+
+
+@dataclass(frozen=True)
+class GeometrySpec:
+    id: int
+    name: str
+    types: tuple[str, ...]
+    dimensions: tuple[str, ...]
+    epsg: int
+    encoding: str
+    invalid_polygons: str  # "reject" or "repair"
+
+    @property
+    def crs(self) -> str:
+        return f"EPSG:{self.epsg}"
+
+
+@dataclass(frozen=True)
+class Clustering:
+    hilbert_bits: int
+    extent: tuple[float, float, float, float]
+    target_file_bytes: int
+    row_group_rows: int
+
+
+@dataclass(frozen=True)
+class Contract:
+    table: str
+    description: str
+    formats: tuple[str, ...]
+    columns: tuple[Column, ...]
+    geometry: GeometrySpec
+    bbox_name: str
+    bbox_id: int
+    clustering: Clustering
+    source: dict[str, Any]
+
+    @property
+    def namespace(self) -> str:
+        return self.table.rsplit(".", 1)[0]
+
+    @property
+    def bbox_field_ids(self) -> dict[str, int]:
+        """Ids of bbox.xmin .. bbox.ymax: Iceberg numbers nested fields after all top-level ones."""
+        first = self.bbox_id + 1
+        return {name: first + i for i, name in enumerate(BBOX_FIELDS)}
+
+    def iceberg_schema(self) -> Schema:
+        fields = [
+            NestedField(c.id, c.name, c.iceberg_type, required=c.required) for c in self.columns
+        ]
+        fields.append(NestedField(self.geometry.id, self.geometry.name, BinaryType(), required=True))
+        bbox = StructType(
+            *(
+                NestedField(fid, name, DoubleType(), required=True)
+                for name, fid in self.bbox_field_ids.items()
+            )
+        )
+        fields.append(NestedField(self.bbox_id, self.bbox_name, bbox, required=True))
+        return Schema(*fields)
+
+    def arrow_schema(self) -> pa.Schema:
+        """Arrow schema of the data files, with Iceberg field ids on every field.
+
+        pyiceberg maps strings and binaries to Arrow's large types; Spark exchanges the regular
+        ones with Python workers, and Parquet stores both alike, so the regular ones are used.
+        """
+        return _regular_types(schema_to_pyarrow(self.iceberg_schema()))
+
+    def table_properties(self) -> dict[str, str]:
+        """How the geometry is stored, recorded on the table in the spirit of Havasu."""
+        g = self.geometry
+        prefix = f"geo.column.{g.name}"
+        return {
+            "format-version": "2",
+            "write.parquet.compression-codec": "zstd",
+            # Truncated WKB bytes bound nothing; the bbox.* columns carry the spatial bounds.
+            f"write.metadata.metrics.column.{g.name}": "counts",
+            "geo.primary-column": g.name,
+            f"{prefix}.encoding": g.encoding.lower(),
+            f"{prefix}.types": ",".join(g.types),
+            f"{prefix}.dimensions": ",".join(g.dimensions),
+            f"{prefix}.crs": g.crs,
+            f"{prefix}.covering": self.bbox_name,
+            "geo.hilbert.bits": str(self.clustering.hilbert_bits),
+            "geo.hilbert.extent": ",".join(repr(v) for v in self.clustering.extent),
+            "geoingest.contract": json.dumps(self.source, sort_keys=True, separators=(",", ":")),
+        }
+
+
+def _regular_type(t: pa.DataType) -> pa.DataType:
+    if pa.types.is_large_string(t):
+        return pa.string()
+    if pa.types.is_large_binary(t):
+        return pa.binary()
+    if pa.types.is_struct(t):
+        return pa.struct([f.with_type(_regular_type(f.type)) for f in t])
+    return t
+
+
+def _regular_types(schema: pa.Schema) -> pa.Schema:
+    return pa.schema([f.with_type(_regular_type(f.type)) for f in schema], metadata=schema.metadata)
+
+
+def load_contract(path: str | Path) -> Contract:
+    path = Path(path)
+    try:
+        raw = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise ContractError(f"{path}: no such contract file") from None
+    except json.JSONDecodeError as exc:
+        raise ContractError(f"{path}: not valid JSON ({exc})") from None
+    try:
+        return parse_contract(raw)
+    except ContractError as exc:
+        raise ContractError(f"{path}: {exc}") from None
+
+
+def parse_contract(raw: Any) -> Contract:
+    if not isinstance(raw, dict):
+        raise ContractError("the contract must be a JSON object")
+    table = _require(raw, "table", str)
+    if table.count(".") < 1 or not all(table.split(".")):
+        raise ContractError(f"table: {table!r} must be 'namespace.name'")
+    formats = tuple(_require(raw, "formats", list))
+    for i, fmt in enumerate(formats):
+        if fmt not in FORMATS:
+            raise ContractError(f"formats[{i}]: {fmt!r} is not one of {list(FORMATS)}")
+    if not formats:
+        raise ContractError("formats: at least one event format is needed")
+
+    raw_columns = _require(raw, "columns", list)
+    columns = tuple(_parse_column(c, f"columns[{i}]") for i, c in enumerate(raw_columns))
+    geometry = _parse_geometry(_require(raw, "geometry", dict))
+    raw_bbox = _require(raw, "bbox", dict)
+    bbox_name = _require(raw_bbox, "name", str, "bbox.")
+    bbox_id = _require(raw_bbox, "id", int, "bbox.")
+
+    names = [c.name for c in columns] + [geometry.name, bbox_name]
+    for name in names:
+        if names.count(name) > 1:
+            raise ContractError(f"columns: the name {name!r} is used twice")
+    # Iceberg assigns 1..n to top-level fields in order on create; the contract must agree.
+    declared = [(f"columns[{i}].id", c.id) for i, c in enumerate(columns)]
+    declared += [("geometry.id", geometry.id), ("bbox.id", bbox_id)]
+    for expected, (where, fid) in enumerate(declared, start=1):
+        if fid != expected:
+            raise ContractError(
+                f"{where}: id {fid} breaks the sequence; top-level ids run 1..{len(declared)} "
+                f"in declaration order (expected {expected})"
+            )
+
+    clustering = _parse_clustering(raw.get("clustering", {}), geometry.epsg)
+    return Contract(
+        table=table,
+        description=str(raw.get("description", "")),
+        formats=formats,
+        columns=columns,
+        geometry=geometry,
+        bbox_name=bbox_name,
+        bbox_id=bbox_id,
+        clustering=clustering,
+        source=raw,
+    )
+
+
+def _require(obj: dict, key: str, kind: type, where: str = "") -> Any:
+    if key not in obj:
+        raise ContractError(f"{where}{key}: missing")
+    value = obj[key]
+    if kind is int and isinstance(value, bool) or not isinstance(value, kind):
+        raise ContractError(f"{where}{key}: expected {kind.__name__}, got {value!r}")
+    return value
+
+
+def _parse_column(raw: Any, where: str) -> Column:
+    if not isinstance(raw, dict):
+        raise ContractError(f"{where}: expected an object")
+    name = _require(raw, "name", str, f"{where}.")
+    ctype = _require(raw, "type", str, f"{where}.")
+    if ctype not in COLUMN_TYPES:
+        raise ContractError(f"{where}.type: {ctype!r} is not one of {sorted(COLUMN_TYPES)}")
+    required = raw.get("required", False)
+    if not isinstance(required, bool):
+        raise ContractError(f"{where}.required: expected true or false, got {required!r}")
+    sources = tuple(_require(raw, "from", list, f"{where}."))
+    if not sources:
+        raise ContractError(f"{where}.from: name at least one event field")
+    for j, src in enumerate(sources):
+        if not isinstance(src, str) or not _is_source(src):
+            raise ContractError(
+                f"{where}.from[{j}]: {src!r} is not an event field "
+                "(id, properties.<name>, kafka.key|timestamp|topic|partition|offset, kafka.headers.<name>)"
+            )
+    return Column(id=_require(raw, "id", int, f"{where}."), name=name, type=ctype,
+                  required=required, sources=sources)
+
+
+def _is_source(src: str) -> bool:
+    if src == "id" or src in KAFKA_SOURCES:
+        return True
+    for prefix in ("properties.", "kafka.headers."):
+        if src.startswith(prefix) and len(src) > len(prefix):
+            return True
+    return False
+
+
+def _parse_geometry(raw: dict) -> GeometrySpec:
+    types = tuple(_require(raw, "types", list, "geometry."))
+    for i, t in enumerate(types):
+        if t not in GEOMETRY_TYPES:
+            raise ContractError(f"geometry.types[{i}]: {t!r} is not one of {list(GEOMETRY_TYPES)}")
+    dims = tuple(_require(raw, "dimensions", list, "geometry."))
+    for i, d in enumerate(dims):
+        if d not in DIMENSIONS:
+            raise ContractError(f"geometry.dimensions[{i}]: {d!r} is not one of {list(DIMENSIONS)}")
+    crs_text = _require(raw, "crs", str, "geometry.")
+    epsg = _epsg_code(crs_text)
+    encoding = raw.get("encoding", "WKB")
+    if encoding != "WKB":
+        raise ContractError(f"geometry.encoding: {encoding!r} is not supported; tables store WKB")
+    invalid = raw.get("invalid_polygons", "reject")
+    if invalid not in ("reject", "repair"):
+        raise ContractError(f"geometry.invalid_polygons: {invalid!r} is not 'reject' or 'repair'")
+    if not types or not dims:
+        raise ContractError("geometry: types and dimensions must not be empty")
+    return GeometrySpec(
+        id=_require(raw, "id", int, "geometry."),
+        name=_require(raw, "name", str, "geometry."),
+        types=types,
+        dimensions=dims,
+        epsg=epsg,
+        encoding=encoding,
+        invalid_polygons=invalid,
+    )
+
+
+def _epsg_code(text: str) -> int:
+    prefix, _, code = text.partition(":")
+    if prefix.upper() != "EPSG" or not code.isdigit():
+        raise ContractError(f"geometry.crs: {text!r} is not of the form 'EPSG:<code>'")
+    try:
+        CRS.from_epsg(int(code))
+    except Exception:
+        raise ContractError(f"geometry.crs: {text!r} is not a CRS known to PROJ") from None
+    return int(code)
+
+
+def crs_area_of_use(epsg: int) -> tuple[float, float, float, float]:
+    """The CRS's area of use, in its own coordinates (the default Hilbert extent)."""
+    crs = CRS.from_epsg(epsg)
+    area = crs.area_of_use
+    if area is None:
+        raise ContractError(f"geometry.crs: EPSG:{epsg} has no area of use; set clustering.extent")
+    if crs.is_geographic:
+        return (area.west, area.south, area.east, area.north)
+    from pyproj import Transformer
+
+    to_crs = Transformer.from_crs("EPSG:4326", crs, always_xy=True)
+    xmin, ymin, xmax, ymax = to_crs.transform_bounds(area.west, area.south, area.east, area.north)
+    return (xmin, ymin, xmax, ymax)
+
+
+def _parse_clustering(raw: Any, epsg: int) -> Clustering:
+    if not isinstance(raw, dict):
+        raise ContractError("clustering: expected an object")
+    bits = raw.get("hilbert_bits", DEFAULT_HILBERT_BITS)
+    if isinstance(bits, bool) or not isinstance(bits, int) or not 1 <= bits <= 31:
+        raise ContractError(f"clustering.hilbert_bits: {bits!r} must be a whole number 1..31")
+    extent = raw.get("extent")
+    if extent is None:
+        extent = crs_area_of_use(epsg)
+    if (
+        not isinstance(extent, list | tuple)
+        or len(extent) != 4
+        or not all(isinstance(v, int | float) and math.isfinite(v) for v in extent)
+        or not (extent[0] < extent[2] and extent[1] < extent[3])
+    ):
+        raise ContractError(
+            f"clustering.extent: {extent!r} must be [xmin, ymin, xmax, ymax] with xmin < xmax, ymin < ymax"
+        )
+    file_bytes = raw.get("target_file_bytes", DEFAULT_TARGET_FILE_BYTES)
+    rg_rows = raw.get("row_group_rows", DEFAULT_ROW_GROUP_ROWS)
+    for key, value in (("target_file_bytes", file_bytes), ("row_group_rows", rg_rows)):
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            raise ContractError(f"clustering.{key}: {value!r} must be a positive whole number")
+    return Clustering(
+        hilbert_bits=bits,
+        extent=tuple(float(v) for v in extent),
+        target_file_bytes=file_bytes,
+        row_group_rows=rg_rows,
+    )

@@ -1,0 +1,630 @@
+"""Decode, validate and reproject a batch of Kafka records: Arrow in, Arrow out.
+
+Input is the Kafka source's batch (key, value, topic, partition, offset, timestamp, headers).
+Output has one row per input row: the contract's columns, the WKB geometry in the table CRS,
+its bbox, its Hilbert key and the record's source coordinates. A record that cannot be used
+keeps its row, with a stable reason code and a message naming the offending field or value,
+so nothing is dropped silently: the caller routes rejects to the dead-letter topic.
+
+The work is vectorised: GeoJSON documents are parsed a block at a time by pyarrow's JSON reader
+(properties) and by GEOS (geometry); WKB by GEOS. Only a block the reader refuses is split in
+halves until the offending records are isolated; those few are diagnosed one by one.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+from dataclasses import dataclass
+from datetime import datetime
+from enum import StrEnum
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.json as pa_json
+import shapely
+
+from streaming.contract import Column, Contract
+from streaming.crs import UnknownSrid, known_crs, reproject, valid_area
+from streaming.hilbert import hilbert_keys_of_bounds
+
+
+class Reason(StrEnum):
+    """Why a record was not taken into the table. Values are stable: they label metrics and DLQ records."""
+
+    NULL_VALUE = "null_value"
+    MESSAGE_TOO_LARGE = "message_too_large"
+    UNKNOWN_FORMAT = "unknown_format"
+    FORMAT_NOT_ACCEPTED = "format_not_accepted"
+    MALFORMED_JSON = "malformed_json"
+    NOT_A_FEATURE = "not_a_feature"
+    MISSING_GEOMETRY = "missing_geometry"
+    INVALID_GEOJSON_GEOMETRY = "invalid_geojson_geometry"
+    BAD_WKB = "bad_wkb"
+    EMPTY_GEOMETRY = "empty_geometry"
+    GEOMETRY_TYPE_NOT_ALLOWED = "geometry_type_not_allowed"
+    DIMENSION_NOT_ALLOWED = "dimension_not_allowed"
+    NON_FINITE_COORDINATES = "non_finite_coordinates"
+    UNKNOWN_SRID = "unknown_srid"
+    REPROJECTION_FAILED = "reprojection_failed"
+    OUTSIDE_CRS_AREA = "outside_crs_area"
+    INVALID_POLYGON = "invalid_polygon"
+    TOO_MANY_VERTICES = "too_many_vertices"
+    MISSING_REQUIRED_FIELD = "missing_required_field"
+    PROPERTY_TYPE_MISMATCH = "property_type_mismatch"
+
+
+# Columns the decoder adds beside the contract's: where the record came from, and its fate.
+HILBERT = "_hilbert"
+SOURCE_TOPIC = "_source_topic"
+SOURCE_PARTITION = "_source_partition"
+SOURCE_OFFSET = "_source_offset"
+SOURCE_TIMESTAMP = "_source_timestamp"
+REJECT_REASON = "_reject_reason"
+REJECT_DETAIL = "_reject_detail"
+RAW_KEY = "_raw_key"
+RAW_VALUE = "_raw_value"
+RAW_HEADERS = "_raw_headers"
+
+HEADERS_TYPE = pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())]))
+_GEOJSON_SRID = 4326  # RFC 7946: GeoJSON coordinates are always WGS 84 lon/lat
+_TYPE_NAMES = {
+    0: "Point", 1: "LineString", 2: "LinearRing", 3: "Polygon", 4: "MultiPoint",
+    5: "MultiLineString", 6: "MultiPolygon", 7: "GeometryCollection",
+}
+_JSON_WHITESPACE = (0x20, 0x09, 0x0D, 0x0A)
+
+
+@dataclass(frozen=True)
+class DecodeOptions:
+    max_message_bytes: int = 1024 * 1024
+    max_vertices: int = 100_000
+
+
+def decoded_schema(contract: Contract) -> pa.Schema:
+    """Schema of `Decoder.decode` output: every field nullable, since reject rows carry no data."""
+    data = contract.arrow_schema()
+    fields = [pa.field(f.name, f.type, nullable=True) for f in data]
+    fields += [
+        pa.field(HILBERT, pa.int64()),
+        pa.field(SOURCE_TOPIC, pa.string()),
+        pa.field(SOURCE_PARTITION, pa.int32()),
+        pa.field(SOURCE_OFFSET, pa.int64()),
+        pa.field(SOURCE_TIMESTAMP, pa.timestamp("us", tz="UTC")),
+        pa.field(REJECT_REASON, pa.string()),
+        pa.field(REJECT_DETAIL, pa.string()),
+        pa.field(RAW_KEY, pa.binary()),
+        pa.field(RAW_VALUE, pa.binary()),
+        pa.field(RAW_HEADERS, HEADERS_TYPE),
+    ]
+    return pa.schema(fields)
+
+
+class _Rejects:
+    """First reason wins: a record is reported for the first check it fails."""
+
+    def __init__(self, n: int):
+        self.reason = np.full(n, None, dtype=object)
+        self.detail = np.full(n, None, dtype=object)
+
+    @property
+    def ok(self) -> np.ndarray:
+        return np.equal(self.reason, None)
+
+    def add(self, rows: np.ndarray, reason: Reason, detail: str | list[str]) -> None:
+        """Mark rows (indices or a boolean mask) that have no reason yet."""
+        idx = np.flatnonzero(rows) if rows.dtype == bool else np.asarray(rows, dtype=np.int64)
+        if idx.size == 0:
+            return
+        fresh = np.equal(self.reason[idx], None)
+        if isinstance(detail, str):
+            details = np.full(idx.size, detail, dtype=object)
+        else:
+            details = np.asarray(detail, dtype=object)
+        self.reason[idx[fresh]] = reason.value
+        self.detail[idx[fresh]] = details[fresh]
+
+
+class Decoder:
+    def __init__(self, contract: Contract, options: DecodeOptions | None = None):
+        self.contract = contract
+        self.options = options or DecodeOptions()
+        self.schema = decoded_schema(contract)
+        self._data_schema = contract.arrow_schema()
+        self._table_epsg = contract.geometry.epsg
+        self._area = valid_area(self._table_epsg)
+        prop_types: dict[str, pa.DataType] = {}
+        for col in contract.columns:
+            for src in col.sources:
+                if src.startswith("properties."):
+                    prop_types[src.removeprefix("properties.")] = self._data_schema.field(col.name).type
+        self._property_types = prop_types
+
+    # -- entry point ---------------------------------------------------------------------------
+    def decode(self, batch: pa.RecordBatch | pa.Table) -> pa.RecordBatch:
+        if isinstance(batch, pa.Table):
+            batch = batch.combine_chunks().to_batches()[0] if batch.num_rows else pa.RecordBatch.from_pylist([], schema=batch.schema)
+        n = batch.num_rows
+        values = batch.column("value")
+        rejects = _Rejects(n)
+
+        lengths = pc.fill_null(pc.binary_length(values), -1).to_numpy(zero_copy_only=False)
+        rejects.add(lengths < 0, Reason.NULL_VALUE, "the Kafka record has a null value")
+        too_big = lengths > self.options.max_message_bytes
+        rejects.add(too_big, Reason.MESSAGE_TOO_LARGE,
+                    [f"value of {int(b)} bytes exceeds max_message_bytes={self.options.max_message_bytes}"
+                     for b in lengths[too_big]])
+
+        first = _first_significant_byte(values, rejects.ok)
+        is_json = first == ord("{")
+        is_wkb = (first == 0) | (first == 1)
+        unknown = rejects.ok & ~is_json & ~is_wkb
+        rejects.add(unknown & (first == ord("[")), Reason.NOT_A_FEATURE, "a JSON array is not a GeoJSON Feature")
+        rejects.add(unknown, Reason.UNKNOWN_FORMAT,
+                    "value is neither a JSON object nor WKB (first byte is not '{', 0x00 or 0x01)")
+
+        geoms = np.full(n, None, dtype=object)
+        srids = np.full(n, self._table_epsg, dtype=np.int64)
+        feature_ids = pa.nulls(n, pa.string())
+        properties = {name: pa.nulls(n, t) for name, t in self._property_types.items()}
+
+        json_rows = np.flatnonzero(is_json & rejects.ok)
+        if json_rows.size:
+            if "geojson" not in self.contract.formats:
+                rejects.add(json_rows, Reason.FORMAT_NOT_ACCEPTED, "GeoJSON events are not accepted by this table")
+            else:
+                feature_ids, properties = self._decode_geojson(values, json_rows, geoms, rejects, n)
+                srids[json_rows] = _GEOJSON_SRID
+
+        wkb_rows = np.flatnonzero(is_wkb & rejects.ok)
+        if wkb_rows.size:
+            self._decode_wkb(values, wkb_rows, geoms, srids, rejects)
+
+        self._validate_geometry(geoms, srids, rejects)
+        geoms = self._to_table_crs(geoms, srids, rejects)
+        self._check_area_and_shape(geoms, rejects)
+
+        columns = self._map_columns(batch, feature_ids, properties, rejects)
+        return self._assemble(batch, columns, geoms, rejects)
+
+    # -- formats -------------------------------------------------------------------------------
+    def _decode_geojson(self, values: pa.Array, rows: np.ndarray, geoms: np.ndarray,
+                        rejects: _Rejects, n: int) -> tuple[pa.Array, dict[str, pa.Array]]:
+        docs = values.take(pa.array(rows))
+        parsed = _FeatureParser(self._property_types).parse(docs)
+        for local, (reason, detail) in parsed.errors.items():
+            rejects.add(rows[[local]], reason, detail)
+        not_feature = pc.fill_null(pc.not_equal(parsed.types, "Feature"), True).to_numpy(zero_copy_only=False)
+        bad_rows = np.zeros(rows.size, dtype=bool)
+        bad_rows[list(parsed.errors)] = True
+        not_feature &= ~bad_rows
+        rejects.add(rows[not_feature], Reason.NOT_A_FEATURE,
+                    [f"type is {t!r}, expected 'Feature'" for t in
+                     parsed.types.filter(pa.array(not_feature)).to_pylist()])
+
+        usable = ~bad_rows & ~not_feature
+        text = pc.cast(docs.filter(pa.array(usable)), pa.string()).to_numpy(zero_copy_only=False)
+        decoded = shapely.from_geojson(text, on_invalid="ignore")
+        local_usable = np.flatnonzero(usable)
+        geoms[rows[local_usable]] = decoded
+        failed = local_usable[np.equal(decoded, None)]
+        for local in failed:
+            reason, detail = _diagnose_geojson_geometry(docs[int(local)].as_py())
+            rejects.add(rows[[local]], reason, detail)
+
+        feature_ids = _scatter(parsed.ids, rows, n)
+        properties = {name: _scatter(arr, rows, n) for name, arr in parsed.properties.items()}
+        return feature_ids, properties
+
+    def _decode_wkb(self, values: pa.Array, rows: np.ndarray, geoms: np.ndarray,
+                    srids: np.ndarray, rejects: _Rejects) -> None:
+        blobs = values.take(pa.array(rows)).to_numpy(zero_copy_only=False)
+        decoded = shapely.from_wkb(blobs, on_invalid="ignore")
+        bad = np.equal(decoded, None)
+        rejects.add(rows[bad], Reason.BAD_WKB,
+                    [f"value is not readable WKB ({len(b)} bytes, starting {bytes(b[:9]).hex()})"
+                     for b in blobs[bad]])
+        good = ~bad
+        geoms[rows[good]] = decoded[good]
+        found = shapely.get_srid(decoded[good])
+        has_srid = found != 0
+        if has_srid.any() and "ewkb" not in self.contract.formats:
+            rejects.add(rows[good][has_srid], Reason.FORMAT_NOT_ACCEPTED,
+                        "EWKB (WKB with an SRID) is not accepted by this table")
+        if (~has_srid).any() and "wkb" not in self.contract.formats:
+            rejects.add(rows[good][~has_srid], Reason.FORMAT_NOT_ACCEPTED,
+                        "WKB without an SRID is not accepted by this table")
+        # Plain WKB carries no CRS: it is taken to be in the table CRS.
+        srids[rows[good]] = np.where(has_srid, found, self._table_epsg)
+
+    # -- geometry checks -----------------------------------------------------------------------
+    def _validate_geometry(self, geoms: np.ndarray, srids: np.ndarray, rejects: _Rejects) -> None:
+        spec = self.contract.geometry
+        live = np.flatnonzero(rejects.ok)
+        g = geoms[live]
+        rejects.add(live[shapely.is_empty(g)], Reason.EMPTY_GEOMETRY, "the geometry is empty")
+
+        type_names = np.array([_TYPE_NAMES.get(t, "Unknown") for t in shapely.get_type_id(g)], dtype=object)
+        wrong_type = ~np.isin(type_names, spec.types)
+        rejects.add(live[wrong_type], Reason.GEOMETRY_TYPE_NOT_ALLOWED,
+                    [f"geometry type {t} is not one of {list(spec.types)}" for t in type_names[wrong_type]])
+
+        dims = np.array(["XY", "XYZ", "XYM", "XYZM"], dtype=object)[
+            shapely.has_z(g).astype(int) + 2 * shapely.has_m(g).astype(int)]
+        wrong_dims = ~np.isin(dims, spec.dimensions)
+        rejects.add(live[wrong_dims], Reason.DIMENSION_NOT_ALLOWED,
+                    [f"dimensions {d} are not one of {list(spec.dimensions)}" for d in dims[wrong_dims]])
+
+        vertices = shapely.get_num_coordinates(g)
+        too_many = vertices > self.options.max_vertices
+        rejects.add(live[too_many], Reason.TOO_MANY_VERTICES,
+                    [f"{v} vertices exceed max_vertices={self.options.max_vertices}" for v in vertices[too_many]])
+
+        coords, index = shapely.get_coordinates(g, include_z=True, return_index=True)
+        z_expected = shapely.has_z(g)[index]
+        finite = np.isfinite(coords[:, 0]) & np.isfinite(coords[:, 1]) & (np.isfinite(coords[:, 2]) | ~z_expected)
+        bad_geom = np.unique(index[~finite])
+        rejects.add(live[bad_geom], Reason.NON_FINITE_COORDINATES, "a coordinate is NaN or infinite")
+
+        for srid in np.unique(srids[live]):
+            try:
+                known_crs(int(srid))
+            except UnknownSrid as exc:
+                rejects.add(live[srids[live] == srid], Reason.UNKNOWN_SRID, str(exc))
+
+    def _to_table_crs(self, geoms: np.ndarray, srids: np.ndarray, rejects: _Rejects) -> np.ndarray:
+        out = geoms.copy()
+        live = rejects.ok
+        for srid in np.unique(srids[live]):
+            if srid == self._table_epsg:
+                continue
+            rows = np.flatnonzero(live & (srids == srid))
+            has_m = shapely.has_m(geoms[rows])
+            rejects.add(rows[has_m], Reason.REPROJECTION_FAILED,
+                        f"geometries with M cannot be reprojected from EPSG:{srid}; send them in EPSG:{self._table_epsg}")
+            rows = rows[~has_m]
+            moved = reproject(geoms[rows], int(srid), self._table_epsg)
+            bounds = shapely.bounds(moved)
+            failed = ~np.all(np.isfinite(bounds), axis=1)
+            rejects.add(rows[failed], Reason.REPROJECTION_FAILED,
+                        f"PROJ could not transform the coordinates from EPSG:{srid} to EPSG:{self._table_epsg}")
+            out[rows] = moved
+        return out
+
+    def _check_area_and_shape(self, geoms: np.ndarray, rejects: _Rejects) -> None:
+        live = np.flatnonzero(rejects.ok)
+        g = geoms[live]
+        b = shapely.bounds(g)
+        xmin, ymin, xmax, ymax = self._area
+        outside = (b[:, 0] < xmin) | (b[:, 1] < ymin) | (b[:, 2] > xmax) | (b[:, 3] > ymax)
+        rejects.add(live[outside], Reason.OUTSIDE_CRS_AREA,
+                    [f"bounds ({r[0]:.6g}, {r[1]:.6g}, {r[2]:.6g}, {r[3]:.6g}) leave the valid area of "
+                     f"EPSG:{self._table_epsg} ({xmin:.6g}, {ymin:.6g}, {xmax:.6g}, {ymax:.6g})" for r in b[outside]])
+
+        live = np.flatnonzero(rejects.ok)
+        polygonal = np.isin(shapely.get_type_id(geoms[live]), (3, 6))
+        candidates = live[polygonal]
+        invalid = candidates[~shapely.is_valid(geoms[candidates])]
+        if invalid.size == 0:
+            return
+        reasons = shapely.is_valid_reason(geoms[invalid])
+        if self.contract.geometry.invalid_polygons == "reject":
+            rejects.add(invalid, Reason.INVALID_POLYGON, [f"invalid polygon: {r}" for r in reasons])
+            return
+        repaired = shapely.make_valid(geoms[invalid])
+        repaired_types = np.array([_TYPE_NAMES.get(t) for t in shapely.get_type_id(repaired)], dtype=object)
+        fits = np.isin(repaired_types, self.contract.geometry.types) & ~shapely.is_empty(repaired)
+        geoms[invalid[fits]] = repaired[fits]
+        rejects.add(invalid[~fits], Reason.INVALID_POLYGON,
+                    [f"invalid polygon ({r}); its repair is a {t}, which the table does not allow"
+                     for r, t in zip(reasons[~fits], repaired_types[~fits])])
+
+    # -- columns -------------------------------------------------------------------------------
+    def _map_columns(self, batch: pa.RecordBatch, feature_ids: pa.Array,
+                     properties: dict[str, pa.Array], rejects: _Rejects) -> dict[str, pa.Array]:
+        columns: dict[str, pa.Array] = {}
+        for col in self.contract.columns:
+            target = self._data_schema.field(col.name).type
+            candidates = [self._source_array(batch, src, feature_ids, properties, col, target, rejects)
+                          for src in col.sources]
+            merged = candidates[0] if len(candidates) == 1 else pc.coalesce(*candidates)
+            if col.required:
+                missing = rejects.ok & pc.is_null(merged).to_numpy(zero_copy_only=False)
+                rejects.add(missing, Reason.MISSING_REQUIRED_FIELD,
+                            f"{col.name}: required, but none of {list(col.sources)} is set")
+            columns[col.name] = merged
+        return columns
+
+    def _source_array(self, batch: pa.RecordBatch, src: str, feature_ids: pa.Array,
+                      properties: dict[str, pa.Array], col: Column, target: pa.DataType,
+                      rejects: _Rejects) -> pa.Array:
+        if src.startswith("properties."):
+            return properties[src.removeprefix("properties.")]
+        if src == "id":
+            raw = feature_ids
+        elif src == "kafka.key":
+            raw = batch.column("key")
+        elif src == "kafka.timestamp":
+            raw = batch.column("timestamp")
+        elif src in ("kafka.topic", "kafka.partition", "kafka.offset"):
+            raw = batch.column(src.removeprefix("kafka."))
+        else:
+            raw = _header_values(batch, src.removeprefix("kafka.headers."))
+        return _cast_or_reject(raw, target, f"{col.name} (from {src})", rejects)
+
+    def _assemble(self, batch: pa.RecordBatch, columns: dict[str, pa.Array], geoms: np.ndarray,
+                  rejects: _Rejects) -> pa.RecordBatch:
+        ok = rejects.ok
+        n = batch.num_rows
+        keep = np.where(ok, geoms, None)
+        wkb = shapely.to_wkb(keep, output_dimension=4, flavor="iso", include_srid=False)
+        bounds = shapely.bounds(keep)
+        extent = self.contract.clustering.extent
+        keys = np.zeros(n, dtype=np.int64)
+        if ok.any():
+            b = bounds[ok]
+            keys[ok] = hilbert_keys_of_bounds(b[:, 0], b[:, 1], b[:, 2], b[:, 3], extent,
+                                              self.contract.clustering.hilbert_bits)
+        valid_mask = pa.array(~ok)  # arrow masks mark nulls
+        bbox = pa.StructArray.from_arrays(
+            [pa.array(bounds[:, i], pa.float64(), mask=~ok) for i in range(4)],
+            fields=list(self.schema.field(self.contract.bbox_name).type),
+            mask=valid_mask,
+        )
+        out: dict[str, pa.Array] = dict(columns)
+        out[self.contract.geometry.name] = pa.array(wkb, pa.binary())
+        out[self.contract.bbox_name] = bbox
+        out[HILBERT] = pa.array(keys, pa.int64(), mask=~ok)
+        out[SOURCE_TOPIC] = batch.column("topic").cast(pa.string())
+        out[SOURCE_PARTITION] = batch.column("partition").cast(pa.int32())
+        out[SOURCE_OFFSET] = batch.column("offset").cast(pa.int64())
+        out[SOURCE_TIMESTAMP] = batch.column("timestamp").cast(pa.timestamp("us", tz="UTC"))
+        out[REJECT_REASON] = pa.array(rejects.reason, pa.string())
+        out[REJECT_DETAIL] = pa.array(rejects.detail, pa.string())
+        rejected = pa.array(ok)
+        out[RAW_KEY] = pc.if_else(rejected, pa.nulls(n, pa.binary()), batch.column("key").cast(pa.binary()))
+        out[RAW_VALUE] = pc.if_else(rejected, pa.nulls(n, pa.binary()), batch.column("value").cast(pa.binary()))
+        if "headers" in batch.schema.names:
+            headers = batch.column("headers").cast(HEADERS_TYPE)
+            out[RAW_HEADERS] = pc.if_else(rejected, pa.nulls(n, HEADERS_TYPE), headers)
+        else:
+            out[RAW_HEADERS] = pa.nulls(n, HEADERS_TYPE)
+        arrays = [out[f.name].cast(f.type) if out[f.name].type != f.type else out[f.name] for f in self.schema]
+        return pa.RecordBatch.from_arrays(arrays, schema=self.schema)
+
+
+# -- GeoJSON parsing ------------------------------------------------------------------------------
+@dataclass
+class _ParsedFeatures:
+    types: pa.Array
+    ids: pa.Array
+    properties: dict[str, pa.Array]
+    errors: dict[int, tuple[Reason, str]]
+
+
+class _FeatureParser:
+    """Reads Feature members (type, id, properties) from a block of JSON documents.
+
+    pyarrow's reader does a whole block at once, but refuses the whole block over one bad
+    document or one id that is a number where the others are strings. A refused block is split
+    in halves until single documents remain, which are read with json.loads and diagnosed.
+    """
+
+    _BLOCK_ID_TYPES = (pa.string(), pa.int64())
+
+    def __init__(self, property_types: dict[str, pa.DataType]):
+        self.property_types = property_types
+        self._props = pa.struct([pa.field(k, v) for k, v in property_types.items()])
+
+    def parse(self, docs: pa.Array) -> _ParsedFeatures:
+        # Raw line breaks inside a JSON document are whitespace; the reader splits documents on them.
+        flat = pc.replace_substring(pc.replace_substring(docs, "\n", " "), "\r", " ")
+        errors: dict[int, tuple[Reason, str]] = {}
+        tables = self._parse_range(flat, 0, len(flat), errors)
+        table = pa.concat_tables(tables) if tables else self._empty(0)
+        return _ParsedFeatures(
+            types=table.column("type").combine_chunks(),
+            ids=table.column("id").combine_chunks(),
+            properties={k: table.column("properties").combine_chunks().field(k) for k in self.property_types},
+            errors=errors,
+        )
+
+    def _schema(self, id_type: pa.DataType) -> pa.Schema:
+        return pa.schema([("type", pa.string()), ("id", id_type), ("properties", self._props)])
+
+    def _empty(self, n: int) -> pa.Table:
+        schema = self._schema(pa.string())
+        return pa.Table.from_arrays([pa.nulls(n, f.type) for f in schema], schema=schema)
+
+    def _parse_range(self, docs: pa.Array, lo: int, hi: int, errors: dict) -> list[pa.Table]:
+        if hi - lo == 1:
+            return [self._parse_one(docs[lo].as_py(), lo, errors)]
+        block = docs.slice(lo, hi - lo)
+        data = b"\n".join(block.to_pylist())
+        for id_type in self._BLOCK_ID_TYPES:
+            options = pa_json.ParseOptions(explicit_schema=self._schema(id_type), unexpected_field_behavior="ignore")
+            try:
+                table = pa_json.read_json(io.BytesIO(data), parse_options=options,
+                                          read_options=pa_json.ReadOptions(use_threads=False, block_size=max(len(data) + 1, 1 << 20)))
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+                continue
+            if table.num_rows == hi - lo:
+                return [table.cast(self._schema(pa.string()))]
+        mid = (lo + hi) // 2
+        return self._parse_range(docs, lo, mid, errors) + self._parse_range(docs, mid, hi, errors)
+
+    def _parse_one(self, raw: bytes, position: int, errors: dict) -> pa.Table:
+        row = self._empty(1)
+        try:
+            doc = json.loads(raw)
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            errors[position] = (Reason.MALFORMED_JSON, f"value is not valid JSON: {exc}")
+            return row
+        if not isinstance(doc, dict):
+            errors[position] = (Reason.NOT_A_FEATURE, f"value is a JSON {type(doc).__name__}, not a Feature object")
+            return row
+        if doc.get("type") != "Feature":
+            errors[position] = (Reason.NOT_A_FEATURE, f"type is {doc.get('type')!r}, expected 'Feature'")
+            return row
+        fid = doc.get("id")
+        if fid is not None and (isinstance(fid, bool) or not isinstance(fid, str | int | float)):
+            errors[position] = (Reason.PROPERTY_TYPE_MISMATCH, f"id: {fid!r} is neither a string nor a number")
+            return row
+        props = doc.get("properties")
+        if props is not None and not isinstance(props, dict):
+            errors[position] = (Reason.PROPERTY_TYPE_MISMATCH, f"properties: expected an object, got {props!r}")
+            return row
+        values = {}
+        for name, arrow_type in self.property_types.items():
+            value = (props or {}).get(name)
+            try:
+                values[name] = _coerce_property(value, arrow_type)
+            except (TypeError, ValueError):
+                errors[position] = (Reason.PROPERTY_TYPE_MISMATCH,
+                                    f"properties.{name}: {value!r} is not a {arrow_type}")
+                return row
+        if fid is not None and not isinstance(fid, str):
+            fid = str(int(fid)) if float(fid).is_integer() else repr(fid)
+        return pa.Table.from_pylist([{"type": "Feature", "id": fid, "properties": values}],
+                                    schema=self._schema(pa.string()))
+
+
+def _coerce_property(value: Any, arrow_type: pa.DataType) -> Any:
+    """The same conversions pyarrow's JSON reader makes, for one value."""
+    if value is None:
+        return None
+    if pa.types.is_string(arrow_type):
+        if not isinstance(value, str):
+            raise TypeError
+        return value
+    if pa.types.is_boolean(arrow_type):
+        if not isinstance(value, bool):
+            raise TypeError
+        return value
+    if pa.types.is_integer(arrow_type):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError
+        pa.scalar(value, arrow_type)  # range check
+        return value
+    if pa.types.is_floating(arrow_type):
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise TypeError
+        return float(value)
+    if pa.types.is_timestamp(arrow_type):
+        if not isinstance(value, str):
+            raise TypeError
+        return datetime.fromisoformat(value.replace("Z", "+00:00"))
+    raise TypeError
+
+
+def _diagnose_geojson_geometry(raw: bytes) -> tuple[Reason, str]:
+    doc = json.loads(raw)
+    if "geometry" not in doc or doc["geometry"] is None:
+        return Reason.MISSING_GEOMETRY, "geometry: missing or null"
+    geometry = doc["geometry"]
+    if isinstance(geometry, dict):
+        coords = geometry.get("coordinates")
+        if coords == [] or (geometry.get("type") == "GeometryCollection" and not geometry.get("geometries")):
+            return Reason.EMPTY_GEOMETRY, "geometry: has no coordinates"
+        if _has_non_finite(coords):
+            return Reason.NON_FINITE_COORDINATES, "geometry.coordinates: a coordinate is not a finite number"
+        depth = _position_size(coords)
+        if depth is not None and depth > 3:
+            return Reason.DIMENSION_NOT_ALLOWED, f"geometry.coordinates: positions of {depth} values; GeoJSON allows 2 or 3"
+    text = json.dumps(geometry)[:200]
+    return Reason.INVALID_GEOJSON_GEOMETRY, f"geometry: not a readable GeoJSON geometry: {text}"
+
+
+def _has_non_finite(coords: Any) -> bool:
+    if isinstance(coords, list):
+        return any(_has_non_finite(c) for c in coords)
+    if isinstance(coords, float):
+        return not math.isfinite(coords)
+    return False
+
+
+def _position_size(coords: Any) -> int | None:
+    while isinstance(coords, list) and coords and isinstance(coords[0], list):
+        coords = coords[0]
+    return len(coords) if isinstance(coords, list) else None
+
+
+# -- Arrow helpers -------------------------------------------------------------------------------
+def _first_significant_byte(values: pa.Array, live: np.ndarray) -> np.ndarray:
+    """First byte of each value after leading JSON whitespace; -1 where there is none."""
+    values = values.cast(pa.binary())
+    n = len(values)
+    offsets = np.frombuffer(values.buffers()[1], dtype=np.int32)[values.offset:values.offset + n + 1]
+    data_buffer = values.buffers()[2]
+    data = np.frombuffer(data_buffer, dtype=np.uint8) if data_buffer is not None else np.zeros(0, np.uint8)
+    lengths = np.diff(offsets)
+    has_byte = live & (lengths > 0)
+    first = np.full(n, -1, dtype=np.int64)
+    first[has_byte] = data[offsets[:-1][has_byte]]
+    # Leading whitespace is only legal before JSON, and rare: strip it row by row.
+    for i in np.flatnonzero(np.isin(first, _JSON_WHITESPACE)):
+        stripped = values[int(i)].as_py().lstrip(b" \t\r\n")
+        first[i] = stripped[0] if stripped else -1
+    return first
+
+
+def _scatter(partial: pa.Array, rows: np.ndarray, n: int) -> pa.Array:
+    """A length-n array holding partial[i] at rows[i] and null elsewhere."""
+    positions = np.full(n, len(partial), dtype=np.int64)
+    positions[rows] = np.arange(len(rows))
+    padded = pa.concat_arrays([partial, pa.nulls(1, partial.type)])
+    return padded.take(pa.array(positions))
+
+
+def _header_values(batch: pa.RecordBatch, name: str) -> pa.Array:
+    n = batch.num_rows
+    if "headers" not in batch.schema.names:
+        return pa.nulls(n, pa.binary())
+    headers = batch.column("headers")
+    flat = pc.list_flatten(headers)
+    if len(flat) == 0:
+        return pa.nulls(n, pa.binary())
+    parents = pc.list_parent_indices(headers).to_numpy()
+    hits = pc.fill_null(pc.equal(flat.field("key"), name), False).to_numpy(zero_copy_only=False)
+    positions = np.full(n, -1, dtype=np.int64)
+    # The last header of a name wins, as Kafka clients do when reading a single value.
+    positions[parents[hits]] = np.flatnonzero(hits)
+    found = positions >= 0
+    values = flat.field("value")
+    taken = values.take(pa.array(np.where(found, positions, 0)))
+    return pc.if_else(pa.array(found), taken, pa.nulls(n, values.type))
+
+
+def _cast_or_reject(raw: pa.Array, target: pa.DataType, label: str, rejects: _Rejects) -> pa.Array:
+    if raw.type == target:
+        return raw
+    if pa.types.is_binary(raw.type) and pa.types.is_string(target):
+        try:
+            return raw.cast(target)
+        except pa.ArrowInvalid:
+            return _cast_each(raw.to_pylist(), target, label, rejects, lambda b: b.decode("utf-8"))
+    try:
+        return raw.cast(target)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+        if pa.types.is_binary(raw.type):
+            return _cast_each(raw.to_pylist(), target, label, rejects,
+                              lambda b: pa.scalar(b.decode("utf-8")).cast(target).as_py())
+        return _cast_each(raw.to_pylist(), target, label, rejects,
+                          lambda v: pa.scalar(v).cast(target).as_py())
+
+
+def _cast_each(values: list, target: pa.DataType, label: str, rejects: _Rejects, convert) -> pa.Array:
+    out = []
+    for i, value in enumerate(values):
+        if value is None:
+            out.append(None)
+            continue
+        try:
+            out.append(convert(value))
+        except (ValueError, TypeError, UnicodeDecodeError, pa.ArrowInvalid, pa.ArrowNotImplementedError):
+            rejects.add(np.array([i]), Reason.PROPERTY_TYPE_MISMATCH, f"{label}: {value!r} is not a {target}")
+            out.append(None)
+    return pa.array(out, target)

@@ -1,0 +1,204 @@
+"""Write Hilbert-sorted rows as GeoParquet data files; describe each file in one small record.
+
+Runs on the executors. The driver never sees rows, only `DataFileRecord`s: path, size, record
+count and the Iceberg column metrics, including the bbox.* bounds that pyiceberg does not
+compute for fields nested in a struct.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+from pyiceberg.conversions import to_bytes
+from pyiceberg.io import load_file_io
+from pyiceberg.io.pyarrow import (
+    compute_statistics_plan,
+    data_file_statistics_from_parquet_metadata,
+    parquet_path_to_id_mapping,
+)
+from pyiceberg.types import DoubleType
+
+from streaming.contract import BBOX_FIELDS, Contract
+from streaming.geoparquet import geo_metadata_bytes
+from streaming.wkb import geometry_type_names
+
+# Spark DDL of the rows the write stage returns to the driver.
+DATA_FILE_RECORD_DDL = (
+    "path string, file_size_in_bytes long, record_count long, "
+    "xmin double, ymin double, xmax double, ymax double, metrics string"
+)
+_BOUND_KEYS = ("lower_bounds", "upper_bounds")
+
+
+@dataclass(frozen=True)
+class DataFileRecord:
+    """One written data file, as the committer needs it."""
+
+    path: str
+    file_size_in_bytes: int
+    record_count: int
+    bbox: tuple[float, float, float, float]
+    # Iceberg DataFile statistics: column_sizes, value_counts, null_value_counts, nan_value_counts,
+    # lower_bounds, upper_bounds (field id -> value; bounds hex-encoded) and split_offsets.
+    metrics: dict
+
+    def to_row(self) -> dict:
+        return {
+            "path": self.path,
+            "file_size_in_bytes": self.file_size_in_bytes,
+            "record_count": self.record_count,
+            **dict(zip(BBOX_FIELDS, self.bbox)),
+            "metrics": json.dumps(self.metrics, separators=(",", ":")),
+        }
+
+    @classmethod
+    def from_row(cls, row) -> DataFileRecord:
+        get = row.__getitem__
+        return cls(
+            path=get("path"),
+            file_size_in_bytes=int(get("file_size_in_bytes")),
+            record_count=int(get("record_count")),
+            bbox=tuple(float(get(k)) for k in BBOX_FIELDS),
+            metrics=json.loads(get("metrics")),
+        )
+
+    def statistics(self) -> dict:
+        """The metrics as pyiceberg's DataFile arguments (int keys, bytes bounds)."""
+        out: dict = {}
+        for key, value in self.metrics.items():
+            if key in _BOUND_KEYS:
+                out[key] = {int(k): bytes.fromhex(v) for k, v in value.items()}
+            elif isinstance(value, dict):
+                out[key] = {int(k): v for k, v in value.items()}
+            else:
+                out[key] = value
+        return out
+
+
+def records_to_arrow(records: list[DataFileRecord]) -> pa.RecordBatch:
+    return pa.RecordBatch.from_pylist([r.to_row() for r in records], schema=_RECORD_SCHEMA)
+
+
+_RECORD_SCHEMA = pa.schema([
+    ("path", pa.string()), ("file_size_in_bytes", pa.int64()), ("record_count", pa.int64()),
+    ("xmin", pa.float64()), ("ymin", pa.float64()), ("xmax", pa.float64()), ("ymax", pa.float64()),
+    ("metrics", pa.string()),
+])
+
+
+class GeoParquetWriter:
+    """Cuts a stream of sorted rows into files of about `target_file_bytes`, in row groups of
+    `row_group_rows`, each file with GeoParquet metadata and Iceberg field ids."""
+
+    def __init__(self, contract: Contract, table_properties: dict[str, str],
+                 io_properties: dict[str, str], data_location: str, file_prefix: str):
+        self.contract = contract
+        self.schema = contract.arrow_schema()
+        iceberg_schema = contract.iceberg_schema()
+        self._stats_plan = compute_statistics_plan(iceberg_schema, table_properties)
+        self._path_ids = parquet_path_to_id_mapping(iceberg_schema)
+        self._io = load_file_io(properties=io_properties, location=data_location)
+        self._data_location = data_location.rstrip("/")
+        self._file_prefix = file_prefix
+        self._bbox_ids = contract.bbox_field_ids
+
+    def write(self, batches: Iterable[pa.RecordBatch]) -> Iterator[DataFileRecord]:
+        file = None
+        for group in _row_groups(batches, self.contract.clustering.row_group_rows):
+            table = pa.Table.from_batches([group]).select(self.schema.names).cast(self.schema)
+            if file is None:
+                file = _OpenFile(self._new_path(), self._io, self.schema)
+            file.write(table, self.contract)
+            if file.bytes_written() >= self.contract.clustering.target_file_bytes:
+                yield self._finish(file)
+                file = None
+        if file is not None:
+            yield self._finish(file)
+
+    def _new_path(self) -> str:
+        return f"{self._data_location}/{self._file_prefix}-{uuid.uuid4().hex}.parquet"
+
+    def _finish(self, file: _OpenFile) -> DataFileRecord:
+        parquet_metadata = file.close(self.contract)
+        stats = data_file_statistics_from_parquet_metadata(parquet_metadata, self._stats_plan, self._path_ids)
+        metrics = stats.to_serialized_dict()
+        record_count = metrics.pop("record_count")
+        for key in _BOUND_KEYS:
+            bounds = dict(metrics.get(key) or {})
+            for i, name in enumerate(BBOX_FIELDS):
+                value = file.bbox_min[i] if key == "lower_bounds" else file.bbox_max[i]
+                bounds[self._bbox_ids[name]] = to_bytes(DoubleType(), value)
+            metrics[key] = bounds
+        serializable = {
+            key: ({str(k): (v.hex() if isinstance(v, bytes) else v) for k, v in value.items()}
+                  if isinstance(value, dict) else value)
+            for key, value in metrics.items()
+        }
+        return DataFileRecord(
+            path=file.path,
+            file_size_in_bytes=len(self._io.new_input(file.path)),
+            record_count=record_count,
+            bbox=file.bbox(),
+            metrics=serializable,
+        )
+
+
+class _OpenFile:
+    """A data file being written: its Parquet writer and the running bbox and geometry types."""
+
+    def __init__(self, path: str, io, schema: pa.Schema):
+        self.path = path
+        self._stream = io.new_output(path).create(overwrite=False)
+        self._writer = pq.ParquetWriter(self._stream, schema, compression="zstd",
+                                        write_statistics=True, store_schema=True)
+        self.bbox_min = [np.inf] * 4
+        self.bbox_max = [-np.inf] * 4
+        self.geometry_types: set[str] = set()
+
+    def write(self, table: pa.Table, contract: Contract) -> None:
+        bbox = table.column(contract.bbox_name).combine_chunks()
+        for i, name in enumerate(BBOX_FIELDS):
+            lo_hi = pc.min_max(bbox.field(name))
+            self.bbox_min[i] = min(self.bbox_min[i], lo_hi["min"].as_py())
+            self.bbox_max[i] = max(self.bbox_max[i], lo_hi["max"].as_py())
+        self.geometry_types.update(geometry_type_names(table.column(contract.geometry.name)))
+        self._writer.write_table(table, row_group_size=table.num_rows)
+
+    def bytes_written(self) -> int:
+        return self._stream.tell()
+
+    def bbox(self) -> tuple[float, float, float, float]:
+        # The file bbox: xmin/ymin are the least row minima, xmax/ymax the greatest row maxima.
+        return (self.bbox_min[0], self.bbox_min[1], self.bbox_max[2], self.bbox_max[3])
+
+    def close(self, contract: Contract) -> pq.FileMetaData:
+        self._writer.add_key_value_metadata(
+            {"geo": geo_metadata_bytes(contract, sorted(self.geometry_types), self.bbox())}
+        )
+        self._writer.close()
+        self._stream.close()
+        return self._writer.writer.metadata
+
+
+def _row_groups(batches: Iterable[pa.RecordBatch], rows: int) -> Iterator[pa.RecordBatch]:
+    """Re-chunk a stream of batches into batches of exactly `rows` rows (the last may be short)."""
+    pending: list[pa.RecordBatch] = []
+    pending_rows = 0
+    for batch in batches:
+        while batch.num_rows:
+            take = min(rows - pending_rows, batch.num_rows)
+            pending.append(batch.slice(0, take))
+            pending_rows += take
+            batch = batch.slice(take)
+            if pending_rows == rows:
+                yield pa.Table.from_batches(pending).combine_chunks().to_batches()[0]
+                pending, pending_rows = [], 0
+    if pending_rows:
+        yield pa.Table.from_batches(pending).combine_chunks().to_batches()[0]

@@ -1,0 +1,85 @@
+"""Shared real components for the tests: one Kafka broker and one Spark session per test run."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+import pytest
+from kafka import KafkaAdminClient, KafkaProducer
+from kafka.admin import NewTopic
+
+from app.broker import LocalBroker, free_port
+from app.settings import load_settings
+from streaming.catalog import open_catalog
+
+# Jars (Kafka broker, Spark's Kafka connector) are shared with dev work and the demo.
+CACHE_DIR = Path(load_settings(env=dict(os.environ)).cache_dir)
+
+
+@pytest.fixture(scope="session")
+def kafka(tmp_path_factory) -> Iterator[LocalBroker]:
+    broker = LocalBroker(tmp_path_factory.mktemp("kafka"), CACHE_DIR, port=free_port())
+    broker.ensure_jars()
+    broker.start()
+    yield broker
+    broker.stop()
+
+
+@pytest.fixture(scope="session")
+def spark():
+    from app.spark import spark_session
+
+    session = spark_session("local[2]", str(CACHE_DIR), driver_memory="2g")
+    yield session
+    session.stop()
+
+
+@pytest.fixture
+def catalog(tmp_path: Path):
+    return open_catalog("test", {
+        "type": "sql",
+        "uri": f"sqlite:///{tmp_path / 'catalog.db'}",
+        "warehouse": f"file://{tmp_path / 'warehouse'}",
+    })
+
+
+@pytest.fixture
+def topic(kafka: LocalBroker) -> str:
+    """A fresh topic with 3 partitions."""
+    name = f"geo-{uuid.uuid4().hex[:10]}"
+    admin = KafkaAdminClient(bootstrap_servers=kafka.bootstrap)
+    try:
+        admin.create_topics([NewTopic(name, num_partitions=3, replication_factor=1)])
+    finally:
+        admin.close()
+    return name
+
+
+def produce_records(bootstrap: str, topic: str,
+                    records: Iterable[tuple[bytes | None, bytes | None, list[tuple[str, bytes]]]]) -> int:
+    """Send (key, value, headers) records; returns how many the broker acknowledged."""
+    producer = KafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=5,
+                             max_request_size=8 * 1024 * 1024)
+    try:
+        futures = [producer.send(topic, key=k, value=v, headers=h or None) for k, v, h in records]
+        producer.flush(timeout=60)
+        return sum(1 for f in futures if f.succeeded())
+    finally:
+        producer.close()
+
+
+def duckdb_connection():
+    """DuckDB with its avro, iceberg and spatial extensions loaded from their PyPI wheels."""
+    import duckdb
+    import duckdb_extension_avro
+    import duckdb_extension_iceberg
+    import duckdb_extension_spatial
+
+    con = duckdb.connect(config={"autoinstall_known_extensions": False, "autoload_known_extensions": False})
+    for module in (duckdb_extension_avro, duckdb_extension_iceberg, duckdb_extension_spatial):
+        for extension in Path(module.__file__).parent.glob("extensions/*/*.duckdb_extension"):
+            con.execute(f"LOAD '{extension}'")
+    return con
