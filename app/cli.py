@@ -7,6 +7,8 @@ import json
 import sys
 from pathlib import Path
 
+from pyiceberg.exceptions import NoSuchNamespaceError, NoSuchTableError
+
 from app.settings import Settings, SettingsError, load_settings
 
 
@@ -16,7 +18,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         settings = load_settings(args.config)
         return args.handler(args, settings) or 0
-    except (SettingsError, ValueError, LookupError, RuntimeError) as exc:
+    except (SettingsError, ValueError, LookupError, RuntimeError, NoSuchTableError, NoSuchNamespaceError) as exc:
         # Errors that name their input are the message; a traceback would only bury it.
         print(f"geoingest: {exc}", file=sys.stderr)
         return 2
@@ -84,8 +86,8 @@ def _table(args, settings: Settings) -> int:
         if not args.contract:
             raise ValueError("table create needs --contract")
         table, created = create_table(catalog, load_contract(args.contract))
-        print(f"{'created' if created else 'exists'}: {'.'.join(table.name())} at {table.location()}",
-              file=sys.stderr)
+        print(json.dumps({"table": ".".join(table.name()), "created": created, "location": table.location()}))
+        return 0
     else:
         name = args.table or (load_contract(args.contract).table if args.contract else None)
         if not name:
@@ -111,8 +113,9 @@ def _query(args, settings: Settings) -> int:
     from streaming.catalog import open_catalog
     from streaming.query import parse_bbox, query_bbox, to_geojson_lines
 
+    window = parse_bbox(args.bbox)
     table = open_catalog(settings.catalog_name, settings.catalog).load_table(args.table)
-    result = query_bbox(table, parse_bbox(args.bbox), limit=args.limit)
+    result = query_bbox(table, window, limit=args.limit)
     stats = result.stats.__dict__
     if args.format == "count":
         print(json.dumps({"count": result.table.num_rows, **stats}))

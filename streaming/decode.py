@@ -13,9 +13,9 @@ halves until the offending records are isolated; those few are diagnosed one by 
 
 from __future__ import annotations
 
-import io
 import json
 import math
+import re
 from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
@@ -76,6 +76,7 @@ _TYPE_NAMES = {
     5: "MultiLineString", 6: "MultiPolygon", 7: "GeometryCollection",
 }
 _JSON_WHITESPACE = (0x20, 0x09, 0x0D, 0x0A)
+_ROW_IN_ERROR = re.compile(r"in row (\d+)")
 
 
 @dataclass(frozen=True)
@@ -440,21 +441,48 @@ class _FeatureParser:
         return pa.Table.from_arrays([pa.nulls(n, f.type) for f in schema], schema=schema)
 
     def _parse_range(self, docs: pa.Array, lo: int, hi: int, errors: dict) -> list[pa.Table]:
-        if hi - lo == 1:
-            return [self._parse_one(docs[lo].as_py(), lo, errors)]
-        block = docs.slice(lo, hi - lo)
-        data = b"\n".join(block.to_pylist())
+        tables: list[pa.Table] = []
+        while lo < hi:
+            if hi - lo == 1:
+                tables.append(self._parse_one(docs[lo].as_py(), lo, errors))
+                break
+            table, bad_row = self._read_block(docs.slice(lo, hi - lo))
+            if table is not None:
+                tables.append(table)
+                break
+            if bad_row is None:
+                mid = (lo + hi) // 2
+                tables += self._parse_range(docs, lo, mid, errors) + self._parse_range(docs, mid, hi, errors)
+                break
+            # The reader names the row it choked on: the rows before it read as a block.
+            if bad_row:
+                tables += self._parse_range(docs, lo, lo + bad_row, errors)
+            tables.append(self._parse_one(docs[lo + bad_row].as_py(), lo + bad_row, errors))
+            lo += bad_row + 1
+        return tables
+
+    def _read_block(self, block: pa.Array) -> tuple[pa.Table | None, int | None]:
+        """The block as a table, or (None, the row the reader refused if it says which)."""
+        # One document a line, straight from the Arrow buffers.
+        lines = pc.binary_join_element_wise(block, pa.scalar(b"\n"), pa.scalar(b""))
+        offsets = np.frombuffer(lines.buffers()[1], dtype=np.int32)
+        data = lines.buffers()[2][offsets[lines.offset]:offsets[lines.offset + len(lines)]]
+        read_options = pa_json.ReadOptions(use_threads=False, block_size=max(data.size + 1, 1 << 20))
+        bad_row = None
         for id_type in self._BLOCK_ID_TYPES:
             options = pa_json.ParseOptions(explicit_schema=self._schema(id_type), unexpected_field_behavior="ignore")
             try:
-                table = pa_json.read_json(io.BytesIO(data), parse_options=options,
-                                          read_options=pa_json.ReadOptions(use_threads=False, block_size=max(len(data) + 1, 1 << 20)))
-            except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+                table = pa_json.read_json(pa.BufferReader(data), parse_options=options, read_options=read_options)
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+                where = _ROW_IN_ERROR.search(str(exc))
+                if bad_row is None and where:
+                    bad_row = int(where.group(1))
                 continue
-            if table.num_rows == hi - lo:
-                return [table.cast(self._schema(pa.string()))]
-        mid = (lo + hi) // 2
-        return self._parse_range(docs, lo, mid, errors) + self._parse_range(docs, mid, hi, errors)
+            if table.num_rows == len(block):
+                return table.cast(self._schema(pa.string())), None
+        if bad_row is not None and not 0 <= bad_row < len(block):
+            bad_row = None
+        return None, bad_row
 
     def _parse_one(self, raw: bytes, position: int, errors: dict) -> pa.Table:
         row = self._empty(1)

@@ -13,11 +13,10 @@ import pytest
 from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer
 
 from app.broker import BrokerError, LocalBroker, free_port
+from tests.conftest import CACHE_DIR
 
 pytestmark = pytest.mark.integration
 
-# The jars are ~45 MB; every test and checkout-local tool shares one download.
-CACHE_DIR = Path(os.environ.get("GEOINGEST_CACHE") or Path(__file__).resolve().parents[2] / ".cache")
 MESSAGE_COUNT = 1000
 
 

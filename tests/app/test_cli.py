@@ -1,0 +1,89 @@
+"""The `geoingest` command as a user runs it: table create/describe, run --until-idle, query."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import shapely
+
+from tests.conftest import CACHE_DIR, produce_records
+
+pytestmark = pytest.mark.integration
+
+CONTRACT = Path(__file__).resolve().parents[2] / "schemas" / "demo_events.json"
+GEOINGEST = Path(sys.executable).parent / "geoingest"
+
+
+def geoingest(env: dict[str, str], *args: str, check: bool = True) -> subprocess.CompletedProcess:
+    result = subprocess.run([str(GEOINGEST), *args], env=env, capture_output=True, text=True, timeout=600)
+    if check and result.returncode != 0:
+        raise AssertionError(f"geoingest {' '.join(args)} exited {result.returncode}:\n{result.stderr[-3000:]}")
+    return result
+
+
+@pytest.fixture
+def env(tmp_path, kafka, topic) -> dict[str, str]:
+    return {
+        **os.environ,
+        "GEOINGEST_BOOTSTRAP_SERVERS": kafka.bootstrap,
+        "GEOINGEST_TOPIC": topic,
+        "GEOINGEST_CATALOG__URI": f"sqlite:///{tmp_path / 'catalog.db'}",
+        "GEOINGEST_CATALOG__WAREHOUSE": f"file://{tmp_path / 'warehouse'}",
+        "GEOINGEST_CHECKPOINT_LOCATION": str(tmp_path / "checkpoints"),
+        "GEOINGEST_SPARK_MASTER": "local[2]",
+        "GEOINGEST_DRIVER_MEMORY": "1g",
+        "GEOINGEST_CACHE_DIR": str(CACHE_DIR),
+    }
+
+
+def test_create_describe_run_and_query(env, kafka, topic):
+    created = geoingest(env, "table", "create", "--contract", str(CONTRACT))
+    described = json.loads(geoingest(env, "table", "describe", "--table", "demo.events").stdout)
+    assert json.loads(created.stdout)["table"] == "demo.events"
+    assert described["format_version"] == 2
+    assert described["geometry"] == {
+        "column": "geometry", "encoding": "wkb", "crs": "EPSG:4326", "covering": "bbox",
+        "types": "Point,LineString,Polygon,MultiPoint,MultiLineString,MultiPolygon", "dimensions": "XY,XYZ",
+    }
+    assert [f["id"] for f in described["schema"]] == list(range(1, 11))
+
+    features = [
+        json.dumps({"type": "Feature", "id": f"e{i}", "properties": {"kind": "ping"},
+                    "geometry": {"type": "Point", "coordinates": [10 + i * 0.01, 50 + i * 0.01]}}).encode()
+        for i in range(300)
+    ]
+    records = [(f"e{i}".encode(), v, []) for i, v in enumerate(features)]
+    records.append((b"w1", shapely.to_wkb(shapely.Point(10.5, 50.5)), [("kind", b"site")]))
+    records.append((b"bad", b"not an event", []))
+    assert produce_records(kafka.bootstrap, topic, records) == len(records)
+
+    summary = json.loads(geoingest(env, "run", "--contract", str(CONTRACT), "--until-idle").stdout)
+    assert summary["consumed"] == 302
+    assert summary["committed_rows"] == 301
+    assert summary["rejected"] == {"unknown_format": 1}
+
+    # A second run finds nothing new: the checkpoint holds the offsets.
+    again = json.loads(geoingest(env, "run", "--contract", str(CONTRACT), "--until-idle").stdout)
+    assert again["consumed"] == 0
+
+    count = json.loads(geoingest(env, "query", "--table", "demo.events", "--bbox", "10,50,10.5,50.5",
+                                 "--format", "count").stdout)
+    # e0..e50 lie in the window (e50 on its corner), and so does the WKB point on the corner.
+    assert count["count"] == 52
+    assert count["files_scanned"] >= 1
+
+    lines = geoingest(env, "query", "--table", "demo.events", "--bbox", "10,50,10.1,50.1", "--limit", "5").stdout
+    found = [json.loads(line) for line in lines.splitlines()]
+    assert len(found) == 5 and all(f["type"] == "Feature" for f in found)
+
+
+def test_errors_name_their_input(env):
+    missing = geoingest(env, "table", "create", "--contract", "/no/such/contract.json", check=False)
+    assert missing.returncode == 2 and "/no/such/contract.json" in missing.stderr
+    bad_bbox = geoingest(env, "query", "--table", "demo.events", "--bbox", "1,2,3", check=False)
+    assert bad_bbox.returncode == 2 and "1,2,3" in bad_bbox.stderr
