@@ -87,3 +87,42 @@ def test_errors_name_their_input(env):
     assert missing.returncode == 2 and "/no/such/contract.json" in missing.stderr
     bad_bbox = geoingest(env, "query", "--table", "demo.events", "--bbox", "1,2,3", check=False)
     assert bad_bbox.returncode == 2 and "1,2,3" in bad_bbox.stderr
+
+
+def test_service_runs_until_sigterm_and_stops_after_the_batch(env, kafka, topic, tmp_path):
+    import signal
+    import time
+
+    from pyiceberg.catalog import load_catalog
+
+    geoingest(env, "table", "create", "--contract", str(CONTRACT))
+    service = subprocess.Popen([str(GEOINGEST), "run", "--contract", str(CONTRACT)],
+                               env={**env, "GEOINGEST_TRIGGER_INTERVAL": "1 second"},
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        catalog = load_catalog("geoingest", uri=env["GEOINGEST_CATALOG__URI"], warehouse=env["GEOINGEST_CATALOG__WAREHOUSE"],
+                               type="sql")
+        table = catalog.load_table("demo.events")
+        sent = 0
+        for wave in range(2):  # the second wave arrives while the service is already running
+            records = [(f"w{wave}-{i}".encode(), shapely.to_wkb(shapely.Point(i * 0.001, wave)), [])
+                       for i in range(200)]
+            sent += produce_records(kafka.bootstrap, topic, records)
+            deadline = time.monotonic() + 120
+            while time.monotonic() < deadline:
+                table.refresh()
+                snapshot = table.current_snapshot()
+                if snapshot and int(snapshot.summary.additional_properties.get("geoingest.rows", 0)) and \
+                        table.scan().to_arrow().num_rows == sent:
+                    break
+                assert service.poll() is None, service.stderr.read()[-3000:]
+                time.sleep(1)
+            assert table.scan().to_arrow().num_rows == sent
+        service.send_signal(signal.SIGTERM)
+        out, err = service.communicate(timeout=120)
+    finally:
+        if service.poll() is None:
+            service.kill()
+    assert service.returncode == 0, err[-3000:]
+    assert json.loads(out)["committed_rows"] == sent
+    assert '"msg": "stop requested"' in err
