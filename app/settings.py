@@ -117,6 +117,8 @@ def load_settings(config_file: str | Path | None = None, env: dict[str, str] | N
         if name not in fields:
             continue
         if sub:
+            if not isinstance(_default(fields[name]), dict):
+                raise SettingsError(f"{key}: {name} is a single value, not a map; drop the '__{sub.upper()}' part")
             sub_key = sub.replace("_", ".") if name in ("kafka", "spark") else sub
             values.setdefault(name, dict(_default(fields[name])))[sub_key] = raw
         else:
@@ -140,6 +142,8 @@ def _coerce(name: str, value: Any, f: dataclasses.Field) -> Any:
             raise SettingsError(f"{name}: expected a table of key = value, got {value!r}")
         return {str(k): str(v) for k, v in value.items()}
     if kind is int:
+        if isinstance(value, bool | float):
+            raise SettingsError(f"{name}: expected a whole number, got {value!r}")
         try:
             return int(value)
         except (TypeError, ValueError):

@@ -169,8 +169,29 @@ class Committer:
 
     def _append(self, batch: BatchCommit) -> int:
         spec_id = self.table.metadata.default_spec_id
-        with self.table.transaction() as tx:
+        with _single_attempt(self.table).transaction() as tx:
             with tx.update_snapshot(snapshot_properties=batch.summary()).fast_append() as append:
                 for record in batch.files:
                     append.append_data_file(to_data_file(record, spec_id))
-        return self.table.current_snapshot().snapshot_id
+        self.table.refresh()
+        snapshot = committed_snapshot(self.table, batch.writer_id, batch.batch_id)
+        return snapshot.snapshot_id
+
+
+def _single_attempt(table: Table) -> Table:
+    """The table as a transaction sees it, with pyiceberg's own commit retry turned off.
+
+    pyiceberg retries a conflicting append by itself, re-applying it to the refreshed table
+    without asking whether the batch landed meanwhile (another instance replaying it). The
+    committer must check that before every attempt, so each transaction makes exactly one
+    attempt. Only this local view changes: the catalog builds the committed metadata from its
+    own current table plus the snapshot update, so the table keeps its properties.
+    """
+    props = {**table.metadata.properties, "commit.retry.num-retries": "0"}
+    return Table(
+        identifier=table.name(),
+        metadata=table.metadata.model_copy(update={"properties": props}),
+        metadata_location=table.metadata_location,
+        io=table.io,
+        catalog=table.catalog,
+    )

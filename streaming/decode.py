@@ -195,6 +195,13 @@ class Decoder:
     def _decode_geojson(self, values: pa.Array, rows: np.ndarray, geoms: np.ndarray,
                         rejects: _Rejects, n: int) -> tuple[pa.Array, dict[str, pa.Array]]:
         docs = values.take(pa.array(rows))
+        not_utf8 = _invalid_utf8(docs)
+        if not_utf8.any():
+            rejects.add(rows[not_utf8], Reason.MALFORMED_JSON, "value is not valid UTF-8 JSON")
+            keep = ~not_utf8
+            rows, docs = rows[keep], docs.filter(pa.array(keep))
+            if rows.size == 0:
+                return pa.nulls(n, pa.string()), {k: pa.nulls(n, t) for k, t in self._property_types.items()}
         parsed = _FeatureParser(self._property_types).parse(docs)
         for local, (reason, detail) in parsed.errors.items():
             rejects.add(rows[[local]], reason, detail)
@@ -213,8 +220,11 @@ class Decoder:
         geoms[rows[local_usable]] = decoded
         failed = local_usable[np.equal(decoded, None)]
         for local in failed:
-            reason, detail = _diagnose_geojson_geometry(docs[int(local)].as_py())
-            rejects.add(rows[[local]], reason, detail)
+            geometry, reason, detail = _diagnose_geojson_geometry(docs[int(local)].as_py(), self._property_types)
+            if geometry is not None:
+                geoms[rows[local]] = geometry
+            else:
+                rejects.add(rows[[local]], reason, detail)
 
         feature_ids = _scatter(parsed.ids, rows, n)
         properties = {name: _scatter(arr, rows, n) for name, arr in parsed.properties.items()}
@@ -287,6 +297,16 @@ class Decoder:
             rejects.add(rows[has_m], Reason.REPROJECTION_FAILED,
                         f"geometries with M cannot be reprojected from EPSG:{srid}; send them in EPSG:{self._table_epsg}")
             rows = rows[~has_m]
+            # PROJ extrapolates far outside a CRS's area and lands somewhere plausible but wrong.
+            xmin, ymin, xmax, ymax = valid_area(int(srid))
+            slack_x, slack_y = (xmax - xmin) / 2, (ymax - ymin) / 2
+            b = shapely.bounds(geoms[rows])
+            far = ((b[:, 0] < xmin - slack_x) | (b[:, 2] > xmax + slack_x)
+                   | (b[:, 1] < ymin - slack_y) | (b[:, 3] > ymax + slack_y))
+            rejects.add(rows[far], Reason.OUTSIDE_CRS_AREA,
+                        [f"bounds ({r[0]:.6g}, {r[1]:.6g}, {r[2]:.6g}, {r[3]:.6g}) lie far outside the area "
+                         f"of EPSG:{srid} ({xmin:.6g}, {ymin:.6g}, {xmax:.6g}, {ymax:.6g})" for r in b[far]])
+            rows = rows[~far]
             moved = reproject(geoms[rows], int(srid), self._table_epsg)
             bounds = shapely.bounds(moved)
             failed = ~np.all(np.isfinite(bounds), axis=1)
@@ -329,9 +349,11 @@ class Decoder:
         columns: dict[str, pa.Array] = {}
         for col in self.contract.columns:
             target = self._data_schema.field(col.name).type
-            candidates = [self._source_array(batch, src, feature_ids, properties, col, target, rejects)
-                          for src in col.sources]
-            merged = candidates[0] if len(candidates) == 1 else pc.coalesce(*candidates)
+            merged = None
+            for src in col.sources:
+                wanted = None if merged is None else pc.is_null(merged)
+                candidate = self._source_array(batch, src, feature_ids, properties, col, target, rejects, wanted)
+                merged = candidate if merged is None else pc.coalesce(merged, candidate)
             if col.required:
                 missing = rejects.ok & pc.is_null(merged).to_numpy(zero_copy_only=False)
                 rejects.add(missing, Reason.MISSING_REQUIRED_FIELD,
@@ -341,7 +363,8 @@ class Decoder:
 
     def _source_array(self, batch: pa.RecordBatch, src: str, feature_ids: pa.Array,
                       properties: dict[str, pa.Array], col: Column, target: pa.DataType,
-                      rejects: _Rejects) -> pa.Array:
+                      rejects: _Rejects, wanted: pa.Array | None) -> pa.Array:
+        """Values of one source as the column's type, for the rows in `wanted` (all if None)."""
         if src.startswith("properties."):
             return properties[src.removeprefix("properties.")]
         if src == "id":
@@ -354,6 +377,8 @@ class Decoder:
             raw = batch.column(src.removeprefix("kafka."))
         else:
             raw = _header_values(batch, src.removeprefix("kafka.headers."))
+        if wanted is not None:
+            raw = pc.if_else(wanted, raw, pa.nulls(len(raw), raw.type))
         return _cast_or_reject(raw, target, f"{col.name} (from {src})", rejects)
 
     def _assemble(self, batch: pa.RecordBatch, columns: dict[str, pa.Array], geoms: np.ndarray,
@@ -475,11 +500,14 @@ class _FeatureParser:
                 table = pa_json.read_json(pa.BufferReader(data), parse_options=options, read_options=read_options)
             except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
                 where = _ROW_IN_ERROR.search(str(exc))
-                if bad_row is None and where:
-                    bad_row = int(where.group(1))
+                if where:
+                    # Rows before the furthest refusal all read under that pass's id type.
+                    bad_row = max(bad_row or 0, int(where.group(1)))
                 continue
-            if table.num_rows == len(block):
-                return table.cast(self._schema(pa.string())), None
+            if table.num_rows != len(block):
+                # A value that holds several documents: no row to blame, so split the block.
+                return None, None
+            return table.cast(self._schema(pa.string())), None
         if bad_row is not None and not 0 <= bad_row < len(block):
             bad_row = None
         return None, bad_row
@@ -510,14 +538,20 @@ class _FeatureParser:
             value = (props or {}).get(name)
             try:
                 values[name] = _coerce_property(value, arrow_type)
-            except (TypeError, ValueError):
+            except (TypeError, ValueError, OverflowError, pa.ArrowInvalid):
                 errors[position] = (Reason.PROPERTY_TYPE_MISMATCH,
                                     f"properties.{name}: {value!r} is not a {arrow_type}")
                 return row
-        if fid is not None and not isinstance(fid, str):
-            fid = str(int(fid)) if float(fid).is_integer() else repr(fid)
-        return pa.Table.from_pylist([{"type": "Feature", "id": fid, "properties": values}],
-                                    schema=self._schema(pa.string()))
+        if isinstance(fid, int):
+            fid = str(fid)
+        elif isinstance(fid, float):
+            fid = str(int(fid)) if math.isfinite(fid) and fid.is_integer() else repr(fid)
+        try:
+            return pa.Table.from_pylist([{"type": "Feature", "id": fid, "properties": values}],
+                                        schema=self._schema(pa.string()))
+        except UnicodeEncodeError as exc:
+            errors[position] = (Reason.MALFORMED_JSON, f"value holds a string that is not valid Unicode: {exc.reason}")
+            return row
 
 
 def _coerce_property(value: Any, arrow_type: pa.DataType) -> Any:
@@ -540,6 +574,8 @@ def _coerce_property(value: Any, arrow_type: pa.DataType) -> Any:
     if pa.types.is_floating(arrow_type):
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise TypeError
+        if not math.isfinite(float(value)):
+            raise ValueError("out of the double range")
         return float(value)
     if pa.types.is_timestamp(arrow_type):
         if not isinstance(value, str):
@@ -548,22 +584,31 @@ def _coerce_property(value: Any, arrow_type: pa.DataType) -> Any:
     raise TypeError
 
 
-def _diagnose_geojson_geometry(raw: bytes) -> tuple[Reason, str]:
+def _diagnose_geojson_geometry(raw: bytes, property_types: dict[str, pa.DataType]
+                               ) -> tuple[shapely.Geometry | None, Reason | None, str | None]:
+    """Why GEOS refused a Feature; or its geometry, when the refusal was about something else."""
     doc = json.loads(raw)
     if "geometry" not in doc or doc["geometry"] is None:
-        return Reason.MISSING_GEOMETRY, "geometry: missing or null"
+        return None, Reason.MISSING_GEOMETRY, "geometry: missing or null"
+    for name in property_types:
+        value = (doc.get("properties") or {}).get(name)
+        if isinstance(value, float) and not math.isfinite(value):
+            return None, Reason.PROPERTY_TYPE_MISMATCH, f"properties.{name}: a number out of the double range"
     geometry = doc["geometry"]
     if isinstance(geometry, dict):
         coords = geometry.get("coordinates")
         if coords == [] or (geometry.get("type") == "GeometryCollection" and not geometry.get("geometries")):
-            return Reason.EMPTY_GEOMETRY, "geometry: has no coordinates"
+            return None, Reason.EMPTY_GEOMETRY, "geometry: has no coordinates"
         if _has_non_finite(coords):
-            return Reason.NON_FINITE_COORDINATES, "geometry.coordinates: a coordinate is not a finite number"
+            return None, Reason.NON_FINITE_COORDINATES, "geometry.coordinates: a coordinate is not a finite number"
         depth = _position_size(coords)
         if depth is not None and depth > 3:
-            return Reason.DIMENSION_NOT_ALLOWED, f"geometry.coordinates: positions of {depth} values; GeoJSON allows 2 or 3"
-    text = json.dumps(geometry)[:200]
-    return Reason.INVALID_GEOJSON_GEOMETRY, f"geometry: not a readable GeoJSON geometry: {text}"
+            return None, Reason.DIMENSION_NOT_ALLOWED, f"geometry.coordinates: positions of {depth} values; GeoJSON allows 2 or 3"
+    text = json.dumps(geometry)
+    alone = shapely.from_geojson(text, on_invalid="ignore")
+    if alone is not None:
+        return alone, None, None
+    return None, Reason.INVALID_GEOJSON_GEOMETRY, f"geometry: not a readable GeoJSON geometry: {text[:200]}"
 
 
 def _has_non_finite(coords: Any) -> bool:
@@ -597,6 +642,23 @@ def _first_significant_byte(values: pa.Array, live: np.ndarray) -> np.ndarray:
         stripped = values[int(i)].as_py().lstrip(b" \t\r\n")
         first[i] = stripped[0] if stripped else -1
     return first
+
+
+def _invalid_utf8(values: pa.Array) -> np.ndarray:
+    """Rows that are not valid UTF-8 (checked as a whole first; row by row only if it fails)."""
+    try:
+        values.cast(pa.string()).validate(full=True)
+        return np.zeros(len(values), dtype=bool)
+    except pa.ArrowInvalid:
+        return np.array([not _is_utf8(v) for v in values.to_pylist()], dtype=bool)
+
+
+def _is_utf8(value: bytes | None) -> bool:
+    try:
+        value.decode("utf-8")
+        return True
+    except (UnicodeDecodeError, AttributeError):
+        return False
 
 
 def _scatter(partial: pa.Array, rows: np.ndarray, n: int) -> pa.Array:

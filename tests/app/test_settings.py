@@ -1,0 +1,207 @@
+"""Settings: defaults < TOML file < environment, typed, frozen, secrets masked when shown.
+
+Every test passes `env=` so the real environment never leaks in.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from app.settings import Settings, SettingsError, load_settings
+
+JAAS = 'org.apache.kafka.common.security.plain.PlainLoginModule required username="svc" password="hunter2";'
+
+
+def write_toml(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "geoingest.toml"
+    path.write_text(text)
+    return path
+
+
+def test_defaults():
+    s = load_settings(env={})
+    assert s.bootstrap_servers == "127.0.0.1:9092"
+    assert s.topic == "geo-events"
+    assert s.dead_letter_topic == "geo-events.dlq"
+    assert s.starting_offsets == "earliest"
+    assert s.max_offsets_per_trigger == 1_000_000
+    assert s.max_message_bytes == 1024 * 1024 and s.max_vertices == 100_000
+    assert s.kafka == {} and s.spark == {}
+    assert s.catalog["type"] == "sql"
+    assert s.catalog["uri"].startswith("sqlite:///") and s.catalog["uri"].endswith("catalog.db")
+    assert s.catalog["warehouse"].startswith("file://")
+    assert Path(s.checkpoint_location).is_absolute()
+    assert s.writer_id == "" and s.metrics_port == 9108
+    assert s.cache_dir.endswith("geoingest")
+
+
+def test_settings_are_frozen():
+    s = load_settings(env={})
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        s.topic = "other"  # type: ignore[misc]
+
+
+def test_values_come_from_the_toml_file(tmp_path):
+    path = write_toml(tmp_path, """
+topic = "positions"
+max_vertices = 5000
+starting_offsets = "latest"
+
+[kafka]
+"security.protocol" = "SASL_SSL"
+
+[spark]
+"spark.sql.shuffle.partitions" = 8
+""")
+    s = load_settings(path, env={})
+    assert s.topic == "positions"
+    assert s.max_vertices == 5000
+    assert s.starting_offsets == "latest"
+    assert s.kafka == {"security.protocol": "SASL_SSL"}
+    assert s.spark == {"spark.sql.shuffle.partitions": "8"}, "map values are strings"
+    assert s.bootstrap_servers == "127.0.0.1:9092", "what the file leaves out keeps its default"
+
+
+def test_config_file_can_be_named_in_the_environment(tmp_path):
+    path = write_toml(tmp_path, 'topic = "from-file"\n')
+    assert load_settings(env={"GEOINGEST_CONFIG": str(path)}).topic == "from-file"
+
+
+def test_environment_overrides_the_file(tmp_path):
+    path = write_toml(tmp_path, 'topic = "from-file"\nmax_vertices = 5000\n[kafka]\n"security.protocol" = "SASL_SSL"\n')
+    s = load_settings(path, env={
+        "GEOINGEST_TOPIC": "from-env",
+        "GEOINGEST_MAX_VERTICES": "7",
+        "GEOINGEST_KAFKA__SASL_MECHANISM": "PLAIN",
+        "OTHER_TOPIC": "ignored",
+    })
+    assert s.topic == "from-env"
+    assert s.max_vertices == 7, "env strings are typed like the default"
+    assert s.kafka == {"security.protocol": "SASL_SSL", "sasl.mechanism": "PLAIN"}, "nested keys merge"
+
+
+def test_keyword_overrides_win_over_environment():
+    s = load_settings(env={"GEOINGEST_TOPIC": "from-env"}, topic="from-cli", writer_id=None)
+    assert s.topic == "from-cli" and s.writer_id == ""
+
+
+def test_nested_env_becomes_a_kafka_option_and_is_masked():
+    s = load_settings(env={"GEOINGEST_KAFKA__SASL_JAAS_CONFIG": JAAS})
+    assert s.kafka == {"sasl.jaas.config": JAAS}, "the real value is there for the Kafka client"
+    assert s.shown()["kafka"]["sasl.jaas.config"] == "***"
+    assert "hunter2" not in repr(s)
+    assert "hunter2" not in str(s)
+    assert "sasl.jaas.config" in repr(s)
+
+
+@pytest.mark.parametrize("key", ["ssl.key.password", "ssl.truststore.location", "sasl.oauthbearer.token"])
+def test_other_secret_looking_kafka_options_are_masked(key):
+    s = load_settings(env={}, kafka={key: "s3cr3t"})
+    assert s.shown()["kafka"][key] == "***"
+    assert "s3cr3t" not in repr(s)
+
+
+@pytest.mark.parametrize("uri, shown", [
+    ("postgresql://user:pw@host/db", "postgresql://user:***@host/db"),
+    ("postgresql+psycopg2://user:p@ss@db.example:5432/iceberg?sslmode=require",
+     "postgresql+psycopg2://user:***@db.example:5432/iceberg?sslmode=require"),
+    ("postgresql://user@host/db", "postgresql://user@host/db"),
+    ("sqlite:////tmp/catalog.db", "sqlite:////tmp/catalog.db"),
+])
+def test_catalog_uri_password_is_masked(uri, shown):
+    s = load_settings(env={"GEOINGEST_CATALOG__URI": uri})
+    assert s.catalog["uri"] == uri
+    assert s.shown()["catalog"]["uri"] == shown
+    assert shown in repr(s)
+    if shown != uri:
+        assert uri not in repr(s)
+
+
+def test_catalog_secret_keys_are_masked_and_others_shown(tmp_path):
+    path = write_toml(tmp_path, '[catalog]\ntype = "rest"\n"s3.secret-access-key" = "abc123"\n"s3.access-key-id" = "AKIA"\n')
+    shown = load_settings(path, env={}).shown()["catalog"]
+    assert shown["s3.secret-access-key"] == "***"
+    assert shown["s3.access-key-id"] == "AKIA" and shown["type"] == "rest"
+
+
+@pytest.mark.parametrize("env", [{"GEOINGEST_MAX_VERTICES": "many"}, {"GEOINGEST_METRICS_PORT": "9108.5"}])
+def test_a_wrong_int_in_the_environment_names_the_setting(env):
+    name = next(iter(env)).removeprefix("GEOINGEST_").lower()
+    with pytest.raises(SettingsError, match=rf"^{name}: expected a whole number"):
+        load_settings(env=env)
+
+
+def test_a_wrong_int_in_the_file_names_the_setting(tmp_path):
+    path = write_toml(tmp_path, 'max_offsets_per_trigger = "lots"\n')
+    with pytest.raises(SettingsError, match=r"^max_offsets_per_trigger: expected a whole number, got 'lots'"):
+        load_settings(path, env={})
+
+
+def test_a_map_setting_given_a_plain_value_names_the_setting(tmp_path):
+    path = write_toml(tmp_path, 'kafka = "sasl"\n')
+    with pytest.raises(SettingsError, match="^kafka: expected a table"):
+        load_settings(path, env={})
+
+
+def test_an_unknown_key_in_the_file_is_an_error(tmp_path):
+    path = write_toml(tmp_path, 'topik = "typo"\n')
+    with pytest.raises(SettingsError, match="topik"):
+        load_settings(path, env={})
+
+
+def test_unknown_environment_variables_are_ignored():
+    assert load_settings(env={"GEOINGEST_NOT_A_SETTING": "x"}).topic == "geo-events"
+
+
+def test_missing_or_broken_file_names_the_path(tmp_path):
+    missing = tmp_path / "absent.toml"
+    with pytest.raises(SettingsError, match="not found") as info:
+        load_settings(missing, env={})
+    assert str(missing) in str(info.value)
+    broken = write_toml(tmp_path, "topic = \n")
+    with pytest.raises(SettingsError, match="not valid TOML") as info:
+        load_settings(broken, env={})
+    assert str(broken) in str(info.value)
+
+
+def test_writer_id_is_stable_for_a_checkpoint_and_table_and_differs_otherwise():
+    a = load_settings(env={"GEOINGEST_CHECKPOINT_LOCATION": "/ckpt/a"})
+    a_again = load_settings(env={"GEOINGEST_CHECKPOINT_LOCATION": "/ckpt/a/"})
+    b = load_settings(env={"GEOINGEST_CHECKPOINT_LOCATION": "/ckpt/b"})
+    wid = a.writer_id_for("demo.events")
+    assert wid.startswith("geoingest-") and len(wid) > len("geoingest-") + 8
+    assert wid == a.writer_id_for("demo.events") == a_again.writer_id_for("demo.events")
+    assert b.writer_id_for("demo.events") != wid
+    assert a.writer_id_for("demo.other") != wid
+    assert a.checkpoint_for("demo.events") == "/ckpt/a/demo.events"
+
+
+def test_an_explicit_writer_id_wins():
+    s = load_settings(env={"GEOINGEST_WRITER_ID": "ingest-eu-1"})
+    assert s.writer_id_for("demo.events") == "ingest-eu-1" == s.writer_id_for("demo.other")
+
+
+def test_dead_letter_topic_defaults_to_topic_dot_dlq_and_can_be_set():
+    assert load_settings(env={"GEOINGEST_TOPIC": "positions"}).dead_letter_topic == "positions.dlq"
+    assert load_settings(env={"GEOINGEST_DLQ_TOPIC": "rejects"}).dead_letter_topic == "rejects"
+
+
+def test_settings_can_be_built_directly():
+    assert Settings(topic="t").dead_letter_topic == "t.dlq"
+
+
+# -- bugs found while writing these tests --------------------------------------------------------------
+@pytest.mark.parametrize("line", ["max_vertices = 1.5", "metrics_port = true"])
+def test_a_float_or_boolean_for_an_int_setting_is_an_error(tmp_path, line):
+    path = write_toml(tmp_path, line + "\n")
+    with pytest.raises(SettingsError, match=line.split(" ")[0]):
+        load_settings(path, env={})
+
+
+@pytest.mark.parametrize("key", ["GEOINGEST_TOPIC__NAME", "GEOINGEST_METRICS_PORT__X"])
+def test_a_nested_variable_on_a_scalar_setting_names_it(key):
+    with pytest.raises(SettingsError, match=key.removeprefix("GEOINGEST_").split("__")[0].lower()):
+        load_settings(env={key: "x"})
