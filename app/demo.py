@@ -39,6 +39,7 @@ def run_demo(settings: Settings, home: Path, events: int) -> int:
         catalog={"type": "sql", "uri": f"sqlite:///{home / 'catalog.db'}", "warehouse": f"file://{home / 'warehouse'}"},
         checkpoint_location=str(home / "checkpoints"),
         max_offsets_per_trigger=100_000,
+        metrics_port=0,
     )
     say = lambda text: print(text, file=sys.stderr, flush=True)  # noqa: E731
     try:

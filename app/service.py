@@ -11,8 +11,10 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from prometheus_client import CollectorRegistry
 from pyspark.sql import SparkSession
 
+from app.metrics import Health, IngestMetrics, serve
 from app.settings import Settings
 from app.spark import spark_session
 from streaming.catalog import load_contract_table, open_catalog
@@ -96,35 +98,61 @@ def start_spark(settings: Settings) -> SparkSession:
 
 def run(settings: Settings, contract: Contract, until_idle: bool,
         observers: tuple[Callable[[BatchReport], None], ...] = (),
-        spark: SparkSession | None = None) -> RunTotals:
+        spark: SparkSession | None = None, registry: CollectorRegistry | None = None) -> RunTotals:
     """Run the ingest. With until_idle, drain what the topic holds and return; otherwise run until
-    SIGTERM or SIGINT, then stop after the batch in progress."""
+    SIGTERM or SIGINT, then stop after the batch in progress.
+
+    Metrics and health are served on settings.metrics_port (0: not served) from `registry`
+    (a fresh one by default)."""
     catalog = open_catalog(settings.catalog_name, settings.catalog)
     table = load_contract_table(catalog, contract)
     totals = RunTotals()
-    spark = spark or start_spark(settings)
-    config = job_config(settings, contract)
-    log.info("starting", extra={"settings": {**settings.shown(), "table": contract.table,
-                                              "writer_id": config.writer_id, "until_idle": until_idle}})
-    processor = BatchProcessor(spark, table, contract, config, observers=(totals.observe, *observers))
-    query = start_query(spark, processor, until_idle=until_idle, trigger_interval=settings.trigger_interval)
+    metrics = IngestMetrics(registry or CollectorRegistry(), contract.table, settings.topic)
+    health = Health(max_silence_s=settings.ready_max_silence_s)
+    server = serve(metrics.registry, health, settings.metrics_port) if settings.metrics_port else None
+    try:
+        spark = spark or start_spark(settings)
+        config = job_config(settings, contract)
+        log.info("starting", extra={"settings": {**settings.shown(), "table": contract.table,
+                                                  "writer_id": config.writer_id, "until_idle": until_idle}})
+        processor = BatchProcessor(spark, table, contract, config,
+                                   observers=(totals.observe, metrics.observe_batch, *observers))
+        query = start_query(spark, processor, until_idle=until_idle, trigger_interval=settings.trigger_interval)
+        _supervise(query, metrics, health, stop_on_signal=not until_idle)
+    finally:
+        if server is not None:
+            server.shutdown()
+            server.server_close()
+    return totals
+
+
+def _supervise(query, metrics: IngestMetrics, health: Health, stop_on_signal: bool) -> None:
+    """Wait for the query, feeding health and lag from its progress; stop it cleanly on a signal."""
 
     stop_requested = threading.Event()
-    if not until_idle and threading.current_thread() is threading.main_thread():
+    if stop_on_signal and threading.current_thread() is threading.main_thread():
         def request_stop(signum, _frame):
             log.info("stop requested", extra={"summary": {"signal": signal.Signals(signum).name}})
             stop_requested.set()
         signal.signal(signal.SIGTERM, request_stop)
         signal.signal(signal.SIGINT, request_stop)
 
+    health.query_active = True
+    health.last_progress = time.time()
+    seen_progress = None
     while query.isActive:
         if stop_requested.is_set():
             _stop_after_current_batch(query)
             break
+        progress = query.lastProgress
+        if progress and progress.get("timestamp") != seen_progress:
+            seen_progress = progress.get("timestamp")
+            health.last_progress = time.time()
+            metrics.observe_progress(progress)
         query.awaitTermination(1.0)
+    health.query_active = False
     if query.exception() is not None:
         raise RuntimeError(f"the streaming query failed: {query.exception()}")
-    return totals
 
 
 def _stop_after_current_batch(query) -> None:

@@ -56,7 +56,9 @@ class Settings:
     spark: dict[str, str] = field(default_factory=dict)  # any spark.* configuration
     # Local state
     cache_dir: str = field(default_factory=_default_cache_dir)
-    metrics_port: int = 9108
+    metrics_port: int = 9108  # /metrics, /healthz, /readyz; 0 turns the server off
+    # /readyz fails when the query showed no batch or idle poll for this long
+    ready_max_silence_s: int = 120
 
     @property
     def dead_letter_topic(self) -> str:

@@ -60,7 +60,8 @@ def main() -> None:
                                  catalog={"type": "sql", "uri": f"sqlite:///{tmp}/catalog.db",
                                           "warehouse": f"file://{tmp}/warehouse"},
                                  checkpoint_location=str(tmp / "checkpoints"),
-                                 max_offsets_per_trigger=args.max_offsets_per_trigger, spark_master="local[2]")
+                                 max_offsets_per_trigger=args.max_offsets_per_trigger, spark_master="local[2]",
+                                 metrics_port=0)
         events = list(sample_events(args.events))
         produce(settings.bootstrap_servers, settings.topic, events, total=len(events), progress=False)
         catalog = open_catalog(settings.catalog_name, settings.catalog)

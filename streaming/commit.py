@@ -92,7 +92,10 @@ class RetryPolicy:
 
 
 class CommitRetriesExhausted(RuntimeError):
-    pass
+    def __init__(self, message: str, attempts: int, conflicts: int):
+        super().__init__(message)
+        self.attempts = attempts
+        self.conflicts = conflicts
 
 
 def committed_snapshot(table: Table, writer_id: str, batch_id: int) -> Snapshot | None:
@@ -163,7 +166,8 @@ class Committer:
                 if conflicts > policy.num_retries or elapsed_ms > policy.total_timeout_ms:
                     raise CommitRetriesExhausted(
                         f"batch {batch.batch_id} of writer {batch.writer_id} could not be committed to "
-                        f"{'.'.join(self.table.name())} after {attempt} attempts in {elapsed_ms:.0f} ms: {exc}"
+                        f"{'.'.join(self.table.name())} after {attempt} attempts in {elapsed_ms:.0f} ms: {exc}",
+                        attempts=attempt, conflicts=conflicts,
                     ) from exc
                 self.sleep(policy.wait_ms(conflicts, self.rng) / 1000)
 

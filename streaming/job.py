@@ -25,13 +25,14 @@ from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import from_arrow_schema
 from pyspark.sql.streaming import StreamingQuery
 
-from streaming.commit import BatchCommit, CommitOutcome, Committer, Offsets
+from streaming.commit import BatchCommit, CommitOutcome, Committer, CommitRetriesExhausted, Offsets
 from streaming.contract import Contract
 from streaming.decode import (
     HILBERT,
     REJECT_REASON,
     SOURCE_OFFSET,
     SOURCE_PARTITION,
+    SOURCE_TIMESTAMP,
     SOURCE_TOPIC,
     DecodeOptions,
     Decoder,
@@ -67,6 +68,8 @@ class BatchReport:
     offsets: Offsets
     outcome: CommitOutcome | None
     seconds: dict[str, float]
+    # "topic/partition" -> Kafka timestamp (ms) of the oldest record in the batch
+    oldest_event_ms: dict[str, int] = field(default_factory=dict)
 
 
 class BatchProcessor:
@@ -92,11 +95,12 @@ class BatchProcessor:
             tallies = (
                 decoded.groupBy(SOURCE_TOPIC, SOURCE_PARTITION, REJECT_REASON)
                 .agg(F.min(SOURCE_OFFSET).alias("first"), F.max(SOURCE_OFFSET).alias("last"),
-                     F.count(F.lit(1)).alias("n"))
+                     F.count(F.lit(1)).alias("n"),
+                     (F.unix_micros(F.min(SOURCE_TIMESTAMP)) / 1000).cast("long").alias("oldest_ms"))
                 .collect()
             )
             timings["read_decode"] = time.monotonic() - started
-            offsets, consumed, valid, rejected = _summarise(tallies)
+            offsets, consumed, valid, rejected, oldest = _summarise(tallies)
 
             step = time.monotonic()
             files: tuple[DataFileRecord, ...] = ()
@@ -112,15 +116,24 @@ class BatchProcessor:
             decoded.unpersist()
 
         step = time.monotonic()
-        outcome = self.committer.commit(BatchCommit(
-            writer_id=self.config.writer_id, batch_id=batch_id, offsets=offsets, files=files,
-            rejected=sum(rejected.values()),
-        ))
+        try:
+            outcome = self.committer.commit(BatchCommit(
+                writer_id=self.config.writer_id, batch_id=batch_id, offsets=offsets, files=files,
+                rejected=sum(rejected.values()),
+            ))
+        except CommitRetriesExhausted as exc:
+            failed = CommitOutcome("failed", None, exc.attempts, exc.conflicts, time.monotonic() - step)
+            self._notify(BatchReport(batch_id, consumed, 0, rejected, files, offsets, failed, timings, oldest))
+            log.error("commit failed", extra={"batch": {"batch_id": batch_id, "error": str(exc)}})
+            raise
         timings["commit"] = time.monotonic() - step
         timings["total"] = time.monotonic() - started
         report = BatchReport(batch_id, consumed, sum(f.record_count for f in files), rejected, files,
-                             offsets, outcome, timings)
-        log.info("batch committed", extra={"batch": _log_fields(report)})
+                             offsets, outcome, timings, oldest)
+        log.info("batch", extra={"batch": _log_fields(report)})
+        self._notify(report)
+
+    def _notify(self, report: BatchReport) -> None:
         for observe in self.observers:
             observe(report)
 
@@ -128,11 +141,15 @@ class BatchProcessor:
         return max(self._default_parallelism, math.ceil(valid_rows / self.config.rows_per_partition))
 
 
-def _summarise(tallies) -> tuple[Offsets, int, int, dict[str, int]]:
+def _summarise(tallies) -> tuple[Offsets, int, int, dict[str, int], dict[str, int]]:
     offsets: Offsets = {}
     consumed = valid = 0
     rejected: dict[str, int] = {}
+    oldest: dict[str, int] = {}
     for row in tallies:
+        where = f"{row[SOURCE_TOPIC]}/{row[SOURCE_PARTITION]}"
+        if row["oldest_ms"] is not None:
+            oldest[where] = min(oldest.get(where, row["oldest_ms"]), row["oldest_ms"])
         parts = offsets.setdefault(row[SOURCE_TOPIC], {})
         first, last = parts.get(row[SOURCE_PARTITION], (row["first"], row["last"]))
         parts[row[SOURCE_PARTITION]] = (min(first, row["first"]), max(last, row["last"]))
@@ -141,7 +158,7 @@ def _summarise(tallies) -> tuple[Offsets, int, int, dict[str, int]]:
             valid += row["n"]
         else:
             rejected[row[REJECT_REASON]] = rejected.get(row[REJECT_REASON], 0) + row["n"]
-    return offsets, consumed, valid, rejected
+    return offsets, consumed, valid, rejected, oldest
 
 
 def _decode_fn(contract: Contract, options: DecodeOptions):

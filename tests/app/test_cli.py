@@ -38,6 +38,7 @@ def env(tmp_path, kafka, topic) -> dict[str, str]:
         "GEOINGEST_SPARK_MASTER": "local[2]",
         "GEOINGEST_DRIVER_MEMORY": "1g",
         "GEOINGEST_CACHE_DIR": str(CACHE_DIR),
+        "GEOINGEST_METRICS_PORT": "0",
     }
 
 
@@ -62,8 +63,13 @@ def test_create_describe_run_and_query(env, kafka, topic):
     records.append((b"bad", b"not an event", []))
     assert produce_records(kafka.bootstrap, topic, records) == len(records)
 
-    summary = json.loads(geoingest(env, "run", "--contract", str(CONTRACT), "--until-idle").stdout)
+    ran = geoingest(env, "run", "--contract", str(CONTRACT), "--until-idle")
+    summary = json.loads(ran.stdout)
     assert summary["consumed"] == 302
+    log_lines = [json.loads(line) for line in ran.stderr.splitlines() if line.startswith('{"ts"')]
+    batch_lines = [line["batch"] for line in log_lines if line["msg"] == "batch"]
+    assert len(batch_lines) == summary["batches"], "one structured summary line per batch"
+    assert sum(b["consumed"] for b in batch_lines) == 302 and batch_lines[0]["commit"] == "committed"
     assert summary["committed_rows"] == 301
     assert summary["rejected"] == {"unknown_format": 1}
 

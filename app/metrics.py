@@ -1,0 +1,158 @@
+"""Every metric the service exports, declared in one place, on a registry the caller injects.
+
+The driver alone exports: executors send their counts back with the file metadata, and the
+driver turns each batch report into metric updates here.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from streaming.job import BatchReport
+
+_SECONDS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+_FRESHNESS = (0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 900, 3600, 21600, 86400)
+_ROWS = (1_000, 10_000, 50_000, 100_000, 250_000, 500_000, 1_000_000, 2_500_000, 5_000_000)
+_RETRIES = (0, 1, 2, 3, 5, 8, 13)
+
+
+class IngestMetrics:
+    def __init__(self, registry: CollectorRegistry, table: str, topic: str):
+        self.registry = registry
+        self.table = table
+        self.topic = topic
+        t = ("table",)
+        tt = ("topic", "table")
+        self.events_consumed = Counter("geoingest_events_consumed", "Kafka records consumed", tt, registry=registry)
+        self.events_committed = Counter("geoingest_events_committed", "Rows committed to the table", tt,
+                                        registry=registry)
+        self.events_rejected = Counter("geoingest_events_rejected", "Records rejected, by reason code",
+                                       (*tt, "reason"), registry=registry)
+        self.batches = Counter("geoingest_batches", "Micro-batches processed", t, registry=registry)
+        self.batch_duration = Histogram("geoingest_batch_duration_seconds", "Micro-batch wall time", t,
+                                        buckets=_SECONDS, registry=registry)
+        self.files_written = Counter("geoingest_files_written", "Data files written", t, registry=registry)
+        self.bytes_written = Counter("geoingest_bytes_written", "Bytes of data files written", t, registry=registry)
+        self.rows_per_file = Histogram("geoingest_rows_per_file", "Rows in each data file written", t,
+                                       buckets=_ROWS, registry=registry)
+        self.commits = Counter("geoingest_commits", "Commits by outcome (committed, skipped_replay, failed)",
+                               (*t, "outcome"), registry=registry)
+        self.commit_conflicts = Counter("geoingest_commit_conflicts", "Commit attempts refused as conflicts", t,
+                                        registry=registry)
+        self.commit_retries = Histogram("geoingest_commit_retries", "Retries a commit needed", t,
+                                        buckets=_RETRIES, registry=registry)
+        self.commit_duration = Histogram("geoingest_commit_duration_seconds", "Commit wall time, retries included",
+                                         t, buckets=_SECONDS, registry=registry)
+        self.last_snapshot_id = Gauge("geoingest_last_snapshot_id", "Id of the last snapshot committed", t,
+                                      registry=registry)
+        self.last_commit_timestamp = Gauge("geoingest_last_commit_timestamp_seconds",
+                                           "Unix time of the last commit", t, registry=registry)
+        self.freshness = Histogram("geoingest_freshness_seconds",
+                                   "Event timestamp to commit, per topic-partition of a batch (oldest event)",
+                                   t, buckets=_FRESHNESS, registry=registry)
+        self.kafka_lag = Gauge("geoingest_kafka_lag", "Offsets behind the latest, per topic-partition",
+                               ("topic", "partition", "table"), registry=registry)
+        self.last_progress = Gauge("geoingest_last_progress_timestamp_seconds",
+                                   "Unix time of the last batch or idle poll of the streaming query", t,
+                                   registry=registry)
+
+    def observe_batch(self, report: BatchReport) -> None:
+        table, topic = self.table, self.topic
+        self.batches.labels(table).inc()
+        self.batch_duration.labels(table).observe(report.seconds.get("total", 0.0))
+        self.events_consumed.labels(topic, table).inc(report.consumed)
+        for reason, n in report.rejected.items():
+            self.events_rejected.labels(topic, table, reason).inc(n)
+        outcome = report.outcome
+        if outcome is None:
+            return
+        self.commits.labels(table, outcome.status).inc()
+        self.commit_conflicts.labels(table).inc(outcome.conflicts)
+        self.commit_retries.labels(table).observe(outcome.conflicts)
+        self.commit_duration.labels(table).observe(outcome.duration_s)
+        if outcome.status != "committed":
+            return
+        self.events_committed.labels(topic, table).inc(report.committed_rows)
+        self.files_written.labels(table).inc(len(report.files))
+        self.bytes_written.labels(table).inc(sum(f.file_size_in_bytes for f in report.files))
+        for f in report.files:
+            self.rows_per_file.labels(table).observe(f.record_count)
+        now = time.time()
+        self.last_snapshot_id.labels(table).set(outcome.snapshot_id or 0)
+        self.last_commit_timestamp.labels(table).set(now)
+        for oldest_ms in report.oldest_event_ms.values():
+            self.freshness.labels(table).observe(max(0.0, now - oldest_ms / 1000))
+        self.last_progress.labels(table).set(now)
+
+    def observe_failed_commit(self) -> None:
+        self.commits.labels(self.table, "failed").inc()
+
+    def observe_progress(self, progress: dict) -> None:
+        """A StreamingQueryProgress (as a dict): Kafka lag per partition, and that the query is alive."""
+        self.last_progress.labels(self.table).set(time.time())
+        for source in progress.get("sources", []):
+            latest = _offsets(source.get("latestOffset"))
+            done = _offsets(source.get("endOffset"))
+            for (topic, partition), end in latest.items():
+                behind = end - done.get((topic, partition), 0)
+                self.kafka_lag.labels(topic, partition, self.table).set(max(0, behind))
+
+
+def _offsets(raw) -> dict[tuple[str, str], int]:
+    if not raw:
+        return {}
+    data = json.loads(raw) if isinstance(raw, str) else raw
+    return {(topic, str(p)): int(o) for topic, parts in data.items() for p, o in parts.items()}
+
+
+@dataclass
+class Health:
+    """What /readyz answers: the query is active and has shown progress recently."""
+
+    max_silence_s: float
+    query_active: bool = False
+    last_progress: float = 0.0
+
+    def ready(self) -> tuple[bool, str]:
+        if not self.query_active:
+            return False, "streaming query not active"
+        silence = time.time() - self.last_progress
+        if silence > self.max_silence_s:
+            return False, f"no batch or idle poll for {silence:.0f} s"
+        return True, "ok"
+
+
+def serve(registry: CollectorRegistry, health: Health, port: int, host: str = "0.0.0.0") -> ThreadingHTTPServer:
+    """/metrics, /healthz and /readyz on a daemon thread; returns the server (shutdown() stops it)."""
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 (http.server's naming)
+            if self.path.startswith("/metrics"):
+                self._answer(200, generate_latest(registry), CONTENT_TYPE_LATEST)
+            elif self.path == "/healthz":
+                self._answer(200, b"ok\n", "text/plain")
+            elif self.path == "/readyz":
+                ready, why = health.ready()
+                self._answer(200 if ready else 503, f"{why}\n".encode(), "text/plain")
+            else:
+                self._answer(404, b"not found\n", "text/plain")
+
+        def _answer(self, status: int, body: bytes, content_type: str) -> None:
+            self.send_response(status)
+            self.send_header("Content-Type", content_type)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):  # scrapes every few seconds are not news
+            pass
+
+    server = ThreadingHTTPServer((host, port), Handler)
+    threading.Thread(target=server.serve_forever, name="metrics-http", daemon=True).start()
+    return server

@@ -1,0 +1,113 @@
+"""Metrics and health as an operator sees them: scraped over HTTP during a real ingest run."""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+import shapely
+from prometheus_client import CollectorRegistry
+from prometheus_client.parser import text_string_to_metric_families
+
+from app.broker import free_port
+from app.metrics import Health, IngestMetrics, serve
+from app.service import run
+from app.settings import load_settings
+from streaming.catalog import create_table
+from streaming.contract import load_contract
+from tests.conftest import CACHE_DIR, produce_records
+
+CONTRACT = Path(__file__).resolve().parents[2] / "schemas" / "demo_events.json"
+
+
+def samples(text: str) -> dict[tuple[str, tuple], float]:
+    out = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    return out
+
+
+def get(url: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as response:
+            return response.status, response.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+
+
+@pytest.mark.integration
+def test_scraped_counters_match_what_was_produced_committed_and_rejected(kafka, spark, topic, tmp_path, catalog):
+    good = [(f"g{i}".encode(), json.dumps({"type": "Feature", "id": f"g{i}", "properties": {},
+             "geometry": {"type": "Point", "coordinates": [i * 0.01, 45.0]}}).encode(), []) for i in range(500)]
+    bad = [(b"b1", b"garbage", []), (b"b2", None, []), (b"b3", b'{"type": "Feature"', [])]
+    assert produce_records(kafka.bootstrap, topic, good + bad) == 503
+
+    port = free_port()
+    settings = load_settings(env={}, bootstrap_servers=kafka.bootstrap, topic=topic,
+                             catalog={"type": "sql", "uri": f"sqlite:///{tmp_path / 'm.db'}",
+                                      "warehouse": f"file://{tmp_path / 'wh'}"},
+                             checkpoint_location=str(tmp_path / "ck"), metrics_port=port, cache_dir=str(CACHE_DIR))
+    contract = load_contract(CONTRACT)
+    from streaming.catalog import open_catalog
+
+    create_table(open_catalog(settings.catalog_name, settings.catalog), contract)
+    scrapes: list[str] = []
+    readiness: list[int] = []
+
+    def scrape(_report) -> None:
+        scrapes.append(get(f"http://127.0.0.1:{port}/metrics")[1])
+        readiness.append(get(f"http://127.0.0.1:{port}/readyz")[0])
+        assert get(f"http://127.0.0.1:{port}/healthz")[0] == 200
+
+    run(settings, contract, until_idle=True, observers=(scrape,), spark=spark)
+    assert scrapes, "at least one batch ran"
+    seen = samples(scrapes[-1])
+    labels = (("table", "demo.events"), ("topic", topic))
+    assert seen[("geoingest_events_consumed_total", labels)] == 503
+    assert seen[("geoingest_events_committed_total", labels)] == 500
+    rejected = {dict(k[1])["reason"]: v for k, v in seen.items() if k[0] == "geoingest_events_rejected_total"}
+    assert rejected == {"unknown_format": 1, "null_value": 1, "malformed_json": 1}
+    table_only = (("table", "demo.events"),)
+    assert seen[("geoingest_commits_total", (("outcome", "committed"), *table_only))] == len(scrapes)
+    assert seen[("geoingest_files_written_total", table_only)] >= 1
+    assert seen[("geoingest_rows_per_file_sum", table_only)] == 500
+    assert seen[("geoingest_commit_duration_seconds_count", table_only)] == len(scrapes)
+    assert seen[("geoingest_last_snapshot_id", table_only)] != 0
+    assert seen[("geoingest_freshness_seconds_count", table_only)] >= 1
+    assert readiness[-1] == 200, "ready while the query runs"
+    with pytest.raises(OSError):
+        urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2)  # server stopped with the run
+
+
+def test_lag_comes_from_the_query_progress():
+    metrics = IngestMetrics(CollectorRegistry(), "demo.events", "geo")
+    metrics.observe_progress({"sources": [{
+        "endOffset": json.dumps({"geo": {"0": 100, "1": 50}}),
+        "latestOffset": json.dumps({"geo": {"0": 130, "1": 50}}),
+    }]})
+    registry = metrics.registry
+    assert registry.get_sample_value("geoingest_kafka_lag", {"topic": "geo", "partition": "0", "table": "demo.events"}) == 30
+    assert registry.get_sample_value("geoingest_kafka_lag", {"topic": "geo", "partition": "1", "table": "demo.events"}) == 0
+
+
+def test_readiness_follows_the_query_and_its_progress():
+    health = Health(max_silence_s=5)
+    server = serve(CollectorRegistry(), health, port := free_port(), host="127.0.0.1")
+    try:
+        assert get(f"http://127.0.0.1:{port}/healthz")[0] == 200
+        status, body = get(f"http://127.0.0.1:{port}/readyz")
+        assert status == 503 and "not active" in body
+        health.query_active, health.last_progress = True, time.time()
+        assert get(f"http://127.0.0.1:{port}/readyz")[0] == 200
+        health.last_progress = time.time() - 60
+        status, body = get(f"http://127.0.0.1:{port}/readyz")
+        assert status == 503 and "no batch" in body
+        assert get(f"http://127.0.0.1:{port}/nothing")[0] == 404
+    finally:
+        server.shutdown()
+        server.server_close()
