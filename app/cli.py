@@ -36,14 +36,19 @@ def _parser() -> argparse.ArgumentParser:
     broker.set_defaults(handler=_broker)
 
     table = commands.add_parser("table", help="create or describe a table")
-    table.add_argument("action", choices=["create", "describe"])
+    table.add_argument("action", choices=["create", "describe", "orphans"])
     table.add_argument("--contract", help="table contract (JSON)")
-    table.add_argument("--table", help="table name, for describe")
+    table.add_argument("--table", help="table name, for describe and orphans")
+    table.add_argument("--delete", action="store_true", help="orphans: delete them too")
+    table.add_argument("--min-age-minutes", type=float, default=60.0,
+                       help="orphans: only files at least this old (younger ones may be committing)")
     table.set_defaults(handler=_table)
 
     run = commands.add_parser("run", help="run the ingest service")
     run.add_argument("--contract", required=True, help="table contract (JSON)")
     run.add_argument("--until-idle", action="store_true", help="drain what the topic holds, then exit")
+    run.add_argument("--resume-from-table", action="store_true",
+                     help="with a lost checkpoint, start after the Kafka offsets recorded in the table")
     run.set_defaults(handler=_run)
 
     query = commands.add_parser("query", help="features that intersect a window")
@@ -88,11 +93,20 @@ def _table(args, settings: Settings) -> int:
         table, created = create_table(catalog, load_contract(args.contract))
         print(json.dumps({"table": ".".join(table.name()), "created": created, "location": table.location()}))
         return 0
-    else:
-        name = args.table or (load_contract(args.contract).table if args.contract else None)
-        if not name:
-            raise ValueError("table describe needs --table or --contract")
-        table = catalog.load_table(name)
+    name = args.table or (load_contract(args.contract).table if args.contract else None)
+    if not name:
+        raise ValueError(f"table {args.action} needs --table or --contract")
+    table = catalog.load_table(name)
+    if args.action == "orphans":
+        from streaming.orphans import delete_files, find_orphans
+
+        orphans = find_orphans(table, min_age_s=args.min_age_minutes * 60)
+        if args.delete:
+            delete_files(table, [o.path for o in orphans])
+        for orphan in orphans:
+            print(json.dumps({"path": orphan.path, "bytes": orphan.size, "age_s": round(orphan.age_s),
+                              "deleted": args.delete}))
+        return 0
     print(json.dumps(describe(table), indent=2))
     return 0
 
@@ -102,7 +116,8 @@ def _run(args, settings: Settings) -> int:
     from streaming.contract import load_contract
 
     configure_logging()
-    totals = run(settings, load_contract(args.contract), until_idle=args.until_idle)
+    totals = run(settings, load_contract(args.contract), until_idle=args.until_idle,
+                 resume_from_table=args.resume_from_table)
     print(json.dumps({"batches": totals.batches, "consumed": totals.consumed,
                       "committed_rows": totals.committed_rows, "rejected": totals.rejected,
                       "files": totals.files, "commits": totals.commits}))

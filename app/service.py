@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import signal
@@ -18,6 +19,9 @@ from app.metrics import Health, IngestMetrics, serve
 from app.settings import Settings
 from app.spark import spark_session
 from streaming.catalog import load_contract_table, open_catalog
+from streaming.checkpoint import checkpoint_has_progress, writer_id_for_checkpoint
+from streaming.commit import resume_offsets
+from streaming.kafka_admin import ensure_topic, partitions_of
 from streaming.contract import Contract
 from streaming.decode import DecodeOptions
 from streaming.job import BatchProcessor, BatchReport, JobConfig, start_query
@@ -83,12 +87,14 @@ def job_config(settings: Settings, contract: Contract) -> JobConfig:
         bootstrap_servers=settings.bootstrap_servers,
         topic=settings.topic,
         checkpoint_location=settings.checkpoint_for(contract.table),
-        writer_id=settings.writer_id_for(contract.table),
+        writer_id=settings.writer_id or writer_id_for_checkpoint(settings.checkpoint_for(contract.table)),
         starting_offsets=settings.starting_offsets,
         max_offsets_per_trigger=settings.max_offsets_per_trigger,
         rows_per_partition=settings.rows_per_partition,
         kafka_options=dict(settings.kafka),
         decode=DecodeOptions(max_message_bytes=settings.max_message_bytes, max_vertices=settings.max_vertices),
+        dead_letter_topic=settings.dead_letter_topic,
+        hold_after_commit_file=settings.hold_after_commit_file,
     )
 
 
@@ -98,12 +104,14 @@ def start_spark(settings: Settings) -> SparkSession:
 
 def run(settings: Settings, contract: Contract, until_idle: bool,
         observers: tuple[Callable[[BatchReport], None], ...] = (),
-        spark: SparkSession | None = None, registry: CollectorRegistry | None = None) -> RunTotals:
+        spark: SparkSession | None = None, registry: CollectorRegistry | None = None,
+        resume_from_table: bool = False) -> RunTotals:
     """Run the ingest. With until_idle, drain what the topic holds and return; otherwise run until
     SIGTERM or SIGINT, then stop after the batch in progress.
 
     Metrics and health are served on settings.metrics_port (0: not served) from `registry`
-    (a fresh one by default)."""
+    (a fresh one by default). With resume_from_table, a query whose checkpoint holds no progress
+    starts from the Kafka offsets recorded in the table's snapshots instead of starting_offsets."""
     catalog = open_catalog(settings.catalog_name, settings.catalog)
     table = load_contract_table(catalog, contract)
     totals = RunTotals()
@@ -113,6 +121,10 @@ def run(settings: Settings, contract: Contract, until_idle: bool,
     try:
         spark = spark or start_spark(settings)
         config = job_config(settings, contract)
+        if config.dead_letter_topic:
+            ensure_topic(settings.bootstrap_servers, config.dead_letter_topic, settings.kafka)
+        if resume_from_table:
+            config = _resume_from_table(config, table, settings)
         log.info("starting", extra={"settings": {**settings.shown(), "table": contract.table,
                                                   "writer_id": config.writer_id, "until_idle": until_idle}})
         processor = BatchProcessor(spark, table, contract, config,
@@ -124,6 +136,17 @@ def run(settings: Settings, contract: Contract, until_idle: bool,
             server.shutdown()
             server.server_close()
     return totals
+
+
+def _resume_from_table(config: JobConfig, table, settings: Settings) -> JobConfig:
+    if checkpoint_has_progress(config.checkpoint_location):
+        log.info("checkpoint has progress; it decides where to start",
+                 extra={"summary": {"checkpoint": config.checkpoint_location}})
+        return config
+    partitions = partitions_of(settings.bootstrap_servers, settings.topic, settings.kafka)
+    starting = resume_offsets(table, settings.topic, partitions)
+    log.info("resuming from the offsets recorded in the table", extra={"summary": {"starting_offsets": starting}})
+    return dataclasses.replace(config, starting_offsets=starting)
 
 
 def _supervise(query, metrics: IngestMetrics, health: Health, stop_on_signal: bool) -> None:

@@ -10,7 +10,6 @@ Values of keys that look secret are masked wherever settings are shown.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import os
 import tomllib
 from dataclasses import dataclass, field
@@ -45,7 +44,7 @@ class Settings:
     })
     # Streaming
     checkpoint_location: str = field(default_factory=lambda: str(Path(".demo/checkpoints").absolute()))
-    writer_id: str = ""  # default: derived from the checkpoint location and the table
+    writer_id: str = ""  # default: made once and kept in the checkpoint location
     trigger_interval: str = "10 seconds"
     rows_per_partition: int = 1_000_000
     max_message_bytes: int = 1024 * 1024
@@ -56,6 +55,7 @@ class Settings:
     spark: dict[str, str] = field(default_factory=dict)  # any spark.* configuration
     # Local state
     cache_dir: str = field(default_factory=_default_cache_dir)
+    hold_after_commit_file: str = ""  # test hook only: see streaming/job.py JobConfig
     metrics_port: int = 9108  # /metrics, /healthz, /readyz; 0 turns the server off
     # /readyz fails when the query showed no batch or idle poll for this long
     ready_max_silence_s: int = 120
@@ -66,13 +66,6 @@ class Settings:
 
     def checkpoint_for(self, table: str) -> str:
         return f"{self.checkpoint_location.rstrip('/')}/{table}"
-
-    def writer_id_for(self, table: str) -> str:
-        """Stable for a streaming query: the same checkpoint and table give the same writer id."""
-        if self.writer_id:
-            return self.writer_id
-        digest = hashlib.sha256(f"{self.checkpoint_for(table)}|{table}".encode()).hexdigest()
-        return f"geoingest-{digest[:16]}"
 
     def shown(self) -> dict[str, Any]:
         """The settings as a user may see them: secrets masked."""

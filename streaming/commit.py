@@ -123,6 +123,13 @@ def recorded_offsets(table: Table, writer_id: str | None = None) -> Offsets:
     return result
 
 
+def resume_offsets(table: Table, topic: str, partitions: list[int]) -> str:
+    """Spark startingOffsets that continue right after what the table holds of this topic:
+    the next offset of every partition recorded, the earliest of any partition never seen."""
+    recorded = recorded_offsets(table).get(topic, {})
+    return json.dumps({topic: {str(p): recorded[p][1] + 1 if p in recorded else -2 for p in partitions}})
+
+
 def to_data_file(record: DataFileRecord, spec_id: int) -> DataFile:
     return DataFile.from_args(
         content=DataFileContent.DATA,

@@ -27,6 +27,7 @@ from pyspark.sql.streaming import StreamingQuery
 
 from streaming.commit import BatchCommit, CommitOutcome, Committer, CommitRetriesExhausted, Offsets
 from streaming.contract import Contract
+from streaming.dead_letter import send_dead_letters
 from streaming.decode import (
     HILBERT,
     REJECT_REASON,
@@ -54,6 +55,10 @@ class JobConfig:
     rows_per_partition: int = 1_000_000
     kafka_options: dict[str, str] = field(default_factory=dict)
     decode: DecodeOptions = field(default_factory=DecodeOptions)
+    dead_letter_topic: str = ""  # empty: rejects are counted, not sent
+    # Test hook: after a committed batch, write this file and hold, so a test can kill the
+    # process between the Iceberg commit and Spark's checkpoint commit.
+    hold_after_commit_file: str = ""
 
 
 @dataclass(frozen=True)
@@ -101,6 +106,11 @@ class BatchProcessor:
             )
             timings["read_decode"] = time.monotonic() - started
             offsets, consumed, valid, rejected, oldest = _summarise(tallies)
+            if rejected and self.config.dead_letter_topic:
+                step = time.monotonic()
+                send_dead_letters(decoded, self.config.bootstrap_servers, self.config.dead_letter_topic,
+                                  self.config.kafka_options)
+                timings["dead_letter"] = time.monotonic() - step
 
             step = time.monotonic()
             files: tuple[DataFileRecord, ...] = ()
@@ -122,16 +132,31 @@ class BatchProcessor:
                 rejected=sum(rejected.values()),
             ))
         except CommitRetriesExhausted as exc:
+            # The batch is not in the table: its files are garbage, and Spark will retry the batch.
+            self._discard(files)
             failed = CommitOutcome("failed", None, exc.attempts, exc.conflicts, time.monotonic() - step)
             self._notify(BatchReport(batch_id, consumed, 0, rejected, files, offsets, failed, timings, oldest))
             log.error("commit failed", extra={"batch": {"batch_id": batch_id, "error": str(exc)}})
             raise
+        if outcome.status == "skipped_replay":
+            # The batch landed before the crash; this replay's files are copies nobody references.
+            self._discard(files)
         timings["commit"] = time.monotonic() - step
         timings["total"] = time.monotonic() - started
         report = BatchReport(batch_id, consumed, sum(f.record_count for f in files), rejected, files,
                              offsets, outcome, timings, oldest)
         log.info("batch", extra={"batch": _log_fields(report)})
         self._notify(report)
+        if self.config.hold_after_commit_file and outcome.status == "committed":
+            _hold(self.config.hold_after_commit_file, batch_id)
+
+    def _discard(self, files: tuple[DataFileRecord, ...]) -> None:
+        for record in files:
+            try:
+                self.table.io.delete(record.path)
+            except OSError as exc:  # left for `geoingest table orphans`
+                log.warning("could not delete an uncommitted file",
+                            extra={"batch": {"path": record.path, "error": str(exc)}})
 
     def _notify(self, report: BatchReport) -> None:
         for observe in self.observers:
@@ -139,6 +164,13 @@ class BatchProcessor:
 
     def _partitions_for(self, valid_rows: int) -> int:
         return max(self._default_parallelism, math.ceil(valid_rows / self.config.rows_per_partition))
+
+
+def _hold(marker: str, batch_id: int) -> None:
+    with open(marker, "w") as f:
+        f.write(str(batch_id))
+    while True:
+        time.sleep(3600)
 
 
 def _summarise(tallies) -> tuple[Offsets, int, int, dict[str, int], dict[str, int]]:

@@ -167,21 +167,9 @@ def test_missing_or_broken_file_names_the_path(tmp_path):
     assert str(broken) in str(info.value)
 
 
-def test_writer_id_is_stable_for_a_checkpoint_and_table_and_differs_otherwise():
-    a = load_settings(env={"GEOINGEST_CHECKPOINT_LOCATION": "/ckpt/a"})
-    a_again = load_settings(env={"GEOINGEST_CHECKPOINT_LOCATION": "/ckpt/a/"})
-    b = load_settings(env={"GEOINGEST_CHECKPOINT_LOCATION": "/ckpt/b"})
-    wid = a.writer_id_for("demo.events")
-    assert wid.startswith("geoingest-") and len(wid) > len("geoingest-") + 8
-    assert wid == a.writer_id_for("demo.events") == a_again.writer_id_for("demo.events")
-    assert b.writer_id_for("demo.events") != wid
-    assert a.writer_id_for("demo.other") != wid
+def test_checkpoint_location_is_per_table():
+    a = load_settings(env={"GEOINGEST_CHECKPOINT_LOCATION": "/ckpt/a/"})
     assert a.checkpoint_for("demo.events") == "/ckpt/a/demo.events"
-
-
-def test_an_explicit_writer_id_wins():
-    s = load_settings(env={"GEOINGEST_WRITER_ID": "ingest-eu-1"})
-    assert s.writer_id_for("demo.events") == "ingest-eu-1" == s.writer_id_for("demo.other")
 
 
 def test_dead_letter_topic_defaults_to_topic_dot_dlq_and_can_be_set():

@@ -1,0 +1,205 @@
+"""Nothing lost, nothing twice: dead letters, replayed batches, resuming from the table, orphans.
+Real broker, real Spark, real SQLite catalog."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import shapely
+from kafka import KafkaConsumer
+
+from app.service import run
+from app.settings import load_settings
+from streaming.catalog import create_table, open_catalog
+from streaming.commit import recorded_offsets
+from streaming.contract import load_contract
+from streaming.dead_letter import (
+    DETAIL_HEADER,
+    REASON_HEADER,
+    SOURCE_OFFSET_HEADER,
+    SOURCE_PARTITION_HEADER,
+    SOURCE_TOPIC_HEADER,
+)
+from streaming.job import BatchProcessor, JobConfig
+from streaming.orphans import find_orphans
+from streaming.writer import GeoParquetWriter
+from tests.conftest import CACHE_DIR, produce_records
+
+pytestmark = pytest.mark.integration
+
+CONTRACT = load_contract(Path(__file__).resolve().parents[2] / "schemas" / "demo_events.json")
+
+
+def point_feature(event_id: str, x: float, y: float) -> bytes:
+    return json.dumps({"type": "Feature", "id": event_id, "properties": {"kind": "ping"},
+                       "geometry": {"type": "Point", "coordinates": [x, y]}}).encode()
+
+
+def good_records(prefix: str, n: int):
+    return [(f"{prefix}{i}".encode(), point_feature(f"{prefix}{i}", (i % 300) * 0.1, (i % 170) * 0.1 - 8), [])
+            for i in range(n)]
+
+
+def settings_for(tmp_path: Path, kafka, topic: str, **extra):
+    return load_settings(env={}, bootstrap_servers=kafka.bootstrap, topic=topic, metrics_port=0,
+                         catalog={"type": "sql", "uri": f"sqlite:///{tmp_path / 'catalog.db'}",
+                                  "warehouse": f"file://{tmp_path / 'warehouse'}"},
+                         checkpoint_location=str(tmp_path / "checkpoints"), cache_dir=str(CACHE_DIR), **extra)
+
+
+def table_ids(settings) -> list[str]:
+    table = open_catalog(settings.catalog_name, settings.catalog).load_table(CONTRACT.table)
+    return table.scan(selected_fields=("event_id",)).to_arrow().column("event_id").to_pylist()
+
+
+def consume_all(bootstrap: str, topic: str) -> list:
+    consumer = KafkaConsumer(topic, bootstrap_servers=bootstrap, auto_offset_reset="earliest",
+                             consumer_timeout_ms=5000, enable_auto_commit=False)
+    try:
+        return list(consumer)
+    finally:
+        consumer.close()
+
+
+def test_every_record_ends_in_the_table_or_the_dead_letter_topic(kafka, spark, topic, tmp_path):
+    bad = [
+        (b"bad-garbage", b"\x07 garbage", [("trace", b"abc")]),
+        (b"bad-null", None, []),
+        (b"bad-json", b'{"type": "Feature", "id": "x", "geometry": {', []),
+        (b"bad-lat", point_feature("bad-lat", 10.0, 123.0), []),
+        (b"bad-wkb", shapely.to_wkb(shapely.Point(1, 2))[:12], []),
+    ]
+    records = good_records("g", 600)
+    for i, record in enumerate(bad):
+        records.insert(100 * i + 7, record)
+    assert produce_records(kafka.bootstrap, topic, records) == len(records)
+
+    settings = settings_for(tmp_path, kafka, topic)
+    create_table(open_catalog(settings.catalog_name, settings.catalog), CONTRACT)
+    totals = run(settings, CONTRACT, until_idle=True, spark=spark)
+
+    ids = table_ids(settings)
+    assert sorted(ids) == sorted(f"g{i}" for i in range(600))
+    dead = consume_all(kafka.bootstrap, settings.dead_letter_topic)
+    assert len(ids) + len(dead) == len(records) == totals.consumed
+    by_key = {m.key: m for m in dead}
+    expected = {b"bad-garbage": "unknown_format", b"bad-null": "null_value", b"bad-json": "malformed_json",
+                b"bad-lat": "outside_crs_area", b"bad-wkb": "bad_wkb"}
+    assert {k: dict(by_key[k].headers)[REASON_HEADER].decode() for k in expected} == expected
+    originals = {k: (v, h) for k, v, h in bad}
+    for key, message in by_key.items():
+        headers = dict(message.headers)
+        value, original_headers = originals[key]
+        assert message.value == value, "the value travels untouched"
+        assert headers[SOURCE_TOPIC_HEADER].decode() == topic
+        assert int(headers[SOURCE_PARTITION_HEADER]) in range(3) and int(headers[SOURCE_OFFSET_HEADER]) >= 0
+        assert headers[DETAIL_HEADER]
+        for name, original in original_headers:
+            assert headers[name] == original, "original headers are kept"
+    assert b"123" in dict(by_key[b"bad-lat"].headers)[DETAIL_HEADER], "the detail names the value"
+
+
+def test_a_replayed_batch_is_recognised_and_leaves_no_files_behind(kafka, spark, topic, tmp_path):
+    """The job died after the Iceberg commit but before Spark recorded the batch: Spark runs the
+    same batch id over the same offsets again."""
+    assert produce_records(kafka.bootstrap, topic, good_records("r", 400)) == 400
+    catalog = open_catalog("test", {"type": "sql", "uri": f"sqlite:///{tmp_path / 'c.db'}",
+                                     "warehouse": f"file://{tmp_path / 'wh'}"})
+    table, _ = create_table(catalog, CONTRACT)
+    reports = []
+    processor = BatchProcessor(spark, table, CONTRACT, JobConfig(kafka.bootstrap, topic, str(tmp_path / "ck"), "w-1"),
+                               observers=(reports.append,))
+    batch = (spark.read.format("kafka").option("kafka.bootstrap.servers", kafka.bootstrap)
+             .option("subscribe", topic).option("startingOffsets", "earliest").load())
+    processor(batch, 0)
+    processor(batch, 0)
+    assert [r.outcome.status for r in reports] == ["committed", "skipped_replay"]
+    table.refresh()
+    assert table.scan().to_arrow().num_rows == 400
+    assert len(table.metadata.snapshots) == 1
+    assert find_orphans(table, min_age_s=0) == [], "the replay's own files were removed"
+
+
+def test_a_lost_checkpoint_resumes_from_the_offsets_in_the_table(kafka, spark, topic, tmp_path):
+    settings = settings_for(tmp_path, kafka, topic)
+    create_table(open_catalog(settings.catalog_name, settings.catalog), CONTRACT)
+    produce_records(kafka.bootstrap, topic, good_records("a", 500) + [(b"bad", b"nope", [])])
+    run(settings, CONTRACT, until_idle=True, spark=spark)
+
+    shutil.rmtree(tmp_path / "checkpoints")
+    produce_records(kafka.bootstrap, topic, good_records("b", 300))
+    totals = run(settings, CONTRACT, until_idle=True, spark=spark, resume_from_table=True)
+
+    assert totals.consumed == 300, "only what came after the recorded offsets"
+    ids = table_ids(settings)
+    assert len(ids) == len(set(ids)) == 800
+    table = open_catalog(settings.catalog_name, settings.catalog).load_table(CONTRACT.table)
+    recorded = recorded_offsets(table)[topic]
+    assert sum(last - first + 1 for first, last in recorded.values()) == 801, "no gap: the reject's offset too"
+
+
+def test_without_resume_a_lost_checkpoint_starts_from_the_earliest_offsets_and_a_new_writer(kafka, spark, topic, tmp_path):
+    """Starting over is the documented default; the new writer id keeps batch 0 from being
+    mistaken for the old batch 0 (which would silently drop it)."""
+    settings = settings_for(tmp_path, kafka, topic)
+    create_table(open_catalog(settings.catalog_name, settings.catalog), CONTRACT)
+    produce_records(kafka.bootstrap, topic, good_records("a", 200))
+    run(settings, CONTRACT, until_idle=True, spark=spark)
+    shutil.rmtree(tmp_path / "checkpoints")
+    produce_records(kafka.bootstrap, topic, good_records("b", 100))
+    totals = run(settings, CONTRACT, until_idle=True, spark=spark)
+    assert totals.consumed == 300 and totals.commits == {"committed": totals.batches}
+    assert len(table_ids(settings)) == 500
+
+
+def test_files_of_a_batch_that_never_committed_are_listed_as_orphans(tmp_path, catalog):
+    table, _ = create_table(catalog, CONTRACT)
+    from pyarrow import RecordBatch
+
+    from streaming.commit import BatchCommit, Committer
+    from streaming.decode import Decoder
+
+    def files(prefix: str):
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        values = [point_feature(f"{prefix}{i}", i * 0.1, 1.0) for i in range(50)]
+        n = len(values)
+        batch = RecordBatch.from_pydict({
+            "key": pa.array([b"k"] * n), "value": pa.array(values), "topic": pa.array(["t"] * n),
+            "partition": pa.array([0] * n, pa.int32()), "offset": pa.array(range(n), pa.int64()),
+            "timestamp": pa.array([0] * n, pa.timestamp("us"))})
+        decoded = Decoder(CONTRACT).decode(batch)
+        decoded = decoded.filter(pc.is_null(decoded.column("_reject_reason")))
+        writer = GeoParquetWriter(CONTRACT, table.properties, table.io.properties,
+                                  f"{table.location()}/data", prefix)
+        return tuple(writer.write([decoded]))
+
+    committed = files("kept")
+    Committer(table).commit(BatchCommit("w", 0, {"t": {0: (0, 49)}}, committed))
+    crashed = files("crashed")  # written, never committed: the process died here
+
+    orphans = find_orphans(table, min_age_s=0)
+    assert [o.path for o in orphans] == [f.path.replace("file://", "") for f in crashed]
+    assert find_orphans(table, min_age_s=3600) == [], "young files may still be committing"
+    table.refresh()
+    assert table.scan().to_arrow().num_rows == 50, "orphans are never read as data"
+    from streaming.orphans import delete_files
+
+    delete_files(table, [o.path for o in orphans])
+    assert find_orphans(table, min_age_s=0) == []
+    assert table.scan().to_arrow().num_rows == 50
+
+
+def test_a_batch_of_only_rejects_still_records_its_offsets(kafka, spark, topic, tmp_path):
+    settings = settings_for(tmp_path, kafka, topic)
+    create_table(open_catalog(settings.catalog_name, settings.catalog), CONTRACT)
+    produce_records(kafka.bootstrap, topic, [(b"x", b"junk", []), (b"y", None, [])])
+    totals = run(settings, CONTRACT, until_idle=True, spark=spark)
+    assert totals.committed_rows == 0 and totals.rejected == {"unknown_format": 1, "null_value": 1}
+    table = open_catalog(settings.catalog_name, settings.catalog).load_table(CONTRACT.table)
+    recorded = recorded_offsets(table)[topic]
+    assert sum(last - first + 1 for first, last in recorded.values()) == 2
