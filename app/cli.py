@@ -51,12 +51,31 @@ def _parser() -> argparse.ArgumentParser:
                      help="with a lost checkpoint, start after the Kafka offsets recorded in the table")
     run.set_defaults(handler=_run)
 
-    query = commands.add_parser("query", help="features that intersect a window")
+    query = commands.add_parser("query", help="features that intersect, lie within or contain a geometry")
     query.add_argument("--table", required=True)
-    query.add_argument("--bbox", required=True, help="xmin,ymin,xmax,ymax in the table CRS")
+    predicate = query.add_mutually_exclusive_group(required=True)
+    predicate.add_argument("--bbox", help="xmin,ymin,xmax,ymax in the table CRS: features that intersect it")
+    predicate.add_argument("--intersects", metavar="WKT", help="features that intersect the geometry")
+    predicate.add_argument("--within", metavar="WKT", help="features that lie within the geometry")
+    predicate.add_argument("--contains", metavar="WKT", help="features that contain the geometry")
+    when = query.add_mutually_exclusive_group()
+    when.add_argument("--snapshot", type=int, metavar="ID", help="read this snapshot")
+    when.add_argument("--as-of", metavar="TIMESTAMP",
+                      help="read the snapshot current then: ISO 8601 (no zone: UTC) or epoch milliseconds")
     query.add_argument("--limit", type=int)
-    query.add_argument("--format", choices=["geojson", "count"], default="geojson")
+    query.add_argument("--format", choices=["geojson", "count", "geoparquet"], default="geojson",
+                       help="GeoJSON lines, a count, or a GeoParquet 1.1 file (needs --output)")
+    query.add_argument("--output", metavar="FILE", help="write there instead of stdout")
     query.set_defaults(handler=_query)
+
+    inspect = commands.add_parser("inspect", help="data file extents of a snapshot, optionally drawn")
+    inspect.add_argument("--table", required=True)
+    inspect_when = inspect.add_mutually_exclusive_group()
+    inspect_when.add_argument("--snapshot", type=int, metavar="ID", help="this snapshot, not the current one")
+    inspect_when.add_argument("--as-of", metavar="TIMESTAMP", help="the snapshot current then")
+    inspect.add_argument("--plot", metavar="PNG", help="draw the file extents into this PNG file")
+    inspect.add_argument("--files", action="store_true", help="list every file's extent in the summary")
+    inspect.set_defaults(handler=_inspect)
 
     demo = commands.add_parser("demo", help="broker, table, 200k sample events, ingest, summary")
     demo.add_argument("--events", type=int, default=200_000)
@@ -126,19 +145,70 @@ def _run(args, settings: Settings) -> int:
 
 def _query(args, settings: Settings) -> int:
     from streaming.catalog import open_catalog
-    from streaming.query import parse_bbox, query_bbox, to_geojson_lines
+    from streaming.query import (
+        PREDICATES,
+        Predicate,
+        parse_bbox,
+        query,
+        table_contract,
+        to_geojson_lines,
+        write_geoparquet,
+    )
 
-    window = parse_bbox(args.bbox)
-    table = open_catalog(settings.catalog_name, settings.catalog).load_table(args.table)
-    result = query_bbox(table, window, limit=args.limit)
-    stats = result.stats.__dict__
-    if args.format == "count":
-        print(json.dumps({"count": result.table.num_rows, **stats}))
+    if args.bbox is not None:
+        predicate = Predicate.from_bbox(parse_bbox(args.bbox))
     else:
-        geometry = table.properties.get("geo.primary-column", "geometry")
-        for line in to_geojson_lines(result, geometry):
-            print(line)
-        print(json.dumps(stats), file=sys.stderr)
+        kind = next(k for k in PREDICATES if getattr(args, k) is not None)
+        predicate = Predicate.from_wkt(kind, getattr(args, kind))
+    if args.format == "geoparquet" and not args.output:
+        raise ValueError("query --format geoparquet needs --output FILE")
+    table = open_catalog(settings.catalog_name, settings.catalog).load_table(args.table)
+    result = query(table, predicate, limit=args.limit, snapshot_id=args.snapshot, as_of=args.as_of)
+    stats = result.stats.__dict__
+    try:
+        if args.format == "geoparquet":
+            write_geoparquet(result, table_contract(table), args.output)
+            print(json.dumps({**stats, "output": args.output}), file=sys.stderr)
+            return 0
+        out = open(args.output, "w") if args.output else sys.stdout
+    except OSError as exc:
+        raise ValueError(f"--output {args.output}: {exc.strerror or exc}") from None
+    try:
+        if args.format == "count":
+            print(json.dumps({"count": result.table.num_rows, **stats}), file=out)
+        else:
+            geometry = table.properties.get("geo.primary-column", "geometry")
+            for line in to_geojson_lines(result, geometry):
+                print(line, file=out)
+            print(json.dumps(stats), file=sys.stderr)
+    finally:
+        if out is not sys.stdout:
+            out.close()
+    return 0
+
+
+def _inspect(args, settings: Settings) -> int:
+    from streaming.catalog import open_catalog
+    from streaming.inspect import file_extents, plot_file_extents
+
+    table = open_catalog(settings.catalog_name, settings.catalog).load_table(args.table)
+    layout = file_extents(table, snapshot_id=args.snapshot, as_of=args.as_of)
+    summary = layout.summary()
+    if args.plot:
+        try:
+            plot_file_extents(layout, args.plot)
+        except ImportError as exc:
+            raise RuntimeError(f"inspect --plot needs matplotlib ({exc})") from None
+        except OSError as exc:
+            raise ValueError(f"--plot {args.plot}: {exc.strerror or exc}") from None
+        summary["plot"] = args.plot
+    if args.files:
+        summary["file_extents"] = [
+            {"path": f.path, "rows": f.record_count, "bytes": f.file_size_in_bytes,
+             "bbox": list(f.bbox) if f.bbox else None, "hilbert_key": f.hilbert_key}
+            for f in layout.files
+        ]
+    print(json.dumps(summary, indent=2))
     return 0
 
 

@@ -145,7 +145,7 @@ class Contract:
         pyiceberg maps strings and binaries to Arrow's large types; Spark exchanges the regular
         ones with Python workers, and Parquet stores both alike, so the regular ones are used.
         """
-        return _regular_types(schema_to_pyarrow(self.iceberg_schema()))
+        return regular_types(schema_to_pyarrow(self.iceberg_schema()))
 
     def table_properties(self) -> dict[str, str]:
         """How the geometry is stored, recorded on the table in the spirit of Havasu."""
@@ -178,7 +178,8 @@ def _regular_type(t: pa.DataType) -> pa.DataType:
     return t
 
 
-def _regular_types(schema: pa.Schema) -> pa.Schema:
+def regular_types(schema: pa.Schema) -> pa.Schema:
+    """The schema with Arrow's regular string and binary types where it has the large ones."""
     return pa.schema([f.with_type(_regular_type(f.type)) for f in schema], metadata=schema.metadata)
 
 

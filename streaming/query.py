@@ -1,12 +1,20 @@
-"""Spatial window queries: the rows of a table whose geometry intersects a bounding box.
+"""Spatial queries: the rows of a table whose geometry intersects, lies within or contains a
+query geometry Q, at the current snapshot or an older one.
 
-The table layout makes a window cheap to answer in three steps, each narrowing the next:
+The table layout makes a query cheap to answer in three steps, each narrowing the next. Each
+predicate on the geometry implies conditions on the row's bbox struct (its inclusive projection,
+as the Havasu spec calls it), and those are what the statistics can rule out:
 
-1. files: every manifest entry bounds the bbox.* columns of its file, so pyiceberg's scan
-   planning drops the files whose bbox range misses the window;
+- intersects Q: the row's bbox overlaps Q's bbox;
+- within Q: the row's bbox lies inside Q's bbox (so, a fortiori, overlaps it);
+- contains Q: the row's bbox contains Q's bbox.
+
+1. files: every manifest entry bounds the bbox.* columns of its file, so the conditions, given to
+   pyiceberg as a row filter, drop the files that cannot hold a match. For intersects and within
+   a non-rectangular Q is then tested against each remaining file's MBR itself (MBR intersects Q);
 2. row groups: the files are Hilbert-sorted, so the Parquet min/max statistics of the bbox.*
-   columns of each row group are tight, and only the row groups that may match are read;
-3. rows: a vectorised test on the bbox struct, then an exact GEOS intersects on the survivors.
+   columns of each row group are tight, and the same tests pick the row groups to read;
+3. rows: the conditions on the bbox struct, then the exact GEOS predicate on the survivors.
 
 Data files are read through the table's FileIO, so the query works wherever the table lives.
 """
@@ -18,26 +26,35 @@ import json
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass
-from datetime import date, datetime, time
+from datetime import UTC, date, datetime, time
 from decimal import Decimal
-from typing import Any
+from pathlib import Path
+from typing import Any, BinaryIO
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import shapely
+from pyiceberg.conversions import from_bytes
 from pyiceberg.expressions import And, BooleanExpression, GreaterThanOrEqual, LessThanOrEqual
 from pyiceberg.io.pyarrow import schema_to_pyarrow
-from pyiceberg.manifest import ManifestContent
+from pyiceberg.manifest import DataFile, ManifestContent
+from pyiceberg.schema import Schema
 from pyiceberg.table import FileScanTask, Table
 from pyiceberg.table.snapshots import Snapshot
+from pyiceberg.types import DoubleType
 
-from streaming.contract import BBOX_FIELDS
+from streaming.contract import BBOX_FIELDS, Contract, ContractError, parse_contract, regular_types
 
 BBox = tuple[float, float, float, float]
 PRIMARY_COLUMN_PROPERTY = "geo.primary-column"
+CONTRACT_PROPERTY = "geoingest.contract"
 ID_COLUMN = "event_id"
+PREDICATES = ("intersects", "within", "contains")
+_XMIN, _YMIN, _XMAX, _YMAX = range(4)  # indices into BBOX_FIELDS
+# A necessary condition on one bbox field of a matching row: (field index, "<=" or ">=", value).
+Condition = tuple[int, str, float]
 
 
 @dataclass(frozen=True)
@@ -45,9 +62,9 @@ class QueryStats:
     """How much of the table a query touched.
 
     files_total counts the data files of the snapshot; files_scanned those whose footer was
-    read (they survived manifest pruning and the limit was not yet reached). Row groups are
-    counted within the scanned files, so row_groups_scanned / row_groups_total measures the
-    pruning by Parquet statistics alone.
+    read (they survived pruning and the limit was not yet reached). Row groups are counted
+    within the scanned files, so row_groups_scanned / row_groups_total measures the pruning by
+    Parquet statistics alone. snapshot_id is the snapshot read (None for a table without one).
     """
 
     files_total: int
@@ -56,6 +73,7 @@ class QueryStats:
     row_groups_scanned: int
     rows_read: int
     rows_matched: int
+    snapshot_id: int | None = None
 
 
 @dataclass(frozen=True)
@@ -66,6 +84,90 @@ class QueryResult:
 
 class QueryError(RuntimeError):
     """The table cannot be queried as laid out (missing properties, delete files, ...)."""
+
+
+@dataclass(frozen=True)
+class Predicate:
+    """Rows whose geometry `kind`s `geometry`: intersects Q, is within Q, or contains Q.
+
+    Q is in the table CRS. It must be non-empty, finite and valid: GEOS gives no reliable
+    answers about invalid polygons.
+    """
+
+    kind: str
+    geometry: shapely.Geometry
+
+    def __post_init__(self) -> None:
+        if self.kind not in PREDICATES:
+            raise ValueError(f"predicate {self.kind!r}: expected one of {', '.join(PREDICATES)}")
+        if not isinstance(self.geometry, shapely.Geometry):
+            raise ValueError(f"{self.kind}: expected a shapely geometry, got {type(self.geometry).__name__}")
+        problem = _geometry_problem(self.geometry)
+        if problem:
+            raise ValueError(f"{self.kind} geometry {_short(self.geometry.wkt)!r}: {problem}")
+
+    @classmethod
+    def from_wkt(cls, kind: str, text: str) -> Predicate:
+        """The predicate with Q read from WKT; errors name the text."""
+        if kind not in PREDICATES:
+            raise ValueError(f"predicate {kind!r}: expected one of {', '.join(PREDICATES)}")
+        try:
+            geometry = shapely.from_wkt(text)
+        except (shapely.errors.ShapelyError, ValueError, TypeError) as exc:
+            raise ValueError(f"{kind} WKT {_short(text)!r}: not well-known text ({exc})") from None
+        if geometry is None:
+            raise ValueError(f"{kind} WKT {_short(text)!r}: not well-known text")
+        problem = _geometry_problem(geometry)
+        if problem:
+            raise ValueError(f"{kind} WKT {_short(text)!r}: {problem}")
+        return cls(kind, geometry)
+
+    @classmethod
+    def from_bbox(cls, bbox: BBox) -> Predicate:
+        """Intersects the window `bbox` (edges included); a degenerate window is a line or point."""
+        return cls("intersects", _window_geometry(_validated_bbox(tuple(bbox), f"bbox {tuple(bbox)!r}")))
+
+    @property
+    def bounds(self) -> BBox:
+        return tuple(float(v) for v in self.geometry.bounds)
+
+    def bbox_conditions(self) -> list[Condition]:
+        """Conditions every matching row's bbox meets: the predicate's inclusive projection."""
+        qxmin, qymin, qxmax, qymax = self.bounds
+        overlaps = [(_XMIN, "<=", qxmax), (_XMAX, ">=", qxmin), (_YMIN, "<=", qymax), (_YMAX, ">=", qymin)]
+        if self.kind == "intersects":
+            return overlaps
+        if self.kind == "within":
+            # geometry within Q => bbox within Q's bbox. The overlap conditions follow from these
+            # for any bbox with xmin <= xmax, but stated they also bound the other end of each
+            # column's range, which is what min/max statistics can test.
+            return [(_XMIN, ">=", qxmin), (_XMAX, "<=", qxmax), (_YMIN, ">=", qymin), (_YMAX, "<=", qymax),
+                    *overlaps]
+        # geometry contains Q => Q within geometry => Q's bbox within the row's bbox.
+        return [(_XMIN, "<=", qxmin), (_XMAX, ">=", qxmax), (_YMIN, "<=", qymin), (_YMAX, ">=", qymax)]
+
+    def prunes_by_shape(self) -> bool:
+        """Whether testing an MBR against Q itself can prune more than against Q's bbox.
+
+        For intersects and within, a file can hold a match only if its MBR intersects Q. For
+        contains, "MBR contains Q" is the same as "MBR contains Q's bbox", which the conditions
+        already test; and when Q is its own bbox, the conditions are the whole test too.
+        """
+        return self.kind != "contains" and not self.geometry.equals(self.geometry.envelope)
+
+
+def _geometry_problem(geometry: shapely.Geometry) -> str | None:
+    if geometry.is_empty:
+        return "the geometry is empty"
+    if not all(math.isfinite(v) for v in geometry.bounds):
+        return "the coordinates must be finite"
+    if not geometry.is_valid:
+        return f"not a valid geometry ({shapely.is_valid_reason(geometry)})"
+    return None
+
+
+def _short(text: str, limit: int = 200) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def parse_bbox(text: str) -> BBox:
@@ -93,28 +195,112 @@ def _validated_bbox(values: tuple[float, ...], label: str) -> BBox:
     return (xmin, ymin, xmax, ymax)
 
 
-def query_bbox(table: Table, bbox: BBox, limit: int | None = None) -> QueryResult:
+# -- time travel ----------------------------------------------------------------------------------
+def parse_as_of(value: str | int | datetime) -> int:
+    """A point in time as epoch milliseconds: an ISO 8601 timestamp (without a zone: UTC), a
+    datetime, or epoch milliseconds (an int or a string of digits)."""
+    if isinstance(value, bool):
+        raise ValueError(f"as-of {value!r}: expected an ISO 8601 timestamp or epoch milliseconds")
+    if isinstance(value, int):
+        return value
+    if isinstance(value, datetime):
+        moment = value
+    elif isinstance(value, str):
+        text = value.strip()
+        if text.lstrip("-").isdigit():
+            return int(text)
+        try:
+            moment = datetime.fromisoformat(text)
+        except ValueError:
+            raise ValueError(
+                f"as-of {value!r}: not an ISO 8601 timestamp (2024-06-01T12:00:00Z) or epoch milliseconds"
+            ) from None
+    else:
+        raise ValueError(f"as-of {value!r}: expected an ISO 8601 timestamp or epoch milliseconds")
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=UTC)
+    return math.floor(moment.timestamp() * 1000)
+
+
+def resolve_snapshot(table: Table, snapshot_id: int | None = None,
+                     as_of: str | int | datetime | None = None) -> Snapshot | None:
+    """The snapshot to read: `snapshot_id`, the one current at `as_of`, or the current one."""
+    name = ".".join(table.name())
+    if snapshot_id is not None and as_of is not None:
+        raise ValueError(f"snapshot {snapshot_id} and as-of {as_of!r}: give one of them, not both")
+    if snapshot_id is not None:
+        snapshot = table.snapshot_by_id(snapshot_id)
+        if snapshot is None:
+            known = [s.snapshot_id for s in table.snapshots()]
+            listed = ", ".join(str(s) for s in known[-5:]) + (", ..." if len(known) > 5 else "")
+            raise ValueError(f"snapshot {snapshot_id}: table {name} has no such snapshot"
+                             + (f" (latest: {listed})" if known else " (it has no snapshots)"))
+        return snapshot
+    if as_of is not None:
+        timestamp_ms = parse_as_of(as_of)
+        snapshot = table.snapshot_as_of_timestamp(timestamp_ms)
+        if snapshot is None:
+            history = table.history()
+            first = (f"; its first snapshot was committed at {_iso(history[0].timestamp_ms)}"
+                     if history else "; it has no snapshots")
+            raise ValueError(f"as-of {as_of!r}: table {name} has no snapshot at or before "
+                             f"{_iso(timestamp_ms)}{first}")
+        return snapshot
+    return table.current_snapshot()
+
+
+def _iso(timestamp_ms: int) -> str:
+    return datetime.fromtimestamp(timestamp_ms / 1000, tz=UTC).isoformat(timespec="milliseconds")
+
+
+def _schema_of(table: Table, snapshot: Snapshot | None) -> Schema:
+    if snapshot is not None and snapshot.schema_id is not None:
+        for schema in table.metadata.schemas:
+            if schema.schema_id == snapshot.schema_id:
+                return schema
+    return table.schema()
+
+
+# -- the query ------------------------------------------------------------------------------------
+def query_bbox(table: Table, bbox: BBox, limit: int | None = None,
+               snapshot_id: int | None = None, as_of: str | int | datetime | None = None) -> QueryResult:
     """Rows whose geometry intersects `bbox` (table CRS, edges included), at most `limit` of them."""
-    bbox = _validated_bbox(tuple(bbox), f"bbox {tuple(bbox)!r}")
+    return query(table, Predicate.from_bbox(bbox), limit=limit, snapshot_id=snapshot_id, as_of=as_of)
+
+
+def query(table: Table, predicate: Predicate, limit: int | None = None,
+          snapshot_id: int | None = None, as_of: str | int | datetime | None = None) -> QueryResult:
+    """Rows whose geometry meets `predicate`, at most `limit` of them, read from the current
+    snapshot, snapshot `snapshot_id`, or the snapshot current at `as_of` (see parse_as_of)."""
+    if not isinstance(predicate, Predicate):
+        raise TypeError(f"predicate: expected a Predicate, got {type(predicate).__name__}")
     if limit is not None and limit < 0:
         raise ValueError(f"limit: {limit} must not be negative")
 
+    snapshot = resolve_snapshot(table, snapshot_id, as_of)
     geometry_column = _property(table, PRIMARY_COLUMN_PROPERTY)
     covering_column = _property(table, f"geo.column.{geometry_column}.covering")
-    result_schema = _result_schema(table)
-    snapshot = table.current_snapshot()
-    if snapshot is None or limit == 0:
-        files_total = 0 if snapshot is None else _count_data_files(table, snapshot)
-        return QueryResult(result_schema.empty_table(), QueryStats(files_total, 0, 0, 0, 0, 0))
-
+    schema = _schema_of(table, snapshot)
+    result_schema = _result_schema(schema)
+    if snapshot is None:
+        return QueryResult(result_schema.empty_table(), QueryStats(0, 0, 0, 0, 0, 0, None))
     files_total = _count_data_files(table, snapshot)
+    if limit == 0:
+        return QueryResult(result_schema.empty_table(), QueryStats(files_total, 0, 0, 0, 0, 0, snapshot.snapshot_id))
+
+    conditions = predicate.bbox_conditions()
     tasks = list(table.scan(
-        row_filter=_manifest_filter(covering_column, bbox), snapshot_id=snapshot.snapshot_id
+        row_filter=_manifest_filter(covering_column, conditions), snapshot_id=snapshot.snapshot_id
     ).plan_files())
     for task in tasks:
         _refuse_deletes(task)
+    shape = None
+    if predicate.prunes_by_shape():
+        shape = predicate.geometry
+        shapely.prepare(shape)
+        field_ids = [schema.find_field(f"{covering_column}.{name}").field_id for name in BBOX_FIELDS]
+        tasks = [task for task in tasks if _file_may_touch(task.file, field_ids, shape)]
 
-    window = _window_geometry(bbox)
     covering_paths = [f"{covering_column}.{name}" for name in BBOX_FIELDS]
     matches: list[pa.Table] = []
     files_scanned = row_groups_total = row_groups_scanned = rows_read = rows_matched = 0
@@ -125,7 +311,7 @@ def query_bbox(table: Table, bbox: BBox, limit: int | None = None) -> QueryResul
         with table.io.new_input(task.file.file_path).open() as stream:
             parquet = pq.ParquetFile(stream, pre_buffer=True)
             row_groups_total += parquet.metadata.num_row_groups
-            surviving = _row_groups_that_may_match(parquet.metadata, covering_paths, bbox)
+            surviving = _row_groups_that_may_match(parquet.metadata, covering_paths, conditions, shape)
             row_groups_scanned += len(surviving)
             # Unlimited queries read a file's row groups in one call, letting Arrow coalesce the
             # ranges; limited ones read group by group so they can stop as soon as they are done.
@@ -138,7 +324,7 @@ def query_bbox(table: Table, bbox: BBox, limit: int | None = None) -> QueryResul
                     break
                 rows = parquet.read_row_groups(groups, use_threads=True)
                 rows_read += rows.num_rows
-                hits = _exact_matches(rows, geometry_column, covering_column, bbox, window)
+                hits = _exact_matches(rows, geometry_column, covering_column, predicate, conditions)
                 if limit is not None:
                     hits = hits.slice(0, limit - rows_matched)
                 rows_matched += hits.num_rows
@@ -146,7 +332,8 @@ def query_bbox(table: Table, bbox: BBox, limit: int | None = None) -> QueryResul
                     matches.append(_conform(hits, result_schema))
 
     result = pa.concat_tables(matches) if matches else result_schema.empty_table()
-    stats = QueryStats(files_total, files_scanned, row_groups_total, row_groups_scanned, rows_read, rows_matched)
+    stats = QueryStats(files_total, files_scanned, row_groups_total, row_groups_scanned, rows_read,
+                       rows_matched, snapshot.snapshot_id)
     return QueryResult(result, stats)
 
 
@@ -157,16 +344,34 @@ def _property(table: Table, key: str) -> str:
     return value
 
 
-def _manifest_filter(covering_column: str, bbox: BBox) -> BooleanExpression:
-    # A file may match only if its bbox range overlaps the window on both axes.
-    xmin, ymin, xmax, ymax = bbox
-    c = covering_column
-    return And(
-        LessThanOrEqual(f"{c}.xmin", xmax),
-        GreaterThanOrEqual(f"{c}.xmax", xmin),
-        LessThanOrEqual(f"{c}.ymin", ymax),
-        GreaterThanOrEqual(f"{c}.ymax", ymin),
-    )
+def _manifest_filter(covering_column: str, conditions: list[Condition]) -> BooleanExpression:
+    # pyiceberg evaluates a row filter inclusively on the manifest bounds: "bbox.xmin <= v" drops
+    # a file whose lower bound of bbox.xmin exceeds v, "bbox.xmax >= v" one whose upper bound is
+    # below v.
+    terms = [
+        (LessThanOrEqual if op == "<=" else GreaterThanOrEqual)(f"{covering_column}.{BBOX_FIELDS[k]}", value)
+        for k, op, value in conditions
+    ]
+    return And(*terms)
+
+
+def _file_may_touch(data_file: DataFile, field_ids: list[int], shape: shapely.Geometry) -> bool:
+    """Whether the file's MBR, from its manifest bounds, intersects Q (True without bounds)."""
+    lower, upper = data_file.lower_bounds or {}, data_file.upper_bounds or {}
+    try:
+        xmin = from_bytes(DoubleType(), lower[field_ids[_XMIN]])
+        ymin = from_bytes(DoubleType(), lower[field_ids[_YMIN]])
+        xmax = from_bytes(DoubleType(), upper[field_ids[_XMAX]])
+        ymax = from_bytes(DoubleType(), upper[field_ids[_YMAX]])
+    except KeyError:
+        return True
+    return _mbr_may_touch(xmin, ymin, xmax, ymax, shape)
+
+
+def _mbr_may_touch(xmin: float, ymin: float, xmax: float, ymax: float, shape: shapely.Geometry) -> bool:
+    if not all(math.isfinite(v) for v in (xmin, ymin, xmax, ymax)) or xmin > xmax or ymin > ymax:
+        return True
+    return bool(shapely.intersects(shape, _window_geometry((xmin, ymin, xmax, ymax))))
 
 
 def _count_data_files(table: Table, snapshot: Snapshot) -> int:
@@ -185,13 +390,19 @@ def _refuse_deletes(task: FileScanTask) -> None:
         paths = sorted(d.file_path for d in task.delete_files)
         raise QueryError(
             f"data file {task.file.file_path} has {len(paths)} delete file(s) ({', '.join(paths[:3])}"
-            f"{', ...' if len(paths) > 3 else ''}); query_bbox reads append-only tables and cannot "
+            f"{', ...' if len(paths) > 3 else ''}); queries read append-only tables and cannot "
             "apply deletes"
         )
 
 
-def _row_groups_that_may_match(metadata: pq.FileMetaData, covering_paths: list[str], bbox: BBox) -> list[int]:
-    """Indices of the row groups whose bbox.* statistics do not rule out the window."""
+def _row_groups_that_may_match(metadata: pq.FileMetaData, covering_paths: list[str],
+                               conditions: list[Condition], shape: shapely.Geometry | None = None) -> list[int]:
+    """Indices of the row groups whose bbox.* statistics do not rule out a match.
+
+    The statistics are the min and max of each of the four columns, so a condition "xmin <= v"
+    can hold for some row only if min(xmin) <= v, and "xmax >= v" only if max(xmax) >= v. With
+    `shape`, the group's MBR (min xmin, min ymin, max xmax, max ymax) must also intersect it.
+    """
     n = metadata.num_row_groups
     if n == 0:
         return []
@@ -207,13 +418,14 @@ def _row_groups_that_may_match(metadata: pq.FileMetaData, covering_paths: list[s
             stats = metadata.row_group(g).column(j).statistics
             if stats is not None and stats.has_min_max:
                 minima[g, k], maxima[g, k] = stats.min, stats.max
-    qxmin, qymin, qxmax, qymax = bbox
-    xmin, ymin, xmax, ymax = range(4)
-    may_match = (
-        (minima[:, xmin] <= qxmax) & (maxima[:, xmax] >= qxmin)
-        & (minima[:, ymin] <= qymax) & (maxima[:, ymax] >= qymin)
-    )
-    return np.flatnonzero(may_match).tolist()
+    may_match = np.ones(n, dtype=bool)
+    for k, op, value in conditions:
+        may_match &= (minima[:, k] <= value) if op == "<=" else (maxima[:, k] >= value)
+    groups = np.flatnonzero(may_match).tolist()
+    if shape is not None:
+        groups = [g for g in groups if _mbr_may_touch(minima[g, _XMIN], minima[g, _YMIN],
+                                                      maxima[g, _XMAX], maxima[g, _YMAX], shape)]
+    return groups
 
 
 def _window_geometry(bbox: BBox) -> shapely.Geometry:
@@ -227,45 +439,78 @@ def _window_geometry(bbox: BBox) -> shapely.Geometry:
     return shapely.box(xmin, ymin, xmax, ymax)
 
 
-def _exact_matches(rows: pa.Table, geometry_column: str, covering_column: str, bbox: BBox,
-                   window: shapely.Geometry) -> pa.Table:
-    # The bbox test is exact for points and a cheap necessary condition for everything else,
-    # so GEOS only sees geometries whose bbox overlaps the window.
-    qxmin, qymin, qxmax, qymax = bbox
+def _exact_matches(rows: pa.Table, geometry_column: str, covering_column: str, predicate: Predicate,
+                   conditions: list[Condition]) -> pa.Table:
+    # The bbox conditions are a cheap necessary test (exact for points and intersects with a
+    # box), so GEOS only sees the rows they leave.
     covering = rows.column(covering_column)
-    overlaps = pc.and_(
-        pc.and_(pc.less_equal(pc.struct_field(covering, "xmin"), qxmax),
-                pc.greater_equal(pc.struct_field(covering, "xmax"), qxmin)),
-        pc.and_(pc.less_equal(pc.struct_field(covering, "ymin"), qymax),
-                pc.greater_equal(pc.struct_field(covering, "ymax"), qymin)),
-    )
-    candidates = rows.filter(overlaps)
+    keep = None
+    for k, op, value in conditions:
+        field = pc.struct_field(covering, BBOX_FIELDS[k])
+        test = pc.less_equal(field, value) if op == "<=" else pc.greater_equal(field, value)
+        keep = test if keep is None else pc.and_(keep, test)
+    candidates = rows.filter(keep)
     if candidates.num_rows == 0:
         return candidates
-    wkb = candidates.column(geometry_column).to_numpy(zero_copy_only=False)
-    intersects = shapely.intersects(shapely.from_wkb(wkb), window)
-    return candidates.filter(pa.array(intersects))
+    geometries = shapely.from_wkb(candidates.column(geometry_column).to_numpy(zero_copy_only=False))
+    q = predicate.geometry
+    shapely.prepare(q)
+    if predicate.kind == "intersects":
+        hits = shapely.intersects(q, geometries)
+    elif predicate.kind == "within":
+        hits = shapely.contains(q, geometries)  # g within Q <=> Q contains g; Q is the prepared one
+    else:
+        hits = shapely.contains(geometries, q)
+    return candidates.filter(pa.array(hits))
 
 
-def _result_schema(table: Table) -> pa.Schema:
-    """The table's Arrow schema as the data files store it: regular (not large) strings and binaries."""
-    schema = schema_to_pyarrow(table.schema(), include_field_ids=False)
-    return pa.schema([f.with_type(_regular_type(f.type)) for f in schema])
-
-
-def _regular_type(t: pa.DataType) -> pa.DataType:
-    if pa.types.is_large_string(t):
-        return pa.string()
-    if pa.types.is_large_binary(t):
-        return pa.binary()
-    if pa.types.is_struct(t):
-        return pa.struct([f.with_type(_regular_type(f.type)) for f in t])
-    return t
+def _result_schema(schema: Schema) -> pa.Schema:
+    """The Arrow schema of an Iceberg schema as the data files store it: regular (not large)
+    strings and binaries."""
+    return regular_types(schema_to_pyarrow(schema, include_field_ids=False))
 
 
 def _conform(rows: pa.Table, schema: pa.Schema) -> pa.Table:
     # Files carry Parquet field-id metadata and may differ in string width; results share one schema.
     return rows.select(schema.names).cast(schema)
+
+
+# -- GeoParquet output ----------------------------------------------------------------------------
+def table_contract(table: Table) -> Contract:
+    """The contract the table was made from, as recorded in its `geoingest.contract` property."""
+    raw = _property(table, CONTRACT_PROPERTY)
+    try:
+        return parse_contract(json.loads(raw))
+    except (json.JSONDecodeError, ContractError) as exc:
+        raise QueryError(f"table property {CONTRACT_PROPERTY!r} is not a usable contract ({exc})") from None
+
+
+def write_geoparquet(result: QueryResult, contract: Contract, where: str | Path | BinaryIO) -> dict:
+    """Write the result as a GeoParquet 1.1 file (WKB geometry, bbox covering, zstd) and return
+    its `geo` metadata. The file bbox is that of the rows; an empty result has none."""
+    from streaming.geoparquet import geo_metadata
+    from streaming.wkb import geometry_type_names
+
+    rows = result.table
+    g = contract.geometry.name
+    if g not in rows.column_names or contract.bbox_name not in rows.column_names:
+        raise ValueError(f"the result lacks the contract's columns {g!r} and {contract.bbox_name!r}")
+    types = sorted(geometry_type_names(rows.column(g))) if rows.num_rows else []
+    if rows.num_rows:
+        covering = rows.column(contract.bbox_name)
+        bbox = (
+            pc.min(pc.struct_field(covering, "xmin")).as_py(), pc.min(pc.struct_field(covering, "ymin")).as_py(),
+            pc.max(pc.struct_field(covering, "xmax")).as_py(), pc.max(pc.struct_field(covering, "ymax")).as_py(),
+        )
+        metadata = geo_metadata(contract, types, bbox)
+    else:
+        metadata = geo_metadata(contract, types, (0.0, 0.0, 0.0, 0.0))
+        del metadata["columns"][g]["bbox"]  # optional in GeoParquet; there is nothing to bound
+    schema_metadata = dict(rows.schema.metadata or {})
+    schema_metadata[b"geo"] = json.dumps(metadata, separators=(",", ":")).encode()
+    pq.write_table(rows.replace_schema_metadata(schema_metadata), where, compression="zstd",
+                   row_group_size=contract.clustering.row_group_rows, write_statistics=True)
+    return metadata
 
 
 # -- GeoJSON output -------------------------------------------------------------------------------

@@ -9,7 +9,6 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-import shapely
 from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 

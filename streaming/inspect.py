@@ -1,0 +1,227 @@
+"""The layout of a table's data files: where each file lies, how many rows it holds, and where it
+falls on the Hilbert curve the rows were sorted by; and a picture of it.
+
+The extents come from the manifests alone (the lower and upper bounds of bbox.*), so inspecting
+a table reads no data file. A well-clustered table shows small, barely overlapping rectangles
+whose colours (their Hilbert order) change smoothly across space; wide rectangles are files of
+sparse rows, which every query window in their extent has to open.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+
+import numpy as np
+from pyiceberg.conversions import from_bytes
+from pyiceberg.manifest import ManifestContent
+from pyiceberg.table import Table
+from pyiceberg.types import DoubleType
+
+from streaming.contract import BBOX_FIELDS
+from streaming.hilbert import hilbert_keys_of_bounds
+from streaming.query import (
+    PRIMARY_COLUMN_PROPERTY,
+    BBox,
+    QueryError,
+    _property,
+    _schema_of,
+    resolve_snapshot,
+)
+
+HILBERT_BITS_PROPERTY = "geo.hilbert.bits"
+HILBERT_EXTENT_PROPERTY = "geo.hilbert.extent"
+
+
+@dataclass(frozen=True)
+class FileExtent:
+    """One data file: its MBR from the manifest bounds of bbox.* (None without bounds), its
+    record count, and the Hilbert key of its MBR centre over the table's Hilbert extent."""
+
+    path: str
+    record_count: int
+    file_size_in_bytes: int
+    bbox: BBox | None
+    hilbert_key: int | None
+
+
+@dataclass(frozen=True)
+class TableLayout:
+    table: str
+    snapshot_id: int | None
+    hilbert_bits: int
+    hilbert_extent: BBox
+    files: tuple[FileExtent, ...]  # in Hilbert order of their centres; files without bounds last
+
+    @property
+    def record_count(self) -> int:
+        return sum(f.record_count for f in self.files)
+
+    @property
+    def data_extent(self) -> BBox | None:
+        """The union of the file extents (None when no file has bounds)."""
+        boxes = [f.bbox for f in self.files if f.bbox is not None]
+        if not boxes:
+            return None
+        b = np.array(boxes)
+        return (float(b[:, 0].min()), float(b[:, 1].min()), float(b[:, 2].max()), float(b[:, 3].max()))
+
+    def summary(self) -> dict:
+        """Counts, extents and how much the files overlap, as plain JSON values."""
+        extent = self.data_extent
+        boxes = np.array([f.bbox for f in self.files if f.bbox is not None]).reshape(-1, 4)
+        areas = (boxes[:, 2] - boxes[:, 0]) * (boxes[:, 3] - boxes[:, 1])
+        extent_area = (extent[2] - extent[0]) * (extent[3] - extent[1]) if extent else 0.0
+        return {
+            "table": self.table,
+            "snapshot_id": self.snapshot_id,
+            "files": len(self.files),
+            "files_without_bounds": sum(f.bbox is None for f in self.files),
+            "rows": self.record_count,
+            "bytes": sum(f.file_size_in_bytes for f in self.files),
+            "data_extent": list(extent) if extent else None,
+            "hilbert": {"bits": self.hilbert_bits, "extent": list(self.hilbert_extent)},
+            # Sum of the file areas over the data extent's area: 1 would tile it exactly once;
+            # much more means that a window opens many files.
+            "file_area_over_extent": round(float(areas.sum()) / extent_area, 4) if extent_area > 0 else None,
+            "median_file_area_share": (round(float(np.median(areas)) / extent_area, 6)
+                                       if extent_area > 0 and len(areas) else None),
+        }
+
+
+def file_extents(table: Table, snapshot_id: int | None = None,
+                 as_of: str | int | datetime | None = None) -> TableLayout:
+    """The data files of the current snapshot (or `snapshot_id`, or the one current at `as_of`)."""
+    snapshot = resolve_snapshot(table, snapshot_id, as_of)
+    bits, extent = _hilbert_properties(table)
+    name = ".".join(table.name())
+    if snapshot is None:
+        return TableLayout(name, None, bits, extent, ())
+
+    geometry_column = _property(table, PRIMARY_COLUMN_PROPERTY)
+    covering_column = _property(table, f"geo.column.{geometry_column}.covering")
+    schema = _schema_of(table, snapshot)
+    field_ids = [schema.find_field(f"{covering_column}.{f}").field_id for f in BBOX_FIELDS]
+    xmin_id, ymin_id, xmax_id, ymax_id = field_ids
+
+    rows = []
+    for manifest in snapshot.manifests(table.io):
+        if manifest.content != ManifestContent.DATA:
+            continue
+        for entry in manifest.fetch_manifest_entry(table.io, discard_deleted=True):
+            f = entry.data_file
+            lower, upper = f.lower_bounds or {}, f.upper_bounds or {}
+            try:
+                bbox = (from_bytes(DoubleType(), lower[xmin_id]), from_bytes(DoubleType(), lower[ymin_id]),
+                        from_bytes(DoubleType(), upper[xmax_id]), from_bytes(DoubleType(), upper[ymax_id]))
+            except KeyError:
+                bbox = None
+            if bbox is not None and not all(math.isfinite(v) for v in bbox):
+                bbox = None
+            rows.append((f.file_path, int(f.record_count), int(f.file_size_in_bytes), bbox))
+
+    with_bounds = [r for r in rows if r[3] is not None]
+    keys: list[int] = []
+    if with_bounds:
+        b = np.array([r[3] for r in with_bounds])
+        keys = hilbert_keys_of_bounds(b[:, 0], b[:, 1], b[:, 2], b[:, 3], extent, bits).tolist()
+    files = [FileExtent(path, count, size, bbox, key)
+             for (path, count, size, bbox), key in zip(with_bounds, keys)]
+    files.sort(key=lambda f: (f.hilbert_key, f.path))
+    files += [FileExtent(path, count, size, None, None) for path, count, size, bbox in rows if bbox is None]
+    return TableLayout(name, snapshot.snapshot_id, bits, extent, tuple(files))
+
+
+def _hilbert_properties(table: Table) -> tuple[int, BBox]:
+    bits_text = _property(table, HILBERT_BITS_PROPERTY)
+    extent_text = _property(table, HILBERT_EXTENT_PROPERTY)
+    try:
+        bits = int(bits_text)
+        extent = tuple(float(v) for v in extent_text.split(","))
+    except ValueError:
+        raise QueryError(f"table properties {HILBERT_BITS_PROPERTY}={bits_text!r} / "
+                         f"{HILBERT_EXTENT_PROPERTY}={extent_text!r} are not a number / four numbers") from None
+    if not 1 <= bits <= 31 or len(extent) != 4 or not (extent[0] < extent[2] and extent[1] < extent[3]):
+        raise QueryError(f"table properties {HILBERT_BITS_PROPERTY}={bits_text!r} / "
+                         f"{HILBERT_EXTENT_PROPERTY}={extent_text!r} do not describe a Hilbert grid")
+    return bits, extent
+
+
+def plot_file_extents(layout: TableLayout, path: str | Path, title: str | None = None,
+                      dpi: int = 150) -> Path:
+    """Draw the file extents over the data extent, coloured by Hilbert order, as a PNG."""
+    # The Agg canvas on a bare Figure: no pyplot, so no global state and no display needed.
+    from matplotlib import colormaps
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.cm import ScalarMappable
+    from matplotlib.collections import PatchCollection
+    from matplotlib.colors import Normalize
+    from matplotlib.figure import Figure
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch, Rectangle
+
+    path = Path(path)
+    drawn = [f for f in layout.files if f.bbox is not None]
+    extent = layout.data_extent
+    frame = extent or layout.hilbert_extent
+    width, height = frame[2] - frame[0], frame[3] - frame[1]
+    aspect = height / width if width > 0 and height > 0 else 0.5
+    fig = Figure(figsize=(11, max(4.0, min(11.0, 9.0 * aspect + 1.5))), layout="constrained")
+    FigureCanvasAgg(fig)
+    ax = fig.subplots()
+    cmap = colormaps["viridis"]
+    norm = Normalize(vmin=0, vmax=max(len(drawn) - 1, 1))
+    # Wide files first, so the small ones stay visible on top of them.
+    order = sorted(range(len(drawn)), key=lambda i: -_area(drawn[i].bbox))
+    rectangles, colours = [], []
+    for i in order:
+        xmin, ymin, xmax, ymax = drawn[i].bbox
+        # A file of one point (or of points on one line) still gets a visible outline.
+        rectangles.append(Rectangle((xmin, ymin), max(xmax - xmin, width * 1e-3),
+                                    max(ymax - ymin, height * 1e-3)))
+        colours.append(cmap(norm(i)))
+    if rectangles:
+        ax.add_collection(PatchCollection(rectangles, facecolors=[(*c[:3], 0.18) for c in colours],
+                                          edgecolors=colours, linewidths=0.9))
+        centres = np.array([((f.bbox[0] + f.bbox[2]) / 2, (f.bbox[1] + f.bbox[3]) / 2) for f in drawn])
+        ax.plot(centres[:, 0], centres[:, 1], color="0.35", linewidth=0.6, alpha=0.7, zorder=3)
+        ax.scatter(centres[:, 0], centres[:, 1], c=[cmap(norm(i)) for i in range(len(drawn))],
+                   s=10, zorder=4, edgecolors="0.2", linewidths=0.3)
+        mappable = ScalarMappable(norm=norm, cmap=cmap)
+        bar = fig.colorbar(mappable, ax=ax, shrink=0.85, pad=0.01)
+        bar.set_label("Hilbert order of the file centre (0 = first)")
+    if extent:
+        ax.add_patch(Rectangle((extent[0], extent[1]), width, height, fill=False, edgecolor="crimson",
+                               linewidth=1.4, linestyle="--", zorder=5))
+
+    margin_x, margin_y = width * 0.03 or 1.0, height * 0.03 or 1.0
+    ax.set_xlim(frame[0] - margin_x, frame[2] + margin_x)
+    ax.set_ylim(frame[1] - margin_y, frame[3] + margin_y)
+    ax.set_aspect("equal" if 0.05 < aspect < 20 else "auto")
+    ax.set_xlabel("x (table CRS)")
+    ax.set_ylabel("y (table CRS)")
+    ax.grid(True, linewidth=0.3, alpha=0.5)
+    snapshot = layout.snapshot_id if layout.snapshot_id is not None else "none"
+    handles = [
+        Patch(facecolor=(*cmap(0.5)[:3], 0.18), edgecolor=cmap(0.5), label=f"{len(drawn):,} data files"),
+        Line2D([], [], color="none", label=f"{layout.record_count:,} rows"),
+        Line2D([], [], color="crimson", linestyle="--", label="data extent"),
+        Line2D([], [], color="0.35", marker="o", markersize=3, linewidth=0.6,
+               label="file centres in Hilbert order"),
+        Line2D([], [], color="none", label=f"snapshot {snapshot}"),
+    ]
+    missing = len(layout.files) - len(drawn)
+    if missing:
+        handles.append(Line2D([], [], color="none", label=f"{missing} files without bounds (not drawn)"))
+    # Below the map, where it hides no file.
+    fig.legend(handles=handles, loc="outside lower center", ncols=len(handles), fontsize=8, frameon=False)
+    ax.set_title(title or f"{layout.table}: data file extents")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=dpi, format="png")
+    return path
+
+
+def _area(bbox: BBox) -> float:
+    return (bbox[2] - bbox[0]) * (bbox[3] - bbox[1])
