@@ -9,18 +9,26 @@ but before Spark recorded the batch) is then skipped instead of committed twice.
 from __future__ import annotations
 
 import json
+import logging
 import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from pyiceberg.exceptions import CommitFailedException
+from sqlalchemy.exc import OperationalError, InterfaceError
 from pyiceberg.manifest import DataFile, DataFileContent, FileFormat
 from pyiceberg.table import Table
 from pyiceberg.table.snapshots import Snapshot
 from pyiceberg.typedef import Record
 
 from streaming.writer import DataFileRecord
+
+log = logging.getLogger("geoingest.commit")
+
+# Errors that mean "the catalog was not there", not "the commit was refused": the SQL catalogs
+# (SQLite file gone or locked, PostgreSQL down) and network failures of the REST catalog.
+CATALOG_UNAVAILABLE = (OperationalError, InterfaceError, ConnectionError, TimeoutError)
 
 WRITER_ID = "geoingest.writer-id"
 BATCH_ID = "geoingest.batch-id"
@@ -86,9 +94,9 @@ class RetryPolicy:
         )
 
     def wait_ms(self, retry: int, rng: random.Random) -> float:
-        """Exponential backoff with full jitter: retry 1 waits up to min_wait, doubling to max_wait."""
-        ceiling = min(self.max_wait_ms, self.min_wait_ms * (2 ** (retry - 1)))
-        return rng.uniform(self.min_wait_ms / 2, max(ceiling, self.min_wait_ms / 2))
+        """Iceberg's backoff: min_wait doubling per retry up to max_wait, plus up to 10 % jitter."""
+        delay = min(self.max_wait_ms, self.min_wait_ms * (2 ** min(retry - 1, 30)))
+        return delay + rng.uniform(0, 0.1 * delay)
 
 
 class CommitRetriesExhausted(RuntimeError):
@@ -154,39 +162,69 @@ class Committer:
 
     def commit(self, batch: BatchCommit) -> CommitOutcome:
         started = time.monotonic()
-        policy = RetryPolicy.from_table_properties(self.table.properties)
-        conflicts = 0
+        conflicts = unavailable = 0
         attempt = 0
         while True:
             attempt += 1
-            self.table.refresh()
-            existing = committed_snapshot(self.table, batch.writer_id, batch.batch_id)
-            if existing is not None:
-                return CommitOutcome("skipped_replay", existing.snapshot_id, attempt, conflicts,
-                                     time.monotonic() - started)
+            elapsed_ms = (time.monotonic() - started) * 1000
             try:
+                self.table.refresh()
+                policy = RetryPolicy.from_table_properties(self.table.properties)
+                existing = committed_snapshot(self.table, batch.writer_id, batch.batch_id)
+                if existing is not None:
+                    # After an attempt whose outcome was unknown, the snapshot may be our own.
+                    status = "committed" if attempt > 1 and _added_files(self.table, existing) == {
+                        f.path for f in batch.files} else "skipped_replay"
+                    return CommitOutcome(status, existing.snapshot_id, attempt, conflicts,
+                                         time.monotonic() - started)
                 snapshot_id = self._append(batch)
                 return CommitOutcome("committed", snapshot_id, attempt, conflicts, time.monotonic() - started)
             except CommitFailedException as exc:
                 conflicts += 1
-                elapsed_ms = (time.monotonic() - started) * 1000
                 if conflicts > policy.num_retries or elapsed_ms > policy.total_timeout_ms:
-                    raise CommitRetriesExhausted(
-                        f"batch {batch.batch_id} of writer {batch.writer_id} could not be committed to "
-                        f"{'.'.join(self.table.name())} after {attempt} attempts in {elapsed_ms:.0f} ms: {exc}",
-                        attempts=attempt, conflicts=conflicts,
-                    ) from exc
+                    raise self._exhausted(batch, attempt, conflicts, elapsed_ms, exc) from exc
                 self.sleep(policy.wait_ms(conflicts, self.rng) / 1000)
+            except CATALOG_UNAVAILABLE as exc:
+                # The catalog could not be reached (or the answer was lost): wait for it as long as
+                # commit.retry.total-timeout-ms allows; the replay check above settles a lost answer.
+                unavailable += 1
+                timeout_ms = RetryPolicy.from_table_properties(self.table.properties).total_timeout_ms
+                if elapsed_ms > timeout_ms:
+                    raise self._exhausted(batch, attempt, conflicts, elapsed_ms, exc) from exc
+                policy = RetryPolicy.from_table_properties(self.table.properties)
+                log.warning("catalog unavailable, retrying the commit",
+                            extra={"batch": {"batch_id": batch.batch_id, "attempt": attempt, "error": str(exc)[:300]}})
+                self.sleep(policy.wait_ms(unavailable, self.rng) / 1000)
+
+    def _exhausted(self, batch: BatchCommit, attempts: int, conflicts: int, elapsed_ms: float,
+                   exc: Exception) -> CommitRetriesExhausted:
+        return CommitRetriesExhausted(
+            f"batch {batch.batch_id} of writer {batch.writer_id} could not be committed to "
+            f"{'.'.join(self.table.name())}: {attempts} attempt(s) in {elapsed_ms:.0f} ms, "
+            f"{conflicts} conflict(s); last error: {exc}",
+            attempts=attempts, conflicts=conflicts,
+        )
 
     def _append(self, batch: BatchCommit) -> int:
         spec_id = self.table.metadata.default_spec_id
-        with _single_attempt(self.table).transaction() as tx:
+        view = _single_attempt(self.table)
+        with view.transaction() as tx:
             with tx.update_snapshot(snapshot_properties=batch.summary()).fast_append() as append:
                 for record in batch.files:
                     append.append_data_file(to_data_file(record, spec_id))
-        self.table.refresh()
-        snapshot = committed_snapshot(self.table, batch.writer_id, batch.batch_id)
-        return snapshot.snapshot_id
+        # The view now holds the metadata the catalog answered with: our snapshot is its current one.
+        self.table.metadata, self.table.metadata_location = view.metadata, view.metadata_location
+        return view.current_snapshot().snapshot_id
+
+
+def _added_files(table: Table, snapshot: Snapshot) -> set[str]:
+    paths = set()
+    for manifest in snapshot.manifests(table.io):
+        if manifest.added_snapshot_id != snapshot.snapshot_id:
+            continue
+        for entry in manifest.fetch_manifest_entry(table.io):
+            paths.add(entry.data_file.file_path)
+    return paths
 
 
 def _single_attempt(table: Table) -> Table:
