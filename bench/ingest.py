@@ -39,6 +39,7 @@ from app.settings import load_settings
 from streaming.catalog import create_table, open_catalog
 from streaming.contract import load_contract
 from streaming.decode import HILBERT, REJECT_REASON, Decoder
+from streaming.job import FAST_FETCH
 from streaming.writer import GeoParquetWriter
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -189,8 +190,11 @@ def main() -> None:
             produce(broker.bootstrap, topic, events, total=len(events), progress=False)
             result: dict = {}
             started = time.monotonic()
-            kafka_rows = (spark.read.format("kafka").option("kafka.bootstrap.servers", broker.bootstrap)
-                          .option("subscribe", topic).option("startingOffsets", "earliest").load().count())
+            reader = (spark.read.format("kafka").option("kafka.bootstrap.servers", broker.bootstrap)
+                      .option("subscribe", topic).option("startingOffsets", "earliest"))
+            for key, value in FAST_FETCH.items():
+                reader = reader.option(f"kafka.{key}", value)
+            kafka_rows = reader.load().count()
             result["kafka_read_events_per_s"] = round(kafka_rows / (time.monotonic() - started))
             for label, per_batch in (("batch_n_over_10", args.events // 10), ("batch_n", args.events)):
                 settings = load_settings(
