@@ -223,7 +223,8 @@ class LocalBroker:
         cluster_id = base64.urlsafe_b64encode(os.urandom(16)).decode().rstrip("=")
         command = self._java_command(
             libs, "kafka.tools.StorageTool",
-            "format", "-t", cluster_id, "-c", str(self.properties_file), "--standalone",
+            # `--cluster-id=`: a base64url id may start with '-', which argparse would take for a flag.
+            "format", f"--cluster-id={cluster_id}", "-c", str(self.properties_file), "--standalone",
         )
         result = subprocess.run(command, capture_output=True, text=True, cwd=self.home)
         if result.returncode != 0:

@@ -105,7 +105,8 @@ class IngestMetrics:
 
 
 def _offsets(raw) -> dict[tuple[str, str], int]:
-    if not raw:
+    # pyspark renders a null offset (a batch recovered from the offset log) as the string "None".
+    if not raw or raw == "None":
         return {}
     data = json.loads(raw) if isinstance(raw, str) else raw
     return {(topic, str(p)): int(o) for topic, parts in data.items() for p, o in parts.items()}

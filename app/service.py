@@ -171,7 +171,10 @@ def _supervise(query, metrics: IngestMetrics, health: Health, stop_on_signal: bo
         if progress and progress.get("timestamp") != seen_progress:
             seen_progress = progress.get("timestamp")
             health.last_progress = time.time()
-            metrics.observe_progress(progress)
+            try:
+                metrics.observe_progress(progress)
+            except (ValueError, TypeError, KeyError) as exc:  # a metric is not worth the service
+                log.warning("unreadable query progress", extra={"summary": {"error": str(exc)}})
         query.awaitTermination(1.0)
     health.query_active = False
     if query.exception() is not None:

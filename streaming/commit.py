@@ -100,10 +100,12 @@ class RetryPolicy:
 
 
 class CommitRetriesExhausted(RuntimeError):
-    def __init__(self, message: str, attempts: int, conflicts: int):
+    def __init__(self, message: str, attempts: int, conflicts: int, outcome_unknown: bool = False):
         super().__init__(message)
         self.attempts = attempts
         self.conflicts = conflicts
+        # An attempt failed without an answer: the batch may be in the table after all.
+        self.outcome_unknown = outcome_unknown
 
 
 def committed_snapshot(table: Table, writer_id: str, batch_id: int) -> Snapshot | None:
@@ -182,7 +184,7 @@ class Committer:
             except CommitFailedException as exc:
                 conflicts += 1
                 if conflicts > policy.num_retries or elapsed_ms > policy.total_timeout_ms:
-                    raise self._exhausted(batch, attempt, conflicts, elapsed_ms, exc) from exc
+                    raise self._exhausted(batch, attempt, conflicts, elapsed_ms, exc, unavailable > 0) from exc
                 self.sleep(policy.wait_ms(conflicts, self.rng) / 1000)
             except CATALOG_UNAVAILABLE as exc:
                 # The catalog could not be reached (or the answer was lost): wait for it as long as
@@ -190,19 +192,19 @@ class Committer:
                 unavailable += 1
                 timeout_ms = RetryPolicy.from_table_properties(self.table.properties).total_timeout_ms
                 if elapsed_ms > timeout_ms:
-                    raise self._exhausted(batch, attempt, conflicts, elapsed_ms, exc) from exc
+                    raise self._exhausted(batch, attempt, conflicts, elapsed_ms, exc, True) from exc
                 policy = RetryPolicy.from_table_properties(self.table.properties)
                 log.warning("catalog unavailable, retrying the commit",
                             extra={"batch": {"batch_id": batch.batch_id, "attempt": attempt, "error": str(exc)[:300]}})
                 self.sleep(policy.wait_ms(unavailable, self.rng) / 1000)
 
     def _exhausted(self, batch: BatchCommit, attempts: int, conflicts: int, elapsed_ms: float,
-                   exc: Exception) -> CommitRetriesExhausted:
+                   exc: Exception, outcome_unknown: bool) -> CommitRetriesExhausted:
         return CommitRetriesExhausted(
             f"batch {batch.batch_id} of writer {batch.writer_id} could not be committed to "
             f"{'.'.join(self.table.name())}: {attempts} attempt(s) in {elapsed_ms:.0f} ms, "
             f"{conflicts} conflict(s); last error: {exc}",
-            attempts=attempts, conflicts=conflicts,
+            attempts=attempts, conflicts=conflicts, outcome_unknown=outcome_unknown,
         )
 
     def _append(self, batch: BatchCommit) -> int:

@@ -132,8 +132,11 @@ class BatchProcessor:
                 rejected=sum(rejected.values()),
             ))
         except CommitRetriesExhausted as exc:
-            # The batch is not in the table: its files are garbage, and Spark will retry the batch.
-            self._discard(files)
+            # Refused for sure: the files are garbage. After an attempt without an answer the batch
+            # may have landed, so they stay (a restart's replay check settles it; if it did not
+            # land, `geoingest table orphans` finds them).
+            if not exc.outcome_unknown:
+                self._discard(files)
             failed = CommitOutcome("failed", None, exc.attempts, exc.conflicts, time.monotonic() - step)
             self._notify(BatchReport(batch_id, consumed, 0, rejected, files, offsets, failed, timings, oldest))
             log.error("commit failed", extra={"batch": {"batch_id": batch_id, "error": str(exc)}})
