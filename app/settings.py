@@ -47,8 +47,15 @@ class Settings:
     writer_id: str = ""  # default: made once and kept in the checkpoint location
     trigger_interval: str = "10 seconds"
     rows_per_partition: int = 1_000_000
+    # How a micro-batch is clustered: "local" sorts and writes each input partition in one pass
+    # (no shuffle); "shuffle" range-partitions the whole batch by Hilbert key first.
+    clustering: str = "local"
     max_message_bytes: int = 1024 * 1024
     max_vertices: int = 100_000
+    # Rejected records (key + value + headers) above this are stored under the spill location and
+    # dead-lettered as a pointer; the dead-letter topic is created to hold records up to this size.
+    dead_letter_max_record_bytes: int = 8 * 1024 * 1024
+    dead_letter_spill_location: str = ""  # default: <table location>/dead-letters
     # Spark
     spark_master: str = "local[*]"
     driver_memory: str = "2g"

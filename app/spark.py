@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import glob
 import os
 import sys
 from pathlib import Path
@@ -10,11 +11,23 @@ import pyspark
 from pyspark.sql import SparkSession
 
 from app.java import java_home, trust_store_options
+from app.maven import artifact_name, resolve, spark_home, without_spark_jars
 
 
 def kafka_connector_package() -> str:
     """The spark-sql-kafka artifact that matches the installed pyspark exactly."""
     return f"org.apache.spark:spark-sql-kafka-0-10_2.13:{pyspark.__version__}"
+
+
+def kafka_connector_jars(cache_dir: Path) -> list[Path]:
+    """The connector's jars to add to Spark's classpath: none where Spark's own jars folder holds
+    it already (the container image bakes it in), else resolved from Maven Central once."""
+    shipped = {artifact_name(Path(p).name) for p in glob.glob(os.path.join(spark_home(), "jars", "*.jar"))}
+    if "spark-sql-kafka-0-10_2.13" in shipped:
+        return []
+    jars = resolve([kafka_connector_package()], cache_dir, f"spark-sql-kafka-{pyspark.__version__}",
+                   progress=lambda message: print(message, file=sys.stderr))
+    return without_spark_jars(jars)
 
 
 def _cores(master: str) -> int:
@@ -24,7 +37,8 @@ def _cores(master: str) -> int:
 
 
 def spark_session(master: str, cache_dir: str, driver_memory: str = "2g",
-                  extra_conf: dict[str, str] | None = None, app_name: str = "geoingest") -> SparkSession:
+                  extra_conf: dict[str, str] | None = None, app_name: str = "geoingest",
+                  extra_jars: list[Path] | None = None) -> SparkSession:
     cache = Path(cache_dir)
     cache.mkdir(parents=True, exist_ok=True)
     os.environ["JAVA_HOME"] = str(java_home(cache))
@@ -35,8 +49,9 @@ def spark_session(master: str, cache_dir: str, driver_memory: str = "2g",
     builder = (
         SparkSession.builder.master(master)
         .appName(app_name)
-        .config("spark.jars.packages", kafka_connector_package())
-        .config("spark.jars.ivy", str(cache / "ivy"))
+        .config("spark.jars", ",".join(str(j) for j in [*kafka_connector_jars(cache), *(extra_jars or [])]))
+        # The workers' daemon without pyspark's zips on the import path (app/spark_daemon.py).
+        .config("spark.python.daemon.module", "app.spark_daemon")
         .config("spark.driver.memory", driver_memory)
         .config("spark.driver.extraJavaOptions", java_options)
         .config("spark.executor.extraJavaOptions", java_options)

@@ -7,14 +7,32 @@ A DLQ record keeps the original key, value and headers, and adds headers:
   geoingest.source.partition   | where the record was consumed from; consumers dedupe on these,
   geoingest.source.offset      | since DLQ writes are at-least-once (a replayed batch resends)
   geoingest.source.timestamp  /  (milliseconds since the epoch)
+
+A record of any size the source topic accepted is dead-lettered. One whose key, value and headers
+together exceed `max_record_bytes` (or that the dead-letter topic refuses as too large) is stored
+byte-exact as a one-row Arrow IPC file (columns key, value, headers) under `spill_location`; its
+DLQ record then has no key, no value, none of the original headers, and two more headers:
+  geoingest.payload.uri       where the original record is stored
+  geoingest.payload.bytes     its key + value + headers size
+The file's name is the record's source coordinates, so a replayed batch rewrites the same file.
+
+The records are produced by the executors with kafka-python, each acknowledged before the batch
+commits; a record that cannot be written after the producer's retries stops the job with
+DeadLetterFailed, naming the record. (Spark's own Kafka sink would report the failure without
+saying which record, and cannot spill.)
 """
 
 from __future__ import annotations
 
-from pyspark.sql import Column, DataFrame
-from pyspark.sql import functions as F
+import io
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import pyarrow as pa
+import pyarrow.compute as pc
 
 from streaming.decode import (
+    HEADERS_TYPE,
     RAW_HEADERS,
     RAW_KEY,
     RAW_VALUE,
@@ -25,6 +43,7 @@ from streaming.decode import (
     SOURCE_TIMESTAMP,
     SOURCE_TOPIC,
 )
+from streaming.kafka_admin import client_config
 
 REASON_HEADER = "geoingest.reason"
 DETAIL_HEADER = "geoingest.detail"
@@ -32,43 +51,185 @@ SOURCE_TOPIC_HEADER = "geoingest.source.topic"
 SOURCE_PARTITION_HEADER = "geoingest.source.partition"
 SOURCE_OFFSET_HEADER = "geoingest.source.offset"
 SOURCE_TIMESTAMP_HEADER = "geoingest.source.timestamp"
+PAYLOAD_URI_HEADER = "geoingest.payload.uri"
+PAYLOAD_BYTES_HEADER = "geoingest.payload.bytes"
+
+SPILL_SCHEMA = pa.schema([("key", pa.binary()), ("value", pa.binary()), ("headers", HEADERS_TYPE)])
+# Room for the added headers and the record batch framing above the payload itself.
+_ENVELOPE_BYTES = 64 * 1024
 
 
-def _source_headers() -> dict[str, Column]:
-    return {
-        SOURCE_TOPIC_HEADER: F.col(SOURCE_TOPIC),
-        SOURCE_PARTITION_HEADER: F.col(SOURCE_PARTITION).cast("string"),
-        SOURCE_OFFSET_HEADER: F.col(SOURCE_OFFSET).cast("string"),
-        SOURCE_TIMESTAMP_HEADER: (F.unix_micros(F.col(SOURCE_TIMESTAMP)) / 1000).cast("long").cast("string"),
-    }
+@dataclass(frozen=True)
+class DeadLetterConfig:
+    bootstrap_servers: str
+    topic: str
+    # Kafka client options in Kafka's spelling (sasl.mechanism, ...); producer options apply.
+    kafka_options: dict[str, str] = field(default_factory=dict)
+    # Key + value + headers above this are stored under spill_location instead of inline.
+    max_record_bytes: int = 8 * 1024 * 1024
+    # A folder URI the table's FileIO can write (file://, s3://, ...).
+    spill_location: str = ""
+    io_properties: dict[str, str] = field(default_factory=dict)
+
+    def topic_config(self) -> dict[str, str]:
+        """Topic settings that let the dead-letter topic hold every inline record."""
+        return {"max.message.bytes": str(self.max_record_bytes + _ENVELOPE_BYTES)}
 
 
-def _header(key: str, value: Column) -> Column:
-    return F.struct(F.lit(key).alias("key"), value.cast("binary").alias("value"))
+class DeadLetterFailed(RuntimeError):
+    """A rejected record could not be dead-lettered: the batch must not commit."""
 
 
-def dead_letter_records(decoded: DataFrame) -> DataFrame:
-    """The rejected rows of a decoded batch as Kafka records (key, value, headers)."""
-    added = F.array(
-        _header(REASON_HEADER, F.col(REJECT_REASON)),
-        _header(DETAIL_HEADER, F.col(REJECT_DETAIL)),
-        *(_header(k, v) for k, v in _source_headers().items()),
-    )
-    original = F.coalesce(F.col(RAW_HEADERS), F.array().cast("array<struct<key:string,value:binary>>"))
-    return decoded.where(F.col(REJECT_REASON).isNotNull()).select(
-        F.col(RAW_KEY).alias("key"),
-        F.col(RAW_VALUE).alias("value"),
-        F.concat(original, added).alias("headers"),
-    )
+def record_bytes(key: bytes | None, value: bytes | None, headers: list[dict] | None) -> int:
+    return len(key or b"") + len(value or b"") + sum(
+        len(h["key"].encode("utf-8")) + len(h["value"] or b"") for h in headers or ())
 
 
-def send_dead_letters(decoded: DataFrame, bootstrap_servers: str, topic: str,
-                      kafka_options: dict[str, str]) -> None:
-    writer = (
-        dead_letter_records(decoded).write.format("kafka")
-        .option("kafka.bootstrap.servers", bootstrap_servers)
-        .option("topic", topic)
-    )
-    for key, value in kafka_options.items():
-        writer = writer.option(f"kafka.{key}", value)
-    writer.save()
+class DeadLetterWriter:
+    """Produces the rejected rows of decoded batches to the dead-letter topic (executor side)."""
+
+    def __init__(self, config: DeadLetterConfig):
+        from kafka import KafkaProducer  # the executors import it only when there is something to send
+
+        self.config = config
+        options = _typed_producer_options({k: v for k, v in client_config(config.kafka_options).items()
+                                           if k in KafkaProducer.DEFAULT_CONFIG})
+        options.update(
+            bootstrap_servers=config.bootstrap_servers,
+            acks="all",
+            max_request_size=config.max_record_bytes + _ENVELOPE_BYTES,
+        )
+        self._producer = KafkaProducer(**options)
+
+    def send(self, decoded: pa.RecordBatch) -> int:
+        """Send the rows of `decoded` that carry a reject reason; returns how many were sent.
+        Every record is acknowledged by the broker before this returns."""
+        rejected = decoded.filter(pc.is_valid(decoded.column(REJECT_REASON)))
+        pending = []
+        for row in rejected.to_pylist():
+            size = record_bytes(row[RAW_KEY], row[RAW_VALUE], row[RAW_HEADERS])
+            if size > self.config.max_record_bytes:
+                pending.append((row, self._send_spilled(row, size)))
+            else:
+                pending.append((row, self._send_inline(row)))
+        self._producer.flush()
+        for row, future in pending:
+            error = future.exception if future.failed() else None
+            if error is not None and _too_large(error):
+                # The topic's own size cap is below max_record_bytes (made by someone else): spill.
+                retry = self._send_spilled(row, record_bytes(row[RAW_KEY], row[RAW_VALUE], row[RAW_HEADERS]))
+                self._producer.flush()
+                error = retry.exception if retry.failed() else None
+            if error is not None:
+                raise DeadLetterFailed(
+                    f"the rejected record {_where(row)} ({row[REJECT_REASON]}) could not be written to the "
+                    f"dead-letter topic {self.config.topic!r}: {type(error).__name__}: {error}")
+        return len(pending)
+
+    def close(self) -> None:
+        self._producer.close()
+
+    def _send_inline(self, row: dict):
+        headers = [(h["key"], h["value"] or b"") for h in row[RAW_HEADERS] or ()] + _added_headers(row)
+        return self._producer.send(self.config.topic, key=row[RAW_KEY], value=row[RAW_VALUE], headers=headers)
+
+    def _send_spilled(self, row: dict, size: int):
+        uri = self._spill(row)
+        headers = _added_headers(row) + [(PAYLOAD_URI_HEADER, uri.encode()),
+                                         (PAYLOAD_BYTES_HEADER, str(size).encode())]
+        return self._producer.send(self.config.topic, key=None, value=None, headers=headers)
+
+    def _spill(self, row: dict) -> str:
+        from pyiceberg.io.pyarrow import PyArrowFileIO
+
+        if not self.config.spill_location:
+            raise DeadLetterFailed(f"the rejected record {_where(row)} is too large for the dead-letter topic "
+                                   f"and no spill location is set")
+        uri = (f"{self.config.spill_location.rstrip('/')}/{row[SOURCE_TOPIC]}/{row[SOURCE_PARTITION]}/"
+               f"{row[SOURCE_OFFSET]}.arrow")
+        table = pa.Table.from_pylist([{"key": row[RAW_KEY], "value": row[RAW_VALUE], "headers": row[RAW_HEADERS]}],
+                                     schema=SPILL_SCHEMA)
+        sink = io.BytesIO()
+        with pa.ipc.new_file(sink, SPILL_SCHEMA) as writer:
+            writer.write_table(table)
+        try:
+            with PyArrowFileIO(self.config.io_properties).new_output(uri).create(overwrite=True) as out:
+                out.write(sink.getvalue())
+        except OSError as exc:
+            raise DeadLetterFailed(f"the rejected record {_where(row)} could not be stored at {uri}: {exc}") from exc
+        return uri
+
+
+def read_spilled(uri: str, io_properties: dict[str, str] | None = None) -> dict:
+    """The original record (key, value, headers) a spilled dead letter points at."""
+    from pyiceberg.io.pyarrow import PyArrowFileIO
+
+    with PyArrowFileIO(io_properties or {}).new_input(uri).open() as f:
+        return pa.ipc.open_file(pa.BufferReader(f.read())).read_all().to_pylist()[0]
+
+
+def _added_headers(row: dict) -> list[tuple[str, bytes]]:
+    timestamp = row[SOURCE_TIMESTAMP]
+    millis = "" if timestamp is None else str(int(timestamp.timestamp() * 1000))
+    return [
+        (REASON_HEADER, row[REJECT_REASON].encode()),
+        (DETAIL_HEADER, (row[REJECT_DETAIL] or "").encode("utf-8", "backslashreplace")),
+        (SOURCE_TOPIC_HEADER, (row[SOURCE_TOPIC] or "").encode()),
+        (SOURCE_PARTITION_HEADER, str(row[SOURCE_PARTITION]).encode()),
+        (SOURCE_OFFSET_HEADER, str(row[SOURCE_OFFSET]).encode()),
+        (SOURCE_TIMESTAMP_HEADER, millis.encode()),
+    ]
+
+
+def _where(row: dict) -> str:
+    return f"{row[SOURCE_TOPIC]}/{row[SOURCE_PARTITION]}/{row[SOURCE_OFFSET]}"
+
+
+def _too_large(error: BaseException) -> bool:
+    from kafka.errors import MessageSizeTooLargeError, RecordListTooLargeError
+
+    return isinstance(error, MessageSizeTooLargeError | RecordListTooLargeError)
+
+
+def _typed_producer_options(options: dict) -> dict:
+    """Settings come as strings; kafka-python wants numbers where its defaults are numbers."""
+    from kafka import KafkaProducer
+
+    typed = {}
+    for key, value in options.items():
+        default = KafkaProducer.DEFAULT_CONFIG.get(key)
+        try:
+            if isinstance(value, str) and isinstance(default, int) and not isinstance(default, bool):
+                value = int(value)
+            elif isinstance(value, str) and isinstance(default, float):
+                value = float(value)
+        except ValueError:
+            pass  # a word where the default is a number (acks=all): the client reads it
+        typed[key] = value
+    return typed
+
+
+def dead_letter_fn(config: DeadLetterConfig):
+    """A mapInArrow function: sends the rejected rows of each partition, yields how many."""
+
+    def send(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        writer = None
+        sent = 0
+        try:
+            for batch in batches:
+                if batch.num_rows:
+                    writer = writer or DeadLetterWriter(config)
+                    sent += writer.send(batch)
+        finally:
+            if writer is not None:
+                writer.close()
+        yield pa.RecordBatch.from_pydict({"sent": [sent]}, schema=pa.schema([("sent", pa.int64())]))
+    return send
+
+
+def send_dead_letters(decoded, config: DeadLetterConfig) -> int:
+    """Send the rejected rows of a decoded Spark DataFrame from the executors; returns how many."""
+    from pyspark.sql import functions as F
+
+    rejected = decoded.where(F.col(REJECT_REASON).isNotNull())
+    return sum(row["sent"] for row in rejected.mapInArrow(dead_letter_fn(config), "sent long").collect())

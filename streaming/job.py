@@ -1,12 +1,19 @@
-"""The streaming query: Kafka -> decode -> Hilbert range partitions -> GeoParquet files -> one commit.
+"""The streaming query: Kafka -> decode -> Hilbert-sorted GeoParquet files -> one commit.
 
-Spark glue around the pure core. Per micro-batch:
-  1. decode on the executors (mapInArrow), persisted so the later steps read it once;
-  2. collect per topic-partition offsets and per-reason reject counts (a few rows);
-  3. range-partition the valid rows by Hilbert key, sort within partitions, write files on the
-     executors, collect one metadata row per file;
-  4. commit those files on the driver, idempotently per (writer id, batch id).
-Rows never reach the driver.
+Spark glue around the pure core. A micro-batch is clustered one of two ways (`clustering`):
+
+  local (default)  one pass per input partition: each task decodes its Kafka records, sends its
+                   dead letters, sorts its valid rows by Hilbert key and writes them as files, and
+                   returns its offset tallies and file records (streaming/partition.py). Rows cross
+                   from the JVM to Python once; no shuffle, no persist, no second read. Each task's
+                   files are contiguous stretches of the curve, so they stay spatially compact,
+                   but the tasks of a batch overlap in space.
+  shuffle          decode (persisted), tallies and dead letters, then a Spark range exchange on
+                   the Hilbert key and a sort within partitions before the write: one set of
+                   non-overlapping files per batch, at the price of the exchange.
+
+Either way the driver collects only tallies and file records, then commits the files once,
+idempotently per (writer id, batch id). Rows never reach the driver.
 """
 
 from __future__ import annotations
@@ -27,7 +34,7 @@ from pyspark.sql.streaming import StreamingQuery
 
 from streaming.commit import BatchCommit, CommitOutcome, Committer, CommitRetriesExhausted, Offsets
 from streaming.contract import Contract
-from streaming.dead_letter import send_dead_letters
+from streaming.dead_letter import DeadLetterConfig, DeadLetterFailed, send_dead_letters
 from streaming.decode import (
     HILBERT,
     REJECT_REASON,
@@ -39,7 +46,10 @@ from streaming.decode import (
     Decoder,
     decoded_schema,
 )
+from streaming.partition import RESULT_DDL, BatchResults, FileSettings, PartitionTask, Tally
 from streaming.writer import DATA_FILE_RECORD_DDL, DataFileRecord, GeoParquetWriter, records_to_arrow
+
+CLUSTERING_MODES = ("local", "shuffle")
 
 log = logging.getLogger("geoingest.job")
 
@@ -52,10 +62,15 @@ class JobConfig:
     writer_id: str
     starting_offsets: str = "earliest"
     max_offsets_per_trigger: int = 1_000_000
+    # local: the rows a task sorts and writes at once (its memory bound);
+    # shuffle: the rows of one range partition.
     rows_per_partition: int = 1_000_000
+    clustering: str = "local"
+    # Tasks a batch runs in (0: Spark's default parallelism, the cores).
+    parallelism: int = 0
     kafka_options: dict[str, str] = field(default_factory=dict)
     decode: DecodeOptions = field(default_factory=DecodeOptions)
-    dead_letter_topic: str = ""  # empty: rejects are counted, not sent
+    dead_letter: DeadLetterConfig | None = None  # None: rejects are counted, not sent
     # Test hook: after a committed batch, write this file and hold, so a test can kill the
     # process between the Iceberg commit and Spark's checkpoint commit.
     hold_after_commit_file: str = ""
@@ -82,6 +97,8 @@ class BatchProcessor:
 
     def __init__(self, spark: SparkSession, table: Table, contract: Contract, config: JobConfig,
                  observers: tuple[Callable[[BatchReport], None], ...] = ()):
+        if config.clustering not in CLUSTERING_MODES:
+            raise ValueError(f"clustering: {config.clustering!r} is not one of {list(CLUSTERING_MODES)}")
         self.spark = spark
         self.table = table
         self.contract = contract
@@ -89,41 +106,26 @@ class BatchProcessor:
         self.observers = observers
         self.committer = Committer(table)
         self._spark_decoded_schema = from_arrow_schema(decoded_schema(contract))
-        self._default_parallelism = spark.sparkContext.defaultParallelism
+        self._parallelism = config.parallelism or spark.sparkContext.defaultParallelism
+        # Why the query stopped, in one line, when the cause is ours (a dead letter that could not
+        # be written): Spark would report it as a Python traceback inside its own.
+        self.fatal_error: str | None = None
 
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
         timings: dict[str, float] = {}
         started = time.monotonic()
-        decoded = batch.mapInArrow(_decode_fn(self.contract, self.config.decode), self._spark_decoded_schema)
-        decoded = decoded.persist(StorageLevel.MEMORY_AND_DISK)
         try:
-            tallies = (
-                decoded.groupBy(SOURCE_TOPIC, SOURCE_PARTITION, REJECT_REASON)
-                .agg(F.min(SOURCE_OFFSET).alias("first"), F.max(SOURCE_OFFSET).alias("last"),
-                     F.count(F.lit(1)).alias("n"),
-                     (F.unix_micros(F.min(SOURCE_TIMESTAMP)) / 1000).cast("long").alias("oldest_ms"))
-                .collect()
-            )
-            timings["read_decode"] = time.monotonic() - started
-            offsets, consumed, valid, rejected, oldest = _summarise(tallies)
-            if rejected and self.config.dead_letter_topic:
-                step = time.monotonic()
-                send_dead_letters(decoded, self.config.bootstrap_servers, self.config.dead_letter_topic,
-                                  self.config.kafka_options)
-                timings["dead_letter"] = time.monotonic() - step
-
-            step = time.monotonic()
-            files: tuple[DataFileRecord, ...] = ()
-            if valid:
-                partitions = self._partitions_for(valid)
-                valid_rows = decoded.where(F.col(REJECT_REASON).isNull())
-                clustered = valid_rows.repartitionByRange(partitions, HILBERT).sortWithinPartitions(HILBERT)
-                write = _write_fn(self.contract, self.table, self.config.writer_id, batch_id)
-                files = tuple(DataFileRecord.from_row(r)
-                              for r in clustered.mapInArrow(write, DATA_FILE_RECORD_DDL).collect())
-            timings["cluster_write"] = time.monotonic() - step
-        finally:
-            decoded.unpersist()
+            if self.config.clustering == "local":
+                results = self._one_pass(batch, batch_id, timings)
+            else:
+                results = self._shuffled(batch, batch_id, timings)
+        except Exception as exc:
+            self.fatal_error = _dead_letter_failure(exc)
+            if self.fatal_error is not None:
+                log.error("dead letter failed", extra={"batch": {"batch_id": batch_id, "error": self.fatal_error}})
+            raise
+        offsets, consumed, rejected, oldest = _summarise(results.tallies)
+        files = tuple(results.files)
 
         step = time.monotonic()
         try:
@@ -153,6 +155,62 @@ class BatchProcessor:
         if self.config.hold_after_commit_file and outcome.status == "committed":
             _hold(self.config.hold_after_commit_file, batch_id)
 
+    def _one_pass(self, batch: DataFrame, batch_id: int, timings: dict[str, float]) -> BatchResults:
+        step = time.monotonic()
+        task = PartitionTask(self.contract, self.config.decode, self._file_settings(batch_id),
+                             self.config.dead_letter, self.config.rows_per_partition)
+        source = _source_columns(batch)
+        if source.rdd.getNumPartitions() > self._parallelism:
+            # One task per core: fewer tasks write fewer, larger files that overlap less in space.
+            source = source.coalesce(self._parallelism)
+        results = BatchResults.from_rows(source.mapInArrow(task, RESULT_DDL).collect())
+        timings["ingest"] = time.monotonic() - step
+        return results
+
+    def _shuffled(self, batch: DataFrame, batch_id: int, timings: dict[str, float]) -> BatchResults:
+        started = time.monotonic()
+        decoded = _source_columns(batch).mapInArrow(_decode_fn(self.contract, self.config.decode),
+                                                    self._spark_decoded_schema)
+        decoded = decoded.persist(StorageLevel.MEMORY_AND_DISK)
+        try:
+            tallies = [
+                Tally(r[SOURCE_TOPIC], r[SOURCE_PARTITION], r[REJECT_REASON], r["first"], r["last"], r["n"],
+                      r["oldest_ms"])
+                for r in decoded.groupBy(SOURCE_TOPIC, SOURCE_PARTITION, REJECT_REASON)
+                .agg(F.min(SOURCE_OFFSET).alias("first"), F.max(SOURCE_OFFSET).alias("last"),
+                     F.count(F.lit(1)).alias("n"),
+                     (F.unix_micros(F.min(SOURCE_TIMESTAMP)) / 1000).cast("long").alias("oldest_ms"))
+                .collect()
+            ]
+            timings["read_decode"] = time.monotonic() - started
+            rejected = any(t.reason is not None for t in tallies)
+            if rejected and self.config.dead_letter is not None:
+                step = time.monotonic()
+                send_dead_letters(decoded, self.config.dead_letter)
+                timings["dead_letter"] = time.monotonic() - step
+
+            step = time.monotonic()
+            valid = sum(t.n for t in tallies if t.reason is None)
+            files: list[DataFileRecord] = []
+            if valid:
+                partitions = max(self._parallelism, math.ceil(valid / self.config.rows_per_partition))
+                valid_rows = decoded.where(F.col(REJECT_REASON).isNull())
+                clustered = valid_rows.repartitionByRange(partitions, HILBERT).sortWithinPartitions(HILBERT)
+                write = _write_fn(self.contract, self._file_settings(batch_id))
+                files = [DataFileRecord.from_row(r) for r in clustered.mapInArrow(write, DATA_FILE_RECORD_DDL).collect()]
+            timings["cluster_write"] = time.monotonic() - step
+        finally:
+            decoded.unpersist()
+        return BatchResults(tallies, files)
+
+    def _file_settings(self, batch_id: int) -> FileSettings:
+        return FileSettings(
+            table_properties=dict(self.table.properties),
+            io_properties=dict(self.table.io.properties),
+            data_location=f"{self.table.location().rstrip('/')}/data",
+            file_prefix=f"{self.config.writer_id}-b{batch_id:09d}",
+        )
+
     def _discard(self, files: tuple[DataFileRecord, ...]) -> None:
         for record in files:
             try:
@@ -165,8 +223,21 @@ class BatchProcessor:
         for observe in self.observers:
             observe(report)
 
-    def _partitions_for(self, valid_rows: int) -> int:
-        return max(self._default_parallelism, math.ceil(valid_rows / self.config.rows_per_partition))
+
+def _source_columns(batch: DataFrame) -> DataFrame:
+    """What the decoder reads of the Kafka source. Headers go as JSON text: Spark hands arrays to
+    Python several times slower than strings (see decode.headers_from_json)."""
+    return batch.select("key", "value", "topic", "partition", "offset", "timestamp",
+                        F.to_json("headers").alias("headers"))
+
+
+def _dead_letter_failure(exc: BaseException) -> str | None:
+    """The one-line reason of a DeadLetterFailed raised in a task, found in Spark's error text."""
+    marker = f"{DeadLetterFailed.__name__}: "
+    for line in reversed(str(exc).splitlines()):
+        if marker in line:
+            return line.split(marker, 1)[1].strip()
+    return None
 
 
 def _hold(marker: str, batch_id: int) -> None:
@@ -176,24 +247,23 @@ def _hold(marker: str, batch_id: int) -> None:
         time.sleep(3600)
 
 
-def _summarise(tallies) -> tuple[Offsets, int, int, dict[str, int], dict[str, int]]:
+def _summarise(tallies: list[Tally]) -> tuple[Offsets, int, dict[str, int], dict[str, int]]:
+    """Offsets per topic-partition, records consumed, rejects per reason, oldest event per partition."""
     offsets: Offsets = {}
-    consumed = valid = 0
+    consumed = 0
     rejected: dict[str, int] = {}
     oldest: dict[str, int] = {}
-    for row in tallies:
-        where = f"{row[SOURCE_TOPIC]}/{row[SOURCE_PARTITION]}"
-        if row["oldest_ms"] is not None:
-            oldest[where] = min(oldest.get(where, row["oldest_ms"]), row["oldest_ms"])
-        parts = offsets.setdefault(row[SOURCE_TOPIC], {})
-        first, last = parts.get(row[SOURCE_PARTITION], (row["first"], row["last"]))
-        parts[row[SOURCE_PARTITION]] = (min(first, row["first"]), max(last, row["last"]))
-        consumed += row["n"]
-        if row[REJECT_REASON] is None:
-            valid += row["n"]
-        else:
-            rejected[row[REJECT_REASON]] = rejected.get(row[REJECT_REASON], 0) + row["n"]
-    return offsets, consumed, valid, rejected, oldest
+    for t in tallies:
+        where = f"{t.topic}/{t.partition}"
+        if t.oldest_ms is not None:
+            oldest[where] = min(oldest.get(where, t.oldest_ms), t.oldest_ms)
+        parts = offsets.setdefault(t.topic, {})
+        first, last = parts.get(t.partition, (t.first, t.last))
+        parts[t.partition] = (min(first, t.first), max(last, t.last))
+        consumed += t.n
+        if t.reason is not None:
+            rejected[t.reason] = rejected.get(t.reason, 0) + t.n
+    return offsets, consumed, rejected, oldest
 
 
 def _decode_fn(contract: Contract, options: DecodeOptions):
@@ -204,14 +274,10 @@ def _decode_fn(contract: Contract, options: DecodeOptions):
     return decode
 
 
-def _write_fn(contract: Contract, table: Table, writer_id: str, batch_id: int):
-    table_properties = dict(table.properties)
-    io_properties = dict(table.io.properties)
-    data_location = f"{table.location().rstrip('/')}/data"
-    prefix = f"{writer_id}-b{batch_id:09d}"
-
+def _write_fn(contract: Contract, files: FileSettings):
     def write(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        writer = GeoParquetWriter(contract, table_properties, io_properties, data_location, prefix)
+        writer = GeoParquetWriter(contract, files.table_properties, files.io_properties, files.data_location,
+                                  files.file_prefix)
         records = list(writer.write(batches))
         if records:
             yield records_to_arrow(records)
@@ -240,6 +306,8 @@ def kafka_stream(spark: SparkSession, config: JobConfig) -> DataFrame:
         .option("maxOffsetsPerTrigger", str(config.max_offsets_per_trigger))
         .option("includeHeaders", "true")
         .option("failOnDataLoss", "true")
+        # A topic with fewer partitions than cores still keeps every core busy.
+        .option("minPartitions", str(config.parallelism or spark.sparkContext.defaultParallelism))
     )
     # Bigger fetches than the Kafka client's defaults: measured by bench (`kafka read`), reading
     # small events went from 135k to 222k records/s on 2 cores. Settings override them.

@@ -16,7 +16,8 @@ def client_config(kafka_options: dict[str, str]) -> dict[str, str]:
     return {k.replace(".", "_"): v for k, v in kafka_options.items()}
 
 
-def ensure_topic(bootstrap_servers: str, topic: str, kafka_options: dict[str, str], partitions: int = 1) -> None:
+def ensure_topic(bootstrap_servers: str, topic: str, kafka_options: dict[str, str], partitions: int = 1,
+                 topic_config: dict[str, str] | None = None) -> None:
     """Create the topic if it is missing. Where the client lacks the rights, the broker's
     auto-creation or an operator must make it: that is logged, not fatal."""
     config = client_config(kafka_options)
@@ -27,7 +28,8 @@ def ensure_topic(bootstrap_servers: str, topic: str, kafka_options: dict[str, st
         return
     try:
         if topic not in admin.list_topics():
-            admin.create_topics([NewTopic(topic, num_partitions=partitions, replication_factor=-1)])
+            admin.create_topics([NewTopic(topic, num_partitions=partitions, replication_factor=-1,
+                                          topic_configs=topic_config or {})])
     except TopicAlreadyExistsError:
         pass
     except KafkaError as exc:

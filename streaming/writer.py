@@ -83,10 +83,10 @@ class DataFileRecord:
 
 
 def records_to_arrow(records: list[DataFileRecord]) -> pa.RecordBatch:
-    return pa.RecordBatch.from_pylist([r.to_row() for r in records], schema=_RECORD_SCHEMA)
+    return pa.RecordBatch.from_pylist([r.to_row() for r in records], schema=RECORD_SCHEMA)
 
 
-_RECORD_SCHEMA = pa.schema([
+RECORD_SCHEMA = pa.schema([
     ("path", pa.string()), ("file_size_in_bytes", pa.int64()), ("record_count", pa.int64()),
     ("xmin", pa.float64()), ("ymin", pa.float64()), ("xmax", pa.float64()), ("ymax", pa.float64()),
     ("metrics", pa.string()),
