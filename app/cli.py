@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from pathlib import Path
 
 from pyiceberg.exceptions import NoSuchNamespaceError, NoSuchTableError
@@ -35,13 +36,20 @@ def _parser() -> argparse.ArgumentParser:
     broker.add_argument("--port", type=int, help="listener port (default: the port of bootstrap_servers)")
     broker.set_defaults(handler=_broker)
 
-    table = commands.add_parser("table", help="create or describe a table")
-    table.add_argument("action", choices=["create", "describe", "orphans"])
+    table = commands.add_parser("table", help="create, describe or maintain a table")
+    table.add_argument("action", choices=["create", "describe", "orphans", "maintain"])
     table.add_argument("--contract", help="table contract (JSON)")
-    table.add_argument("--table", help="table name, for describe and orphans")
+    table.add_argument("--table", help="table name, for describe, orphans and maintain")
     table.add_argument("--delete", action="store_true", help="orphans: delete them too")
     table.add_argument("--min-age-minutes", type=float, default=60.0,
                        help="orphans: only files at least this old (younger ones may be committing)")
+    table.add_argument("--compact", action="store_true",
+                       help="maintain: rewrite small files along the Hilbert curve, merge manifests")
+    table.add_argument("--expire", action="store_true", help="maintain: expire old snapshots and their files")
+    table.add_argument("--orphans", action="store_true", help="maintain: delete files nothing references")
+    table.add_argument("--dry-run", action="store_true", help="maintain: say what would be done, change nothing")
+    table.add_argument("--every", type=float, metavar="SECONDS",
+                       help="maintain: run again every SECONDS until stopped (metrics on metrics_port)")
     table.set_defaults(handler=_table)
 
     run = commands.add_parser("run", help="run the ingest service")
@@ -115,6 +123,8 @@ def _table(args, settings: Settings) -> int:
     name = args.table or (load_contract(args.contract).table if args.contract else None)
     if not name:
         raise ValueError(f"table {args.action} needs --table or --contract")
+    if args.action == "maintain":
+        return _maintain(args, settings, name)
     table = catalog.load_table(name)
     if args.action == "orphans":
         from streaming.orphans import delete_files, find_orphans
@@ -128,6 +138,61 @@ def _table(args, settings: Settings) -> int:
         return 0
     print(json.dumps(describe(table), indent=2))
     return 0
+
+
+def _maintain(args, settings: Settings, name: str) -> int:
+    from prometheus_client import CollectorRegistry
+
+    from app.metrics import Health, MaintenanceMetrics, serve
+    from app.service import MaintenanceRunner, configure_logging
+    from streaming.maintenance import STEPS
+
+    configure_logging()
+    steps = tuple(s for s in STEPS if getattr(args, s)) or None  # none named: the maintenance_steps setting
+    if args.every is None:
+        runner = MaintenanceRunner(settings, name, raise_errors=True)
+        with _ProgressBars() as bars:
+            report = runner.run_once(steps, dry_run=args.dry_run, progress=bars)
+        print(json.dumps(report.to_json()))
+        return 0
+    if args.every <= 0:
+        raise ValueError(f"--every {args.every:g}: must be a positive number of seconds")
+    registry = CollectorRegistry()
+    runner = MaintenanceRunner(settings, name, MaintenanceMetrics(registry, name))
+    server = serve(registry, Health(max_silence_s=float("inf"), query_active=True), settings.metrics_port) \
+        if settings.metrics_port else None
+    try:
+        while True:
+            report = runner.run_once(steps, dry_run=args.dry_run)
+            if report is not None:
+                print(json.dumps(report.to_json()), flush=True)
+            time.sleep(args.every)
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        if server is not None:
+            server.shutdown()
+
+
+class _ProgressBars:
+    """One tqdm bar per maintenance step on stderr (none when stderr is not a terminal)."""
+
+    def __enter__(self):
+        self.bars = {}
+        return self
+
+    def __call__(self, step: str, advance: int, total: int, unit: str) -> None:
+        from tqdm import tqdm
+
+        bar = self.bars.get(step)
+        if bar is None:
+            bar = self.bars[step] = tqdm(total=total, desc=step, unit=unit, unit_scale=unit == "B",
+                                         file=sys.stderr, disable=None, leave=True)
+        bar.update(advance)
+
+    def __exit__(self, *exc) -> None:
+        for bar in self.bars.values():
+            bar.close()
 
 
 def _run(args, settings: Settings) -> int:

@@ -15,6 +15,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from streaming.job import BatchReport
+from streaming.maintenance import MaintenanceReport
 
 _SECONDS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 _FRESHNESS = (0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 900, 3600, 21600, 86400)
@@ -102,6 +103,75 @@ class IngestMetrics:
             for (topic, partition), end in latest.items():
                 behind = end - done.get((topic, partition), 0)
                 self.kafka_lag.labels(topic, partition, self.table).set(max(0, behind))
+
+
+class MaintenanceMetrics:
+    """Table maintenance (streaming/maintenance.py), run by the service or `geoingest table maintain`."""
+
+    OUTCOMES = ("completed", "gave_up", "failed")
+
+    def __init__(self, registry: CollectorRegistry, table: str):
+        self.registry = registry
+        self.table = table
+        t = ("table",)
+        self.runs = Counter("geoingest_maintenance_runs", "Maintenance runs by outcome (completed, gave_up: a "
+                            "commit lost every retry to concurrent commits, failed)", (*t, "outcome"),
+                            registry=registry)
+        self.duration = Histogram("geoingest_maintenance_duration_seconds", "Maintenance wall time, by step",
+                                  (*t, "step"), buckets=_SECONDS, registry=registry)
+        self.files_rewritten = Counter("geoingest_maintenance_files_rewritten", "Small data files compacted away",
+                                       t, registry=registry)
+        self.bytes_rewritten = Counter("geoingest_maintenance_bytes_rewritten", "Bytes of data files compacted away",
+                                       t, registry=registry)
+        self.files_written = Counter("geoingest_maintenance_files_written", "Data files written by compaction", t,
+                                     registry=registry)
+        self.bytes_written = Counter("geoingest_maintenance_bytes_written", "Bytes of data files written by "
+                                     "compaction", t, registry=registry)
+        self.conflicts = Counter("geoingest_maintenance_conflicts", "Maintenance commits refused as conflicts "
+                                 "(then retried on a fresh table)", t, registry=registry)
+        self.bins_abandoned = Counter("geoingest_maintenance_bins_abandoned", "Compaction bins given up because "
+                                      "their files were replaced meanwhile", t, registry=registry)
+        self.snapshots_expired = Counter("geoingest_maintenance_snapshots_expired", "Snapshots expired", t,
+                                         registry=registry)
+        self.files_deleted = Counter("geoingest_maintenance_files_deleted", "Files deleted: only referenced by "
+                                     "expired snapshots (expired), or by nothing (orphan)", (*t, "reason"),
+                                     registry=registry)
+        self.data_manifests = Gauge("geoingest_table_data_manifests", "Data manifests of the current snapshot, "
+                                    "after the last maintenance run", t, registry=registry)
+        self.snapshots = Gauge("geoingest_table_snapshots", "Snapshots in the table metadata, after the last "
+                               "maintenance run", t, registry=registry)
+        self.last_run = Gauge("geoingest_maintenance_last_run_timestamp_seconds", "Unix time of the last "
+                              "completed maintenance run", t, registry=registry)
+        for outcome in self.OUTCOMES:
+            self.runs.labels(table, outcome)
+
+    def observe(self, report: MaintenanceReport, snapshots: int, data_manifests: int) -> None:
+        t = self.table
+        self.runs.labels(t, "completed").inc()
+        self.duration.labels(t, "total").observe(report.seconds)
+        self.conflicts.labels(t).inc(report.conflicts)
+        if report.compaction is not None:
+            c = report.compaction
+            self.duration.labels(t, "compact").observe(c.seconds)
+            self.files_rewritten.labels(t).inc(c.files_rewritten)
+            self.bytes_rewritten.labels(t).inc(c.bytes_rewritten)
+            self.files_written.labels(t).inc(c.files_written)
+            self.bytes_written.labels(t).inc(c.bytes_written)
+            self.bins_abandoned.labels(t).inc(c.bins_abandoned)
+        if report.expiry is not None:
+            self.duration.labels(t, "expire").observe(report.expiry.seconds)
+            self.snapshots_expired.labels(t).inc(report.expiry.snapshots_expired)
+            self.files_deleted.labels(t, "expired").inc(report.expiry.files_deleted)
+        if report.orphans is not None:
+            self.duration.labels(t, "orphans").observe(report.orphans.seconds)
+            self.files_deleted.labels(t, "orphan").inc(report.orphans.deleted)
+        self.snapshots.labels(t).set(snapshots)
+        self.data_manifests.labels(t).set(data_manifests)
+        self.last_run.labels(t).set(time.time())
+
+    def observe_failure(self, outcome: str, conflicts: int = 0) -> None:
+        self.runs.labels(self.table, outcome).inc()
+        self.conflicts.labels(self.table).inc(conflicts)
 
 
 def _offsets(raw) -> dict[tuple[str, str], int]:

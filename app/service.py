@@ -16,7 +16,7 @@ from prometheus_client import CollectorRegistry
 from pyiceberg.table import Table
 from pyspark.sql import SparkSession
 
-from app.metrics import Health, IngestMetrics, serve
+from app.metrics import Health, IngestMetrics, MaintenanceMetrics, serve
 from app.settings import Settings
 from app.spark import spark_session
 from streaming.catalog import load_contract_table, open_catalog
@@ -27,6 +27,15 @@ from streaming.contract import Contract
 from streaming.dead_letter import DeadLetterConfig
 from streaming.decode import DecodeOptions
 from streaming.job import BatchProcessor, BatchReport, JobConfig, start_query
+from streaming.maintenance import (
+    MaintenanceGaveUp,
+    MaintenancePolicy,
+    MaintenanceReport,
+    Progress,
+    data_manifest_count,
+    maintain,
+    parse_steps,
+)
 
 log = logging.getLogger("geoingest.service")
 
@@ -112,6 +121,81 @@ def dead_letter_config(settings: Settings, table: Table) -> DeadLetterConfig:
     )
 
 
+MAINTENANCE_MODES = ("off", "between-batches", "background")
+
+
+class MaintenanceRunner:
+    """Table maintenance for the service and `geoingest table maintain --every`: at most once per
+    `maintenance_interval_s`, after a batch (`after_batch`, an observer) or on its own thread
+    (`start`). Its own catalog connection, so it never shares a table object with the committer.
+    A failed run is logged and counted, never raised into ingest (unless `raise_errors`)."""
+
+    def __init__(self, settings: Settings, table_name: str, metrics: MaintenanceMetrics | None = None,
+                 raise_errors: bool = False):
+        if settings.maintenance_mode not in MAINTENANCE_MODES:
+            raise ValueError(f"maintenance_mode: {settings.maintenance_mode!r} is not one of {list(MAINTENANCE_MODES)}")
+        self.settings = settings
+        self.table_name = table_name
+        self.policy = MaintenancePolicy.from_settings(settings)
+        self.steps = parse_steps(settings.maintenance_steps)
+        self.metrics = metrics
+        self.raise_errors = raise_errors
+        self._table: Table | None = None
+        self._last_run = -float("inf")
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def run_once(self, steps: tuple[str, ...] | None = None, dry_run: bool = False,
+                 progress: Progress | None = None) -> MaintenanceReport | None:
+        self._last_run = time.monotonic()
+        try:
+            if self._table is None:
+                self._table = open_catalog(self.settings.catalog_name, self.settings.catalog).load_table(
+                    self.table_name)
+            report = maintain(self._table, self.policy, steps or self.steps, dry_run=dry_run,
+                              **({"progress": progress} if progress else {}))
+        except MaintenanceGaveUp as exc:
+            log.warning("maintenance gave up", extra={"summary": {"table": self.table_name, "error": str(exc)}})
+            if self.metrics:
+                self.metrics.observe_failure("gave_up", exc.conflicts)
+            if self.raise_errors:
+                raise
+            return None
+        except Exception as exc:
+            log.error("maintenance failed", exc_info=True, extra={"summary": {"table": self.table_name,
+                                                                              "error": str(exc)[:500]}})
+            if self.metrics:
+                self.metrics.observe_failure("failed")
+            if self.raise_errors:
+                raise
+            return None
+        if self.metrics and not dry_run:
+            self.metrics.observe(report, len(self._table.metadata.snapshots), data_manifest_count(self._table))
+        return report
+
+    def due(self) -> bool:
+        return time.monotonic() - self._last_run >= self.settings.maintenance_interval_s
+
+    def after_batch(self, report: BatchReport) -> None:
+        if self.due():
+            self.run_once()
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._loop, name="maintenance", daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            self.run_once()
+            self._stop.wait(self.settings.maintenance_interval_s)
+
+    def stop(self, timeout_s: float = 60.0) -> None:
+        # A run cut short by the process's exit loses nothing: its files become orphans.
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+
+
 def start_spark(settings: Settings) -> SparkSession:
     return spark_session(settings.spark_master, settings.cache_dir, settings.driver_memory, settings.spark)
 
@@ -130,9 +214,16 @@ def run(settings: Settings, contract: Contract, until_idle: bool,
     table = load_contract_table(catalog, contract)
     totals = RunTotals()
     metrics = IngestMetrics(registry or CollectorRegistry(), contract.table, settings.topic)
+    maintenance = None
+    if settings.maintenance_mode != "off":
+        maintenance = MaintenanceRunner(settings, contract.table, MaintenanceMetrics(metrics.registry, contract.table))
+        if settings.maintenance_mode == "between-batches":
+            observers = (*observers, maintenance.after_batch)
     health = Health(max_silence_s=settings.ready_max_silence_s)
     server = serve(metrics.registry, health, settings.metrics_port) if settings.metrics_port else None
     try:
+        if maintenance is not None and settings.maintenance_mode == "background":
+            maintenance.start()
         spark = spark or start_spark(settings)
         config = job_config(settings, contract, table)
         if config.dead_letter is not None:
@@ -147,6 +238,8 @@ def run(settings: Settings, contract: Contract, until_idle: bool,
         query = start_query(spark, processor, until_idle=until_idle, trigger_interval=settings.trigger_interval)
         _supervise(query, processor, metrics, health, stop_on_signal=not until_idle)
     finally:
+        if maintenance is not None:
+            maintenance.stop()
         if server is not None:
             server.shutdown()
             server.server_close()

@@ -66,6 +66,20 @@ class Settings:
     metrics_port: int = 9108  # /metrics, /healthz, /readyz; 0 turns the server off
     # /readyz fails when the query showed no batch or idle poll for this long
     ready_max_silence_s: int = 120
+    # Table maintenance (streaming/maintenance.py; README "Table maintenance").
+    # "off": run `geoingest table maintain` in its own process (the chart's CronJob does);
+    # "between-batches": the driver runs it after a batch commits, at most every interval;
+    # "background": a thread of the service runs it every interval, beside ingest.
+    maintenance_mode: str = "off"
+    maintenance_interval_s: int = 3600
+    maintenance_steps: str = "compact,expire,orphans"  # some of compact, expire, orphans
+    maintenance_small_file_bytes: int = 0  # files below are compacted; 0: 3/4 of the contract's target
+    maintenance_min_file_age_s: int = 3600  # younger files are not compacted
+    maintenance_max_bin_bytes: int = 512 * 1024 * 1024  # input one rewrite holds in memory at most
+    maintenance_max_manifests: int = 8  # more data manifests than this are merged
+    maintenance_snapshot_max_age_s: int = 5 * 24 * 3600  # older snapshots expire ...
+    maintenance_keep_snapshots: int = 100  # ... except the newest this many
+    maintenance_orphan_min_age_s: int = 3600  # unreferenced files younger than this are kept
 
     @property
     def dead_letter_topic(self) -> str:

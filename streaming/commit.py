@@ -4,6 +4,11 @@ A batch is identified by (writer id, batch id), both recorded in the snapshot su
 Kafka offset range of every partition the batch consumed. Before appending, the committer looks
 for a snapshot carrying the same identity: a replayed batch (the job died after the Iceberg commit
 but before Spark recorded the batch) is then skipped instead of committed twice.
+
+Snapshot expiry (streaming/maintenance.py) removes old snapshots, and their summaries with them.
+Every maintenance snapshot therefore carries the history of every writer in `geoingest.writers`:
+the batch ids it committed (as ranges), the snapshot of its last batch and the Kafka offsets it
+covered. The replay check and the resume offsets read that history as well as the snapshots.
 """
 
 from __future__ import annotations
@@ -35,6 +40,8 @@ BATCH_ID = "geoingest.batch-id"
 KAFKA_OFFSETS = "geoingest.kafka-offsets"
 ROWS = "geoingest.rows"
 REJECTED = "geoingest.rejected"
+# Written by maintenance snapshots only: what every writer committed before them (see WriterHistory).
+WRITERS = "geoingest.writers"
 
 # topic -> partition -> (first offset, last offset), both inclusive
 Offsets = dict[str, dict[int, tuple[int, int]]]
@@ -56,10 +63,7 @@ class BatchCommit:
         return {
             WRITER_ID: self.writer_id,
             BATCH_ID: str(self.batch_id),
-            KAFKA_OFFSETS: json.dumps(
-                {t: {str(p): list(r) for p, r in sorted(parts.items())} for t, parts in sorted(self.offsets.items())},
-                separators=(",", ":"),
-            ),
+            KAFKA_OFFSETS: json.dumps(_offsets_to_json(self.offsets), separators=(",", ":")),
             ROWS: str(self.rows),
             REJECTED: str(self.rejected),
         }
@@ -108,28 +112,126 @@ class CommitRetriesExhausted(RuntimeError):
         self.outcome_unknown = outcome_unknown
 
 
+@dataclass(frozen=True)
+class WriterHistory:
+    """What a table records of one writer: the batch ids it committed, as sorted disjoint inclusive
+    ranges; the snapshot of its newest batch; per topic-partition the offsets its batches covered."""
+
+    batches: tuple[tuple[int, int], ...]
+    last_batch_snapshot_id: int | None
+    offsets: Offsets
+
+    def has_batch(self, batch_id: int) -> bool:
+        return any(first <= batch_id <= last for first, last in self.batches)
+
+    def with_batch(self, batch_id: int, snapshot_id: int | None, offsets: Offsets) -> WriterHistory:
+        newest = not self.batches or batch_id >= self.batches[-1][1]
+        return WriterHistory(
+            batches=_add_to_ranges(self.batches, batch_id),
+            last_batch_snapshot_id=snapshot_id if newest else self.last_batch_snapshot_id,
+            offsets=_merge_offsets(self.offsets, offsets),
+        )
+
+    def to_json(self) -> dict:
+        return {
+            "batches": [list(r) for r in self.batches],
+            "last-batch-snapshot-id": self.last_batch_snapshot_id,
+            "kafka-offsets": _offsets_to_json(self.offsets),
+        }
+
+    @classmethod
+    def from_json(cls, raw: dict) -> WriterHistory:
+        return cls(
+            batches=tuple((int(a), int(b)) for a, b in raw.get("batches", [])),
+            last_batch_snapshot_id=raw.get("last-batch-snapshot-id"),
+            offsets=_offsets_from_json(raw.get("kafka-offsets", {})),
+        )
+
+
+def _add_to_ranges(ranges: tuple[tuple[int, int], ...], value: int) -> tuple[tuple[int, int], ...]:
+    """The ranges with `value` added, adjacent and overlapping ranges merged."""
+    merged: list[list[int]] = []
+    for first, last in sorted([*ranges, (value, value)]):
+        if merged and first <= merged[-1][1] + 1:
+            merged[-1][1] = max(merged[-1][1], last)
+        else:
+            merged.append([first, last])
+    return tuple((a, b) for a, b in merged)
+
+
+def _merge_offsets(a: Offsets, b: Offsets) -> Offsets:
+    out: Offsets = {t: dict(parts) for t, parts in a.items()}
+    for topic, parts in b.items():
+        for partition, (first, last) in parts.items():
+            known = out.setdefault(topic, {}).get(partition)
+            out[topic][partition] = (first, last) if known is None else (min(known[0], first), max(known[1], last))
+    return out
+
+
+def _offsets_to_json(offsets: Offsets) -> dict:
+    return {t: {str(p): list(r) for p, r in sorted(parts.items())} for t, parts in sorted(offsets.items())}
+
+
+def _offsets_from_json(raw: dict) -> Offsets:
+    return {t: {int(p): (int(r[0]), int(r[1])) for p, r in parts.items()} for t, parts in raw.items()}
+
+
+def _properties(snapshot: Snapshot) -> dict[str, str]:
+    return snapshot.summary.additional_properties if snapshot.summary else {}
+
+
+def history_carrier(snapshots: list[Snapshot]) -> Snapshot | None:
+    """The newest snapshot carrying writer histories: it folds in everything committed before it."""
+    carriers = [s for s in snapshots if WRITERS in _properties(s)]
+    return max(carriers, key=lambda s: s.sequence_number or 0) if carriers else None
+
+
+def writer_histories(snapshots: list[Snapshot]) -> dict[str, WriterHistory]:
+    """Every writer's history: the newest carried one, plus the batches of the snapshots at hand."""
+    carrier = history_carrier(snapshots)
+    histories = ({w: WriterHistory.from_json(h) for w, h in json.loads(_properties(carrier)[WRITERS]).items()}
+                 if carrier is not None else {})
+    for snapshot in sorted(snapshots, key=lambda s: s.sequence_number or 0):
+        props = _properties(snapshot)
+        writer, batch = props.get(WRITER_ID), props.get(BATCH_ID)
+        if writer is None or batch is None:
+            continue
+        offsets = _offsets_from_json(json.loads(props[KAFKA_OFFSETS])) if KAFKA_OFFSETS in props else {}
+        empty = WriterHistory((), None, {})
+        histories[writer] = histories.get(writer, empty).with_batch(int(batch), snapshot.snapshot_id, offsets)
+    return histories
+
+
+def writer_histories_json(snapshots: list[Snapshot]) -> str:
+    """The `geoingest.writers` value a maintenance snapshot committed on top of `snapshots` carries."""
+    return json.dumps({w: h.to_json() for w, h in sorted(writer_histories(snapshots).items())},
+                      separators=(",", ":"))
+
+
 def committed_snapshot(table: Table, writer_id: str, batch_id: int) -> Snapshot | None:
-    """The snapshot that committed this batch, if any. Newest first: a replay is of a recent batch."""
+    """The snapshot that committed this batch, if any. Newest first: a replay is of a recent batch.
+
+    Once that snapshot has expired, the maintenance snapshot whose carried history holds the batch."""
     wanted = str(batch_id)
     for snapshot in reversed(table.metadata.snapshots):
-        props = snapshot.summary.additional_properties if snapshot.summary else {}
+        props = _properties(snapshot)
         if props.get(WRITER_ID) == writer_id and props.get(BATCH_ID) == wanted:
             return snapshot
+    carrier = history_carrier(table.metadata.snapshots)
+    if carrier is not None:
+        carried = json.loads(_properties(carrier)[WRITERS]).get(writer_id)
+        if carried is not None and WriterHistory.from_json(carried).has_batch(batch_id):
+            return carrier
     return None
 
 
 def recorded_offsets(table: Table, writer_id: str | None = None) -> Offsets:
-    """Per topic-partition, the last offset committed to the table (by one writer, or by any)."""
+    """Per topic-partition, the offsets committed to the table (by one writer, or by any): the
+    first and the last, read from the snapshots and the histories maintenance carried over."""
     result: Offsets = {}
-    for snapshot in table.metadata.snapshots:
-        props = snapshot.summary.additional_properties if snapshot.summary else {}
-        if KAFKA_OFFSETS not in props or (writer_id is not None and props.get(WRITER_ID) != writer_id):
-            continue
-        for topic, parts in json.loads(props[KAFKA_OFFSETS]).items():
-            for partition, (first, last) in parts.items():
-                known = result.setdefault(topic, {}).get(int(partition))
-                if known is None or last > known[1]:
-                    result[topic][int(partition)] = (first if known is None else known[0], last)
+    for writer, history in writer_histories(table.metadata.snapshots).items():
+        if writer_id is None or writer == writer_id:
+            result = _merge_offsets(result, history.offsets)
     return result
 
 
@@ -175,8 +277,13 @@ class Committer:
                 existing = committed_snapshot(self.table, batch.writer_id, batch.batch_id)
                 if existing is not None:
                     # After an attempt whose outcome was unknown, the snapshot may be our own.
-                    status = "committed" if attempt > 1 and _added_files(self.table, existing) == {
-                        f.path for f in batch.files} else "skipped_replay"
+                    if _properties(existing).get(BATCH_ID) == str(batch.batch_id):
+                        ours = attempt > 1 and _added_files(self.table, existing) == {f.path for f in batch.files}
+                    else:
+                        # Known only from a carried history (the batch's snapshot has expired): its
+                        # files cannot be compared, and keeping ours is the side that loses nothing.
+                        ours = attempt > 1
+                    status = "committed" if ours else "skipped_replay"
                     return CommitOutcome(status, existing.snapshot_id, attempt, conflicts,
                                          time.monotonic() - started)
                 snapshot_id = self._append(batch)
@@ -209,7 +316,7 @@ class Committer:
 
     def _append(self, batch: BatchCommit) -> int:
         spec_id = self.table.metadata.default_spec_id
-        view = _single_attempt(self.table)
+        view = single_attempt_view(self.table)
         with view.transaction() as tx:
             with tx.update_snapshot(snapshot_properties=batch.summary()).fast_append() as append:
                 for record in batch.files:
@@ -229,16 +336,17 @@ def _added_files(table: Table, snapshot: Snapshot) -> set[str]:
     return paths
 
 
-def _single_attempt(table: Table) -> Table:
+def single_attempt_view(table: Table, properties: dict[str, str] | None = None) -> Table:
     """The table as a transaction sees it, with pyiceberg's own commit retry turned off.
 
     pyiceberg retries a conflicting append by itself, re-applying it to the refreshed table
     without asking whether the batch landed meanwhile (another instance replaying it). The
     committer must check that before every attempt, so each transaction makes exactly one
     attempt. Only this local view changes: the catalog builds the committed metadata from its
-    own current table plus the snapshot update, so the table keeps its properties.
+    own current table plus the snapshot update, so the table keeps its properties; that is also
+    why `properties` (e.g. manifest merging for one maintenance commit) stay with this view.
     """
-    props = {**table.metadata.properties, "commit.retry.num-retries": "0"}
+    props = {**table.metadata.properties, **(properties or {}), "commit.retry.num-retries": "0"}
     return Table(
         identifier=table.name(),
         metadata=table.metadata.model_copy(update={"properties": props}),

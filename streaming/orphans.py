@@ -1,6 +1,9 @@
-"""Data files in a table's location that no snapshot references: written by a batch that never
-committed (the process died between writing and committing). They are never read as data, since
-readers follow the manifests; this finds them, and deletes them when asked."""
+"""Files in a table's location that no snapshot references: data files written by a batch that never
+committed (the process died between writing and committing) or by a compaction that died before its
+commit, and, with `include_metadata`, manifests, manifest lists and metadata files that no snapshot or
+metadata log entry names any more (failed attempts, expired snapshots, metadata versions past
+write.metadata.previous-versions-max). They are never read, since readers follow the metadata; this
+finds them, and deletes them when asked."""
 
 from __future__ import annotations
 
@@ -32,22 +35,42 @@ def referenced_files(table: Table) -> set[str]:
     return paths
 
 
-def find_orphans(table: Table, min_age_s: float = 3600.0) -> list[Orphan]:
-    """Unreferenced files under <table location>/data older than min_age_s (younger ones may
-    belong to a batch that is committing right now)."""
-    data_dir = f"{table.location().rstrip('/')}/data"
-    filesystem, root = fs.FileSystem.from_uri(data_dir if "://" in data_dir else f"file://{data_dir}")
-    scheme = data_dir.split("://", 1)[0] + "://" if "://" in data_dir else ""
-    referenced = referenced_files(table)
+def referenced_metadata_files(table: Table) -> set[str]:
+    """Paths of the metadata files the table still needs: the current and logged metadata files,
+    every snapshot's manifest list and the manifests those lists name, statistics files."""
+    metadata = table.metadata
+    paths = {table.metadata_location, *(entry.metadata_file for entry in metadata.metadata_log)}
+    paths.update(s.file_path for s in metadata.statistics)
+    paths.update(s.statistics_path for s in metadata.partition_statistics)
+    for snapshot in metadata.snapshots:
+        paths.add(snapshot.manifest_list)
+        paths.update(m.manifest_path for m in snapshot.manifests(table.io))
+    return {_normalise(p) for p in paths}
+
+
+def find_orphans(table: Table, min_age_s: float = 3600.0, include_metadata: bool = False) -> list[Orphan]:
+    """Unreferenced files under <table location>/data (and /metadata, with include_metadata) older
+    than min_age_s (younger ones may belong to a commit in flight)."""
+    folders = {"data": referenced_files}
+    if include_metadata:
+        folders["metadata"] = referenced_metadata_files
     now = time.time()
     orphans = []
-    for info in filesystem.get_file_info(fs.FileSelector(root, recursive=True, allow_not_found=True)):
-        if info.type != fs.FileType.File:
-            continue
-        path = _normalise(f"{scheme}{info.path}")
-        age = now - info.mtime.timestamp() if info.mtime else float("inf")
-        if path not in referenced and age >= min_age_s:
-            orphans.append(Orphan(path, info.size or 0, age))
+    for folder, referenced_by in folders.items():
+        where = f"{table.location().rstrip('/')}/{folder}"
+        filesystem, root = fs.FileSystem.from_uri(where if "://" in where else f"file://{where}")
+        scheme = where.split("://", 1)[0] + "://" if "://" in where else ""
+        # Listed before the table is read again: a file committed in between is then referenced.
+        infos = filesystem.get_file_info(fs.FileSelector(root, recursive=True, allow_not_found=True))
+        table.refresh()
+        referenced = referenced_by(table)
+        for info in infos:
+            if info.type != fs.FileType.File:
+                continue
+            path = _normalise(f"{scheme}{info.path}")
+            age = now - info.mtime.timestamp() if info.mtime else float("inf")
+            if path not in referenced and age >= min_age_s:
+                orphans.append(Orphan(path, info.size or 0, age))
     return sorted(orphans, key=lambda o: o.path)
 
 

@@ -13,9 +13,10 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from app.metrics import IngestMetrics
+from app.metrics import IngestMetrics, MaintenanceMetrics
 from streaming.commit import CommitOutcome
 from streaming.job import BatchReport
+from streaming.maintenance import CompactionReport, ExpiryReport, MaintenanceReport, OrphanReport
 from streaming.writer import DataFileRecord
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -48,6 +49,16 @@ def exported_metric_names() -> set[str]:
     ))
     metrics.observe_progress({"sources": [{"latestOffset": {"geo-events": {"0": 20}},
                                            "endOffset": {"geo-events": {"0": 12}}}]})
+    maintenance = MaintenanceMetrics(registry, "demo.events")
+    maintenance.observe(MaintenanceReport(
+        table="demo.events", dry_run=False,
+        compaction=CompactionReport(candidates=40, bins=1, files_rewritten=40, bytes_rewritten=4_000_000,
+                                    files_written=2, bytes_written=3_000_000, rows=80_000, bins_abandoned=0,
+                                    conflicts=1, snapshot_id=7, seconds=2.0),
+        expiry=ExpiryReport(snapshots_before=140, snapshots_expired=40, files_deleted=80, bytes_deleted=4_000_000,
+                            conflicts=0, seconds=0.5),
+        orphans=OrphanReport(found=2, deleted=2, bytes=1000, seconds=0.1), seconds=2.7,
+    ), snapshots=100, data_manifests=3)
     text = generate_latest(registry).decode()
     return {sample.name for family in text_string_to_metric_families(text) for sample in family.samples}
 

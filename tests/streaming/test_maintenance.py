@@ -1,0 +1,514 @@
+"""Micro-batches written the way ingest writes them, without Spark or Kafka: Kafka-like record batches
+of GeoJSON points through `PartitionTask` (decode, Hilbert sort, GeoParquet files: the code a Spark
+task runs), committed by `Committer`. Shared by the maintenance tests and bench/maintenance.py."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+from pyiceberg.table import Table
+
+from streaming.commit import BatchCommit, CommitOutcome, Committer
+from streaming.contract import Contract
+from streaming.decode import DecodeOptions
+from streaming.partition import BatchResults, FileSettings, PartitionTask
+
+TOPIC = "geo-events"
+
+
+def event_id(writer_id: str, batch_id: int, row: int) -> str:
+    return f"{writer_id}-b{batch_id:05d}-r{row:06d}"
+
+
+def kafka_batch(lon: np.ndarray, lat: np.ndarray, ids: list[str], partition: int, first_offset: int
+                ) -> pa.RecordBatch:
+    """What Spark's Kafka source hands a task: GeoJSON point features, one per record."""
+    n = len(ids)
+    values = [json.dumps({"type": "Feature", "id": ids[i],
+                          "geometry": {"type": "Point", "coordinates": [round(float(lon[i]), 6),
+                                                                        round(float(lat[i]), 6)]},
+                          "properties": {"kind": "probe", "speed": float(i % 97)}}).encode()
+              for i in range(n)]
+    return pa.record_batch({
+        "key": pa.nulls(n, pa.binary()),
+        "value": pa.array(values, pa.binary()),
+        "topic": pa.array([TOPIC] * n),
+        "partition": pa.array([partition] * n, pa.int32()),
+        "offset": pa.array(range(first_offset, first_offset + n), pa.int64()),
+        "timestamp": pa.array([1_700_000_000_000_000 + first_offset] * n, pa.timestamp("us")),
+    })
+
+
+@dataclass
+class BatchWriter:
+    """Writes and commits micro-batches of one writer, `tasks` input partitions per batch (as the
+    local clustering mode does: each task sorts and writes its own share of the batch)."""
+
+    table: Table
+    contract: Contract
+    writer_id: str = "writer-a"
+    tasks: int = 2
+    next_offset: int = 0
+
+    def __post_init__(self) -> None:
+        self.committer = Committer(self.table)
+
+    def files(self, batch_id: int, lon: np.ndarray, lat: np.ndarray):
+        n = len(lon)
+        ids = [event_id(self.writer_id, batch_id, i) for i in range(n)]
+        settings = FileSettings(dict(self.table.properties), dict(self.table.io.properties),
+                                f"{self.table.location().rstrip('/')}/data", f"{self.writer_id}-b{batch_id:09d}")
+        task = PartitionTask(self.contract, DecodeOptions(), settings)
+        records = []
+        offsets: dict[int, tuple[int, int]] = {}
+        for t, part in enumerate(np.array_split(np.arange(n), self.tasks)):
+            if not len(part):
+                continue
+            first = self.next_offset
+            batch = kafka_batch(lon[part], lat[part], [ids[i] for i in part], t, first)
+            self.next_offset += len(part)
+            results = BatchResults.from_rows(next(iter(task([batch]))).to_pylist())
+            if any(tally.reason is not None for tally in results.tallies):
+                raise AssertionError(f"batch {batch_id}: rows were rejected: {results.tallies}")
+            records += results.files
+            offsets[t] = (first, first + len(part) - 1)
+        return tuple(records), {TOPIC: offsets}
+
+    def commit(self, batch_id: int, lon: np.ndarray, lat: np.ndarray) -> CommitOutcome:
+        files, offsets = self.files(batch_id, lon, lat)
+        return self.committer.commit(BatchCommit(self.writer_id, batch_id, offsets, files))
+
+
+def world_points(rng: np.random.Generator, n: int) -> tuple[np.ndarray, np.ndarray]:
+    return rng.uniform(-179.0, 179.0, n), rng.uniform(-85.0, 85.0, n)
+
+
+# =================================================================================================
+# The tests: pure planning on hard-coded values, then maintenance of real tables (SQLite catalog,
+# files written and committed as ingest does).
+# =================================================================================================
+import dataclasses  # noqa: E402
+import time  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import pyarrow.parquet as pq  # noqa: E402
+import pytest  # noqa: E402
+from pyiceberg.conversions import from_bytes  # noqa: E402
+from pyiceberg.types import DoubleType  # noqa: E402
+
+from streaming.catalog import create_table, open_catalog  # noqa: E402
+from streaming.commit import (  # noqa: E402
+    BATCH_ID,
+    WRITER_ID,
+    WRITERS,
+    WriterHistory,
+    committed_snapshot,
+    recorded_offsets,
+    resume_offsets,
+)
+from streaming.contract import load_contract  # noqa: E402
+from streaming.hilbert import hilbert_keys_of_bounds  # noqa: E402
+from streaming.maintenance import (  # noqa: E402
+    COMPACTION_FILE_PREFIX,
+    MAINTENANCE,
+    Bin,
+    LiveFile,
+    MaintenanceGaveUp,
+    MaintenancePolicy,
+    SnapshotFacts,
+    compact,
+    compaction_candidates,
+    data_manifest_count,
+    delete_orphans,
+    expire_snapshots,
+    maintain,
+    parse_steps,
+    plan_bins,
+    plan_expiry,
+)
+from streaming.orphans import referenced_files, referenced_metadata_files  # noqa: E402
+from streaming.query import Predicate, query  # noqa: E402
+
+CONTRACT_PATH = Path(__file__).resolve().parents[2] / "schemas" / "demo_events.json"
+# Maintenance that touches everything at once: the tests have no commit in flight.
+EAGER = MaintenancePolicy(min_file_age_s=0, snapshot_max_age_s=0, keep_snapshots=3, orphan_min_age_s=0,
+                          max_manifests=2)
+MiB = 1024 * 1024
+
+
+def live(path: str, size: int, key: int | None, added_ms: int | None = 0, records: int = 10) -> LiveFile:
+    return LiveFile(path, size, records, key, added_ms)
+
+
+# -- pure planning ----------------------------------------------------------------------------------
+def test_bins_follow_the_curve_and_stay_under_the_size_limit():
+    files = [live("e", 3, 50), live("a", 4, 10), live("c", 2, 30), live("b", 4, 20), live("d", 3, 40)]
+    bins = plan_bins(files, max_bin_bytes=8, min_files=1)
+    assert [[f.path for f in b.files] for b in bins] == [["a", "b"], ["c", "d", "e"]]
+    assert [b.bytes for b in bins] == [8, 8]
+    assert [b.key_range for b in bins] == [(10, 20), (30, 50)]
+
+
+def test_bins_are_balanced_rather_than_leaving_a_small_last_bin():
+    files = [live(f"f{i}", 10, i) for i in range(10)]  # 100 bytes into bins of at most 60
+    bins = plan_bins(files, max_bin_bytes=60, min_files=1)
+    assert [len(b.files) for b in bins] == [5, 5]
+
+
+def test_bins_of_too_few_files_are_dropped_and_a_large_file_stands_alone():
+    files = [live("a", 2, 1), live("big", 50, 2), live("c", 2, 3), live("d", 2, 4)]
+    bins = plan_bins(files, max_bin_bytes=10, min_files=2)
+    assert [[f.path for f in b.files] for b in bins] == [["c", "d"]]
+    assert plan_bins([], 10, 2) == []
+
+
+def test_equal_keys_are_ordered_by_path_so_plans_are_repeatable():
+    files = [live("z", 1, 5), live("m", 1, 5), live("a", 1, 5)]
+    assert [f.path for f in plan_bins(files, 100, 1)[0].files] == ["a", "m", "z"]
+
+
+def test_candidates_are_small_old_files_with_bounds():
+    now = 1_000_000
+    files = [live("small-old", 10, 1, added_ms=now - 5000), live("small-young", 10, 2, added_ms=now - 10),
+             live("large-old", 100, 3, added_ms=now - 5000), live("no-bounds", 10, None, added_ms=now - 5000),
+             live("expired-snapshot", 10, 4, added_ms=None)]
+    picked = compaction_candidates(files, small_file_bytes=50, min_age_ms=1000, now_ms=now)
+    assert [f.path for f in picked] == ["small-old", "expired-snapshot"]
+
+
+def facts(i: int, ts: int, carrier: bool = False) -> SnapshotFacts:
+    return SnapshotFacts(snapshot_id=100 + i, sequence_number=i, timestamp_ms=ts, carries_history=carrier)
+
+
+def test_expiry_keeps_the_newest_young_protected_and_uncovered_snapshots():
+    snaps = [facts(1, 0), facts(2, 0), facts(3, 0, carrier=True), facts(4, 0), facts(5, 900), facts(6, 990)]
+    plan = plan_expiry(snaps, protected={106}, now_ms=1000, max_age_ms=500, keep=2)
+    # 105 and 106 are the newest two; 103 carries the history of 101-102, which may go; 104 came
+    # after the carrier, so a new carrier must come first.
+    assert plan.expire == (101, 102)
+    assert plan.uncovered == (104,)
+
+
+def test_expiry_without_any_carrier_expires_nothing_and_asks_for_one():
+    snaps = [facts(1, 0), facts(2, 0), facts(3, 0)]
+    plan = plan_expiry(snaps, protected={103}, now_ms=10_000, max_age_ms=0, keep=1)
+    assert plan.expire == () and plan.uncovered == (101, 102)
+
+
+def test_writer_history_keeps_batch_ranges_and_offset_extremes():
+    h = WriterHistory((), None, {})
+    for batch, offsets in ((0, (0, 9)), (1, (10, 19)), (3, (30, 39)), (2, (20, 29))):
+        h = h.with_batch(batch, 500 + batch, {"t": {0: offsets}})
+    assert h.batches == ((0, 3),)
+    assert h.last_batch_snapshot_id == 503
+    assert h.offsets == {"t": {0: (0, 39)}}
+    assert h.has_batch(2) and not h.has_batch(4)
+    assert WriterHistory.from_json(h.to_json()) == h
+
+
+def test_policy_and_steps_reject_nonsense_naming_the_value():
+    with pytest.raises(ValueError, match="keep_snapshots: 0"):
+        MaintenancePolicy(keep_snapshots=0)
+    with pytest.raises(ValueError, match="min_file_age_s: -1"):
+        MaintenancePolicy(min_file_age_s=-1)
+    with pytest.raises(ValueError, match="'compact,vacuum'"):
+        parse_steps("compact,vacuum")
+    assert parse_steps("orphans, compact") == ("compact", "orphans")
+
+
+# -- real tables ------------------------------------------------------------------------------------
+@pytest.fixture
+def contract():
+    return load_contract(CONTRACT_PATH)
+
+
+@pytest.fixture
+def table(catalog, contract):
+    table, created = create_table(catalog, contract)
+    assert created
+    return table
+
+
+def write_batches(table, contract, batches: int, rows: int = 100, writer_id: str = "writer-a",
+                  seed: int = 3, start: int = 0) -> BatchWriter:
+    writer = BatchWriter(table, contract, writer_id=writer_id, next_offset=start * rows)
+    rng = np.random.default_rng(seed)
+    for batch_id in range(start, start + batches):
+        assert writer.commit(batch_id, *world_points(rng, rows)).status == "committed"
+    return writer
+
+
+def table_ids(table, snapshot_id: int | None = None) -> list[str]:
+    table.refresh()
+    return sorted(table.scan(snapshot_id=snapshot_id, selected_fields=("event_id",)).to_arrow()
+                  .column("event_id").to_pylist())
+
+
+def expected_ids(batches, rows: int = 100, writer_id: str = "writer-a") -> list[str]:
+    return sorted(event_id(writer_id, b, r) for b in batches for r in range(rows))
+
+
+def data_paths(table) -> list[str]:
+    table.refresh()
+    return sorted(task.file.file_path for task in table.scan().plan_files())
+
+
+def test_compaction_rewrites_small_batches_into_hilbert_clustered_files(table, contract):
+    write_batches(table, contract, 30)
+    before_snapshot = table.current_snapshot().snapshot_id
+    small_files = data_paths(table)
+    assert len(small_files) == 60  # 2 tasks per batch
+
+    report = compact(table, EAGER)
+
+    assert report.files_rewritten == 60 and report.rows == 3000 and report.conflicts == 0
+    ids = table_ids(table)
+    assert ids == expected_ids(range(30)), "every row exactly once"
+    new_files = data_paths(table)
+    assert len(new_files) == report.files_written < 10
+    assert all(Path(p).name.startswith(COMPACTION_FILE_PREFIX) for p in new_files)
+    snapshot = table.current_snapshot()
+    assert snapshot.summary.operation.value == "overwrite"
+    assert snapshot.summary.additional_properties[MAINTENANCE] == "compaction"
+    # Time travel to the snapshot before compaction still reads the small files.
+    assert table_ids(table, before_snapshot) == ids
+
+    ids_of = contract.bbox_field_ids
+    key_ranges = []
+    for task in table.scan().plan_files():
+        parquet = pq.ParquetFile(task.file.file_path.removeprefix("file://"))
+        geo = json.loads(parquet.metadata.metadata[b"geo"])
+        assert geo["version"] == "1.1.0" and geo["primary_column"] == "geometry"
+        assert geo["columns"]["geometry"]["covering"]["bbox"]["xmin"] == ["bbox", "xmin"]
+        assert parquet.schema_arrow.field("event_id").metadata[b"PARQUET:field_id"] == b"1"
+        rows = parquet.read()
+        bbox = rows.column("bbox").combine_chunks()
+        xmin, ymin, xmax, ymax = (bbox.field(n).to_numpy() for n in ("xmin", "ymin", "xmax", "ymax"))
+        # Manifest bounds are the file's bbox, as ingest writes them.
+        lower = {n: from_bytes(DoubleType(), task.file.lower_bounds[fid]) for n, fid in ids_of.items()}
+        upper = {n: from_bytes(DoubleType(), task.file.upper_bounds[fid]) for n, fid in ids_of.items()}
+        file_bbox = [xmin.min(), ymin.min(), xmax.max(), ymax.max()]
+        assert [lower["xmin"], lower["ymin"], upper["xmax"], upper["ymax"]] == file_bbox
+        assert geo["columns"]["geometry"]["bbox"] == file_bbox
+        assert parquet.metadata.num_row_groups == -(-rows.num_rows // contract.clustering.row_group_rows)
+        keys = hilbert_keys_of_bounds(xmin, ymin, xmax, ymax, contract.clustering.extent,
+                                      contract.clustering.hilbert_bits)
+        assert (np.diff(keys) >= 0).all(), "rows sorted along the curve"
+        key_ranges.append((int(keys[0]), int(keys[-1])))
+    key_ranges.sort()
+    assert all(a[1] <= b[0] for a, b in zip(key_ranges, key_ranges[1:])), "files are disjoint stretches of the curve"
+    assert all(Path(p.removeprefix("file://")).exists() for p in small_files), "sources stay for time travel"
+
+
+def test_compaction_prunes_a_window_to_fewer_files(table, contract):
+    write_batches(table, contract, 30, rows=200)
+    window = Predicate.from_bbox((2.0, 40.0, 12.0, 50.0))
+    before = query(table, window).stats
+    compact(table, dataclasses.replace(EAGER, small_file_bytes=MiB))
+    after = query(table, window).stats
+    assert after.rows_matched == before.rows_matched > 0
+    assert before.files_scanned == 60
+    assert after.files_scanned <= 2 < before.files_scanned
+
+
+def test_young_and_large_files_are_left_alone(table, contract):
+    write_batches(table, contract, 4)
+    assert compact(table, MaintenancePolicy(min_file_age_s=3600)).files_rewritten == 0, "all too young"
+    assert compact(table, dataclasses.replace(EAGER, small_file_bytes=100)).files_rewritten == 0, "all too large"
+    assert len(table.metadata.snapshots) == 4, "nothing committed"
+    assert compact(table, EAGER).files_rewritten == 8
+
+
+def race_on_refresh(monkeypatch, table, other_commit, on_calls: set[int]) -> list:
+    """Another writer commits right after `table` refreshes, on the given refresh calls (1-based).
+    A real second commit through the catalog, so the catalog's own check refuses the stale one."""
+    refresh = table.refresh
+    calls, outcomes = [], []
+
+    def refresh_then_race():
+        result = refresh()
+        calls.append(1)
+        if len(calls) in on_calls:
+            outcomes.append(other_commit())
+        return result
+
+    monkeypatch.setattr(table, "refresh", refresh_then_race)
+    return outcomes
+
+
+def test_a_compaction_racing_ingest_commits_is_retried_on_the_fresh_table(monkeypatch, catalog, table, contract):
+    writer = write_batches(table, contract, 6)
+    mine = open_catalog(catalog.name, dict(catalog.properties)).load_table(contract.table)
+    rng = np.random.default_rng(99)
+    # Refresh 1 plans the compaction; 2 and 3 start commit attempts, and an ingest batch lands
+    # right after each; attempt 3 (refresh 4) commits.
+    raced = race_on_refresh(monkeypatch, mine, lambda: writer.commit(6 + len(raced), *world_points(rng, 100)),
+                            on_calls={2, 3})
+    sleeps: list[float] = []
+    report = maintain(mine, EAGER, steps=("compact",), sleep=sleeps.append).compaction
+
+    assert [o.status for o in raced] == ["committed", "committed"]
+    assert report.conflicts == 2 and len(sleeps) == 2
+    assert report.files_rewritten == 12 and report.bins_abandoned == 0
+    assert table_ids(table) == expected_ids(range(8)), "compacted rows and the racing batches, each once"
+    current = data_paths(table)
+    assert sum(1 for p in current if Path(p).name.startswith("writer-a-b")) == 4, "the racing batches' files"
+    # The ingest history goes on: the racing batches are found by the replay check.
+    assert committed_snapshot(table, "writer-a", 7) is not None
+
+
+def test_a_bin_whose_files_another_compaction_replaced_is_given_up(monkeypatch, catalog, table, contract):
+    write_batches(table, contract, 5)
+    mine = open_catalog(catalog.name, dict(catalog.properties)).load_table(contract.table)
+    other = race_on_refresh(monkeypatch, mine, lambda: compact(table, EAGER), on_calls={2})
+    report = compact(mine, EAGER)
+
+    assert other[0].files_rewritten == 10
+    assert report.bins_abandoned == 1 and report.files_rewritten == 0 and report.snapshot_id is None
+    assert table_ids(table) == expected_ids(range(5)), "no row lost, none twice"
+    data_dir = Path(table.location().removeprefix("file://")) / "data"
+    on_disk = {str(p) for p in data_dir.iterdir() if p.name.startswith(COMPACTION_FILE_PREFIX)}
+    assert on_disk == {p.removeprefix("file://") for p in data_paths(table)}, "the loser's files were deleted"
+
+
+def test_a_compaction_that_keeps_losing_gives_up_and_leaves_the_table_as_it_was(monkeypatch, catalog, table,
+                                                                               contract):
+    writer = write_batches(table, contract, 3)
+    with table.transaction() as tx:
+        tx.set_properties({"commit.retry.num-retries": "1", "commit.retry.min-wait-ms": "1"})
+    mine = open_catalog(catalog.name, dict(catalog.properties)).load_table(contract.table)
+    rng = np.random.default_rng(5)
+    batch_ids = iter(range(3, 100))
+    race_on_refresh(monkeypatch, mine, lambda: writer.commit(next(batch_ids), *world_points(rng, 100)),
+                    on_calls=set(range(2, 10)))
+    with pytest.raises(MaintenanceGaveUp, match=r"compaction of demo.events gave up after 2 conflict"):
+        maintain(mine, EAGER, steps=("compact",), sleep=lambda s: None)
+    assert table_ids(table) == expected_ids(range(5))
+    data_dir = Path(table.location().removeprefix("file://")) / "data"
+    assert not [p for p in data_dir.iterdir() if p.name.startswith(COMPACTION_FILE_PREFIX)]
+
+
+# -- expiry keeps exactly-once working --------------------------------------------------------------
+def test_after_expiry_replays_are_still_recognised_and_resume_offsets_unchanged(catalog, table, contract):
+    write_batches(table, contract, 12)
+    write_batches(table, contract, 3, writer_id="writer-b", seed=4)
+    offsets_before = recorded_offsets(table)
+    resume_before = resume_offsets(table, TOPIC, [0, 1, 2])
+    snapshots_before = len(table.metadata.snapshots)
+
+    report = maintain(table, EAGER, steps=("compact", "expire"))
+
+    table.refresh()
+    assert report.expiry.snapshots_expired > 0
+    assert len(table.metadata.snapshots) <= EAGER.keep_snapshots + 1 < snapshots_before
+    identities = {(s.summary.additional_properties.get(WRITER_ID), s.summary.additional_properties.get(BATCH_ID))
+                  for s in table.metadata.snapshots}
+    assert ("writer-a", "0") not in identities, "the first batch's snapshot has expired"
+    # Yet every batch is still known, from the history the maintenance snapshot carries.
+    for writer_id, batches in (("writer-a", 12), ("writer-b", 3)):
+        for batch_id in range(batches):
+            assert committed_snapshot(table, writer_id, batch_id) is not None, (writer_id, batch_id)
+        assert committed_snapshot(table, writer_id, batches) is None
+    assert recorded_offsets(table) == offsets_before
+    assert recorded_offsets(table, "writer-b") == {TOPIC: {0: (0, 249), 1: (50, 299)}}
+    assert resume_offsets(table, TOPIC, [0, 1, 2]) == resume_before
+
+    # A restarted writer replays its last batch and an old one: both skipped, nothing added twice.
+    restarted = open_catalog(catalog.name, dict(catalog.properties)).load_table(contract.table)
+    replayer = BatchWriter(restarted, contract, writer_id="writer-a")
+    rng = np.random.default_rng(3)
+    assert replayer.commit(11, *world_points(rng, 100)).status == "skipped_replay"
+    assert replayer.commit(2, *world_points(rng, 100)).status == "skipped_replay"
+    assert replayer.commit(12, *world_points(rng, 100)).status == "committed"
+    assert table_ids(table) == sorted(expected_ids(range(13)) + expected_ids(range(3), writer_id="writer-b"))
+
+
+def test_expiry_without_compaction_first_commits_a_carrier_snapshot(table, contract):
+    write_batches(table, contract, 6)
+    report = expire_snapshots(table, EAGER)
+    table.refresh()
+    carriers = [s for s in table.metadata.snapshots if WRITERS in s.summary.additional_properties]
+    assert len(carriers) == 1 and report.snapshots_expired == 4
+    assert carriers[0].summary.additional_properties[MAINTENANCE] == "manifest-merge"
+    assert all(committed_snapshot(table, "writer-a", b) is not None for b in range(6))
+    assert table_ids(table) == expected_ids(range(6))
+
+
+def test_expiry_deletes_only_files_no_kept_snapshot_references(table, contract):
+    write_batches(table, contract, 10)
+    small_files = data_paths(table)
+    compact(table, EAGER)
+    compacted = table.current_snapshot().snapshot_id
+    report = expire_snapshots(table, dataclasses.replace(EAGER, keep_snapshots=1))
+
+    table.refresh()
+    assert [s.snapshot_id for s in table.metadata.snapshots] == [compacted]
+    assert report.files_deleted >= len(small_files)
+    assert not any(Path(p.removeprefix("file://")).exists() for p in small_files), "compacted-away files deleted"
+    kept = {p.removeprefix("file://") for p in data_paths(table)} | referenced_metadata_files(table)
+    assert all(Path(p).exists() for p in kept), "everything a kept snapshot needs is there"
+    assert table_ids(table) == expected_ids(range(10))
+    # Time travel: the kept snapshot reads; an expired one is an error that names it.
+    assert table_ids(table, compacted) == expected_ids(range(10))
+    with pytest.raises(ValueError, match="no such snapshot"):
+        query(table, Predicate.from_bbox((0, 0, 1, 1)), snapshot_id=compacted - 1)
+
+
+def test_snapshots_younger_than_the_max_age_never_expire(table, contract):
+    write_batches(table, contract, 5)
+    maintain(table, MaintenancePolicy(min_file_age_s=0, max_manifests=2, keep_snapshots=1),
+             steps=("compact", "expire"))
+    table.refresh()
+    assert len(table.metadata.snapshots) == 6, "5 days by default: all five batches and the compaction stay"
+
+
+def test_many_small_commits_stay_bounded_with_maintenance_between_batches(table, contract):
+    policy = dataclasses.replace(EAGER, keep_snapshots=10, max_manifests=4)
+    writer = BatchWriter(table, contract)
+    rng = np.random.default_rng(1)
+    seen = []
+    for batch_id in range(150):
+        writer.commit(batch_id, *world_points(rng, 20))
+        if (batch_id + 1) % 30 == 0:
+            maintain(table, policy)
+            table.refresh()
+            seen.append((len(table.metadata.snapshots), data_manifest_count(table), len(data_paths(table)),
+                         len(table.io.new_input(table.metadata_location))))
+    assert all(snapshots <= 11 for snapshots, *_ in seen)
+    assert all(manifests <= 4 for _, manifests, *_ in seen)
+    assert all(files <= 5 for *_, files, _ in seen)
+    # Once the metadata log is full (write.metadata.previous-versions-max, 100) the size stays put.
+    assert abs(seen[-1][3] - seen[-2][3]) < 0.1 * seen[-2][3], "metadata.json stops growing"
+    assert table_ids(table) == sorted(event_id("writer-a", b, r) for b in range(150) for r in range(20))
+    assert committed_snapshot(table, "writer-a", 0) is not None
+
+
+# -- orphans and dry runs ---------------------------------------------------------------------------
+def test_orphans_of_a_dead_batch_and_of_old_metadata_are_deleted_after_the_safety_age(table, contract):
+    writer = write_batches(table, contract, 3)
+    dead_files, _ = writer.files(3, *world_points(np.random.default_rng(8), 50))  # never committed
+    dead = [f.path for f in dead_files]
+    young = maintain(table, MaintenancePolicy(orphan_min_age_s=3600), steps=("orphans",)).orphans
+    assert young.found == 0, "young files may belong to a commit in flight"
+
+    report, orphans = delete_orphans(table, dataclasses.replace(EAGER, orphan_min_age_s=0))
+    assert {o.path for o in orphans} >= {p.removeprefix("file://") for p in dead}
+    assert report.deleted == report.found == len(orphans)
+    assert not any(Path(p.removeprefix("file://")).exists() for p in dead)
+    kept = referenced_files(table) | referenced_metadata_files(table)
+    assert all(Path(p).exists() for p in kept)
+    assert table_ids(table) == expected_ids(range(3))
+
+
+def test_a_dry_run_changes_nothing(table, contract):
+    write_batches(table, contract, 6)
+    location = table.metadata_location
+    files = sorted(Path(table.location().removeprefix("file://")).rglob("*"))
+    report = maintain(table, EAGER, dry_run=True)
+    table.refresh()
+    assert table.metadata_location == location
+    assert sorted(Path(table.location().removeprefix("file://")).rglob("*")) == files
+    assert report.compaction.files_rewritten == 12 and report.expiry.snapshots_expired == 3
