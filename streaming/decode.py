@@ -36,6 +36,7 @@ from streaming.contract import Column, Contract
 from pyproj.exceptions import CRSError, ProjError
 
 from streaming.crs import UnknownSrid, known_crs, reproject, transformer, valid_area
+from streaming.geojson import ndjson, read_geometries
 from streaming.hilbert import hilbert_keys_of_bounds
 
 log = logging.getLogger("geoingest.decode")
@@ -88,9 +89,8 @@ _TYPE_NAMES = {
     0: "Point", 1: "LineString", 2: "LinearRing", 3: "Polygon", 4: "MultiPoint",
     5: "MultiLineString", 6: "MultiPolygon", 7: "GeometryCollection",
 }
+_TYPE_NAME_BY_ID = np.array([*_TYPE_NAMES.values(), "Unknown"], dtype=object)
 _JSON_WHITESPACE = (0x20, 0x09, 0x0D, 0x0A)
-_CURVED_TYPE_NAMES = {8: "CircularString", 9: "CompoundCurve", 10: "CurvePolygon", 11: "MultiCurve",
-                      12: "MultiSurface"}
 GEOJSON_GEOMETRY_TYPES = ("Point", "LineString", "Polygon", "MultiPoint", "MultiLineString", "MultiPolygon",
                           "GeometryCollection")
 # WKB types made of other geometries: Multi*, GeometryCollection, CompoundCurve, CurvePolygon,
@@ -135,23 +135,26 @@ class _Rejects:
     def __init__(self, n: int):
         self.reason = np.full(n, None, dtype=object)
         self.detail = np.full(n, None, dtype=object)
+        self._ok = np.ones(n, dtype=bool)
 
     @property
     def ok(self) -> np.ndarray:
-        return np.equal(self.reason, None)
+        """Rows without a reason yet."""
+        return self._ok.copy()
 
     def add(self, rows: np.ndarray, reason: Reason, detail: str | list[str]) -> None:
         """Mark rows (indices or a boolean mask) that have no reason yet."""
         idx = np.flatnonzero(rows) if rows.dtype == bool else np.asarray(rows, dtype=np.int64)
         if idx.size == 0:
             return
-        fresh = np.equal(self.reason[idx], None)
+        fresh = self._ok[idx]
         if isinstance(detail, str):
             details = np.full(idx.size, detail, dtype=object)
         else:
             details = np.asarray(detail, dtype=object)
         self.reason[idx[fresh]] = reason.value
         self.detail[idx[fresh]] = details[fresh]
+        self._ok[idx[fresh]] = False
 
 
 class Decoder:
@@ -201,7 +204,7 @@ class Decoder:
         rejects.add(np.array([0]), Reason.DECODE_FAILED, f"the decoder failed on this record: "
                                                         f"{type(exc).__name__}: {str(exc)[:300]}")
         columns = {col.name: pa.nulls(1, self._data_schema.field(col.name).type) for col in self.contract.columns}
-        return self._assemble(batch, columns, np.full(1, None, dtype=object), rejects)
+        return self._assemble(batch, columns, np.full(1, None, dtype=object), rejects, np.full(1, None, dtype=object))
 
     def _decode(self, batch: pa.RecordBatch) -> pa.RecordBatch:
         n = batch.num_rows
@@ -224,6 +227,8 @@ class Decoder:
                     "value is neither a JSON object nor WKB (first byte is not '{', 0x00 or 0x01)")
 
         geoms = np.full(n, None, dtype=object)
+        # The stored WKB of a geometry already written out (a WKB input read as it is), else None.
+        wkb = np.full(n, None, dtype=object)
         srids = np.full(n, self._table_epsg, dtype=np.int64)
         feature_ids = pa.nulls(n, pa.string())
         properties = {name: pa.nulls(n, t) for name, t in self._property_types.items()}
@@ -238,14 +243,14 @@ class Decoder:
 
         wkb_rows = np.flatnonzero(is_wkb & rejects.ok)
         if wkb_rows.size:
-            self._decode_wkb(values, wkb_rows, geoms, srids, rejects)
+            self._decode_wkb(values, wkb_rows, geoms, srids, rejects, wkb)
 
         self._validate_geometry(geoms, srids, rejects)
-        geoms = self._to_table_crs(geoms, srids, rejects)
-        self._check_area_and_shape(geoms, rejects)
+        geoms = self._to_table_crs(geoms, srids, rejects, wkb)
+        self._check_area_and_shape(geoms, rejects, wkb)
 
         columns = self._map_columns(batch, feature_ids, properties, rejects)
-        return self._assemble(batch, columns, geoms, rejects)
+        return self._assemble(batch, columns, geoms, rejects, wkb)
 
     # -- formats -------------------------------------------------------------------------------
     def _decode_geojson(self, values: pa.Array, rows: np.ndarray, geoms: np.ndarray,
@@ -271,7 +276,9 @@ class Decoder:
             rows, docs = rows[keep], docs.filter(pa.array(keep))
             if rows.size == 0:
                 return pa.nulls(n, pa.string()), {k: pa.nulls(n, t) for k, t in self._property_types.items()}
-        parsed = _FeatureParser(self._property_types).parse(docs)
+        # Raw line breaks inside a JSON document are whitespace; the block readers split documents on them.
+        flat = pc.replace_substring(pc.replace_substring(docs, "\n", " "), "\r", " ")
+        parsed = _FeatureParser(self._property_types).parse(flat)
         for local, (reason, detail) in parsed.errors.items():
             rejects.add(rows[[local]], reason, detail)
         not_feature = pc.fill_null(pc.not_equal(parsed.types, "Feature"), True).to_numpy(zero_copy_only=False)
@@ -291,12 +298,16 @@ class Decoder:
                      geometry_types.filter(pa.array(not_geometry)).to_pylist()])
         bad_rows |= not_geometry
 
-        usable = ~bad_rows & ~not_feature
-        text = pc.cast(docs.filter(pa.array(usable)), pa.string()).to_numpy(zero_copy_only=False)
-        decoded = shapely.from_geojson(text, on_invalid="ignore")
-        local_usable = np.flatnonzero(usable)
-        geoms[rows[local_usable]] = decoded
-        failed = local_usable[np.equal(decoded, None)]
+        local_usable = np.flatnonzero(~bad_rows & ~not_feature)
+        fast, read = read_geometries(flat.take(pa.array(local_usable)),
+                                     geometry_types.take(pa.array(local_usable)).to_numpy(zero_copy_only=False))
+        geoms[rows[local_usable[read]]] = fast[read]
+        # What the fast reader leaves (other shapes, anything not plainly well formed) GEOS reads.
+        rest = local_usable[~read]
+        text = pc.cast(docs.take(pa.array(rest)), pa.string()).to_numpy(zero_copy_only=False)
+        decoded = shapely.from_geojson(text, on_invalid="ignore") if rest.size else np.zeros(0, dtype=object)
+        geoms[rows[rest]] = decoded
+        failed = rest[np.equal(decoded, None)]
         for local in failed:
             geometry, reason, detail = _diagnose_geojson_geometry(docs[int(local)].as_py(), self._property_types)
             if geometry is not None:
@@ -309,13 +320,13 @@ class Decoder:
         return feature_ids, properties
 
     def _decode_wkb(self, values: pa.Array, rows: np.ndarray, geoms: np.ndarray,
-                    srids: np.ndarray, rejects: _Rejects) -> None:
+                    srids: np.ndarray, rejects: _Rejects, wkb: np.ndarray) -> None:
         taken = values.take(pa.array(rows)).cast(pa.binary())
         codes = _wkb_header_codes(taken)
         # Only collections nest; one shorter than this many headers cannot nest too deeply.
         deep_enough = pc.greater(pc.binary_length(taken), 9 * (self.options.max_nesting + 1)).to_numpy(
             zero_copy_only=False)
-        for local in np.flatnonzero(np.isin((codes & 0x0FFFFFFF) % 1000, _WKB_CONTAINER_TYPES) & deep_enough):
+        for local in np.flatnonzero(np.isin(_wkb_base_type(codes), _WKB_CONTAINER_TYPES) & deep_enough):
             if _wkb_nesting(taken[int(local)].as_py(), self.options.max_nesting) > self.options.max_nesting:
                 rejects.add(rows[[local]], Reason.NESTING_TOO_DEEP,
                             f"geometries nested more than max_nesting={self.options.max_nesting} levels deep")
@@ -324,14 +335,20 @@ class Decoder:
         if rows.size == 0:
             return
         blobs = taken.to_numpy(zero_copy_only=False)
-        decoded = shapely.from_wkb(blobs, on_invalid="ignore")
+        decoded, curved = _read_wkb(blobs)
+        rejects.add(rows[curved], Reason.GEOMETRY_TYPE_NOT_ALLOWED,
+                    f"a curve (CircularString, CompoundCurve, CurvePolygon, MultiCurve or MultiSurface) is not one "
+                    f"of {list(self.contract.geometry.types)}")
         bad = np.equal(decoded, None)
-        rejects.add(rows[bad], Reason.BAD_WKB,
+        rejects.add(rows[bad & ~curved], Reason.BAD_WKB,
                     [f"value is not readable WKB ({len(b)} bytes, starting {bytes(b[:9]).hex()})"
-                     for b in blobs[bad]])
+                     for b in blobs[bad & ~curved]])
         # GEOS stops reading where the geometry ends: bytes after it mean the value is not WKB.
         parsed = np.flatnonzero(~bad)
-        read = _wkb_lengths(decoded[parsed]) + np.where(codes[parsed] & _EWKB_SRID_FLAG, 4, 0)
+        written = _to_wkb(decoded[parsed])
+        wkb[rows[parsed]] = written
+        read = pc.binary_length(pa.array(written, pa.binary())).to_numpy(zero_copy_only=False).astype(np.int64) \
+            + np.where(codes[parsed] & _EWKB_SRID_FLAG, 4, 0)
         sent = pc.binary_length(taken).to_numpy(zero_copy_only=False)[parsed]
         trailing = parsed[read != sent]
         rejects.add(rows[trailing], Reason.BAD_WKB,
@@ -339,12 +356,6 @@ class Decoder:
                      f"value of {int(s)} bytes does not match its {int(r)}-byte geometry"
                      for s, r in zip(sent[read != sent], read[read != sent])])
         bad[trailing] = True
-        # GEOS reads curves (CircularString ... MultiSurface), which shapely cannot process further.
-        curved = np.flatnonzero(~bad)[shapely.get_type_id(decoded[~bad]) > 7]
-        rejects.add(rows[curved], Reason.GEOMETRY_TYPE_NOT_ALLOWED,
-                    [f"geometry type {_CURVED_TYPE_NAMES.get(t, t)} (a curve) is not one of "
-                     f"{list(self.contract.geometry.types)}" for t in shapely.get_type_id(decoded[curved])])
-        bad[curved] = True
         good = ~bad
         geoms[rows[good]] = decoded[good]
         found = shapely.get_srid(decoded[good])
@@ -365,7 +376,7 @@ class Decoder:
         g = geoms[live]
         rejects.add(live[shapely.is_empty(g)], Reason.EMPTY_GEOMETRY, "the geometry is empty")
 
-        type_names = np.array([_TYPE_NAMES.get(t, "Unknown") for t in shapely.get_type_id(g)], dtype=object)
+        type_names = _type_names(shapely.get_type_id(g))
         wrong_type = ~np.isin(type_names, spec.types)
         rejects.add(live[wrong_type], Reason.GEOMETRY_TYPE_NOT_ALLOWED,
                     [f"geometry type {t} is not one of {list(spec.types)}" for t in type_names[wrong_type]])
@@ -397,7 +408,7 @@ class Decoder:
                 rejects.add(live[srids[live] == srid], Reason.UNKNOWN_SRID,
                             f"SRID {srid} is EPSG:{srid} ({crs.name}), not a horizontal geographic or projected CRS")
 
-    def _to_table_crs(self, geoms: np.ndarray, srids: np.ndarray, rejects: _Rejects) -> np.ndarray:
+    def _to_table_crs(self, geoms: np.ndarray, srids: np.ndarray, rejects: _Rejects, wkb: np.ndarray) -> np.ndarray:
         out = geoms.copy()
         live = rejects.ok
         for srid in np.unique(srids[live]):
@@ -431,9 +442,10 @@ class Decoder:
             rejects.add(rows[failed], Reason.REPROJECTION_FAILED,
                         f"PROJ could not transform the coordinates from EPSG:{srid} to EPSG:{self._table_epsg}")
             out[rows] = moved
+            wkb[rows] = None
         return out
 
-    def _check_area_and_shape(self, geoms: np.ndarray, rejects: _Rejects) -> None:
+    def _check_area_and_shape(self, geoms: np.ndarray, rejects: _Rejects, wkb: np.ndarray) -> None:
         live = np.flatnonzero(rejects.ok)
         g = geoms[live]
         b = shapely.bounds(g)
@@ -454,9 +466,10 @@ class Decoder:
             rejects.add(invalid, Reason.INVALID_POLYGON, [f"invalid polygon: {r}" for r in reasons])
             return
         repaired = shapely.make_valid(geoms[invalid])
-        repaired_types = np.array([_TYPE_NAMES.get(t) for t in shapely.get_type_id(repaired)], dtype=object)
+        repaired_types = _type_names(shapely.get_type_id(repaired))
         fits = np.isin(repaired_types, self.contract.geometry.types) & ~shapely.is_empty(repaired)
         geoms[invalid[fits]] = repaired[fits]
+        wkb[invalid[fits]] = None
         rejects.add(invalid[~fits], Reason.INVALID_POLYGON,
                     [f"invalid polygon ({r}); its repair is a {t}, which the table does not allow"
                      for r, t in zip(reasons[~fits], repaired_types[~fits])])
@@ -500,11 +513,13 @@ class Decoder:
         return _cast_or_reject(raw, target, f"{col.name} (from {src})", rejects)
 
     def _assemble(self, batch: pa.RecordBatch, columns: dict[str, pa.Array], geoms: np.ndarray,
-                  rejects: _Rejects) -> pa.RecordBatch:
+                  rejects: _Rejects, wkb: np.ndarray) -> pa.RecordBatch:
         ok = rejects.ok
         n = batch.num_rows
         keep = np.where(ok, geoms, None)
-        wkb = shapely.to_wkb(keep, output_dimension=4, flavor="iso", include_srid=False)
+        wkb = np.where(ok, wkb, None)
+        unwritten = ok & np.equal(wkb, None)
+        wkb[unwritten] = _to_wkb(geoms[unwritten])
         bounds = shapely.bounds(keep)
         extent = self.contract.clustering.extent
         keys = np.zeros(n, dtype=np.int64)
@@ -564,9 +579,8 @@ class _FeatureParser:
         self.property_types = property_types
         self._props = pa.struct([pa.field(k, v) for k, v in property_types.items()])
 
-    def parse(self, docs: pa.Array) -> _ParsedFeatures:
-        # Raw line breaks inside a JSON document are whitespace; the reader splits documents on them.
-        flat = pc.replace_substring(pc.replace_substring(docs, "\n", " "), "\r", " ")
+    def parse(self, flat: pa.Array) -> _ParsedFeatures:
+        """Documents without raw line breaks, one per element."""
         errors: dict[int, tuple[Reason, str]] = {}
         tables = self._parse_range(flat, 0, len(flat), errors)
         table = pa.concat_tables(tables) if tables else self._empty(0)
@@ -609,10 +623,7 @@ class _FeatureParser:
 
     def _read_block(self, block: pa.Array) -> tuple[pa.Table | None, int | None]:
         """The block as a table, or (None, the row the reader refused if it says which)."""
-        # One document a line, straight from the Arrow buffers.
-        lines = pc.binary_join_element_wise(block, pa.scalar(b"\n"), pa.scalar(b""))
-        offsets = np.frombuffer(lines.buffers()[1], dtype=np.int32)
-        data = lines.buffers()[2][offsets[lines.offset]:offsets[lines.offset + len(lines)]]
+        data = ndjson(block)
         read_options = pa_json.ReadOptions(use_threads=False, block_size=max(data.size + 1, 1 << 20))
         bad_row = None
         for id_type in self._BLOCK_ID_TYPES:
@@ -821,12 +832,43 @@ def _wkb_header_codes(values: pa.Array) -> np.ndarray:
     return codes
 
 
-def _wkb_lengths(geoms: np.ndarray) -> np.ndarray:
-    """Bytes of each geometry as plain WKB with all its dimensions, as written from what GEOS read."""
+def _type_names(type_ids: np.ndarray) -> np.ndarray:
+    """GeoJSON type name of each shapely type id ("Unknown" for none or a type GeoJSON lacks)."""
+    known = (type_ids >= 0) & (type_ids < len(_TYPE_NAMES))
+    return _TYPE_NAME_BY_ID[np.where(known, type_ids, len(_TYPE_NAMES))]
+
+
+def _read_wkb(blobs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Geometries of WKB values (None where GEOS cannot read one) and which values are curves.
+
+    GEOS reads curves (CircularString ... MultiSurface, also nested in a collection) but shapely
+    cannot hold them, and raises for the whole array: then each value is read alone."""
+    curved = np.zeros(len(blobs), dtype=bool)
+    try:
+        return shapely.from_wkb(blobs, on_invalid="ignore"), curved
+    except NotImplementedError:
+        pass
+    geoms = np.full(len(blobs), None, dtype=object)
+    for i, blob in enumerate(blobs):
+        try:
+            geoms[i] = shapely.from_wkb(blob, on_invalid="ignore")
+        except NotImplementedError:
+            curved[i] = True
+    return geoms, curved
+
+
+def _wkb_base_type(code):
+    """The geometry type GEOS reads from a WKB type word, whatever the flavour: ISO (1000s for Z, M,
+    ZM) and EWKB (high flag bits) alike, and bits GEOS ignores ignored too. The nesting check must
+    see the structure exactly as GEOS will walk it."""
+    return (code & 0xFFFF) % 1000
+
+
+def _to_wkb(geoms: np.ndarray) -> np.ndarray:
+    """The stored form: ISO WKB with every dimension the geometry has, no SRID (the table's CRS)."""
     if geoms.size == 0:
-        return np.zeros(0, dtype=np.int64)
-    wkb = shapely.to_wkb(geoms, output_dimension=4, flavor="iso", include_srid=False)
-    return pc.binary_length(pa.array(wkb, pa.binary())).to_numpy(zero_copy_only=False).astype(np.int64)
+        return np.zeros(0, dtype=object)
+    return shapely.to_wkb(geoms, output_dimension=4, flavor="iso", include_srid=False)
 
 
 def _wkb_nesting(blob: bytes, limit: int) -> int:
@@ -844,8 +886,11 @@ def _wkb_nesting(blob: bytes, limit: int) -> int:
             order = "<" if blob[pos] == 1 else ">"
             (code,) = struct.unpack_from(order + "I", blob, pos + 1)
             pos += 5 + (4 if code & _EWKB_SRID_FLAG else 0)
-            base, iso_dims = divmod(code & 0x0FFFFFFF, 1000)[::-1]
-            dims = 2 + (iso_dims in (1, 3)) + (iso_dims in (2, 3)) + bool(code & _EWKB_Z_FLAG) + bool(code & _EWKB_M_FLAG)
+            base = _wkb_base_type(code)
+            iso_range = (code & 0xFFFF) // 1000
+            has_z = iso_range in (1, 3) or bool(code & _EWKB_Z_FLAG)
+            has_m = iso_range in (2, 3) or bool(code & _EWKB_M_FLAG)
+            dims = 2 + has_z + has_m
             if base == 1:
                 pos += 8 * dims
             elif base in (2, 8):

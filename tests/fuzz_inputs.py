@@ -50,7 +50,8 @@ def mutate_bytes(data: bytes, rng: random.Random) -> bytes:
             data += rng.choice([b"junk", b"\x00", b" {}", b"\x01", bytes(rng.randrange(256) for _ in range(9))])
         elif choice == 4:
             data[at:at] = struct.pack(rng.choice("<>") + "I", rng.choice([0, 1, 7, 1007, 0x7FFFFFFF, 0xFFFFFFFF,
-                                                                           0x20000001, 0x80000007]))
+                                                                           0x20000001, 0x80000007, 0x01000007,
+                                                                           0x00010007, 0x00000107]))
         elif choice == 5 and data:
             j = rng.randrange(len(data))
             data[at:at] = data[j:j + rng.randint(1, 64)]
@@ -120,7 +121,10 @@ def wkb_value(rng: random.Random, with_srid: bool = False) -> bytes:
         blob = shapely.to_wkb(geometry, byte_order=rng.choice([0, 1]), output_dimension=4,
                               flavor=rng.choice(["iso", "extended"]))
     if rng.random() < 0.1:  # collections nested in collections, deeper than GEOS's stack allows
-        header = b"\x01\x07\x00\x00\x00\x01\x00\x00\x00" if rng.random() < 0.5 else b"\x00\x00\x00\x00\x06\x00\x00\x00\x01"
+        # GEOS reads the type from the low 16 bits: the high ones may hold anything
+        code = rng.choice([7, 6, 3007]) | rng.choice([0, 0x01000000, 0x00010000, 0x10000000, 0x80000000])
+        order = rng.choice("<>")
+        header = (b"\x01" if order == "<" else b"\x00") + struct.pack(order + "II", code, 1)
         blob = header * rng.choice([3, 40, 50_000]) + blob
     return mutate_bytes(blob, rng) if rng.random() < 0.8 else blob
 
