@@ -104,7 +104,8 @@ def job_config(settings: Settings, contract: Contract, table: Table) -> JobConfi
         rows_per_partition=settings.rows_per_partition,
         clustering=settings.clustering,
         kafka_options=dict(settings.kafka),
-        decode=DecodeOptions(max_message_bytes=settings.max_message_bytes, max_vertices=settings.max_vertices),
+        decode=DecodeOptions(max_message_bytes=settings.max_message_bytes, max_vertices=settings.max_vertices,
+                             max_nesting=settings.max_nesting),
         dead_letter=dead_letter_config(settings, table),
         hold_after_commit_file=settings.hold_after_commit_file,
     )
@@ -177,7 +178,8 @@ class MaintenanceRunner:
         return time.monotonic() - self._last_run >= self.settings.maintenance_interval_s
 
     def after_batch(self, report: BatchReport) -> None:
-        if self.due():
+        # After a failed commit the job stops: no maintenance to delay that.
+        if report.outcome is not None and report.outcome.status != "failed" and self.due():
             self.run_once()
 
     def start(self) -> None:

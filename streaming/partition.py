@@ -32,6 +32,7 @@ from streaming.decode import (
     DecodeOptions,
     Decoder,
 )
+from streaming.isolation import IsolatedDecoder
 from streaming.writer import DATA_FILE_RECORD_DDL, RECORD_SCHEMA, DataFileRecord, GeoParquetWriter
 
 TALLY = "tally"
@@ -78,10 +79,13 @@ class PartitionTask:
     files: FileSettings
     dead_letter: DeadLetterConfig | None = None  # None: rejects are counted, not sent
     rows_per_run: int = 1_000_000
+    # Decode in a child process, halving after a crash (a batch that crashed a worker: isolation.py)
+    isolate_decoder: bool = False
 
     def __call__(self, batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         """The mapInArrow function: Kafka source batches in, tally and file rows out."""
-        decoder = Decoder(self.contract, self.decode)
+        decoder = IsolatedDecoder(self.contract, self.decode) if self.isolate_decoder else Decoder(self.contract,
+                                                                                                   self.decode)
         keep = [*self.contract.arrow_schema().names, HILBERT]
         writer = GeoParquetWriter(self.contract, self.files.table_properties, self.files.io_properties,
                                   self.files.data_location, self.files.file_prefix)
@@ -112,6 +116,8 @@ class PartitionTask:
         finally:
             if dead_letters is not None:
                 dead_letters.close()
+            if isinstance(decoder, IsolatedDecoder):
+                decoder.close()
         yield results_batch(merge_tallies(tallies), records)
 
 
