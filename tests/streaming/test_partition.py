@@ -1,0 +1,98 @@
+"""The one-pass task of an input partition, without Spark: Kafka batches in, tallies and
+Hilbert-sorted GeoParquet files out (what the driver collects of every task)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import shapely
+
+from streaming.contract import BBOX_FIELDS
+from streaming.decode import DecodeOptions
+from streaming.hilbert import hilbert_keys_of_bounds
+from streaming.partition import FILE, TALLY, BatchResults, FileSettings, PartitionTask, Tally
+from tests.streaming.test_decode import DEMO, FIRST_OFFSET, TOPIC, feature, kafka_batch, point
+
+
+def task(tmp_path, rows_per_run: int = 1_000_000) -> PartitionTask:
+    return PartitionTask(DEMO, DecodeOptions(), FileSettings({}, {}, f"file://{tmp_path}/data", "w-b000000007"),
+                         rows_per_run=rows_per_run)
+
+
+def run(task: PartitionTask, batches: list[pa.RecordBatch]) -> BatchResults:
+    out = list(task(batches))
+    assert len(out) == 1, "one result batch per task"
+    return BatchResults.from_rows(out[0].to_pylist())
+
+
+def points(n: int, seed: int = 3) -> list[bytes]:
+    rng = np.random.default_rng(seed)
+    xs, ys = rng.uniform(-170, 170, n), rng.uniform(-80, 80, n)
+    return [feature(point(float(x), float(y)), fid=f"s{seed}-p{i}", kind="ping", speed=1.0) for i, (x, y) in
+            enumerate(zip(xs, ys))]
+
+
+def keys_of(path: str) -> np.ndarray:
+    bbox = pq.read_table(path.removeprefix("file://"), columns=["bbox"]).column("bbox").combine_chunks()
+    b = [bbox.field(name).to_numpy() for name in BBOX_FIELDS]
+    return hilbert_keys_of_bounds(*b, DEMO.clustering.extent, DEMO.clustering.hilbert_bits)
+
+
+def test_tallies_account_for_every_record_by_partition_and_fate(tmp_path):
+    good = points(30)
+    values = good[:10] + [b"junk", None] + good[10:]
+    first = kafka_batch(values[:16], partition=0)
+    second = kafka_batch(values[16:], partition=1)
+    results = run(task(tmp_path), [first, second])
+    tallies = sorted(results.tallies, key=lambda t: (t.partition, t.reason or ""))
+    last_of_first = FIRST_OFFSET + 15
+    assert tallies == [
+        Tally(TOPIC, 0, None, FIRST_OFFSET, last_of_first, 14, tallies[0].oldest_ms),
+        Tally(TOPIC, 0, "null_value", FIRST_OFFSET + 11, FIRST_OFFSET + 11, 1, tallies[1].oldest_ms),
+        Tally(TOPIC, 0, "unknown_format", FIRST_OFFSET + 10, FIRST_OFFSET + 10, 1, tallies[2].oldest_ms),
+        Tally(TOPIC, 1, None, FIRST_OFFSET, FIRST_OFFSET + 15, 16, tallies[3].oldest_ms),
+    ]
+    assert sum(f.record_count for f in results.files) == 30
+
+
+def test_files_are_hilbert_sorted_and_carry_their_bounds(tmp_path):
+    batches = [kafka_batch(points(500, seed=s)) for s in range(4)]
+    results = run(task(tmp_path), batches)
+    assert sum(f.record_count for f in results.files) == 2000
+    for record in results.files:
+        keys = keys_of(record.path)
+        assert np.all(np.diff(keys) >= 0), "rows in Hilbert order"
+        bbox = pq.read_table(record.path.removeprefix("file://"), columns=["bbox"]).column("bbox").combine_chunks()
+        assert record.bbox == (min(bbox.field("xmin").to_pylist()), min(bbox.field("ymin").to_pylist()),
+                               max(bbox.field("xmax").to_pylist()), max(bbox.field("ymax").to_pylist()))
+        assert record.path.rsplit("/", 1)[1].startswith("w-b000000007-")
+        geo = json.loads(pq.read_metadata(record.path.removeprefix("file://")).metadata[b"geo"])
+        assert geo["columns"]["geometry"]["covering"]["bbox"]["xmin"] == ["bbox", "xmin"]
+
+
+def test_a_run_bounds_the_rows_held_and_each_run_is_sorted_on_its_own(tmp_path):
+    batches = [kafka_batch(points(400, seed=s)) for s in range(5)]
+    results = run(task(tmp_path, rows_per_run=800), batches)
+    assert sum(f.record_count for f in results.files) == 2000
+    # the demo contract cuts files at 1 MiB, far above 800 points: a file per run of two batches
+    batches_in = sorted(sorted({i.split("-")[0] for i in pq.read_table(f.path.removeprefix("file://"),
+                                                                       columns=["event_id"]).column(0).to_pylist()})
+                        for f in results.files)
+    assert batches_in == [["s0", "s1"], ["s2", "s3"], ["s4"]]
+
+
+def test_a_partition_of_rejects_only_writes_no_file_and_still_reports_its_offsets(tmp_path):
+    results = run(task(tmp_path), [kafka_batch([b"x", b"y"], partition=3)])
+    assert results.files == []
+    assert [(t.partition, t.reason, t.first, t.last, t.n) for t in results.tallies] == [
+        (3, "unknown_format", FIRST_OFFSET, FIRST_OFFSET + 1, 2)]
+
+
+def test_result_rows_are_told_apart_by_kind(tmp_path):
+    out = list(task(tmp_path)([kafka_batch(points(3))]))[0].to_pylist()
+    assert {row["kind"] for row in out} == {TALLY, FILE}
+    assert all(shapely.box(row["xmin"], row["ymin"], row["xmax"], row["ymax"]).is_valid
+               for row in out if row["kind"] == FILE)
