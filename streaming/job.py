@@ -1,16 +1,19 @@
 """The streaming query: Kafka -> decode -> Hilbert-sorted GeoParquet files -> one commit.
 
-Spark glue around the pure core. A micro-batch is clustered one of two ways (`clustering`):
+Spark glue around the pure core (streaming/partition.py). A micro-batch is clustered one of three
+ways (`clustering`):
 
-  local (default)  one pass per input partition: each task decodes its Kafka records, sends its
-                   dead letters, sorts its valid rows by Hilbert key and writes them as files, and
-                   returns its offset tallies and file records (streaming/partition.py). Rows cross
-                   from the JVM to Python once; no shuffle, no persist, no second read. Each task's
-                   files are contiguous stretches of the curve, so they stay spatially compact,
-                   but the tasks of a batch overlap in space.
-  shuffle          decode (persisted), tallies and dead letters, then a Spark range exchange on
-                   the Hilbert key and a sort within partitions before the write: one set of
-                   non-overlapping files per batch, at the price of the exchange.
+  batch (default)  one pass per input partition: each task decodes its Kafka records, sends its
+                   dead letters, sorts its valid rows by Hilbert key and stages them as sorted
+                   runs; then one merge task per key range reads its slices of every run and
+                   writes the files. Rows cross from the JVM to Python once; no Spark shuffle, no
+                   persist, no second read of Kafka. The batch's files do not overlap in space.
+  task             the same pass, but each task writes its own runs as files: the cheapest, and
+                   each file is a compact stretch of the curve, but the files of a batch's tasks
+                   cover the same places (a window reads one per task), until compaction.
+  shuffle          decode (persisted), tallies and dead letters, then Spark's range exchange on
+                   the Hilbert key (a sampling pass, a shuffle) and a sort within partitions
+                   before the write.
 
 Either way the driver collects only tallies and file records, then commits the files once,
 idempotently per (writer id, batch id). Rows never reach the driver.
@@ -25,6 +28,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import pyarrow as pa
+from pyarrow import fs as pafs
 from pyiceberg.table import Table
 from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession
@@ -47,10 +51,10 @@ from streaming.decode import (
     decoded_schema,
 )
 from streaming.isolation import IsolatedDecoder, worker_crashed
-from streaming.partition import RESULT_DDL, BatchResults, FileSettings, PartitionTask, Tally
+from streaming.partition import RESULT_DDL, BatchResults, FileSettings, MergeTask, PartitionTask, Tally, plan_merge
 from streaming.writer import DATA_FILE_RECORD_DDL, DataFileRecord, GeoParquetWriter, records_to_arrow
 
-CLUSTERING_MODES = ("local", "shuffle")
+CLUSTERING_MODES = ("batch", "task", "shuffle")
 
 log = logging.getLogger("geoingest.job")
 
@@ -63,10 +67,10 @@ class JobConfig:
     writer_id: str
     starting_offsets: str = "earliest"
     max_offsets_per_trigger: int = 1_000_000
-    # local: the rows a task sorts and writes at once (its memory bound);
+    # batch, task: the rows a task sorts at once (its memory bound), and of one merge range;
     # shuffle: the rows of one range partition.
     rows_per_partition: int = 1_000_000
-    clustering: str = "local"
+    clustering: str = "batch"
     # Tasks a batch runs in (0: Spark's default parallelism, the cores).
     parallelism: int = 0
     kafka_options: dict[str, str] = field(default_factory=dict)
@@ -160,9 +164,9 @@ class BatchProcessor:
     def _clustered(self, batch: DataFrame, batch_id: int, timings: dict[str, float],
                    isolate_decoder: bool) -> BatchResults:
         try:
-            if self.config.clustering == "local":
-                return self._one_pass(batch, batch_id, timings, isolate_decoder)
-            return self._shuffled(batch, batch_id, timings, isolate_decoder)
+            if self.config.clustering == "shuffle":
+                return self._shuffled(batch, batch_id, timings, isolate_decoder)
+            return self._one_pass(batch, batch_id, timings, isolate_decoder)
         except Exception as exc:
             self.fatal_error = _dead_letter_failure(exc)
             if self.fatal_error is not None:
@@ -172,15 +176,33 @@ class BatchProcessor:
     def _one_pass(self, batch: DataFrame, batch_id: int, timings: dict[str, float],
                   isolate_decoder: bool) -> BatchResults:
         step = time.monotonic()
+        staging = self._staging(batch_id) if self.config.clustering == "batch" else None
+        if staging is not None:
+            _clear_folder(staging, self.table.io)  # runs of an attempt that died
         task = PartitionTask(self.contract, self.config.decode, self._file_settings(batch_id),
-                             self.config.dead_letter, self.config.rows_per_partition, isolate_decoder)
+                             self.config.dead_letter, self.config.rows_per_partition, isolate_decoder, staging)
         source = _source_columns(batch)
         if source.rdd.getNumPartitions() > self._parallelism:
-            # One task per core: fewer tasks write fewer, larger files that overlap less in space.
+            # One task per core: fewer, longer runs (and, clustering "task", fewer files that overlap).
             source = source.coalesce(self._parallelism)
         results = BatchResults.from_rows(source.mapInArrow(task, RESULT_DDL).collect())
         timings["ingest"] = time.monotonic() - step
+        if staging is None:
+            return results
+        step = time.monotonic()
+        valid = sum(s.rows for s in results.slices)
+        ranges = plan_merge(results.slices, max(self._parallelism, math.ceil(valid / self.config.rows_per_partition)))
+        if ranges:
+            merge = MergeTask(self.contract, self._file_settings(batch_id), tuple(ranges))
+            merged = self.spark.range(0, len(ranges), 1, len(ranges)).mapInArrow(merge, RESULT_DDL).collect()
+            results.files = BatchResults.from_rows(merged).files
+        _clear_folder(staging, self.table.io)
+        results.slices = []
+        timings["merge"] = time.monotonic() - step
         return results
+
+    def _staging(self, batch_id: int) -> str:
+        return f"{self.table.location().rstrip('/')}/staging/{self.config.writer_id}-b{batch_id:09d}"
 
     def _shuffled(self, batch: DataFrame, batch_id: int, timings: dict[str, float],
                   isolate_decoder: bool) -> BatchResults:
@@ -238,6 +260,15 @@ class BatchProcessor:
     def _notify(self, report: BatchReport) -> None:
         for observe in self.observers:
             observe(report)
+
+
+def _clear_folder(location: str, io) -> None:
+    """Delete the files under a staging folder (never referenced by the table)."""
+    filesystem, root = pafs.FileSystem.from_uri(location if "://" in location else f"file://{location}")
+    scheme = location.split("://", 1)[0] + "://" if "://" in location else ""
+    for info in filesystem.get_file_info(pafs.FileSelector(root, recursive=True, allow_not_found=True)):
+        if info.type == pafs.FileType.File:
+            io.delete(f"{scheme}{info.path}")
 
 
 def _source_columns(batch: DataFrame) -> DataFrame:

@@ -1,14 +1,23 @@
-"""One input partition of a micro-batch, in one pass: decode, dead letters, Hilbert sort, write.
+"""One input partition of a micro-batch in one pass (decode, dead letters, Hilbert sort), and the
+merge of the sorted runs of all partitions into the batch's files.
 
-Runs on an executor over the Arrow batches Spark's Kafka source hands the Python worker, and
-returns the few rows the driver needs: per (topic, partition, reject reason) the offset range,
-count and oldest Kafka timestamp, and one row per data file written. Rows never leave the task.
+`PartitionTask` runs on an executor over the Arrow batches Spark's Kafka source hands the Python
+worker. Valid rows are kept (only the columns the files hold) until `rows_per_run` of them have
+arrived, then sorted by Hilbert key: a task's memory is bounded by one run, whatever the batch
+size. A sorted run is then either
+  - written straight away as GeoParquet files of about the contract's target size, each a
+    contiguous stretch of the curve (clustering "task": one pass, but the files of different tasks
+    cover the same places), or
+  - staged as an Arrow IPC file in slices of SLICE_ROWS rows, each slice reported with its first
+    and last key (clustering "batch"). The driver cuts the key range of the whole batch into
+    ranges of equal rows (`plan_merge`) and `MergeTask`s read just the slices of their range from
+    every run, merge them and write the files: the batch ends up sorted along the curve as a
+    whole, as a Spark range exchange would leave it, without rows ever going back to the JVM.
+Either way a task returns only the few rows the driver needs: per (topic, partition, reject reason)
+the offset range, count and oldest Kafka timestamp, and one row per file or slice written.
 
-Valid rows are kept (only the columns the files hold) until `rows_per_run` of them have arrived,
-then sorted by Hilbert key and written as files of about the contract's target size, each a
-contiguous stretch of the curve. A task's memory is therefore bounded by one run, whatever the
-batch size. Pure Python over Arrow: no Spark import, so the benchmark's limit chain and the tests
-run exactly this code.
+Pure Python over Arrow: no Spark import, so the benchmark's limit chain and the tests run exactly
+this code.
 """
 
 from __future__ import annotations
@@ -16,9 +25,13 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
+import math
+import uuid
+
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+from pyiceberg.io import FileIO
 
 from streaming.contract import Contract
 from streaming.dead_letter import DeadLetterConfig, DeadLetterWriter
@@ -37,16 +50,23 @@ from streaming.writer import DATA_FILE_RECORD_DDL, RECORD_SCHEMA, DataFileRecord
 
 TALLY = "tally"
 FILE = "file"
+SLICE = "slice"
+# Rows per slice of a staged run: the unit a merge task reads. Small enough that a merge range
+# reads little beyond its own rows, large enough that a batch has few slices to plan.
+SLICE_ROWS = 8192
 
-# The rows a task returns: a tally row (one per topic, partition and reject reason, null for the
-# valid rows) or a file row (one per data file written), told apart by `kind`.
+# The rows a task returns, told apart by `kind`: a tally row (one per topic, partition and reject
+# reason, null for the valid rows: topic .. oldest_ms), a file row (one per data file written: the
+# DataFileRecord columns) or a slice row (one per slice of a staged run: path, slice, key_lo,
+# key_hi, n).
 RESULT_SCHEMA = pa.schema([
     ("kind", pa.string()), ("topic", pa.string()), ("partition", pa.int32()), ("reason", pa.string()),
     ("first", pa.int64()), ("last", pa.int64()), ("n", pa.int64()), ("oldest_ms", pa.int64()),
     *RECORD_SCHEMA,
+    ("slice", pa.int32()), ("key_lo", pa.int64()), ("key_hi", pa.int64()),
 ])
 RESULT_DDL = ("kind string, topic string, partition int, reason string, first long, last long, n long, "
-              f"oldest_ms long, {DATA_FILE_RECORD_DDL}")
+              f"oldest_ms long, {DATA_FILE_RECORD_DDL}, slice int, key_lo long, key_hi long")
 
 
 @dataclass(frozen=True)
@@ -60,6 +80,26 @@ class Tally:
     last: int
     n: int
     oldest_ms: int | None
+
+
+@dataclass(frozen=True)
+class Slice:
+    """SLICE_ROWS (or fewer) rows of a staged run, in Hilbert order: keys key_lo .. key_hi."""
+
+    path: str
+    index: int  # the record batch of the Arrow IPC file
+    key_lo: int
+    key_hi: int
+    rows: int
+
+
+@dataclass(frozen=True)
+class MergeRange:
+    """The rows with key_lo <= Hilbert key < key_hi (None: no bound), and the slices holding them."""
+
+    key_lo: int | None
+    key_hi: int | None
+    slices: tuple[tuple[str, int], ...]
 
 
 @dataclass(frozen=True)
@@ -81,9 +121,11 @@ class PartitionTask:
     rows_per_run: int = 1_000_000
     # Decode in a child process, halving after a crash (a batch that crashed a worker: isolation.py)
     isolate_decoder: bool = False
+    # A folder URI: stage sorted runs there for MergeTasks instead of writing files (clustering "batch")
+    staging: str | None = None
 
     def __call__(self, batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        """The mapInArrow function: Kafka source batches in, tally and file rows out."""
+        """The mapInArrow function: Kafka source batches in, tally and file (or slice) rows out."""
         decoder = IsolatedDecoder(self.contract, self.decode) if self.isolate_decoder else Decoder(self.contract,
                                                                                                    self.decode)
         keep = [*self.contract.arrow_schema().names, HILBERT]
@@ -93,7 +135,15 @@ class PartitionTask:
         run: list[pa.RecordBatch] = []
         run_rows = 0
         records: list[DataFileRecord] = []
+        slices: list[Slice] = []
         dead_letters: DeadLetterWriter | None = None
+
+        def flush(run: list[pa.RecordBatch]) -> None:
+            if self.staging is None:
+                records.extend(writer.write(hilbert_sorted(run)))
+            else:
+                slices.extend(stage_run(hilbert_sorted(run), self.staging, writer.io))
+
         try:
             for batch in batches:
                 if batch.num_rows == 0:
@@ -109,16 +159,37 @@ class PartitionTask:
                     run.append(valid)
                     run_rows += valid.num_rows
                 if run_rows >= self.rows_per_run:
-                    records += writer.write(hilbert_sorted(run))
+                    flush(run)
                     run, run_rows = [], 0
             if run_rows:
-                records += writer.write(hilbert_sorted(run))
+                flush(run)
         finally:
             if dead_letters is not None:
                 dead_letters.close()
             if isinstance(decoder, IsolatedDecoder):
                 decoder.close()
-        yield results_batch(merge_tallies(tallies), records)
+        yield results_batch(merge_tallies(tallies), records, slices)
+
+
+@dataclass(frozen=True)
+class MergeTask:
+    """The mapInArrow function of the merge pass: range numbers in (one task per range), the files
+    of those ranges out."""
+
+    contract: Contract
+    files: FileSettings
+    ranges: tuple[MergeRange, ...]
+
+    def __call__(self, batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        writer = GeoParquetWriter(self.contract, self.files.table_properties, self.files.io_properties,
+                                  self.files.data_location, self.files.file_prefix)
+        records: list[DataFileRecord] = []
+        for batch in batches:
+            for number in batch.column(0).to_pylist():
+                rows = merged_range(self.ranges[number], writer.io)
+                if rows.num_rows:
+                    records += writer.write(iter(rows.to_batches()))
+        yield results_batch([], records)
 
 
 def tally_table(decoded: pa.RecordBatch) -> pa.Table:
@@ -148,17 +219,79 @@ def merge_tallies(tables: list[pa.Table]) -> list[Tally]:
                   r["oldest_ms_min"]) for r in grouped.to_pylist()]
 
 
-def hilbert_sorted(run: list[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+def hilbert_sorted(run: list[pa.RecordBatch] | pa.Table) -> Iterator[pa.RecordBatch]:
     """The rows of a run in Hilbert key order (stable: equal keys keep their arrival order)."""
-    table = pa.Table.from_batches(run)
+    table = run if isinstance(run, pa.Table) else pa.Table.from_batches(run)
     order = np.argsort(table.column(HILBERT).to_numpy(), kind="stable")
     return iter(table.take(pa.array(order)).to_batches())
 
 
-def results_batch(tallies: list[Tally], records: list[DataFileRecord]) -> pa.RecordBatch:
+def stage_run(sorted_batches: Iterator[pa.RecordBatch], staging: str, io: FileIO) -> list[Slice]:
+    """A sorted run as one Arrow IPC file of SLICE_ROWS-row record batches under `staging`."""
+    table = pa.Table.from_batches(list(sorted_batches))
+    path = f"{staging.rstrip('/')}/{uuid.uuid4().hex}.arrow"
+    slices = []
+    with io.new_output(path).create(overwrite=False) as out, pa.ipc.new_file(out, table.schema) as ipc:
+        for index, batch in enumerate(table.to_batches(max_chunksize=SLICE_ROWS)):
+            ipc.write_batch(batch)
+            keys = batch.column(HILBERT)
+            slices.append(Slice(path, index, keys[0].as_py(), keys[-1].as_py(), batch.num_rows))
+    return slices
+
+
+def plan_merge(slices: list[Slice], ranges: int) -> list[MergeRange]:
+    """Cut the batch's keys into `ranges` stretches of about equal rows (fewer where keys repeat),
+    and name the slices each must read. A slice's rows count as spread around the middle of its
+    key span: a range is then off its share by at most a slice per run; a row is in one range."""
+    if not slices:
+        return []
+    middle = np.array([(s.key_lo + s.key_hi) / 2 for s in slices])
+    rows = np.array([s.rows for s in slices], dtype=np.float64)
+    order = np.argsort(middle, kind="stable")
+    # rows below each slice's middle, interpolated in between
+    below = np.cumsum(rows[order]) - rows[order] / 2
+    targets = rows.sum() * np.arange(1, ranges) / ranges
+    cuts = sorted({math.ceil(key) for key in np.interp(targets, below, middle[order])})
+    bounds = [None, *cuts, None]
+    plan = []
+    for lo, hi in zip(bounds[:-1], bounds[1:]):
+        needed = tuple((s.path, s.index) for s in slices
+                       if (lo is None or s.key_hi >= lo) and (hi is None or s.key_lo < hi))
+        if needed:
+            plan.append(MergeRange(lo, hi, needed))
+    return plan
+
+
+def merged_range(merge: MergeRange, io: FileIO) -> pa.Table:
+    """The rows of a merge range from the staged slices, in Hilbert order."""
+    by_path: dict[str, list[int]] = {}
+    for path, index in merge.slices:
+        by_path.setdefault(path, []).append(index)
+    parts = []
+    for path, indices in by_path.items():
+        with io.new_input(path).open(seekable=True) as f:
+            reader = pa.ipc.open_file(f)
+            for index in indices:
+                batch = reader.get_batch(index)
+                keys = batch.column(HILBERT)
+                inside = None
+                if merge.key_lo is not None:
+                    inside = pc.greater_equal(keys, merge.key_lo)
+                if merge.key_hi is not None:
+                    below = pc.less(keys, merge.key_hi)
+                    inside = below if inside is None else pc.and_(inside, below)
+                parts.append(batch if inside is None else batch.filter(inside))
+    table = pa.Table.from_batches(parts)
+    return table.take(pa.array(np.argsort(table.column(HILBERT).to_numpy(), kind="stable")))
+
+
+def results_batch(tallies: list[Tally], records: list[DataFileRecord],
+                  slices: list[Slice] = ()) -> pa.RecordBatch:
     rows = [{"kind": TALLY, "topic": t.topic, "partition": t.partition, "reason": t.reason, "first": t.first,
              "last": t.last, "n": t.n, "oldest_ms": t.oldest_ms} for t in tallies]
     rows += [{"kind": FILE, **r.to_row()} for r in records]
+    rows += [{"kind": SLICE, "path": s.path, "slice": s.index, "key_lo": s.key_lo, "key_hi": s.key_hi, "n": s.rows}
+             for s in slices]
     return pa.RecordBatch.from_pylist(rows, schema=RESULT_SCHEMA)
 
 
@@ -168,6 +301,7 @@ class BatchResults:
 
     tallies: list[Tally] = field(default_factory=list)
     files: list[DataFileRecord] = field(default_factory=list)
+    slices: list[Slice] = field(default_factory=list)
 
     @classmethod
     def from_rows(cls, rows: Iterable) -> BatchResults:
@@ -176,6 +310,8 @@ class BatchResults:
             if row["kind"] == TALLY:
                 out.tallies.append(Tally(row["topic"], row["partition"], row["reason"], row["first"], row["last"],
                                          row["n"], row["oldest_ms"]))
+            elif row["kind"] == SLICE:
+                out.slices.append(Slice(row["path"], row["slice"], row["key_lo"], row["key_hi"], row["n"]))
             else:
                 out.files.append(DataFileRecord.from_row(row))
         return out

@@ -104,7 +104,7 @@ class GeoParquetWriter:
         iceberg_schema = contract.iceberg_schema()
         self._stats_plan = compute_statistics_plan(iceberg_schema, table_properties)
         self._path_ids = parquet_path_to_id_mapping(iceberg_schema)
-        self._io = load_file_io(properties=io_properties, location=data_location)
+        self.io = load_file_io(properties=io_properties, location=data_location)
         self._data_location = data_location.rstrip("/")
         self._file_prefix = file_prefix
         self._bbox_ids = contract.bbox_field_ids
@@ -114,7 +114,7 @@ class GeoParquetWriter:
         for group in _row_groups(batches, self.contract.clustering.row_group_rows):
             table = pa.Table.from_batches([group]).select(self.schema.names).cast(self.schema)
             if file is None:
-                file = _OpenFile(self._new_path(), self._io, self.schema)
+                file = _OpenFile(self._new_path(), self.io, self.schema)
             file.write(table, self.contract)
             if file.bytes_written() >= self.contract.clustering.target_file_bytes:
                 yield self._finish(file)
@@ -143,7 +143,7 @@ class GeoParquetWriter:
         }
         return DataFileRecord(
             path=file.path,
-            file_size_in_bytes=len(self._io.new_input(file.path)),
+            file_size_in_bytes=len(self.io.new_input(file.path)),
             record_count=record_count,
             bbox=file.bbox(),
             metrics=serializable,

@@ -3,6 +3,7 @@ Hilbert-sorted GeoParquet files out (what the driver collects of every task)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import numpy as np
@@ -13,7 +14,17 @@ import shapely
 from streaming.contract import BBOX_FIELDS
 from streaming.decode import DecodeOptions
 from streaming.hilbert import hilbert_keys_of_bounds
-from streaming.partition import FILE, TALLY, BatchResults, FileSettings, PartitionTask, Tally
+from streaming.partition import (
+    FILE,
+    TALLY,
+    BatchResults,
+    FileSettings,
+    MergeTask,
+    PartitionTask,
+    Slice,
+    Tally,
+    plan_merge,
+)
 from tests.streaming.test_decode import DEMO, FIRST_OFFSET, TOPIC, feature, kafka_batch, point
 
 
@@ -96,3 +107,43 @@ def test_result_rows_are_told_apart_by_kind(tmp_path):
     assert {row["kind"] for row in out} == {TALLY, FILE}
     assert all(shapely.box(row["xmin"], row["ymin"], row["xmax"], row["ymax"]).is_valid
                for row in out if row["kind"] == FILE)
+
+
+# -- clustering "batch": sorted runs merged by key range ---------------------------------------------
+def test_plan_cuts_the_keys_into_ranges_of_about_equal_rows():
+    slices = [Slice("a", 0, 0, 99, 100), Slice("a", 1, 100, 199, 100),
+              Slice("b", 0, 50, 149, 100), Slice("b", 1, 150, 249, 100)]
+    plan = plan_merge(slices, 2)
+    assert [(r.key_lo, r.key_hi) for r in plan] == [(None, 125), (125, None)]
+    assert plan[0].slices == (("a", 0), ("a", 1), ("b", 0))
+    assert plan[1].slices == (("a", 1), ("b", 0), ("b", 1))
+
+
+def test_plan_never_splits_one_key_and_reads_every_slice():
+    slices = [Slice("a", i, 7, 7, 10) for i in range(4)]
+    plan = plan_merge(slices, 3)
+    # the only cut is at 7, below which nothing lies: one range holds them all
+    assert [(r.key_lo, r.key_hi) for r in plan] == [(7, None)]
+    assert plan[0].slices == tuple(("a", i) for i in range(4))
+
+
+def test_runs_of_several_tasks_merge_into_files_that_do_not_overlap_on_the_curve(tmp_path):
+    staging = f"file://{tmp_path}/staging"
+    first = run(dataclasses.replace(task(tmp_path, rows_per_run=700), staging=staging),
+                [kafka_batch(points(500, seed=s)) for s in (1, 2, 3)])
+    second = run(dataclasses.replace(task(tmp_path), staging=staging), [kafka_batch(points(800, seed=9))])
+    assert first.files == [] and second.files == []
+    slices = first.slices + second.slices
+    assert sum(s.rows for s in slices) == 2300
+    plan = plan_merge(slices, 3)
+    merge = MergeTask(DEMO, FileSettings({}, {}, f"file://{tmp_path}/data", "w-b000000007"), tuple(plan))
+    out = [BatchResults.from_rows(b.to_pylist()) for b in merge([pa.record_batch({"id": list(range(len(plan)))})])]
+    files = [f for o in out for f in o.files]
+    ids = [i for f in files for i in pq.read_table(f.path.removeprefix("file://"), columns=["event_id"])
+           .column(0).to_pylist()]
+    assert sorted(ids) == sorted(f"s{s}-p{i}" for s, n in ((1, 500), (2, 500), (3, 500), (9, 800)) for i in range(n))
+    spans = sorted((keys_of(f.path)[0], keys_of(f.path)[-1]) for f in files)
+    for (lo, hi), (next_lo, _) in zip(spans, spans[1:]):
+        assert hi <= next_lo, "files follow each other along the curve"
+    for f in files:
+        assert np.all(np.diff(keys_of(f.path)) >= 0)
