@@ -9,11 +9,14 @@ same driver memory):
   plain        the hand-wired stack: Spark's Kafka source -> Sedona ST_GeomFromGeoJSON /
                ST_GeomFromWKB -> bbox columns -> sort by ST_GeoHash -> Iceberg append with
                iceberg-spark-runtime (bench/plain_stack.py)
-  local        geoingest, one pass per input partition (the default clustering)
-  shuffle      geoingest with clustering = "shuffle" (a Spark range exchange per batch)
+  batch        geoingest as it ships: one pass per input partition into sorted runs, merged by
+               key range into the batch's files (clustering "batch")
+  task         geoingest, each task writing its own runs (clustering "task")
+  shuffle      geoingest with Spark's range exchange (clustering "shuffle")
 
 each the way a service runs: a processing-time trigger ("0 seconds" by default: the next batch
-starts when the last one is done, as under a backlog), from query start to the last commit. Then:
+starts when the last one is done, as under a backlog), from query start to the last commit, after
+a warm-up batch of 64 events through the whole stack in the same session. Then:
 
   limit chain  the same decode, dead-letter tally, Hilbert sort and GeoParquet write
                (streaming/partition.py) on as many processes as the service has cores, over the
@@ -27,7 +30,7 @@ starts when the last one is done, as under a backlog), from query start to the l
 Writes bench/results/ingest.json and ingest.md.
 
     .venv/bin/python bench/ingest.py [--events 400000] [--datasets geojson-points,wkb-points,wkb-polygons]
-        [--batch-sizes 1000000,40000] [--stacks plain,local,shuffle] [--trigger "0 seconds"]
+        [--batch-sizes 1000000,40000] [--stacks plain,batch,task,shuffle] [--trigger "0 seconds"]
 """
 
 from __future__ import annotations
@@ -126,7 +129,8 @@ def run_geoingest(bootstrap: str, topic: str, events: int, per_batch: int, clust
     """The service (`geoingest run`, not --until-idle) over `topic` in a fresh process, stopped by
     SIGTERM once every event is committed; returns its figures and its peak memory."""
     spec = {"bootstrap": bootstrap, "topic": topic, "events": events, "per_batch": per_batch,
-            "clustering": clustering, "trigger": trigger, "workdir": str(workdir), "windows": windows}
+            "clustering": clustering, "trigger": trigger, "workdir": str(workdir), "windows": windows,
+            "format": FORMATS[topic]}
     workdir.mkdir(parents=True, exist_ok=True)
     (workdir / "spec.json").write_text(json.dumps(spec))
     log = open(workdir / "geoingest.log", "wb")
@@ -164,11 +168,14 @@ def geoingest_child(spec: dict) -> dict:
         clustering=spec["clustering"], trigger_interval=spec["trigger"], spark_master=MASTER,
         driver_memory=DRIVER_MEMORY)
     contract = load_contract(CONTRACT)
-    table, _ = create_table(open_catalog(settings.catalog_name, settings.catalog), contract)
+    catalog = open_catalog(settings.catalog_name, settings.catalog)
+    table, _ = create_table(catalog, contract)
     started = time.monotonic()
     spark = start_spark(settings)
-    spark.range(4).mapInArrow(lambda batches: batches, "id long").count()  # the Python workers, warm
     session_s = time.monotonic() - started
+    started = time.monotonic()
+    warm_up(spark, catalog, contract, settings, spec["format"])
+    warmup_s = time.monotonic() - started
 
     reports: list = []
     done_at: list[float] = []
@@ -185,14 +192,42 @@ def geoingest_child(spec: dict) -> dict:
     table.refresh()
     committed = _rows_in(table)
     stages = {k: round(sum(r.seconds.get(k, 0.0) for r in reports), 2)
-              for k in ("ingest", "read_decode", "dead_letter", "cluster_write", "commit", "total")}
+              for k in ("ingest", "merge", "read_decode", "dead_letter", "cluster_write", "commit", "total")}
     return {
         "batches": len(reports), "consumed": sum(r.consumed for r in reports), "committed_rows": committed,
         "files": sum(len(r.files) for r in reports), "seconds": round(elapsed, 2),
         "events_per_s": round(spec["events"] / elapsed), "session_start_s": round(session_s, 2),
+        "warmup_s": round(warmup_s, 2),
         "stage_seconds": {k: v for k, v in stages.items() if v},
         "pruning": pruning(table, spec["windows"], query_bbox),
     }
+
+
+def warm_up(spark, catalog, contract, settings, fmt: str) -> None:
+    """64 valid events through the whole batch path (decode, sort, files, commit) into a table of
+    their own, as the plain stack warms up: classes loaded, Python workers started."""
+    import dataclasses
+    from datetime import UTC, datetime
+
+    from app.service import job_config
+    from streaming.catalog import create_table
+    from streaming.job import BatchProcessor
+
+    warm_contract = dataclasses.replace(contract, table=f"{contract.namespace}.warmup")
+    warm_table, _ = create_table(catalog, warm_contract)
+    rows = []
+    for i in range(64):
+        lon, lat = 2.2 + i * 0.005, 48.8 + i * 0.002
+        value = (shapely.to_wkb(shapely.Point(lon, lat)) if fmt == "wkb" else
+                 ('{"type":"Feature","id":"w%d","geometry":{"type":"Point","coordinates":[%.6f,%.6f]},'
+                  '"properties":{"kind":"warmup","speed":1.0}}' % (i, lon, lat)).encode())
+        rows.append((f"w{i}".encode(), value, "warmup", i % 2, i, datetime.now(UTC), 0, []))
+    batch = spark.createDataFrame(rows, "key binary, value binary, topic string, partition int, offset long, "
+                                        "timestamp timestamp, timestampType int, "
+                                        "headers array<struct<key:string,value:binary>>")
+    config = dataclasses.replace(job_config(settings, warm_contract, warm_table), writer_id="warmup",
+                                 dead_letter=None)
+    BatchProcessor(spark, warm_table, warm_contract, config)(batch, 0)
 
 
 def pruning(table, windows: dict, query_bbox) -> dict:
@@ -344,7 +379,7 @@ def main() -> None:
     parser.add_argument("--events", type=int, default=400_000)
     parser.add_argument("--datasets", default="geojson-points,wkb-points,wkb-polygons")
     parser.add_argument("--batch-sizes", default="1000000,40000")
-    parser.add_argument("--stacks", default="plain,local,shuffle")
+    parser.add_argument("--stacks", default="plain,batch,task,shuffle")
     parser.add_argument("--trigger", default="0 seconds", help='processing-time interval of every stack')
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -395,19 +430,20 @@ def main() -> None:
 
 
 def ratios(result: dict, batch_sizes: list[int]) -> dict:
+    """Each geoingest run against the plain stack and the limit chain, per batch size."""
     runs = result["runs"]
     out = {}
     for per_batch in batch_sizes:
-        local = runs.get(f"local-{per_batch}")
-        if local is None:
-            continue
         plain = runs.get(f"plain-{per_batch}")
-        shuffle = runs.get(f"shuffle-{per_batch}")
-        out[str(per_batch)] = {
-            "local_vs_plain": round(local["events_per_s"] / plain["events_per_s"], 2) if plain else None,
-            "shuffle_vs_plain": round(shuffle["events_per_s"] / plain["events_per_s"], 2) if plain and shuffle else None,
-            "local_vs_limit_chain": round(local["events_per_s"] / result["limit_chain"]["events_per_s"], 2),
-        }
+        figures = {}
+        for stack in ("batch", "task", "shuffle"):
+            run = runs.get(f"{stack}-{per_batch}")
+            if run is None:
+                continue
+            if plain:
+                figures[f"{stack}_vs_plain"] = round(run["events_per_s"] / plain["events_per_s"], 2)
+            figures[f"{stack}_vs_limit_chain"] = round(run["events_per_s"] / result["limit_chain"]["events_per_s"], 2)
+        out[str(per_batch)] = figures
     return out
 
 
@@ -416,16 +452,17 @@ def write_results(report: dict) -> None:
     (RESULTS / "ingest.json").write_text(json.dumps(report, indent=2))
     lines = [f"Ingest, {report['events']:,} events per dataset, Spark {report['master']} on {report['cores']} cores, "
              f"processing-time trigger {report['trigger']!r}, events/s from query start to the last commit", "",
-             "| dataset | events per batch | plain stack | geoingest local | geoingest shuffle | local / plain "
-             "| limit chain (2 processes) | local / limit chain |", "|---|---|---|---|---|---|---|---|"]
+             "| dataset | events per batch | plain stack | geoingest | geoingest / plain | geoingest, task "
+             "| geoingest, shuffle | limit chain (2 processes) | geoingest / limit chain |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for name, r in report["datasets"].items():
         for per_batch in report["batch_sizes"]:
             runs = r["runs"]
             rate = lambda label: f"{runs[label]['events_per_s']:,}" if label in runs else "-"  # noqa: E731
             q = r["ratios"].get(str(per_batch), {})
-            lines.append(f"| {name} | {per_batch:,} | {rate(f'plain-{per_batch}')} | {rate(f'local-{per_batch}')} | "
-                         f"{rate(f'shuffle-{per_batch}')} | {q.get('local_vs_plain')} | "
-                         f"{r['limit_chain']['events_per_s']:,} | {q.get('local_vs_limit_chain')} |")
+            lines.append(f"| {name} | {per_batch:,} | {rate(f'plain-{per_batch}')} | {rate(f'batch-{per_batch}')} | "
+                         f"{q.get('batch_vs_plain')} | {rate(f'task-{per_batch}')} | {rate(f'shuffle-{per_batch}')} | "
+                         f"{r['limit_chain']['events_per_s']:,} | {q.get('batch_vs_limit_chain')} |")
     lines += ["", "Where the time goes (seconds summed over the batches of one run):", "",
               "| dataset | run | batches | stages |", "|---|---|---|---|"]
     for name, r in report["datasets"].items():
