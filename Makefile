@@ -30,6 +30,7 @@ bench: setup
 	PYTHONPATH=$(CURDIR) $(PY) bench/layout.py
 	PYTHONPATH=$(CURDIR) $(PY) bench/concurrency.py
 	PYTHONPATH=$(CURDIR) $(PY) bench/reliability.py
+	PYTHONPATH=$(CURDIR) $(PY) bench/maintenance.py
 
 clean:
 	rm -rf .demo $(VENV)

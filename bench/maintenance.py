@@ -16,6 +16,9 @@ compacted. Files and row groups a window query reads (the query's own pruning), 
 of 0.1 % of the data extent and a Paris window; before/after pictures of the file extents
 (`geoingest inspect --plot`, here through the same function, the "before" by time travel).
 
+Part 3, merge or re-sort: compaction's sort of the keys of k already sorted files, numpy's
+stable sort (which merges sorted runs) against quicksort.
+
 Writes bench/results/maintenance.json, maintenance.md and maintenance.png, and
 docs/maintenance-before.png / docs/maintenance-after.png. Ratios are within one run; the machine
 is shared, so absolute times are not conclusions.
@@ -119,9 +122,12 @@ def commit_curve(props: dict, name: str, commits: int, rows: int, sample_every: 
             samples.append(sample)
             window = []
             print(f"  {label}: {json.dumps(sample)}", flush=True)
+    paired = paired_with_a_new_table(catalog, writer, commits, rows, maintain_every, name)
+    print(f"  {label}, paired: {json.dumps(paired)}", flush=True)
     table.refresh()
     rows_in_table = table.scan(selected_fields=("event_id",)).to_arrow().num_rows
-    assert rows_in_table == commits * rows, f"{label}: {rows_in_table} rows for {commits * rows}"
+    expected_rows = (commits + PAIRED_COMMITS) * rows
+    assert rows_in_table == expected_rows, f"{label}: {rows_in_table} rows for {expected_rows}"
     first = [s for s in samples if s["commits"] <= 100]
     last = [s for s in samples if s["commits"] > samples[-1]["commits"] - 100]
     return {
@@ -138,8 +144,43 @@ def commit_curve(props: dict, name: str, commits: int, rows: int, sample_every: 
         "max_metadata_bytes": max(s["metadata_bytes"] for s in samples),
         "final_metadata_bytes": samples[-1]["metadata_bytes"],
         "maintenance_seconds_total": round(sum(r["seconds"] for r in maintenance_runs), 1),
+        "paired": paired,
         "rows_checked": rows_in_table,
     }
+
+
+PAIRED_COMMITS = 100
+
+
+def paired_with_a_new_table(catalog, aged: BatchWriter, next_batch: int, rows: int, maintain_every: int | None,
+                            name: str) -> dict:
+    """The aged table's next 100 commits against the first 100 of a new table, alternating one and
+    the other, with a bbox scan planned on each every 10 commits: both under the same load of the
+    shared machine, unlike the first 100 commits of the long run, made an hour earlier. The aged
+    table keeps its maintenance schedule."""
+    contract = dataclasses.replace(CONTRACT, table=f"bench.{name}_new")
+    table, _ = create_table(catalog, contract)
+    new = BatchWriter(table, contract, writer_id=f"w-{name}-new")
+    rng = np.random.default_rng(13)
+    commit_ms: dict[str, list[float]] = {"aged": [], "new": []}
+    planning: dict[str, list[float]] = {"aged": [], "new": []}
+    for i in range(PAIRED_COMMITS):
+        commit_ms["new"].append(new.commit(i, *world_points(rng, rows)).duration_s * 1000)
+        commit_ms["aged"].append(aged.commit(next_batch + i, *world_points(rng, rows)).duration_s * 1000)
+        if maintain_every and (next_batch + i + 1) % maintain_every == 0:
+            maintain(aged.table, BENCH_POLICY)
+        if (i + 1) % 10 == 0:
+            planning["new"].append(plan_ms(table))
+            planning["aged"].append(plan_ms(aged.table))
+    out = {"aged_commits": next_batch}
+    for key in ("aged", "new"):
+        out[f"{key}_commit_p50_ms"] = round(statistics.median(commit_ms[key]), 2)
+        out[f"{key}_commit_mean_ms"] = round(statistics.fmean(commit_ms[key]), 2)
+        out[f"{key}_plan_p50_ms"] = round(statistics.median(planning[key]), 2)
+    out["commit_p50_ratio"] = round(out["aged_commit_p50_ms"] / out["new_commit_p50_ms"], 2)
+    out["commit_mean_ratio"] = round(out["aged_commit_mean_ms"] / out["new_commit_mean_ms"], 2)
+    out["plan_p50_ratio"] = round(out["aged_plan_p50_ms"] / out["new_plan_p50_ms"], 2)
+    return out
 
 
 def part_latency(args, tmp: Path) -> dict:
@@ -158,6 +199,11 @@ def part_latency(args, tmp: Path) -> dict:
                                    args.sample_every, None, f"{catalog} without maintenance")
             out[catalog] = {
                 "with_maintenance": with_, "without_maintenance": without,
+                # The headline: the aged table against a new one, measured side by side.
+                "commit_p50_ratio_after_vs_first_100": with_["paired"]["commit_p50_ratio"],
+                "plan_p50_ratio_after_vs_first_100": with_["paired"]["plan_p50_ratio"],
+                "baseline_commit_p50_ratio_after_vs_first_100": without["paired"]["commit_p50_ratio"],
+                "baseline_plan_p50_ratio_after_vs_first_100": without["paired"]["plan_p50_ratio"],
                 "commit_ratio_last_vs_first_100": round(with_["last_100_commit_ms"] / with_["first_100_commit_ms"], 2),
                 "commit_p50_ratio_last_vs_first_100":
                     round(with_["last_100_commit_p50_ms"] / with_["first_100_commit_p50_ms"], 2),
@@ -243,6 +289,28 @@ def part_pruning(args, tmp: Path) -> dict:
     return result
 
 
+# -- part 3 ---------------------------------------------------------------------------------------
+def part_sort(rows: int = 2_000_000, repeats: int = 5) -> dict:
+    """Merge or re-sort: compaction's sort over the concatenated keys of k already sorted files,
+    numpy's stable sort (a merge sort that finds sorted runs: the k-way merge) against quicksort,
+    alternating, medians; and both on the same keys in random order, for scale."""
+    rng = np.random.default_rng(3)
+    out = {}
+    for files in (2, 50, 500):
+        runs = np.concatenate([np.sort(rng.integers(0, 2 ** 32, rows // files)) for _ in range(files)])
+        shuffled = rng.permutation(runs)
+        times: dict[str, list[float]] = {}
+        for _ in range(repeats):
+            for data, keys in (("sorted_runs", runs), ("random", shuffled)):
+                for kind in ("stable", "quicksort"):
+                    started = time.perf_counter()
+                    np.argsort(keys, kind=kind)
+                    times.setdefault(f"{data}_{kind}_ms", []).append((time.perf_counter() - started) * 1000)
+        out[str(files)] = {k: round(statistics.median(v), 1) for k, v in times.items()}
+    print(json.dumps(out), flush=True)
+    return {"rows": rows, "files": out}
+
+
 # -- report ---------------------------------------------------------------------------------------
 def plot(latency: dict, path: Path) -> None:
     from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -275,7 +343,19 @@ def plot(latency: dict, path: Path) -> None:
 def markdown(results: dict) -> str:
     lines = ["# Table maintenance", ""]
     if "latency" in results:
-        lines += ["## Commit latency, planning and metadata size against commits", "",
+        lines += ["## After N commits against the first 100, side by side", "",
+                  "The aged table's next 100 commits alternate with the first 100 of a new table on the "
+                  "same catalog, and a bbox scan is planned on each every 10 commits, so that both are "
+                  "measured under the same load of the shared machine.", "",
+                  "| catalog | run | commits before | commit ms p50, aged / new | ratio | "
+                  "plan ms p50, aged / new | ratio |", "|---|---|---|---|---|---|---|"]
+        for catalog, runs in results["latency"].items():
+            for run in ("with_maintenance", "without_maintenance"):
+                q = runs[run]["paired"]
+                lines.append(f"| {catalog} | {run.replace('_', ' ')} | {q['aged_commits']:,} | "
+                             f"{q['aged_commit_p50_ms']} / {q['new_commit_p50_ms']} | {q['commit_p50_ratio']}x | "
+                             f"{q['aged_plan_p50_ms']} / {q['new_plan_p50_ms']} | {q['plan_p50_ratio']}x |")
+        lines += ["", "## Commit latency, planning and metadata size against commits (one long run)", "",
                   "| catalog | run | commits | commit ms, first 100 (mean / median) | last 100 | ratio (mean / median) | "
                   "plan ms, first 100 | last 100 | ratio | max metadata.json KB | snapshots at end |",
                   "|---|---|---|---|---|---|---|---|---|---|---|"]
@@ -309,12 +389,21 @@ def markdown(results: dict) -> str:
                       f"{p['row_groups_ratio_after_vs_one_batch']}x the row groups per window "
                       f"(before: {p['files_ratio_before_vs_one_batch']}x, "
                       f"{p['row_groups_ratio_before_vs_one_batch']}x).", ""]
+    if "sort" in results:
+        lines += ["## Merge or re-sort", "",
+                  f"argsort of {results['sort']['rows']:,} Hilbert keys made of k sorted files, ms (median):", "",
+                  "| files | sorted runs, stable (merge) | sorted runs, quicksort | random, stable | random, quicksort |",
+                  "|---|---|---|---|---|"]
+        for files, t in results["sort"]["files"].items():
+            lines.append(f"| {files} | {t['sorted_runs_stable_ms']} | {t['sorted_runs_quicksort_ms']} | "
+                         f"{t['random_stable_ms']} | {t['random_quicksort_ms']} |")
+        lines.append("")
     return "\n".join(lines) + "\n"
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--part", choices=["latency", "pruning", "all"], default="all")
+    parser.add_argument("--part", choices=["latency", "pruning", "sort", "all"], default="all")
     parser.add_argument("--catalogs", nargs="+", default=["sqlite", "postgresql"])
     parser.add_argument("--commits", type=int, default=10_000)
     parser.add_argument("--baseline-commits", type=int, default=1_000)
@@ -327,16 +416,26 @@ def main() -> None:
 
     RESULTS.mkdir(parents=True, exist_ok=True)
     path = RESULTS / "maintenance.json"
-    results = json.loads(path.read_text()) if path.exists() else {}
+    latency = pruning = sort = None
     with tempfile.TemporaryDirectory(prefix="geoingest-maintenance-") as tmp:
         if args.part in ("latency", "all"):
-            results["latency"] = part_latency(args, Path(tmp))
-            results["latency_settings"] = {k: getattr(args, k) for k in
-                                           ("commits", "baseline_commits", "rows", "sample_every", "maintain_every")}
-            results["policy"] = BENCH_POLICY.__dict__
-            plot(results["latency"], RESULTS / "maintenance.png")
+            latency = part_latency(args, Path(tmp))
         if args.part in ("pruning", "all"):
-            results["pruning"] = part_pruning(args, Path(tmp))
+            pruning = part_pruning(args, Path(tmp))
+        if args.part in ("sort", "all"):
+            sort = part_sort()
+    # Read at the end: the catalogs may be measured by separate runs, each keeping the others' figures.
+    results = json.loads(path.read_text()) if path.exists() else {}
+    if latency is not None:
+        results["latency"] = {**results.get("latency", {}), **latency}
+        results["latency_settings"] = {k: getattr(args, k) for k in
+                                       ("commits", "baseline_commits", "rows", "sample_every", "maintain_every")}
+        results["policy"] = BENCH_POLICY.__dict__
+        plot(results["latency"], RESULTS / "maintenance.png")
+    if pruning is not None:
+        results["pruning"] = pruning
+    if sort is not None:
+        results["sort"] = sort
     path.write_text(json.dumps(results, indent=2) + "\n")
     (RESULTS / "maintenance.md").write_text(markdown(results))
     print(markdown(results))

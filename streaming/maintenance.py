@@ -59,7 +59,6 @@ from pyiceberg.types import DoubleType
 from streaming.commit import (
     WRITERS,
     RetryPolicy,
-    history_carrier,
     single_attempt_view,
     to_data_file,
     writer_histories_json,
@@ -658,7 +657,3 @@ def maintain(table: Table, policy: MaintenancePolicy, steps: Iterable[str] = STE
     log.info("maintenance", extra={"summary": report.to_json()})
     return report
 
-
-def carried_history_snapshot(table: Table) -> Snapshot | None:
-    """The maintenance snapshot whose carried writer histories are the newest (None: none yet)."""
-    return history_carrier(table.metadata.snapshots)

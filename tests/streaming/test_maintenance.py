@@ -1,20 +1,60 @@
-"""Micro-batches written the way ingest writes them, without Spark or Kafka: Kafka-like record batches
-of GeoJSON points through `PartitionTask` (decode, Hilbert sort, GeoParquet files: the code a Spark
-task runs), committed by `Committer`. Shared by the maintenance tests and bench/maintenance.py."""
+"""Table maintenance: pure planning on hard-coded values, then maintenance of real tables (SQLite
+catalog) whose micro-batches are written the way ingest writes them, without Spark or Kafka:
+Kafka-like record batches of GeoJSON points through `PartitionTask` (decode, Hilbert sort,
+GeoParquet files: the code a Spark task runs), committed by `Committer`. The batch writer here is
+shared with tests/streaming/test_maintenance_integration.py and bench/maintenance.py."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from pyiceberg.conversions import from_bytes
 from pyiceberg.table import Table
+from pyiceberg.types import DoubleType
 
-from streaming.commit import BatchCommit, CommitOutcome, Committer
-from streaming.contract import Contract
+from streaming.catalog import create_table, open_catalog
+from streaming.commit import (
+    BATCH_ID,
+    WRITER_ID,
+    WRITERS,
+    BatchCommit,
+    CommitOutcome,
+    Committer,
+    WriterHistory,
+    committed_snapshot,
+    recorded_offsets,
+    resume_offsets,
+)
+from streaming.contract import Contract, load_contract
 from streaming.decode import DecodeOptions
+from streaming.hilbert import hilbert_keys_of_bounds
+from streaming.maintenance import (
+    COMPACTION_FILE_PREFIX,
+    MAINTENANCE,
+    LiveFile,
+    MaintenanceGaveUp,
+    MaintenancePolicy,
+    SnapshotFacts,
+    compact,
+    compaction_candidates,
+    data_manifest_count,
+    delete_orphans,
+    expire_snapshots,
+    maintain,
+    parse_steps,
+    plan_bins,
+    plan_expiry,
+)
+from streaming.orphans import referenced_files, referenced_metadata_files
 from streaming.partition import BatchResults, FileSettings, PartitionTask
+from streaming.query import Predicate, query
 
 TOPIC = "geo-events"
 
@@ -85,52 +125,6 @@ class BatchWriter:
 def world_points(rng: np.random.Generator, n: int) -> tuple[np.ndarray, np.ndarray]:
     return rng.uniform(-179.0, 179.0, n), rng.uniform(-85.0, 85.0, n)
 
-
-# =================================================================================================
-# The tests: pure planning on hard-coded values, then maintenance of real tables (SQLite catalog,
-# files written and committed as ingest does).
-# =================================================================================================
-import dataclasses  # noqa: E402
-import time  # noqa: E402
-from pathlib import Path  # noqa: E402
-
-import pyarrow.parquet as pq  # noqa: E402
-import pytest  # noqa: E402
-from pyiceberg.conversions import from_bytes  # noqa: E402
-from pyiceberg.types import DoubleType  # noqa: E402
-
-from streaming.catalog import create_table, open_catalog  # noqa: E402
-from streaming.commit import (  # noqa: E402
-    BATCH_ID,
-    WRITER_ID,
-    WRITERS,
-    WriterHistory,
-    committed_snapshot,
-    recorded_offsets,
-    resume_offsets,
-)
-from streaming.contract import load_contract  # noqa: E402
-from streaming.hilbert import hilbert_keys_of_bounds  # noqa: E402
-from streaming.maintenance import (  # noqa: E402
-    COMPACTION_FILE_PREFIX,
-    MAINTENANCE,
-    Bin,
-    LiveFile,
-    MaintenanceGaveUp,
-    MaintenancePolicy,
-    SnapshotFacts,
-    compact,
-    compaction_candidates,
-    data_manifest_count,
-    delete_orphans,
-    expire_snapshots,
-    maintain,
-    parse_steps,
-    plan_bins,
-    plan_expiry,
-)
-from streaming.orphans import referenced_files, referenced_metadata_files  # noqa: E402
-from streaming.query import Predicate, query  # noqa: E402
 
 CONTRACT_PATH = Path(__file__).resolve().parents[2] / "schemas" / "demo_events.json"
 # Maintenance that touches everything at once: the tests have no commit in flight.

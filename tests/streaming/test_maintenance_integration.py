@@ -198,3 +198,37 @@ def test_ingest_with_background_maintenance_keeps_every_row_exactly_once(kafka, 
     ids = table_ids(table)
     assert len(ids) == n + 4_000 and len(set(ids)) == len(ids)
     assert len(data_paths(table)) <= 4, "compacted after every batch"
+
+
+# -- the command ----------------------------------------------------------------------------------
+def test_table_maintain_command_dry_run_then_steps_then_errors(tmp_path):
+    env = cli_env(tmp_path, GEOINGEST_MAINTENANCE_MAX_BIN_BYTES=str(64 * 1024 * 1024))
+    catalog = open_catalog("geoingest", {"type": "sql", "uri": env["GEOINGEST_CATALOG__URI"],
+                                         "warehouse": env["GEOINGEST_CATALOG__WAREHOUSE"]})
+    contract = load_contract(CONTRACT_FILE)
+    table, _ = create_table(catalog, contract)
+    write_batches(table, contract, 8)
+
+    def geoingest(*args: str, check: bool = True) -> subprocess.CompletedProcess:
+        done = subprocess.run([str(GEOINGEST), "table", "maintain", *args], env=env, capture_output=True,
+                              text=True, timeout=300)
+        assert not check or done.returncode == 0, done.stderr[-3000:]
+        return done
+
+    location = table.metadata_location
+    dry = json.loads(geoingest("--table", contract.table, "--dry-run").stdout)
+    table.refresh()
+    assert dry["dry_run"] and dry["compaction"]["files_rewritten"] == 16 and table.metadata_location == location
+
+    only_compact = json.loads(geoingest("--contract", str(CONTRACT_FILE), "--compact").stdout)
+    assert only_compact["compaction"]["files_rewritten"] == 16 and only_compact["expiry"] is None
+    assert only_compact["orphans"] is None
+    expired = json.loads(geoingest("--table", contract.table, "--expire").stdout)
+    assert expired["compaction"] is None and expired["expiry"]["snapshots_expired"] > 0
+    assert table_ids(table) == expected_ids(range(8))
+
+    missing = geoingest("--table", "demo.nothing", check=False)
+    assert missing.returncode == 2 and "demo.nothing" in missing.stderr
+    bad = subprocess.run([str(GEOINGEST), "table", "maintain", "--table", contract.table], capture_output=True,
+                         text=True, env={**env, "GEOINGEST_MAINTENANCE_STEPS": "compact,vacuum"}, timeout=300)
+    assert bad.returncode == 2 and "'compact,vacuum'" in bad.stderr
