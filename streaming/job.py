@@ -181,10 +181,9 @@ class BatchProcessor:
             _clear_folder(staging, self.table.io)  # runs of an attempt that died
         task = PartitionTask(self.contract, self.config.decode, self._file_settings(batch_id),
                              self.config.dead_letter, self.config.rows_per_partition, isolate_decoder, staging)
-        source = _source_columns(batch)
-        if source.rdd.getNumPartitions() > self._parallelism:
-            # One task per core: fewer, longer runs (and, clustering "task", fewer files that overlap).
-            source = source.coalesce(self._parallelism)
+        # At most one task per core (coalesce never adds partitions): fewer, longer runs (and, with
+        # clustering "task", fewer files covering the same places).
+        source = _source_columns(batch).coalesce(self._parallelism)
         results = BatchResults.from_rows(source.mapInArrow(task, RESULT_DDL).collect())
         timings["ingest"] = time.monotonic() - step
         if staging is None:
