@@ -45,6 +45,9 @@ def _decoder():
 
 
 def _check(decoder, records) -> None:
+    """Every record comes out once, valid or rejected for a reason that is not a decoder defect,
+    a reject keeping its original value."""
+    from streaming.decode import Reason
     from tests.streaming.test_decode import kafka_batch
 
     batch = kafka_batch([v for _, v, _ in records], keys=[k for k, _, _ in records],
@@ -56,6 +59,37 @@ def _check(decoder, records) -> None:
     if "decode_failed" in reasons:
         row = reasons.index("decode_failed")
         raise AssertionError(f"decoder defect: {out.column('_reject_detail')[row]}")
+    known = {r.value for r in Reason}
+    raw = out.column("_raw_value").to_pylist()
+    geometry = out.column("geometry").to_pylist()
+    for (_, value, _), reason, kept, wkb in zip(records, reasons, raw, geometry):
+        if reason is None and not wkb:
+            raise AssertionError("a valid row without a geometry")
+        if reason is not None and (reason not in known or kept != value):
+            raise AssertionError(f"reject {reason!r} does not keep its value or has no known reason")
+
+
+def _digest(value: bytes) -> str:
+    return hashlib.sha1(value).hexdigest()
+
+
+def _save_crashes(fmt: str, inputs: list[tuple[str, bytes]]) -> tuple[list[str], list[str]]:
+    """Keeps crashing inputs in the corpus, each once whatever its name there. Returns the inputs
+    new to the corpus and the corpus files that crashed again."""
+    folder = CORPUS / fmt
+    folder.mkdir(parents=True, exist_ok=True)
+    kept = {_digest(p.read_bytes()): p for p in folder.iterdir() if p.is_file()}
+    new, again = [], []
+    for kind, value in inputs:
+        digest = _digest(value)
+        if digest in kept:
+            again.append(str(kept[digest].relative_to(ROOT)))
+            continue
+        path = folder / f"{kind}-{digest}"
+        path.write_bytes(value)
+        kept[digest] = path
+        new.append(str(path.relative_to(ROOT)))
+    return sorted(set(new)), sorted(set(again))
 
 
 # -- coverage-guided ---------------------------------------------------------------------------------
@@ -65,16 +99,10 @@ def _atheris_main(fmt: str, runs: int, seeds: str, artifacts: str) -> None:
     with atheris.instrument_imports(include=["streaming"]):
         decoder = _decoder()
 
+    from tests.fuzz_inputs import unpack_record
+
     def one_input(data: bytes) -> None:
-        if fmt == "key_headers":
-            fdp = atheris.FuzzedDataProvider(data)
-            key = fdp.ConsumeBytes(fdp.ConsumeIntInRange(0, 64)) if fdp.ConsumeBool() else None
-            headers = [(fdp.ConsumeUnicodeNoSurrogates(8), fdp.ConsumeBytes(fdp.ConsumeIntInRange(0, 32)))
-                       for _ in range(fdp.ConsumeIntInRange(0, 3))]
-            record = (key, fdp.ConsumeBytes(fdp.remaining_bytes()), headers)
-        else:
-            record = (b"k", data, [])
-        _check(decoder, [record])
+        _check(decoder, [unpack_record(data) if fmt == "key_headers" else (b"k", data, [])])
 
     atheris.Setup([sys.argv[0], f"-runs={runs}", f"-artifact_prefix={artifacts}/", "-max_len=65536",
                    "-rss_limit_mb=4096", "-timeout=60", "-print_final_stats=1", seeds], one_input)
@@ -82,7 +110,7 @@ def _atheris_main(fmt: str, runs: int, seeds: str, artifacts: str) -> None:
 
 
 def seed_values(fmt: str, count: int = 40) -> list[bytes]:
-    from tests.fuzz_inputs import geojson_value, seed_feature, seed_geometries
+    from tests.fuzz_inputs import geojson_value, pack_record, record, seed_feature, seed_geometries
 
     import shapely
 
@@ -94,28 +122,29 @@ def seed_values(fmt: str, count: int = 40) -> list[bytes]:
     if fmt == "ewkb":
         return [shapely.to_wkb(shapely.set_srid(g, s), include_srid=True, output_dimension=4)
                 for g in seed_geometries() for s in (4326, 3857, 2154)]
-    return [json.dumps(seed_feature(rng)).encode() for _ in range(count)]
+    return [pack_record(*record(fmt, rng)) for _ in range(count)]
 
 
 def run_atheris(fmt: str, runs: int) -> dict:
-    found = CORPUS / fmt
-    found.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory() as seeds:
-        for value in seed_values(fmt) + [p.read_bytes() for p in found.glob("*") if p.stat().st_size <= 65536]:
-            (Path(seeds) / hashlib.sha1(value).hexdigest()).write_bytes(value)
-        before = set(found.glob("crash-*")) | set(found.glob("timeout-*")) | set(found.glob("oom-*"))
+    """A libFuzzer run of `runs` inputs, seeded with valid values and the saved corpus; it stops
+    at the first crash, which is then saved to the corpus."""
+    with tempfile.TemporaryDirectory() as seeds, tempfile.TemporaryDirectory() as artifacts:
+        saved = [p.read_bytes() for p in (CORPUS / fmt).glob("*") if p.is_file() and p.stat().st_size <= 65536]
+        for value in seed_values(fmt) + saved:
+            (Path(seeds) / _digest(value)).write_bytes(value)
         started = time.monotonic()
-        proc = subprocess.run([sys.executable, __file__, "--atheris-child", fmt, str(runs), seeds, str(found)],
+        proc = subprocess.run([sys.executable, __file__, "--atheris-child", fmt, str(runs), seeds, artifacts],
                               capture_output=True, text=True, cwd=ROOT)
         seconds = time.monotonic() - started
-    crashes = sorted(set(found.glob("crash-*")) | set(found.glob("timeout-*")) | set(found.glob("oom-*")) - before)
+        found = [(p.name.split("-", 1)[0], p.read_bytes()) for p in sorted(Path(artifacts).iterdir())
+                 if p.name.startswith(("crash-", "timeout-", "oom-"))]
+    new, again = _save_crashes(fmt, found)
     executed = _stat(proc.stderr, r"stat::number_of_executed_units:\s*(\d+)")
     coverage = _stat(proc.stderr, r"\bcov: (\d+)")
-    if proc.returncode != 0 and not crashes:
+    if proc.returncode != 0 and not found:
         raise SystemExit(f"atheris run of {fmt} failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
     return {"engine": "atheris", "format": fmt, "inputs": executed, "seconds": round(seconds, 1),
-            "edges_covered": coverage, "crashes": [str(p.relative_to(ROOT)) for p in crashes],
-            "exit": proc.returncode}
+            "edges_covered": coverage, "crashes": new, "known_crashes": again, "exit": proc.returncode}
 
 
 def _stat(stderr: str, pattern: str) -> int | None:
@@ -140,17 +169,19 @@ def _batch_records(fmt: str, seed: int):
 
 
 def _isolate(fmt: str, seed: int) -> list[bytes]:
-    """The records of a failed batch that fail alone (each in a fresh process, to survive crashes)."""
+    """The records of a failed batch that fail alone (each in a fresh process, to survive crashes),
+    as saved inputs."""
+    from tests.fuzz_inputs import saved_input
+
     culprits = []
     for key, value, headers in _batch_records(fmt, seed):
-        probe = [(key, value, headers)]
         with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
             json.dump([[None if key is None else key.hex(), None if value is None else value.hex(),
-                        [[k, None if v is None else v.hex()] for k, v in headers]] for key, value, headers in probe], f)
+                        [[k, None if v is None else v.hex()] for k, v in headers]]], f)
         proc = subprocess.run([sys.executable, __file__, "--check-child", f.name], capture_output=True, cwd=ROOT)
         Path(f.name).unlink()
         if proc.returncode != 0:
-            culprits.append(value or b"")
+            culprits.append(saved_input(fmt, (key, value, headers)))
     return culprits
 
 
@@ -159,27 +190,17 @@ def run_structured(fmt: str, inputs: int) -> dict:
     failed: list[int] = []
     started = time.monotonic()
     ctx = mp.get_context("spawn")
-    pending = list(seeds)
-    while pending:
-        with ctx.Pool(2, maxtasksperchild=50) as pool:
-            results = {seed: pool.apply_async(_structured_batch, ((fmt, seed),)) for seed in pending}
-            pending = []
-            for seed, result in results.items():
-                try:
-                    result.get(timeout=600)
-                except mp.TimeoutError:
-                    failed.append(seed)
-                except Exception:  # noqa: BLE001 - a failed check or a dead worker: isolate it below
-                    failed.append(seed)
-    crashes = []
-    for seed in failed:
-        for value in _isolate(fmt, seed):
-            path = CORPUS / fmt / f"crash-{hashlib.sha1(value).hexdigest()}"
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_bytes(value)
-            crashes.append(str(path.relative_to(ROOT)))
-    return {"engine": "structured", "format": fmt, "inputs": len(seeds) * BATCH,
-            "seconds": round(time.monotonic() - started, 1), "failed_batches": len(failed), "crashes": crashes}
+    with ctx.Pool(2, maxtasksperchild=50) as pool:
+        results = {seed: pool.apply_async(_structured_batch, ((fmt, seed),)) for seed in seeds}
+        for seed, result in results.items():
+            try:
+                result.get(timeout=600)
+            except Exception:  # noqa: BLE001 - a failed check, a dead worker or a timeout: isolated below
+                failed.append(seed)
+    seconds = time.monotonic() - started
+    new, again = _save_crashes(fmt, [("crash", value) for seed in failed for value in _isolate(fmt, seed)])
+    return {"engine": "structured", "format": fmt, "inputs": len(seeds) * BATCH, "seconds": round(seconds, 1),
+            "failed_batches": len(failed), "crashes": new, "known_crashes": again}
 
 
 def _check_child(path: str) -> None:
@@ -187,6 +208,9 @@ def _check_child(path: str) -> None:
                 [(hk, None if hv is None else bytes.fromhex(hv)) for hk, hv in h])
                for k, v, h in json.loads(Path(path).read_text())]
     _check(_decoder(), records)
+
+
+ENGINES = {"atheris": run_atheris, "structured": run_structured}
 
 
 def main() -> None:
@@ -199,19 +223,24 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--inputs", type=int, default=100_000, help="inputs per format and engine")
     parser.add_argument("--formats", default="geojson,wkb,ewkb,key_headers")
+    parser.add_argument("--engines", default="atheris,structured")
+    parser.add_argument("--results", type=Path, default=RESULTS, help="where the figures go (JSON)")
     args = parser.parse_args()
     runs = []
     for fmt in args.formats.split(","):
-        for engine in (run_atheris, run_structured):
-            result = engine(fmt, args.inputs)
+        for engine in args.engines.split(","):
+            result = ENGINES[engine](fmt, args.inputs)
             runs.append(result)
             print(f"{result['format']:12s} {result['engine']:10s} {result['inputs'] or 0:>8} inputs "
-                  f"{result['seconds']:>7} s  crashes: {len(result['crashes'])}", flush=True)
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps({"inputs_per_format_and_engine": args.inputs, "runs": runs}, indent=2) + "\n")
-    total = sum(len(r["crashes"]) for r in runs)
-    print(f"{sum(r['inputs'] or 0 for r in runs)} inputs, {total} crashing inputs; written to {RESULTS}")
-    if total:
+                  f"{result['seconds']:>7} s  new crashing inputs: {len(result['crashes'])}, "
+                  f"saved ones crashing again: {len(result['known_crashes'])}", flush=True)
+    args.results.parent.mkdir(parents=True, exist_ok=True)
+    args.results.write_text(json.dumps({"inputs_per_format_and_engine": args.inputs, "runs": runs}, indent=2) + "\n")
+    crashing = sorted({c for r in runs for c in r["crashes"] + r["known_crashes"]})
+    print(f"{sum(r['inputs'] or 0 for r in runs)} inputs, {len(crashing)} crashing inputs; written to {args.results}")
+    for path in crashing:
+        print(f"  {path}")
+    if crashing:
         raise SystemExit(1)
 
 

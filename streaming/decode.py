@@ -20,9 +20,9 @@ import json
 import logging
 import math
 import re
+import reprlib
 import struct
 from dataclasses import dataclass
-from datetime import datetime
 from enum import StrEnum
 from typing import Any
 
@@ -97,8 +97,15 @@ GEOJSON_GEOMETRY_TYPES = ("Point", "LineString", "Polygon", "MultiPoint", "Multi
 # MultiCurve, MultiSurface, PolyhedralSurface, TIN.
 _WKB_CONTAINER_TYPES = (4, 5, 6, 7, 9, 10, 11, 12, 15, 16)
 _EWKB_Z_FLAG, _EWKB_M_FLAG, _EWKB_SRID_FLAG = 0x80000000, 0x40000000, 0x20000000
+_EWKB_FLAGS = _EWKB_Z_FLAG | _EWKB_M_FLAG | _EWKB_SRID_FLAG
+_UNLIMITED = 1 << 62  # a walk's depth limit that is never reached
+# GEOS reads, writes and walks nested geometries recursively: this deep is far from the end of an
+# 8 MiB stack (50,000 levels overflow it).
+_GEOS_SAFE_NESTING = 1000
 _ROW_IN_ERROR = re.compile(r"in row (\d+)")
 _GEOMETRY_MEMBER = pa.struct([("type", pa.string())])
+_SHORT_REPR = reprlib.Repr()
+_SHORT_REPR.maxlevel, _SHORT_REPR.maxstring, _SHORT_REPR.maxother, _SHORT_REPR.maxlong = 3, 80, 80, 40
 
 
 @dataclass(frozen=True)
@@ -210,10 +217,11 @@ class Decoder:
 
         lengths = pc.fill_null(pc.binary_length(values), -1).to_numpy(zero_copy_only=False)
         rejects.add(lengths < 0, Reason.NULL_VALUE, "the Kafka record has a null value")
-        too_big = lengths > self.options.max_message_bytes
+        sizes = _record_bytes(batch)
+        too_big = rejects.ok & (sizes > self.options.max_message_bytes)
         rejects.add(too_big, Reason.MESSAGE_TOO_LARGE,
-                    [f"value of {int(b)} bytes exceeds max_message_bytes={self.options.max_message_bytes}"
-                     for b in lengths[too_big]])
+                    [f"record of {int(b)} bytes (key + value + headers) exceeds "
+                     f"max_message_bytes={self.options.max_message_bytes}" for b in sizes[too_big]])
 
         first = _first_significant_byte(values, rejects.ok)
         is_json = first == ord("{")
@@ -252,6 +260,8 @@ class Decoder:
     # -- formats -------------------------------------------------------------------------------
     def _decode_geojson(self, values: pa.Array, rows: np.ndarray, geoms: np.ndarray,
                         rejects: _Rejects, n: int) -> tuple[pa.Array, dict[str, pa.Array]]:
+        no_ids = pa.nulls(n, pa.string())
+        no_properties = {k: pa.nulls(n, t) for k, t in self._property_types.items()}
         docs = values.take(pa.array(rows))
         # Every object GEOS recurses into has a "type" member, so a document with few of them
         # cannot nest deeply; the rare one with many is checked exactly before GEOS sees it.
@@ -261,48 +271,56 @@ class Decoder:
             problem = _geojson_nesting_problem(docs[int(local)].as_py(), self.options.max_nesting)
             if problem is not None:
                 rejects.add(rows[[local]], *problem)
-        if not rejects.ok[rows].all():
-            keep = rejects.ok[rows]
-            rows, docs = rows[keep], docs.filter(pa.array(keep))
-            if rows.size == 0:
-                return pa.nulls(n, pa.string()), {k: pa.nulls(n, t) for k, t in self._property_types.items()}
+        rows, docs = _still_ok(rows, docs, rejects)
         not_utf8 = _invalid_utf8(docs)
-        if not_utf8.any():
-            rejects.add(rows[not_utf8], Reason.MALFORMED_JSON, "value is not valid UTF-8 JSON")
-            keep = ~not_utf8
-            rows, docs = rows[keep], docs.filter(pa.array(keep))
-            if rows.size == 0:
-                return pa.nulls(n, pa.string()), {k: pa.nulls(n, t) for k, t in self._property_types.items()}
-        # Raw line breaks inside a JSON document are whitespace; the block readers split documents on them.
+        rejects.add(rows[not_utf8], Reason.MALFORMED_JSON, "value is not valid UTF-8 JSON")
+        rows, docs = _still_ok(rows, docs, rejects)
+        for local, detail in _raw_control_characters(docs):
+            rejects.add(rows[[local]], Reason.MALFORMED_JSON, detail)
+        rows, docs = _still_ok(rows, docs, rejects)
+        if rows.size == 0:
+            return no_ids, no_properties
+        # Line breaks left in a document now lie between tokens, where they are whitespace; the
+        # block readers split documents on them.
         flat = pc.replace_substring(pc.replace_substring(docs, "\n", " "), "\r", " ")
         parsed = _FeatureParser(self._property_types).parse(flat)
         for local, (reason, detail) in parsed.errors.items():
             rejects.add(rows[[local]], reason, detail)
-        not_feature = pc.fill_null(pc.not_equal(parsed.types, "Feature"), True).to_numpy(zero_copy_only=False)
         bad_rows = np.zeros(rows.size, dtype=bool)
         bad_rows[list(parsed.errors)] = True
+        not_feature = pc.fill_null(pc.not_equal(parsed.types, "Feature"), True).to_numpy(zero_copy_only=False)
         not_feature &= ~bad_rows
         rejects.add(rows[not_feature], Reason.NOT_A_FEATURE,
-                    [f"type is {t!r}, expected 'Feature'" for t in
+                    [f"type is {_shown(t)}, expected 'Feature'" for t in
                      parsed.types.filter(pa.array(not_feature)).to_pylist()])
+        bad_rows |= not_feature
         # GEOS would read a Feature (or worse) in the geometry member as its inner geometry.
         geometry_types = parsed.geometry_types
         named_otherwise = pc.and_(pc.is_valid(geometry_types),
                                   pc.invert(pc.is_in(geometry_types, pa.array(GEOJSON_GEOMETRY_TYPES))))
-        not_geometry = named_otherwise.to_numpy(zero_copy_only=False) & ~bad_rows & ~not_feature
+        not_geometry = named_otherwise.to_numpy(zero_copy_only=False) & ~bad_rows
         rejects.add(rows[not_geometry], Reason.INVALID_GEOJSON_GEOMETRY,
-                    [f"geometry: type {t!r} is not a GeoJSON geometry type" for t in
+                    [f"geometry: type {_shown(t)} is not a GeoJSON geometry type" for t in
                      geometry_types.filter(pa.array(not_geometry)).to_pylist()])
         bad_rows |= not_geometry
+        # pyarrow's reader takes NaN and Infinity, which are no JSON numbers (one by one they are refused too).
+        for name, column in parsed.properties.items():
+            if pa.types.is_floating(column.type):
+                odd = ~pc.fill_null(pc.is_finite(column), True).to_numpy(zero_copy_only=False) & ~bad_rows
+                rejects.add(rows[odd], Reason.PROPERTY_TYPE_MISMATCH,
+                            [f"properties.{name}: {v} is not a finite number"
+                             for v in column.filter(pa.array(odd)).to_pylist()])
+                bad_rows |= odd
 
-        local_usable = np.flatnonzero(~bad_rows & ~not_feature)
+        local_usable = np.flatnonzero(~bad_rows)
         fast, read = read_geometries(flat.take(pa.array(local_usable)),
                                      geometry_types.take(pa.array(local_usable)).to_numpy(zero_copy_only=False))
         geoms[rows[local_usable[read]]] = fast[read]
         # What the fast reader leaves (other shapes, anything not plainly well formed) GEOS reads.
         rest = local_usable[~read]
         text = pc.cast(docs.take(pa.array(rest)), pa.string()).to_numpy(zero_copy_only=False)
-        decoded = shapely.from_geojson(text, on_invalid="ignore") if rest.size else np.zeros(0, dtype=object)
+        with np.errstate(all="ignore"):  # a number beyond the double range is reported below, not warned of
+            decoded = shapely.from_geojson(text, on_invalid="ignore") if rest.size else np.zeros(0, dtype=object)
         geoms[rows[rest]] = decoded
         failed = rest[np.equal(decoded, None)]
         for local in failed:
@@ -319,16 +337,20 @@ class Decoder:
     def _decode_wkb(self, values: pa.Array, rows: np.ndarray, geoms: np.ndarray,
                     srids: np.ndarray, rejects: _Rejects, wkb: np.ndarray) -> None:
         taken = values.take(pa.array(rows)).cast(pa.binary())
-        codes = _wkb_header_codes(taken)
-        # Only collections nest; one shorter than this many headers cannot nest too deeply.
-        deep_enough = pc.greater(pc.binary_length(taken), 9 * (self.options.max_nesting + 1)).to_numpy(
+        codes, little = _wkb_header_codes(taken)
+        max_nesting = self.options.max_nesting
+        too_deep = f"geometries nested more than max_nesting={max_nesting} levels deep"
+        # GEOS recurses once per level of nesting as it reads a value. A value long enough to nest
+        # deeper than GEOS safely goes (9 bytes a level) is walked first, without recursion; the
+        # nesting of the others is checked on what GEOS read of them.
+        unsafe = pc.greater(pc.binary_length(taken), 9 * (max(max_nesting, _GEOS_SAFE_NESTING) + 1)).to_numpy(
             zero_copy_only=False)
-        for local in np.flatnonzero(np.isin(_wkb_base_type(codes), _WKB_CONTAINER_TYPES) & deep_enough):
-            if _wkb_nesting(taken[int(local)].as_py(), self.options.max_nesting) > self.options.max_nesting:
-                rejects.add(rows[[local]], Reason.NESTING_TOO_DEEP,
-                            f"geometries nested more than max_nesting={self.options.max_nesting} levels deep")
+        for local in np.flatnonzero(np.isin(_wkb_base_type(codes), _WKB_CONTAINER_TYPES) & unsafe):
+            deepest, _ = _walk_wkb(taken[int(local)].as_py(), max_nesting)
+            if deepest > max_nesting:
+                rejects.add(rows[[local]], Reason.NESTING_TOO_DEEP, too_deep)
         live = rejects.ok[rows]
-        rows, taken, codes = rows[live], taken.filter(pa.array(live)), codes[live]
+        rows, taken, codes, little = rows[live], taken.filter(pa.array(live)), codes[live], little[live]
         if rows.size == 0:
             return
         blobs = taken.to_numpy(zero_copy_only=False)
@@ -337,34 +359,41 @@ class Decoder:
                     f"a curve (CircularString, CompoundCurve, CurvePolygon, MultiCurve or MultiSurface) is not one "
                     f"of {list(self.contract.geometry.types)}")
         bad = np.equal(decoded, None)
-        rejects.add(rows[bad & ~curved], Reason.BAD_WKB,
-                    [f"value is not readable WKB ({len(b)} bytes, starting {bytes(b[:9]).hex()})"
-                     for b in blobs[bad & ~curved]])
-        # GEOS stops reading where the geometry ends: bytes after it mean the value is not WKB.
+        for local in np.flatnonzero(bad & ~curved):
+            deepest, problem = _walk_wkb(blobs[local], _UNLIMITED)
+            if deepest > max_nesting:
+                rejects.add(rows[[local]], Reason.NESTING_TOO_DEEP, too_deep)
+            else:
+                rejects.add(rows[[local]], Reason.BAD_WKB, _unreadable_wkb(blobs[local], problem))
+        deep = np.flatnonzero(~bad)[_collections_nested_deeper(decoded[~bad], max_nesting)]
+        rejects.add(rows[deep], Reason.NESTING_TOO_DEEP, too_deep)
+        bad[deep] = True
         parsed = np.flatnonzero(~bad)
         written = _to_wkb(decoded[parsed])
         wkb[rows[parsed]] = written
-        read = pc.binary_length(pa.array(written, pa.binary())).to_numpy(zero_copy_only=False).astype(np.int64) \
-            + np.where(codes[parsed] & _EWKB_SRID_FLAG, 4, 0)
-        sent = pc.binary_length(taken).to_numpy(zero_copy_only=False)[parsed]
-        trailing = parsed[read != sent]
-        rejects.add(rows[trailing], Reason.BAD_WKB,
-                    [f"value has {int(s - r)} bytes after its {int(r)}-byte geometry" if s > r else
-                     f"value of {int(s)} bytes does not match its {int(r)}-byte geometry"
-                     for s, r in zip(sent[read != sent], read[read != sent])])
-        bad[trailing] = True
+        # GEOS stops reading where the geometry ends and overlooks type bits and byte order bytes
+        # WKB does not define: the value must be exactly the WKB of the geometry read from it. A
+        # value written back otherwise (parts in another byte order, an SRID of 0) is walked to
+        # tell a different spelling of WKB from a value that is not WKB.
+        exact = _written_back_exactly(taken.take(pa.array(parsed)), written, decoded[parsed], codes[parsed],
+                                      little[parsed])
+        for local in parsed[~exact]:
+            _, problem = _walk_wkb(blobs[local], _UNLIMITED)
+            if problem is not None:
+                rejects.add(rows[[local]], Reason.BAD_WKB, f"value is not one well-formed WKB geometry: {problem}")
+                bad[local] = True
         good = ~bad
         geoms[rows[good]] = decoded[good]
-        found = shapely.get_srid(decoded[good])
-        has_srid = found != 0
+        has_srid = (codes[good] & _EWKB_SRID_FLAG) != 0
         if has_srid.any() and "ewkb" not in self.contract.formats:
             rejects.add(rows[good][has_srid], Reason.FORMAT_NOT_ACCEPTED,
                         "EWKB (WKB with an SRID) is not accepted by this table")
         if (~has_srid).any() and "wkb" not in self.contract.formats:
             rejects.add(rows[good][~has_srid], Reason.FORMAT_NOT_ACCEPTED,
                         "WKB without an SRID is not accepted by this table")
-        # Plain WKB carries no CRS: it is taken to be in the table CRS.
-        srids[rows[good]] = np.where(has_srid, found, self._table_epsg)
+        # Plain WKB carries no CRS: it is taken to be in the table CRS. An EWKB SRID is honoured,
+        # 0 too (PostGIS's "unknown", which no EPSG code is).
+        srids[rows[good]] = np.where(has_srid, shapely.get_srid(decoded[good]), self._table_epsg)
 
     # -- geometry checks -----------------------------------------------------------------------
     def _validate_geometry(self, geoms: np.ndarray, srids: np.ndarray, rejects: _Rejects) -> None:
@@ -425,6 +454,8 @@ class Decoder:
                 continue
             # PROJ extrapolates far outside a CRS's area and lands somewhere plausible but wrong.
             xmin, ymin, xmax, ymax = area
+            if xmin > xmax:  # a geographic area across the antimeridian (NAD83, NZGD2000): longitudes wrap
+                xmin, xmax = -180.0, 180.0
             slack_x, slack_y = (xmax - xmin) / 2, (ymax - ymin) / 2
             b = shapely.bounds(geoms[rows])
             far = ((b[:, 0] < xmin - slack_x) | (b[:, 2] > xmax + slack_x)
@@ -447,6 +478,8 @@ class Decoder:
         g = geoms[live]
         b = shapely.bounds(g)
         xmin, ymin, xmax, ymax = self._area
+        if xmin > xmax:  # a geographic area across the antimeridian: any longitude may be in it
+            xmin, xmax = -180.0, 180.0
         outside = (b[:, 0] < xmin) | (b[:, 1] < ymin) | (b[:, 2] > xmax) | (b[:, 3] > ymax)
         rejects.add(live[outside], Reason.OUTSIDE_CRS_AREA,
                     [f"bounds ({r[0]:.6g}, {r[1]:.6g}, {r[2]:.6g}, {r[3]:.6g}) leave the valid area of "
@@ -566,11 +599,18 @@ class _FeatureParser:
     """Reads Feature members (type, id, properties) from a block of JSON documents.
 
     pyarrow's reader does a whole block at once, but refuses the whole block over one bad
-    document or one id that is a number where the others are strings. A refused block is split
-    in halves until single documents remain, which are read with json.loads and diagnosed.
+    document or one id that is a number where the others are strings, naming the row it stopped
+    at. The rows before it are read again as a block, the refused one alone with json.loads
+    (which agrees with the reader on every document the reader takes, and says what is wrong
+    with the others). Refusals close together would cost a block read each, so a run of rows
+    after them is read one by one instead, a longer run while they keep coming: a batch of bad
+    records costs about what json.loads costs, never a block read per record.
     """
 
     _BLOCK_ID_TYPES = (pa.string(), pa.int64())
+    # A block read costs about as much as reading this many rows one by one.
+    _MIN_BLOCK = 64
+    _MAX_RUN = 4096
 
     def __init__(self, property_types: dict[str, pa.DataType]):
         self.property_types = property_types
@@ -579,8 +619,47 @@ class _FeatureParser:
     def parse(self, flat: pa.Array) -> _ParsedFeatures:
         """Documents without raw line breaks, one per element."""
         errors: dict[int, tuple[Reason, str]] = {}
-        tables = self._parse_range(flat, 0, len(flat), errors)
-        table = pa.concat_tables(tables) if tables else self._empty(0)
+        pieces: list[pa.Table] = []
+        singles: list[dict] = []  # rows read one by one since the last block
+
+        def add_block(table: pa.Table) -> None:
+            if singles:
+                pieces.append(pa.Table.from_pylist(singles, schema=self._schema(pa.string())))
+                singles.clear()
+            pieces.append(table)
+
+        def one_by_one(lo: int, hi: int) -> None:
+            singles.extend(self._parse_one(flat, i, errors) for i in range(lo, hi))
+
+        n = len(flat)
+        lo, window, run = 0, n, 0
+        while lo < n:
+            hi = min(n, lo + window)
+            table, refused = self._read_block(flat.slice(lo, hi - lo))
+            if table is not None:
+                add_block(table)
+                lo, window, run = hi, 2 * window, 0
+            elif refused is None:  # no row named (a value holding several documents): smaller blocks
+                if hi - lo > self._MIN_BLOCK:
+                    window = (hi - lo) // 2
+                else:
+                    one_by_one(lo, hi)
+                    lo = hi
+            elif refused >= self._MIN_BLOCK:
+                prefix, _ = self._read_block(flat.slice(lo, refused))
+                if prefix is not None:
+                    add_block(prefix)
+                else:
+                    one_by_one(lo, lo + refused)
+                one_by_one(lo + refused, lo + refused + 1)
+                lo, window, run = lo + refused + 1, 2 * refused, 0
+            else:
+                run = min(2 * run or self._MIN_BLOCK, self._MAX_RUN)
+                stop = min(n, lo + refused + 1 + run)
+                one_by_one(lo, stop)
+                lo, window = stop, self._MIN_BLOCK
+        add_block(self._empty(0))
+        table = pa.concat_tables(pieces)
         return _ParsedFeatures(
             types=table.column("type").combine_chunks(),
             geometry_types=pc.struct_field(table.column("geometry").combine_chunks(), "type"),
@@ -596,27 +675,6 @@ class _FeatureParser:
     def _empty(self, n: int) -> pa.Table:
         schema = self._schema(pa.string())
         return pa.Table.from_arrays([pa.nulls(n, f.type) for f in schema], schema=schema)
-
-    def _parse_range(self, docs: pa.Array, lo: int, hi: int, errors: dict) -> list[pa.Table]:
-        tables: list[pa.Table] = []
-        while lo < hi:
-            if hi - lo == 1:
-                tables.append(self._parse_single(docs, lo, errors))
-                break
-            table, bad_row = self._read_block(docs.slice(lo, hi - lo))
-            if table is not None:
-                tables.append(table)
-                break
-            if bad_row is None:
-                mid = (lo + hi) // 2
-                tables += self._parse_range(docs, lo, mid, errors) + self._parse_range(docs, mid, hi, errors)
-                break
-            # The reader names the row it choked on: the rows before it read as a block.
-            if bad_row:
-                tables += self._parse_range(docs, lo, lo + bad_row, errors)
-            tables.append(self._parse_single(docs, lo + bad_row, errors))
-            lo += bad_row + 1
-        return tables
 
     def _read_block(self, block: pa.Array) -> tuple[pa.Table | None, int | None]:
         """The block as a table, or (None, the row the reader refused if it says which)."""
@@ -641,39 +699,44 @@ class _FeatureParser:
             bad_row = None
         return None, bad_row
 
-    def _parse_single(self, docs: pa.Array, position: int, errors: dict) -> pa.Table:
-        # The block reader's verdict first, so a record's fate does not depend on its neighbours.
-        table, _ = self._read_block(docs.slice(position, 1))
-        return table if table is not None else self._parse_one(docs[position].as_py(), position, errors)
-
-    def _parse_one(self, raw: bytes, position: int, errors: dict) -> pa.Table:
-        row = self._empty(1)
+    def _parse_one(self, docs: pa.Array, position: int, errors: dict) -> dict:
+        """One document as the block reader would read it, or an empty row with its reject in `errors`."""
+        empty = {"type": None, "id": None, "properties": None, "geometry": None}
+        raw = docs[position].as_py()
         doc, problem = _load_json(raw)
+        if problem is not None and problem[0] is Reason.NESTING_TOO_DEEP:
+            # Deeper than json.loads goes, yet the block reader may take it (a deep member no column reads).
+            table, _ = self._read_block(docs.slice(position, 1))
+            if table is not None:
+                return table.to_pylist()[0]
         if problem is not None:
             errors[position] = problem
-            return row
+            return empty
         if not isinstance(doc, dict):
             errors[position] = (Reason.NOT_A_FEATURE, f"value is a JSON {type(doc).__name__}, not a Feature object")
-            return row
+            return empty
         if doc.get("type") != "Feature":
-            errors[position] = (Reason.NOT_A_FEATURE, f"type is {doc.get('type')!r}, expected 'Feature'")
-            return row
+            errors[position] = (Reason.NOT_A_FEATURE, f"type is {_shown(doc.get('type'))}, expected 'Feature'")
+            return empty
         fid = doc.get("id")
         if fid is not None and (isinstance(fid, bool) or not isinstance(fid, str | int | float)):
-            errors[position] = (Reason.PROPERTY_TYPE_MISMATCH, f"id: {fid!r} is neither a string nor a number")
-            return row
+            errors[position] = (Reason.PROPERTY_TYPE_MISMATCH, f"id: {_shown(fid)} is neither a string nor a number")
+            return empty
+        if isinstance(fid, float) and not math.isfinite(fid):
+            errors[position] = (Reason.PROPERTY_TYPE_MISMATCH, f"id: {fid} is not a finite number")
+            return empty
         geometry = doc.get("geometry")
         if geometry is not None and not (isinstance(geometry, dict)
                                          and geometry.get("type") in GEOJSON_GEOMETRY_TYPES):
-            what = (f"type {geometry.get('type')!r}" if isinstance(geometry, dict)
+            what = (f"type {_shown(geometry.get('type'))}" if isinstance(geometry, dict)
                     else f"a JSON {type(geometry).__name__}")
             errors[position] = (Reason.INVALID_GEOJSON_GEOMETRY,
                                 f"geometry: {what} is not a GeoJSON geometry object")
-            return row
+            return empty
         props = doc.get("properties")
         if props is not None and not isinstance(props, dict):
-            errors[position] = (Reason.PROPERTY_TYPE_MISMATCH, f"properties: expected an object, got {props!r}")
-            return row
+            errors[position] = (Reason.PROPERTY_TYPE_MISMATCH, f"properties: expected an object, got {_shown(props)}")
+            return empty
         values = {}
         for name, arrow_type in self.property_types.items():
             value = (props or {}).get(name)
@@ -681,19 +744,34 @@ class _FeatureParser:
                 values[name] = _coerce_property(value, arrow_type)
             except (TypeError, ValueError, OverflowError, pa.ArrowInvalid):
                 errors[position] = (Reason.PROPERTY_TYPE_MISMATCH,
-                                    f"properties.{name}: {value!r} is not a {arrow_type}")
-                return row
+                                    f"properties.{name}: {_shown(value)} is not a {arrow_type}")
+                return empty
         if isinstance(fid, int):
             fid = str(fid)
         elif isinstance(fid, float):
-            fid = str(int(fid)) if math.isfinite(fid) and fid.is_integer() else repr(fid)
-        try:
-            return pa.Table.from_pylist([{"type": "Feature", "id": fid, "properties": values,
-                                          "geometry": None if geometry is None else {"type": geometry["type"]}}],
-                                        schema=self._schema(pa.string()))
-        except UnicodeEncodeError as exc:
-            errors[position] = (Reason.MALFORMED_JSON, f"value holds a string that is not valid Unicode: {exc.reason}")
-            return row
+            fid = str(int(fid)) if fid.is_integer() else repr(fid)
+        if not all(_is_unicode(v) for v in (fid, *values.values())):
+            errors[position] = (Reason.MALFORMED_JSON, "value holds a string that is not valid Unicode "
+                                                       "(an escaped lone surrogate)")
+            return empty
+        return {"type": "Feature", "id": fid, "properties": values,
+                "geometry": None if geometry is None else {"type": geometry["type"]}}
+
+
+def _shown(value: Any) -> str:
+    """A value of the input as a reject detail names it: short, whatever its size or depth."""
+    return _SHORT_REPR.repr(value)
+
+
+def _is_unicode(value: Any) -> bool:
+    """Whether a value, if a string, can be stored (a JSON escape can make a lone surrogate)."""
+    if not isinstance(value, str):
+        return True
+    try:
+        value.encode("utf-8")
+        return True
+    except UnicodeEncodeError:
+        return False
 
 
 def _coerce_property(value: Any, arrow_type: pa.DataType) -> Any:
@@ -722,7 +800,11 @@ def _coerce_property(value: Any, arrow_type: pa.DataType) -> Any:
     if pa.types.is_timestamp(arrow_type):
         if not isinstance(value, str):
             raise TypeError
-        return datetime.fromisoformat(value.replace("Z", "+00:00"))
+        # pyarrow's reader takes other spellings than datetime.fromisoformat and casts: ask it.
+        line = pa.py_buffer(json.dumps({"v": value}).encode() + b"\n")
+        read = pa_json.read_json(pa.BufferReader(line), parse_options=pa_json.ParseOptions(
+            explicit_schema=pa.schema([("v", arrow_type)])), read_options=pa_json.ReadOptions(use_threads=False))
+        return read.column("v")[0].as_py()
     raise TypeError
 
 
@@ -744,8 +826,9 @@ def _diagnose_feature(doc: dict, property_types: dict[str, pa.DataType]
                       ) -> tuple[shapely.Geometry | None, Reason | None, str | None]:
     if "geometry" not in doc or doc["geometry"] is None:
         return None, Reason.MISSING_GEOMETRY, "geometry: missing or null"
+    properties = doc.get("properties") if isinstance(doc.get("properties"), dict) else {}
     for name in property_types:
-        value = (doc.get("properties") or {}).get(name)
+        value = properties.get(name)
         if isinstance(value, float) and not math.isfinite(value):
             return None, Reason.PROPERTY_TYPE_MISMATCH, f"properties.{name}: a number out of the double range"
     geometry = doc["geometry"]
@@ -766,13 +849,21 @@ def _diagnose_feature(doc: dict, property_types: dict[str, pa.DataType]
 
 
 def _load_json(raw: bytes) -> tuple[Any, tuple[Reason, str] | None]:
-    """The document, or why it cannot be read: whatever the bytes, this does not raise."""
+    """The document, or why it cannot be read: whatever the bytes, this does not raise.
+
+    The bytes are decoded as UTF-8 first (json.loads would take UTF-16 and UTF-32 bytes too), and
+    integers too long for int() (over 4300 digits) become floats, infinite ones, as pyarrow's reader
+    makes of them."""
     try:
-        return json.loads(raw), None
+        return json.loads(raw.decode("utf-8"), parse_int=_json_int), None
     except RecursionError:
         return None, (Reason.NESTING_TOO_DEEP, "value nests arrays or objects too deeply to read")
-    except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError, and int-too-long errors are ValueErrors
+    except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError
         return None, (Reason.MALFORMED_JSON, f"value is not valid JSON: {str(exc)[:200]}")
+
+
+def _json_int(digits: str) -> int | float:
+    return int(digits) if len(digits) <= 4000 else float(digits)
 
 
 def _geojson_nesting_problem(raw: bytes, max_nesting: int) -> tuple[Reason, str] | None:
@@ -811,8 +902,9 @@ def _position_size(coords: Any) -> int | None:
 
 
 # -- WKB structure -------------------------------------------------------------------------------
-def _wkb_header_codes(values: pa.Array) -> np.ndarray:
-    """The geometry type word of each value (ISO code and EWKB flags); 0 where there is none."""
+def _wkb_header_codes(values: pa.Array) -> tuple[np.ndarray, np.ndarray]:
+    """The geometry type word of each value (ISO code and EWKB flags; 0 where there is none), and
+    whether the value is little-endian."""
     n = len(values)
     offsets = np.frombuffer(values.buffers()[1], dtype=np.int32)[values.offset:values.offset + n + 1]
     data_buffer = values.buffers()[2]
@@ -823,10 +915,34 @@ def _wkb_header_codes(values: pa.Array) -> np.ndarray:
     codes = np.zeros(n, dtype=np.int64)
     at = starts[has_header]
     word = np.stack([data[at + 1 + i] for i in range(4)], axis=1).astype(np.int64) if at.size else np.zeros((0, 4), np.int64)
-    little = data[at] == 1
+    little = np.zeros(n, dtype=bool)
+    little[has_header] = data[at] == 1
     weights = np.array([1, 1 << 8, 1 << 16, 1 << 24], dtype=np.int64)
-    codes[has_header] = np.where(little, word @ weights, word @ weights[::-1])
-    return codes
+    codes[has_header] = np.where(little[has_header], word @ weights, word @ weights[::-1])
+    return codes, little
+
+
+def _written_back_exactly(sent: pa.Array, written: np.ndarray, geoms: np.ndarray, codes: np.ndarray,
+                          little: np.ndarray) -> np.ndarray:
+    """Whether each value is byte for byte what GEOS writes of its geometry in the value's own byte
+    order and flavour. `written` is the stored form (ISO, little-endian), which most values are."""
+    exact = np.zeros(len(sent), dtype=bool)
+    extended = (codes & _EWKB_FLAGS) != 0
+    with_srid = (codes & _EWKB_SRID_FLAG) != 0
+    for is_little in (True, False):
+        for is_extended in (False, True):
+            for has_srid in ((False, True) if is_extended else (False,)):
+                group = np.flatnonzero((little == is_little) & (extended == is_extended) & (with_srid == has_srid))
+                if group.size == 0:
+                    continue
+                if is_little and not is_extended:
+                    expected = written[group]
+                else:
+                    expected = shapely.to_wkb(geoms[group], output_dimension=4, byte_order=int(is_little),
+                                              flavor="extended" if is_extended else "iso", include_srid=has_srid)
+                exact[group] = pc.fill_null(pc.equal(sent.take(pa.array(group)), pa.array(expected, pa.binary())),
+                                            False).to_numpy(zero_copy_only=False)
+    return exact
 
 
 def _type_names(type_ids: np.ndarray) -> np.ndarray:
@@ -841,16 +957,17 @@ def _read_wkb(blobs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     GEOS reads curves (CircularString ... MultiSurface, also nested in a collection) but shapely
     cannot hold them, and raises for the whole array: then each value is read alone."""
     curved = np.zeros(len(blobs), dtype=bool)
-    try:
-        return shapely.from_wkb(blobs, on_invalid="ignore"), curved
-    except NotImplementedError:
-        pass
-    geoms = np.full(len(blobs), None, dtype=object)
-    for i, blob in enumerate(blobs):
+    with np.errstate(all="ignore"):  # a value GEOS refuses is reported as bad_wkb, not warned of
         try:
-            geoms[i] = shapely.from_wkb(blob, on_invalid="ignore")
+            return shapely.from_wkb(blobs, on_invalid="ignore"), curved
         except NotImplementedError:
-            curved[i] = True
+            pass
+        geoms = np.full(len(blobs), None, dtype=object)
+        for i, blob in enumerate(blobs):
+            try:
+                geoms[i] = shapely.from_wkb(blob, on_invalid="ignore")
+            except NotImplementedError:
+                curved[i] = True
     return geoms, curved
 
 
@@ -868,10 +985,16 @@ def _to_wkb(geoms: np.ndarray) -> np.ndarray:
     return shapely.to_wkb(geoms, output_dimension=4, flavor="iso", include_srid=False)
 
 
-def _wkb_nesting(blob: bytes, limit: int) -> int:
-    """How deep geometries nest in a WKB value, walked without recursion; stops past `limit`.
-    Malformed structure ends the walk: GEOS then refuses the value on its own."""
+def _walk_wkb(blob: bytes, max_depth: int) -> tuple[int, str | None]:
+    """Walks a WKB value as GEOS reads it, without recursion. Returns how deep geometries nest
+    (the walk stops once deeper than max_depth) and the first way the value departs from exactly
+    one well-formed WKB geometry, or None. GEOS itself overlooks some of those (type bits WKB does
+    not define, a byte order byte other than 0 or 1, an SRID on a part, bytes after the geometry),
+    so the walk goes on past them as GEOS would: the depth is what GEOS will recurse to."""
     pos, depth, deepest = 0, 0, 0
+    order = "<"
+    problem: str | None = None
+    whole_dims: tuple[bool, bool] | None = None
     remaining = [1]  # geometries still to read at each open level
     try:
         while remaining:
@@ -880,7 +1003,11 @@ def _wkb_nesting(blob: bytes, limit: int) -> int:
                 depth -= 1
                 continue
             remaining[-1] -= 1
-            order = "<" if blob[pos] == 1 else ">"
+            start = pos
+            if blob[pos] in (0, 1):
+                order = "<" if blob[pos] == 1 else ">"
+            elif problem is None:  # GEOS keeps the byte order it had
+                problem = f"byte {pos}: byte order {blob[pos]} is neither 0 nor 1"
             (code,) = struct.unpack_from(order + "I", blob, pos + 1)
             pos += 5 + (4 if code & _EWKB_SRID_FLAG else 0)
             base = _wkb_base_type(code)
@@ -888,6 +1015,12 @@ def _wkb_nesting(blob: bytes, limit: int) -> int:
             has_z = iso_range in (1, 3) or bool(code & _EWKB_Z_FLAG)
             has_m = iso_range in (2, 3) or bool(code & _EWKB_M_FLAG)
             dims = 2 + has_z + has_m
+            if problem is None:
+                problem = _type_word_problem(code, start)
+            if whole_dims is None:
+                whole_dims = (has_z, has_m)
+            elif problem is None and (has_z, has_m) != whole_dims:
+                problem = f"byte {start}: a part has other dimensions than the geometry it belongs to"
             if base == 1:
                 pos += 8 * dims
             elif base in (2, 8):
@@ -904,14 +1037,54 @@ def _wkb_nesting(blob: bytes, limit: int) -> int:
                 pos += 4
                 depth += 1
                 deepest = max(deepest, depth)
-                if deepest > limit:
-                    return deepest
+                if deepest > max_depth:
+                    return deepest, problem
                 remaining.append(count)
             else:
-                return deepest
+                return deepest, problem or f"byte {start}: type word 0x{code:08x} names no geometry type"
     except (IndexError, struct.error):
-        return deepest
-    return deepest
+        return deepest, problem or f"value ends inside its geometry ({len(blob)} bytes)"
+    if pos > len(blob):
+        return deepest, problem or f"value ends inside its geometry ({len(blob)} bytes, {pos} claimed)"
+    if problem is None and pos < len(blob):
+        problem = f"value has {len(blob) - pos} bytes after its {pos}-byte geometry"
+    return deepest, problem
+
+
+def _unreadable_wkb(blob: bytes, problem: str | None) -> str:
+    return f"value is not readable WKB ({len(blob)} bytes, starting {blob[:9].hex()})" + (
+        f": {problem}" if problem else "")
+
+
+def _collections_nested_deeper(geoms: np.ndarray, limit: int) -> np.ndarray:
+    """Which geometries nest deeper than `limit` (as _walk_wkb counts: a Multi* is 1 deep, a
+    GeometryCollection one more than its deepest part). Only collections can hold collections."""
+    deeper = np.zeros(len(geoms), dtype=bool)
+    owners = np.flatnonzero(shapely.get_type_id(geoms) == 7)
+    level, current = 1, geoms[owners]
+    while owners.size:
+        parts, index = shapely.get_parts(current, return_index=True)
+        kinds = shapely.get_type_id(parts)
+        below = level + np.where(kinds == 7, 1, np.isin(kinds, (4, 5, 6)).astype(int))
+        deeper[owners[index[below > limit]]] = True
+        nested = (kinds == 7) & (below <= limit)
+        owners, current, level = owners[index[nested]], parts[nested], level + 1
+    return deeper
+
+
+def _type_word_problem(code: int, at: int) -> str | None:
+    """Why a type word is neither ISO WKB (type + 1000 x Z/M/ZM) nor EWKB (type | Z, M, SRID flags),
+    or None. Only the first geometry of a value may carry an SRID."""
+    flags, rest = code & _EWKB_FLAGS, code & ~_EWKB_FLAGS
+    if flags:
+        if not 1 <= rest <= 17:
+            return f"byte {at}: type word 0x{code:08x} mixes EWKB flags with a type that is not EWKB"
+        if code & _EWKB_SRID_FLAG and at != 0:
+            return f"byte {at}: a part of a geometry carries an SRID"
+        return None
+    if rest >= 4000 or not 1 <= rest % 1000 <= 17:
+        return f"byte {at}: type word 0x{code:08x} is neither an ISO nor an EWKB geometry type"
+    return None
 
 
 # -- Arrow helpers -------------------------------------------------------------------------------
@@ -931,6 +1104,50 @@ def _first_significant_byte(values: pa.Array, live: np.ndarray) -> np.ndarray:
         stripped = values[int(i)].as_py().lstrip(b" \t\r\n")
         first[i] = stripped[0] if stripped else -1
     return first
+
+
+def _record_bytes(batch: pa.RecordBatch) -> np.ndarray:
+    """Key + value + header keys and values of each record, in bytes."""
+    n = batch.num_rows
+    size = np.zeros(n, dtype=np.int64)
+    for name in ("key", "value"):
+        if name in batch.schema.names:
+            size += pc.fill_null(pc.binary_length(batch.column(name)), 0).to_numpy(zero_copy_only=False)
+    if "headers" in batch.schema.names:
+        headers = batch.column("headers")
+        flat = pc.list_flatten(headers)
+        if len(flat):
+            each = pc.add(pc.fill_null(pc.binary_length(pc.struct_field(flat, "key")), 0),
+                          pc.fill_null(pc.binary_length(pc.struct_field(flat, "value")), 0))
+            size += np.bincount(pc.list_parent_indices(headers).to_numpy(), weights=each.to_numpy(),
+                                minlength=n).astype(np.int64)
+    return size
+
+
+def _still_ok(rows: np.ndarray, docs: pa.Array, rejects: _Rejects) -> tuple[np.ndarray, pa.Array]:
+    """The rows (and their documents) that have no reject reason yet."""
+    keep = rejects.ok[rows]
+    if keep.all():
+        return rows, docs
+    return rows[keep], docs.filter(pa.array(keep))
+
+
+# From the start of a document: text outside strings or whole strings, then a string that holds a
+# raw CR or LF before it closes (an escaped one, backslash and letter, is fine).
+_LINE_BREAK_IN_STRING = r'(?s)^(?:[^"]|"(?:[^"\\]|\\.)*")*"(?:[^"\\\r\n]|\\.)*[\r\n]'
+
+
+def _raw_control_characters(docs: pa.Array) -> list[tuple[int, str]]:
+    """Documents with a raw line break inside a string, which JSON forbids. The block readers see
+    line breaks replaced by spaces, so they would take the string with a space in it: these are
+    found first, with RE2 over the documents that have a line break at all (few do)."""
+    breaks = np.flatnonzero(pc.match_substring_regex(docs, "[\r\n]").to_numpy(zero_copy_only=False))
+    if breaks.size == 0:
+        return []
+    inside = pc.match_substring_regex(docs.take(pa.array(breaks)), _LINE_BREAK_IN_STRING).to_numpy(
+        zero_copy_only=False)
+    return [(int(local), "value has a raw line break inside a JSON string (JSON escapes it as \\n or \\r)")
+            for local in breaks[inside]]
 
 
 def _invalid_utf8(values: pa.Array) -> np.ndarray:
@@ -1048,6 +1265,6 @@ def _cast_each(values: list, target: pa.DataType, label: str, rejects: _Rejects,
         try:
             out.append(convert(value))
         except (ValueError, TypeError, UnicodeDecodeError, pa.ArrowInvalid, pa.ArrowNotImplementedError):
-            rejects.add(np.array([i]), Reason.PROPERTY_TYPE_MISMATCH, f"{label}: {value!r} is not a {target}")
+            rejects.add(np.array([i]), Reason.PROPERTY_TYPE_MISMATCH, f"{label}: {_shown(value)} is not a {target}")
             out.append(None)
     return pa.array(out, target)

@@ -1,12 +1,17 @@
 """Generators of hostile Kafka records for fuzzing the decoder: valid seeds of each format, and
 mutations that aim where parsers break (depth, size claims, control bytes, trailing bytes, wrong
-nesting). Shared by the fuzz test in `make test` and the long fuzz run in `make bench`."""
+nesting, encodings, numbers beyond the double range, WKB spellings GEOS overlooks). Shared by the
+fuzz test in `make test` and the long fuzz run (`make fuzz`, bench/fuzz_decode.py).
+
+A saved input of the formats geojson, wkb and ewkb is a value; one of key_headers is a whole
+record packed into bytes (`pack_record`), so that any bytes a fuzzer makes are a record too."""
 
 from __future__ import annotations
 
 import json
 import random
 import struct
+from pathlib import Path
 
 import shapely
 
@@ -98,6 +103,14 @@ def mutate_json(doc: object, rng: random.Random, depth: int = 0) -> object:
         return {**doc, "geometry": g}
     if choice == 9 and depth < 3:
         return [doc, mutate_json(doc, rng, depth + 1)]
+    if choice == 10 and isinstance(doc, dict):
+        return {**doc, "id": rng.choice([10**400, -(2**63) - 1, 2**64, 1e308, float("nan"), float("inf"), 0.5, -0.0,
+                                         "\ud800", "a\u0000b", "", "x" * 5000, [], {}, True])}
+    if choice == 11 and isinstance(doc, dict):
+        props = doc.get("properties") if isinstance(doc.get("properties"), dict) else {}
+        return {**doc, "properties": {**props, rng.choice(["speed", "population", "kind", "name"]): rng.choice(
+            [float("nan"), float("-inf"), 10**400, 1e-400, "\udc00", "x\u2028y", 2**63, -(2**63), [[]] * 3,
+             "2024-02-30T25:61:00Z", None])}}
     return doc
 
 
@@ -106,10 +119,33 @@ def geojson_value(rng: random.Random) -> bytes:
     for _ in range(rng.randint(0, 3)):
         doc = mutate_json(doc, rng)
     try:
-        text = json.dumps(doc, allow_nan=True).encode()
+        text = json.dumps(doc, allow_nan=True, indent=rng.choice([None, None, 2]),
+                          ensure_ascii=rng.random() < 0.7).encode("utf-8", "surrogatepass")
     except (RecursionError, ValueError):
         text = b'{"type":"Feature","geometry":' + b"[" * 5000
-    return mutate_bytes(text, rng) if rng.random() < 0.5 else text
+    return mutate_text(text, rng) if rng.random() < 0.5 else text
+
+
+def mutate_text(text: bytes, rng: random.Random) -> bytes:
+    """Damage where JSON readers disagree: raw line breaks and control bytes inside strings,
+    other encodings, byte order marks, numbers beyond the double range, duplicate members."""
+    choice = rng.randrange(8)
+    quotes = [i for i, b in enumerate(text) if b == ord('"')]
+    if choice == 0 and quotes:
+        at = rng.choice(quotes) + 1
+        return text[:at] + rng.choice([b"\n", b"\r", b"\r\n", b"\t", b"\x00", b"\x1b", b"\\\n"]) + text[at:]
+    if choice == 1:
+        return text.decode("utf-8", "replace").encode(rng.choice(["utf-16-le", "utf-16-be", "utf-16", "utf-32"]))
+    if choice == 2:
+        return rng.choice([b"\xef\xbb\xbf", b" \n\t", b"\x00", b"\xfe\xff"]) + text
+    if choice == 3:
+        return text.replace(b"[", b"[" + rng.choice([b"1" * 5000, b"1e999", b"-1e-999", b"NaN", b"-Infinity",
+                                                      b"0x10", b"01", b"+1", b"1.e5", b".5"]) + b",", 1)
+    if choice == 4 and text.startswith(b"{"):
+        member = rng.choice([b'"type":"FeatureCollection",', b'"geometry":{"type":"Feature","geometry":null},',
+                             b'"geometry":"POINT (1 2)",', b'"id":{"a":1},', b'"properties":[1],'])
+        return text[:-1] + b"," + member[:-1] + b"}" if rng.random() < 0.5 else b"{" + member + text[1:]
+    return mutate_bytes(text, rng)
 
 
 def wkb_value(rng: random.Random, with_srid: bool = False) -> bytes:
@@ -120,6 +156,17 @@ def wkb_value(rng: random.Random, with_srid: bool = False) -> bytes:
     else:
         blob = shapely.to_wkb(geometry, byte_order=rng.choice([0, 1]), output_dimension=4,
                               flavor=rng.choice(["iso", "extended"]))
+    if rng.random() < 0.15:  # spellings GEOS overlooks: undefined type bits, odd byte orders, part SRIDs
+        part = shapely.to_wkb(rng.choice(seed_geometries()[:4]), byte_order=rng.choice([0, 1]),
+                              output_dimension=rng.choice([2, 3, 4]),
+                              include_srid=False)
+        code = rng.choice([4, 7, 1004, 3007, 0x80000007, 0x20000007, 0x00010007, 0x01000004, 0x200003EF])
+        order = rng.choice([0, 1, 2, 7, 255])
+        fmt = "<" if order != 0 else ">"
+        head = bytes([order]) + struct.pack(fmt + "I", code)
+        if code & 0x20000000:
+            head += struct.pack(fmt + "i", rng.choice(_SRIDS))
+        blob = head + struct.pack(fmt + "I", rng.choice([1, 2, 0])) + part + rng.choice([b"", part, ewkb_part(rng)])
     if rng.random() < 0.1:  # collections nested in collections, deeper than GEOS's stack allows
         # GEOS reads the type from the low 16 bits: the high ones may hold anything
         code = rng.choice([7, 6, 3007]) | rng.choice([0, 0x01000000, 0x00010000, 0x10000000, 0x80000000])
@@ -127,6 +174,11 @@ def wkb_value(rng: random.Random, with_srid: bool = False) -> bytes:
         header = (b"\x01" if order == "<" else b"\x00") + struct.pack(order + "II", code, 1)
         blob = header * rng.choice([3, 40, 50_000]) + blob
     return mutate_bytes(blob, rng) if rng.random() < 0.8 else blob
+
+
+def ewkb_part(rng: random.Random) -> bytes:
+    return shapely.to_wkb(shapely.set_srid(shapely.Point(1, 2), rng.choice(_SRIDS)), include_srid=True,
+                          byte_order=rng.choice([0, 1]))
 
 
 def record(fmt: str, rng: random.Random) -> tuple[bytes | None, bytes | None, list[tuple[str, bytes | None]]]:
@@ -141,10 +193,66 @@ def record(fmt: str, rng: random.Random) -> tuple[bytes | None, bytes | None, li
         value = wkb_value(rng, with_srid=True)
     else:
         value = rng.choice([geojson_value(rng), wkb_value(rng)])
-        key = rng.choice([None, b"", mutate_bytes(b"key-1", rng), bytes(rng.randrange(256) for _ in range(20))])
-        headers = [(rng.choice(["source", "event_id", "kind", "x" * 300, ""]),
-                    rng.choice([None, b"", mutate_bytes(b"value", rng), b"\xff\xfe"]))
+        key = rng.choice([None, b"", mutate_bytes(b"key-1", rng), bytes(rng.randrange(256) for _ in range(20)),
+                          b"k" * rng.choice([1000, 70_000]), b"\xed\xa0\x80"])
+        headers = [(rng.choice(["source", "event_id", "kind", "x" * 300, "", "kind\u0000", "\u00e9t\u00e9"]),
+                    rng.choice([None, b"", mutate_bytes(b"value", rng), b"\xff\xfe", b"ping", b"v" * 70_000]))
                    for _ in range(rng.randint(0, 4))]
     if rng.random() < 0.02:
         value = None
     return key, value, headers
+
+
+_NONE = 0xFFFFFFFF
+
+
+def pack_record(key: bytes | None, value: bytes | None, headers: list[tuple[str, bytes | None]]) -> bytes:
+    """A record as bytes: key, header count, each header's name and value, then the value; each
+    part after its 4-byte length (0xFFFFFFFF: none)."""
+    def part(data: bytes | None) -> bytes:
+        return struct.pack("<I", _NONE) if data is None else struct.pack("<I", len(data)) + data
+
+    out = part(key) + bytes([len(headers)])
+    for name, header_value in headers:
+        out += part(name.encode("utf-8", "surrogatepass")) + part(header_value)
+    return out + (value if value is not None else b"")
+
+
+def unpack_record(data: bytes) -> tuple[bytes | None, bytes, list[tuple[str, bytes | None]]]:
+    """The record of any bytes (the inverse of pack_record where they came from it): a length
+    beyond the bytes left takes what is left."""
+    pos = 0
+
+    def part() -> bytes | None:
+        nonlocal pos
+        if len(data) - pos < 4:
+            pos = len(data)
+            return None
+        (length,) = struct.unpack_from("<I", data, pos)
+        pos += 4
+        if length == _NONE:
+            return None
+        chunk = data[pos:pos + length]
+        pos += len(chunk)
+        return chunk
+
+    key = part()
+    count = data[pos] % 5 if pos < len(data) else 0
+    pos += 1
+    headers = []
+    for _ in range(count):
+        name = part()
+        headers.append(((name or b"").decode("utf-8", "replace"), part()))
+    return key, data[pos:], headers
+
+
+def saved_record(path: Path) -> tuple[bytes | None, bytes | None, list[tuple[str, bytes | None]]]:
+    """The record a saved input of fuzz_corpus/<format>/ stands for."""
+    data = path.read_bytes()
+    return unpack_record(data) if path.parent.name == "key_headers" else (b"k", data, [])
+
+
+def saved_input(fmt: str, record: tuple[bytes | None, bytes | None, list[tuple[str, bytes | None]]]) -> bytes:
+    """What is saved of a record of a format (see saved_record)."""
+    key, value, headers = record
+    return pack_record(key, value, headers) if fmt == "key_headers" else (value or b"")

@@ -9,6 +9,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import json
+import time
 from pathlib import Path
 
 import numpy as np
@@ -524,6 +525,11 @@ HOSTILE_CASES = [
                  id="wkb-collections-100k-deep"),
     pytest.param(b"\x00\x00\x00\x00\x06\x00\x00\x00\x01" * 100_000 + POINT_WKB, Reason.NESTING_TOO_DEEP,
                  id="wkb-big-endian-multipolygons-100k-deep"),
+    # short enough for GEOS to read (or refuse) safely: the nesting is checked on what it read
+    pytest.param(b"\x01\x06\x00\x00\x00\x01\x00\x00\x00" * 40 + POINT_WKB, Reason.NESTING_TOO_DEEP,
+                 id="wkb-multipolygons-40-deep"),
+    pytest.param(b"\x01\x07\x00\x00\x00\x01\x00\x00\x00" * 39 + b"\x01\x04\x00\x00\x00\x01\x00\x00\x00"
+                 + POINT_WKB, Reason.NESTING_TOO_DEEP, id="wkb-multipoint-in-collections-40-deep"),
     # control bytes
     pytest.param(b'{"type":"Feature","id":"a\x01b","properties":{},"geometry":{"type":"Point","coordinates":[1,2]}}',
                  Reason.MALFORMED_JSON, id="control-byte-in-id"),
@@ -552,7 +558,40 @@ HOSTILE_CASES = [
     pytest.param(b"\x01\x02\x00\x00\x00\xff\xff\xff\x7f" + b"\x00" * 32, Reason.BAD_WKB,
                  id="wkb-claims-2G-points"),
     pytest.param(b"\x01\x04\x00\x00\x00\xff\xff\xff\x7f" + POINT_WKB * 2, Reason.BAD_WKB, id="wkb-claims-2G-parts"),
+    # line breaks the block readers would take as spaces, encodings json.loads would guess
+    pytest.param(b'{"type":"Feature","id":"a\nb","properties":{},"geometry":{"type":"Point","coordinates":[1,2]}}',
+                 Reason.MALFORMED_JSON, id="raw-line-feed-in-id"),
+    pytest.param(b'{"type":"Feature","id":"a","properties":{"kind":"x\ry"},'
+                 b'"geometry":{"type":"Point","coordinates":[1,2]}}', Reason.MALFORMED_JSON, id="raw-cr-in-property"),
+    pytest.param(GOOD.decode().encode("utf-16-le"), Reason.MALFORMED_JSON, id="utf-16-le"),
+    pytest.param(GOOD.decode().encode("utf-16-be"), Reason.BAD_WKB, id="utf-16-be-looks-like-big-endian-wkb"),
+    pytest.param(b"\xef\xbb\xbf" + GOOD, Reason.UNKNOWN_FORMAT, id="utf-8-bom"),
+    # numbers beyond what the readers hold
+    pytest.param(b'{"type":"Feature","id":"n","properties":{},"geometry":{"type":"Point","coordinates":['
+                 + b"1" * 5000 + b',2]}}', Reason.NON_FINITE_COORDINATES, id="5000-digit-coordinate"),
+    pytest.param(b'{"type":"Feature","id":' + b"9" * 5000 + b',"properties":{},'
+                 b'"geometry":{"type":"Point","coordinates":[1,2]}}', Reason.PROPERTY_TYPE_MISMATCH, id="5000-digit-id"),
+    pytest.param(b'{"type":"Feature","id":1e999,"properties":{},"geometry":{"type":"Point","coordinates":[1,2]}}',
+                 Reason.PROPERTY_TYPE_MISMATCH, id="infinite-id"),
+    pytest.param(b'{"type":"Feature","id":"a","properties":{"speed":NaN},"geometry":{"type":"Point","coordinates":[1,2]}}',
+                 Reason.PROPERTY_TYPE_MISMATCH, id="nan-property"),
+    pytest.param(b'{"type":"Feature","id":"a","properties":{"speed":-Infinity},'
+                 b'"geometry":{"type":"Point","coordinates":[1,2]}}', Reason.PROPERTY_TYPE_MISMATCH,
+                 id="infinite-property"),
+    # WKB that GEOS reads but that is not one well-formed WKB geometry
+    pytest.param(b"\x01" + (0x00010001).to_bytes(4, "little") + POINT_WKB[5:], Reason.BAD_WKB,
+                 id="wkb-type-word-with-undefined-bits"),
+    pytest.param(b"\x01\x04\x00\x00\x00\x01\x00\x00\x00\x07" + POINT_WKB[1:], Reason.BAD_WKB,
+                 id="wkb-part-with-byte-order-7"),
+    pytest.param(b"\x01\x04\x00\x00\x00\x01\x00\x00\x00" + ewkb(shapely.Point(2.35, 48.86), 3857), Reason.BAD_WKB,
+                 id="ewkb-srid-on-a-part"),
+    pytest.param(b"\x01\x04\x00\x00\x00\x02\x00\x00\x00" + POINT_WKB + shapely.to_wkb(shapely.Point(2.35, 48.86, 1)),
+                 Reason.BAD_WKB, id="wkb-parts-of-mixed-dimensions"),
+    pytest.param(b"\x01" + (0x20000000 | 1001).to_bytes(4, "little") + (4326).to_bytes(4, "little")
+                 + shapely.to_wkb(shapely.Point(2.35, 48.86, 1))[5:], Reason.BAD_WKB, id="iso-z-type-with-ewkb-srid-flag"),
+    pytest.param(b"\x01\x07\x00\x00\x00\x00\x00\x00\x00" + POINT_WKB, Reason.BAD_WKB, id="empty-collection-then-junk"),
     # CRSs that are no place on a map
+    pytest.param(b"\x01\x01\x00\x00\x20\x00\x00\x00\x00" + POINT_WKB[5:], Reason.UNKNOWN_SRID, id="ewkb-srid-0"),
     pytest.param(ewkb(shapely.Point(1, 2), 5773), Reason.UNKNOWN_SRID, id="vertical-crs"),
     pytest.param(ewkb(shapely.Point(1, 2, 3), 4978), Reason.UNKNOWN_SRID, id="geocentric-crs"),
     pytest.param(ewkb(shapely.Point(1, 2), -5), Reason.UNKNOWN_SRID, id="negative-srid"),
@@ -569,14 +608,97 @@ def test_hostile_input_is_rejected_with_its_reason_between_good_records(value, r
         assert_valid(good)
 
 
+@pytest.mark.parametrize("levels, reason", [(32, Reason.GEOMETRY_TYPE_NOT_ALLOWED), (33, Reason.NESTING_TOO_DEEP),
+                                             (1200, Reason.NESTING_TOO_DEEP)])
+def test_max_nesting_is_the_limit_whether_geos_or_the_walk_measures_it(levels, reason):
+    value = b"\x01\x07\x00\x00\x00\x01\x00\x00\x00" * levels + POINT_WKB
+    assert decode([value])[0][REJECT_REASON] == reason.value
+
+
+def test_wkb_spelled_otherwise_than_geos_writes_it_is_still_read():
+    # Parts in the other byte order, big-endian EWKB with Z and M: all well-formed WKB.
+    mixed_order = (b"\x01\x04\x00\x00\x00\x02\x00\x00\x00" + POINT_WKB
+                   + shapely.to_wkb(shapely.Point(2.4, 48.9), byte_order=0))
+    big_endian_ewkb = shapely.to_wkb(shapely.set_srid(shapely.from_wkt("POINT Z (2.35 48.86 35)"), 4326),
+                                     include_srid=True, byte_order=0)
+    iso_big_endian = shapely.to_wkb(shapely.from_wkt("LINESTRING Z (0 0 1, 1 1 2)"), byte_order=0, flavor="iso")
+    rows = decode([mixed_order, big_endian_ewkb, iso_big_endian])
+    for row in rows:
+        assert_valid(row)
+    assert geometry_of(rows[0]).equals(shapely.MultiPoint([(2.35, 48.86), (2.4, 48.9)]))
+    assert shapely.get_coordinates(geometry_of(rows[1]), include_z=True).tolist() == [[2.35, 48.86, 35.0]]
+
+
+def test_ewkb_in_a_crs_whose_area_crosses_the_antimeridian():
+    # NAD83 and NZGD2000 areas of use run from a longitude east of the antimeridian to one west of it.
+    rows = decode([ewkb(shapely.Point(-77.0, 38.9), 4269), ewkb(shapely.Point(174.8, -41.3), 4167)])
+    for row in rows:
+        assert_valid(row)
+    assert abs(shapely.get_x(geometry_of(rows[0])) + 77.0) < 1e-4
+
+
+def test_key_and_headers_count_toward_max_message_bytes():
+    small = feature(point(1, 2))
+    rows = decode([small, small, small], options=DecodeOptions(max_message_bytes=len(small) + 100),
+                  keys=[b"k", b"k" * 200, b"k"], headers=[[], [], [("note", b"h" * 200)]])
+    assert_valid(rows[0])
+    for row in rows[1:]:
+        assert row[REJECT_REASON] == Reason.MESSAGE_TOO_LARGE
+        assert "key + value + headers" in row[REJECT_DETAIL]
+
+
+def test_details_stay_short_whatever_the_value_they_name():
+    huge = b'{"type":"Feature","id":"a","properties":{"kind":"' + b"x" * 100_000 + b'"},"geometry":'
+    deep_kind = (b'{"type":"Feature","id":"a","properties":{"kind":' + deep(b"[", b"]", 900)
+                 + b'},"geometry":{"type":"Point","coordinates":[1,2]}}')
+    rows = decode([huge + b'{"type":"Point","coordinates":[1,2]}}'.replace(b"Point", b"P" * 50_000, 1),
+                   feature(point(1, 2), kind=["y" * 100_000]), deep_kind])
+    for row in rows:
+        assert row[REJECT_REASON] is not None
+        assert len(row[REJECT_DETAIL]) < 400
+
+
+def test_a_batch_of_mostly_bad_documents_costs_about_what_a_good_batch_does():
+    # Each refusal of the block reader used to cost block reads of its own: a batch of bad
+    # records decoded a hundred times slower than a good one, and a flood of them stalled the stream.
+    n = 10_000
+    good = kafka_batch([GOOD] * n)
+    mostly_bad = kafka_batch([GOOD if i % 3 == 0 else feature(point(1, 2), speed="fast") for i in range(n)])
+    decoder = Decoder(DEMO)
+
+    def seconds(batch: pa.RecordBatch) -> float:
+        runs = []
+        for _ in range(2):  # the faster of two: the machine may be busy with other work
+            started = time.perf_counter()
+            decoder.decode(batch)
+            runs.append(time.perf_counter() - started)
+        return min(runs)
+
+    assert decoder.decode(mostly_bad).column(REJECT_REASON).null_count == (n + 2) // 3
+    good_s, bad_s = seconds(good), seconds(mostly_bad)
+    assert bad_s < 8 * good_s, (good_s, bad_s)
+
+
 def test_the_fate_of_a_record_does_not_depend_on_its_neighbours():
     # A block the JSON reader refuses is split until single records remain; each must then meet
     # the same verdict it meets alone.
     tricky = [feature(point(1, 2), fid=7), deep(b'{"a":', b"}", 2000), feature(point(1, 2), speed="x"),
-              GOOD, b'{"type":"Feature","id":"a\x01","properties":{},"geometry":{"type":"Point","coordinates":[1,2]}}']
-    together = [row[REJECT_REASON] for row in decode(tricky)]
-    alone = [decode([value])[0][REJECT_REASON] for value in tricky]
-    assert together == alone
+              GOOD, b'{"type":"Feature","id":"a\x01","properties":{},"geometry":{"type":"Point","coordinates":[1,2]}}',
+              # valid, with a member deeper than json.loads reads: read one by one, it must still land
+              b'{"type":"Feature","id":"deep","properties":{},"other":' + deep(b"[", b"]", 5000)
+              + b',"geometry":{"type":"Point","coordinates":[1,2]}}',
+              feature(point(1, 2), fid=1.5), b'{"type":"Feature","id":"x","properties":{"speed":NaN},'
+              b'"geometry":{"type":"Point","coordinates":[1,2]}}']
+    def fate(row: dict) -> tuple:
+        return (row[REJECT_REASON], row["event_id"]) if row[REJECT_REASON] is None else (row[REJECT_REASON],)
+
+    alone = [fate(row) for value in tricky for row in decode([value])]
+    # Among many refused records the reader goes one by one: the verdicts stay the same.
+    crowd = [feature(point(1, 2), speed="x")] * 300
+    together = decode(crowd + tricky + crowd + tricky[::-1])
+    assert [fate(row) for row in together[300:300 + len(tricky)]] == alone
+    assert [fate(row) for row in together[-len(tricky):]] == alone[::-1]
+    assert alone[5] == (None, "deep")
 
 
 def test_a_decoder_defect_dead_letters_only_the_record_it_struck():
