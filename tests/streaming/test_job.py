@@ -289,3 +289,39 @@ def test_pyarrow_pyiceberg_and_duckdb_read_the_table(ingested):
         f"ST_MakeEnvelope({window[0]}, {window[1]}, {window[2]}, {window[3]}))"
     ).fetchone()[0]
     assert duck_count == query_bbox(table, window).stats.rows_matched
+
+
+@pytest.mark.parametrize("clustering", ["batch", "task", "shuffle"])
+def test_every_clustering_mode_lands_each_event_once_in_sorted_files(kafka, spark, topic, catalog, tmp_path,
+                                                                      clustering):
+    rng = np.random.default_rng(21)
+    records = [(f"pt-{i}".encode(), feature(f"pt-{i}", {"type": "Point", "coordinates": [float(x), float(y)]}), [])
+               for i, (x, y) in enumerate(skewed_points(rng, 3000))]
+    assert produce_records(kafka.bootstrap, topic, records) == len(records)
+    contract = small_file_contract()
+    table, _ = create_table(catalog, contract)
+    config = JobConfig(kafka.bootstrap, topic, str(tmp_path / "checkpoint"), writer_id=f"w-{clustering}",
+                       max_offsets_per_trigger=1500, clustering=clustering)
+    reports = []
+    query = start_query(spark, BatchProcessor(spark, table, contract, config, observers=(reports.append,)),
+                        until_idle=True)
+    query.awaitTermination()
+    assert query.exception() is None and len(reports) == 2
+    table.refresh()
+    ids = all_rows(table).column("event_id").to_pylist()
+    assert sorted(ids) == sorted(f"pt-{i}" for i in range(3000))
+    for report in reports:
+        spans = []
+        for record in report.files:
+            bbox = pq.read_table(record.path.removeprefix("file://"), columns=["bbox"]).column("bbox").combine_chunks()
+            keys = hilbert_keys_of_bounds(*(bbox.field(n).to_numpy() for n in BBOX_FIELDS), contract.clustering.extent,
+                                          contract.clustering.hilbert_bits)
+            assert np.all(np.diff(keys) >= 0)
+            spans.append((keys[0], keys[-1]))
+        overlaps = sum(hi > next_lo for (_, hi), (next_lo, _) in zip(sorted(spans), sorted(spans)[1:]))
+        if clustering == "task":
+            assert overlaps > 0, "each task's files cover the whole key range of its rows"
+        else:
+            assert overlaps == 0, "the batch's files follow each other along the curve"
+    location = Path(table.location().removeprefix("file://"))
+    assert not list(location.glob("staging/**/*.arrow")), "no staged run left behind"
