@@ -48,7 +48,7 @@ from pyiceberg.expressions import And, GreaterThanOrEqual, LessThanOrEqual  # no
 
 from bench.cities import city_points  # noqa: E402
 from streaming.catalog import create_table, open_catalog  # noqa: E402
-from streaming.contract import load_contract  # noqa: E402
+from streaming.contract import load_contract, parse_contract  # noqa: E402
 from streaming.inspect import file_extents, plot_file_extents  # noqa: E402
 from streaming.maintenance import MaintenancePolicy, data_manifest_count, maintain  # noqa: E402
 from streaming.query import Predicate, query  # noqa: E402
@@ -246,10 +246,16 @@ def part_pruning(args, tmp: Path) -> dict:
     catalog = open_catalog("bench", props)
     lon, lat = city_points(args.events, seed=11, jitter_deg=0.05, bounds=(-180, -90, 180, 90))
     tables = {}
-    for name, batches in (("one_batch", 1), ("small_batches", args.events // args.batch_events)):
-        contract = dataclasses.replace(CONTRACT, table=f"bench.{name}")
+    # Files of 4 MiB in row groups of 16,384 rows (the layout default), so that one batch of the
+    # whole set writes a few files and a 40k-event batch writes small ones, as at the default 64 MiB
+    # with a larger set.
+    # The table records its contract (compaction reads the target size there): change the source.
+    clustering = {**CONTRACT.source["clustering"], "target_file_bytes": 4 * 1024 * 1024, "row_group_rows": 16_384}
+    # One batch as one sorted run (what the "batch" clustering writes); small batches from 2 tasks.
+    for name, batches, tasks in (("one_batch", 1, 1), ("small_batches", args.events // args.batch_events, 2)):
+        contract = parse_contract({**CONTRACT.source, "table": f"bench.{name}", "clustering": clustering})
         table, _ = create_table(catalog, contract)
-        writer = BatchWriter(table, contract, writer_id=name)
+        writer = BatchWriter(table, contract, writer_id=name, tasks=tasks)
         for batch_id, part in enumerate(np.array_split(np.arange(args.events), batches)):
             writer.commit(batch_id, lon[part], lat[part])
         tables[name] = table
