@@ -6,7 +6,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 INSTALLED := $(VENV)/.installed
 
-.PHONY: setup demo test bench clean
+.PHONY: setup demo test bench fuzz clean
 
 $(INSTALLED): pyproject.toml
 	@$(PYTHON) -c 'import sys; assert sys.version_info[:2] == (3, 11), f"geoingest needs Python 3.11, {sys.executable} is {sys.version.split()[0]}"'
@@ -31,6 +31,12 @@ bench: setup
 	PYTHONPATH=$(CURDIR) $(PY) bench/concurrency.py
 	PYTHONPATH=$(CURDIR) $(PY) bench/reliability.py
 	PYTHONPATH=$(CURDIR) $(PY) bench/maintenance.py
+	$(MAKE) fuzz
+
+# The decoder against 100,000 generated inputs per format and engine (bench/results/fuzz.json);
+# a crashing input is saved to tests/streaming/fuzz_corpus/, which `make test` replays.
+fuzz: setup
+	PYTHONPATH=$(CURDIR) $(PY) bench/fuzz_decode.py --inputs 100000
 
 clean:
 	rm -rf .demo $(VENV)

@@ -286,7 +286,10 @@ def _supervise(query, processor: BatchProcessor, metrics: IngestMetrics, health:
                 metrics.observe_progress(progress)
             except (ValueError, TypeError, KeyError) as exc:  # a metric is not worth the service
                 log.warning("unreadable query progress", extra={"summary": {"error": str(exc)}})
-        query.awaitTermination(1.0)
+        try:
+            query.awaitTermination(1.0)
+        except Exception:  # noqa: BLE001 - the query stopped on an error, which is reported below in one line
+            break
     health.query_active = False
     if processor.fatal_error is not None:
         raise RuntimeError(processor.fatal_error)

@@ -9,9 +9,10 @@ A DLQ record keeps the original key, value and headers, and adds headers:
   geoingest.source.timestamp  /  (milliseconds since the epoch)
 
 A record of any size the source topic accepted is dead-lettered. One whose key, value and headers
-together exceed `max_record_bytes` (or that the dead-letter topic refuses as too large) is stored
+together exceed `max_record_bytes` (or that the dead-letter topic refuses as too large), or that
+kafka-python cannot produce as it was (neither key nor value; a header without a value), is stored
 byte-exact as a one-row Arrow IPC file (columns key, value, headers) under `spill_location`; its
-DLQ record then has no key, no value, none of the original headers, and two more headers:
+DLQ record then has no key, an empty value, none of the original headers, and two more headers:
   geoingest.payload.uri       where the original record is stored
   geoingest.payload.bytes     its key + value + headers size
 The file's name is the record's source coordinates, so a replayed batch rewrites the same file.
@@ -90,6 +91,7 @@ class DeadLetterWriter:
 
     def __init__(self, config: DeadLetterConfig):
         from kafka import KafkaProducer  # the executors import it only when there is something to send
+        from kafka.errors import KafkaError
 
         self.config = config
         options = _typed_producer_options({k: v for k, v in client_config(config.kafka_options).items()
@@ -98,29 +100,34 @@ class DeadLetterWriter:
             bootstrap_servers=config.bootstrap_servers,
             acks="all",
             max_request_size=config.max_record_bytes + _ENVELOPE_BYTES,
+            # An idempotent kafka-python producer fails every later record once the topic refused
+            # one (too large), so the spilled pointer sent next would fail too. Dead letters are
+            # at-least-once whatever the producer: a replayed batch sends them again.
+            enable_idempotence=False,
         )
-        self._producer = KafkaProducer(**options)
+        try:
+            self._producer = KafkaProducer(**options)
+        except KafkaError as exc:
+            raise DeadLetterFailed(f"no producer for the dead-letter topic {config.topic!r} at "
+                                   f"{config.bootstrap_servers}: {type(exc).__name__}: {exc}") from exc
 
     def send(self, decoded: pa.RecordBatch) -> int:
         """Send the rows of `decoded` that carry a reject reason; returns how many were sent.
-        Every record is acknowledged by the broker before this returns."""
+        Every record is acknowledged by the broker before this returns. Rows are taken one at a
+        time from Arrow, so a batch of large rejects is not held twice."""
         rejected = decoded.filter(pc.is_valid(decoded.column(REJECT_REASON)))
-        pending = []
-        for row in rejected.to_pylist():
-            size = record_bytes(row[RAW_KEY], row[RAW_VALUE], row[RAW_HEADERS])
-            if size > self.config.max_record_bytes:
-                pending.append((row, self._send_spilled(row, size)))
-            else:
-                pending.append((row, self._send_inline(row)))
-        self._producer.flush()
-        for row, future in pending:
+        pending = [(i, self._send(self._row(rejected, i))) for i in range(rejected.num_rows)]
+        self._flush(rejected, pending)
+        for i, future in pending:
             error = future.exception if future.failed() else None
             if error is not None and _too_large(error):
                 # The topic's own size cap is below max_record_bytes (made by someone else): spill.
-                retry = self._send_spilled(row, record_bytes(row[RAW_KEY], row[RAW_VALUE], row[RAW_HEADERS]))
-                self._producer.flush()
+                row = self._row(rejected, i)
+                retry = self._send(row, spill=True)
+                self._flush(rejected, [(i, retry)])
                 error = retry.exception if retry.failed() else None
             if error is not None:
+                row = self._row(rejected, i)
                 raise DeadLetterFailed(
                     f"the rejected record {_where(row)} ({row[REJECT_REASON]}) could not be written to the "
                     f"dead-letter topic {self.config.topic!r}: {type(error).__name__}: {error}")
@@ -129,15 +136,37 @@ class DeadLetterWriter:
     def close(self) -> None:
         self._producer.close()
 
-    def _send_inline(self, row: dict):
-        headers = [(h["key"], h["value"] or b"") for h in row[RAW_HEADERS] or ()] + _added_headers(row)
-        return self._producer.send(self.config.topic, key=row[RAW_KEY], value=row[RAW_VALUE], headers=headers)
+    @staticmethod
+    def _row(rejected: pa.RecordBatch, i: int) -> dict:
+        return rejected.slice(i, 1).to_pylist()[0]
 
-    def _send_spilled(self, row: dict, size: int):
-        uri = self._spill(row)
-        headers = _added_headers(row) + [(PAYLOAD_URI_HEADER, uri.encode()),
-                                         (PAYLOAD_BYTES_HEADER, str(size).encode())]
-        return self._producer.send(self.config.topic, key=None, value=None, headers=headers)
+    def _send(self, row: dict, spill: bool = False):
+        """The future of one dead letter: inline, or a pointer to the record stored under the spill location."""
+        from kafka.errors import KafkaError
+
+        size = record_bytes(row[RAW_KEY], row[RAW_VALUE], row[RAW_HEADERS])
+        try:
+            if spill or size > self.config.max_record_bytes or not _writable_as_it_was(row):
+                uri = self._spill(row)
+                headers = _added_headers(row) + [(PAYLOAD_URI_HEADER, uri.encode()),
+                                                 (PAYLOAD_BYTES_HEADER, str(size).encode())]
+                return self._producer.send(self.config.topic, key=None, value=b"", headers=headers)
+            headers = [(h["key"], h["value"]) for h in row[RAW_HEADERS] or ()] + _added_headers(row)
+            return self._producer.send(self.config.topic, key=row[RAW_KEY], value=row[RAW_VALUE], headers=headers)
+        except KafkaError as exc:  # raised by send itself: no metadata for the topic in time, buffer full
+            raise DeadLetterFailed(f"the rejected record {_where(row)} ({row[REJECT_REASON]}) could not be sent to "
+                                   f"the dead-letter topic {self.config.topic!r}: {type(exc).__name__}: {exc}") from exc
+
+    def _flush(self, rejected: pa.RecordBatch, pending: list) -> None:
+        from kafka.errors import KafkaError
+
+        try:
+            self._producer.flush()
+        except KafkaError as exc:
+            first = self._row(rejected, pending[0][0]) if pending else None
+            where = f" (from {_where(first)} on)" if first else ""
+            raise DeadLetterFailed(f"the dead-letter topic {self.config.topic!r} did not take the rejected "
+                                   f"records{where}: {type(exc).__name__}: {exc}") from exc
 
     def _spill(self, row: dict) -> str:
         from pyiceberg.io.pyarrow import PyArrowFileIO
@@ -166,6 +195,13 @@ def read_spilled(uri: str, io_properties: dict[str, str] | None = None) -> dict:
 
     with PyArrowFileIO(io_properties or {}).new_input(uri).open() as f:
         return pa.ipc.open_file(pa.BufferReader(f.read())).read_all().to_pylist()[0]
+
+
+def _writable_as_it_was(row: dict) -> bool:
+    """Whether kafka-python can produce the record unchanged: it refuses a record with neither key
+    nor value (a tombstone without a key) and a header without a value, which other clients send."""
+    has_key_or_value = row[RAW_KEY] is not None or row[RAW_VALUE] is not None
+    return has_key_or_value and all(h["value"] is not None for h in row[RAW_HEADERS] or ())
 
 
 def _added_headers(row: dict) -> list[tuple[str, bytes]]:

@@ -96,6 +96,7 @@ GEOJSON_GEOMETRY_TYPES = ("Point", "LineString", "Polygon", "MultiPoint", "Multi
 # WKB types made of other geometries: Multi*, GeometryCollection, CompoundCurve, CurvePolygon,
 # MultiCurve, MultiSurface, PolyhedralSurface, TIN.
 _WKB_CONTAINER_TYPES = (4, 5, 6, 7, 9, 10, 11, 12, 15, 16)
+_WKB_CURVE_TYPES = (8, 9, 10, 11, 12)  # CircularString, CompoundCurve, CurvePolygon, MultiCurve, MultiSurface
 _EWKB_Z_FLAG, _EWKB_M_FLAG, _EWKB_SRID_FLAG = 0x80000000, 0x40000000, 0x20000000
 _EWKB_FLAGS = _EWKB_Z_FLAG | _EWKB_M_FLAG | _EWKB_SRID_FLAG
 _UNLIMITED = 1 << 62  # a walk's depth limit that is never reached
@@ -346,7 +347,7 @@ class Decoder:
         unsafe = pc.greater(pc.binary_length(taken), 9 * (max(max_nesting, _GEOS_SAFE_NESTING) + 1)).to_numpy(
             zero_copy_only=False)
         for local in np.flatnonzero(np.isin(_wkb_base_type(codes), _WKB_CONTAINER_TYPES) & unsafe):
-            deepest, _ = _walk_wkb(taken[int(local)].as_py(), max_nesting)
+            deepest, _, _ = _walk_wkb(taken[int(local)].as_py(), max_nesting)
             if deepest > max_nesting:
                 rejects.add(rows[[local]], Reason.NESTING_TOO_DEEP, too_deep)
         live = rejects.ok[rows]
@@ -355,19 +356,25 @@ class Decoder:
             return
         blobs = taken.to_numpy(zero_copy_only=False)
         decoded, curved = _read_wkb(blobs)
-        rejects.add(rows[curved], Reason.GEOMETRY_TYPE_NOT_ALLOWED,
-                    f"a curve (CircularString, CompoundCurve, CurvePolygon, MultiCurve or MultiSurface) is not one "
-                    f"of {list(self.contract.geometry.types)}")
+        curves_not_allowed = (f"a curve (CircularString, CompoundCurve, CurvePolygon, MultiCurve or MultiSurface) "
+                              f"is not one of {list(self.contract.geometry.types)}")
+        rejects.add(rows[curved], Reason.GEOMETRY_TYPE_NOT_ALLOWED, curves_not_allowed)
         bad = np.equal(decoded, None)
         for local in np.flatnonzero(bad & ~curved):
-            deepest, problem = _walk_wkb(blobs[local], _UNLIMITED)
+            deepest, problem, _ = _walk_wkb(blobs[local], _UNLIMITED)
             if deepest > max_nesting:
                 rejects.add(rows[[local]], Reason.NESTING_TOO_DEEP, too_deep)
             else:
                 rejects.add(rows[[local]], Reason.BAD_WKB, _unreadable_wkb(blobs[local], problem))
-        deep = np.flatnonzero(~bad)[_collections_nested_deeper(decoded[~bad], max_nesting)]
-        rejects.add(rows[deep], Reason.NESTING_TOO_DEEP, too_deep)
-        bad[deep] = True
+        # Collections are the geometries GEOS read that can nest, and hold curves shapely cannot
+        # (GEOS refuses a curve in any other container): they are walked.
+        for local in np.flatnonzero(~bad)[shapely.get_type_id(decoded[~bad]) == 7]:
+            deepest, _, curve = _walk_wkb(blobs[local], max_nesting)
+            if curve:
+                rejects.add(rows[[local]], Reason.GEOMETRY_TYPE_NOT_ALLOWED, curves_not_allowed)
+            elif deepest > max_nesting:
+                rejects.add(rows[[local]], Reason.NESTING_TOO_DEEP, too_deep)
+            bad[local] = curve or deepest > max_nesting
         parsed = np.flatnonzero(~bad)
         written = _to_wkb(decoded[parsed])
         wkb[rows[parsed]] = written
@@ -378,7 +385,7 @@ class Decoder:
         exact = _written_back_exactly(taken.take(pa.array(parsed)), written, decoded[parsed], codes[parsed],
                                       little[parsed])
         for local in parsed[~exact]:
-            _, problem = _walk_wkb(blobs[local], _UNLIMITED)
+            _, problem, _ = _walk_wkb(blobs[local], _UNLIMITED)
             if problem is not None:
                 rejects.add(rows[[local]], Reason.BAD_WKB, f"value is not one well-formed WKB geometry: {problem}")
                 bad[local] = True
@@ -842,7 +849,8 @@ def _diagnose_feature(doc: dict, property_types: dict[str, pa.DataType]
         if depth is not None and depth > 3:
             return None, Reason.DIMENSION_NOT_ALLOWED, f"geometry.coordinates: positions of {depth} values; GeoJSON allows 2 or 3"
     text = json.dumps(geometry)
-    alone = shapely.from_geojson(text, on_invalid="ignore")
+    with np.errstate(all="ignore"):
+        alone = shapely.from_geojson(text, on_invalid="ignore")
     if alone is not None:
         return alone, None, None
     return None, Reason.INVALID_GEOJSON_GEOMETRY, f"geometry: not a readable GeoJSON geometry: {text[:200]}"
@@ -985,13 +993,15 @@ def _to_wkb(geoms: np.ndarray) -> np.ndarray:
     return shapely.to_wkb(geoms, output_dimension=4, flavor="iso", include_srid=False)
 
 
-def _walk_wkb(blob: bytes, max_depth: int) -> tuple[int, str | None]:
+def _walk_wkb(blob: bytes, max_depth: int) -> tuple[int, str | None, bool]:
     """Walks a WKB value as GEOS reads it, without recursion. Returns how deep geometries nest
-    (the walk stops once deeper than max_depth) and the first way the value departs from exactly
-    one well-formed WKB geometry, or None. GEOS itself overlooks some of those (type bits WKB does
-    not define, a byte order byte other than 0 or 1, an SRID on a part, bytes after the geometry),
-    so the walk goes on past them as GEOS would: the depth is what GEOS will recurse to."""
+    (the walk stops once deeper than max_depth), the first way the value departs from exactly one
+    well-formed WKB geometry (or None), and whether it holds a curve. GEOS itself overlooks some
+    departures (type bits WKB does not define, a byte order byte other than 0 or 1, an SRID on a
+    part, bytes after the geometry), so the walk goes on past them as GEOS would: the depth is
+    what GEOS will recurse to."""
     pos, depth, deepest = 0, 0, 0
+    curve = False
     order = "<"
     problem: str | None = None
     whole_dims: tuple[bool, bool] | None = None
@@ -1017,6 +1027,7 @@ def _walk_wkb(blob: bytes, max_depth: int) -> tuple[int, str | None]:
             dims = 2 + has_z + has_m
             if problem is None:
                 problem = _type_word_problem(code, start)
+            curve = curve or base in _WKB_CURVE_TYPES
             if whole_dims is None:
                 whole_dims = (has_z, has_m)
             elif problem is None and (has_z, has_m) != whole_dims:
@@ -1038,38 +1049,22 @@ def _walk_wkb(blob: bytes, max_depth: int) -> tuple[int, str | None]:
                 depth += 1
                 deepest = max(deepest, depth)
                 if deepest > max_depth:
-                    return deepest, problem
+                    return deepest, problem, curve
                 remaining.append(count)
             else:
-                return deepest, problem or f"byte {start}: type word 0x{code:08x} names no geometry type"
+                return deepest, problem or f"byte {start}: type word 0x{code:08x} names no geometry type", curve
     except (IndexError, struct.error):
-        return deepest, problem or f"value ends inside its geometry ({len(blob)} bytes)"
+        return deepest, problem or f"value ends inside its geometry ({len(blob)} bytes)", curve
     if pos > len(blob):
-        return deepest, problem or f"value ends inside its geometry ({len(blob)} bytes, {pos} claimed)"
+        return deepest, problem or f"value ends inside its geometry ({len(blob)} bytes, {pos} claimed)", curve
     if problem is None and pos < len(blob):
         problem = f"value has {len(blob) - pos} bytes after its {pos}-byte geometry"
-    return deepest, problem
+    return deepest, problem, curve
 
 
 def _unreadable_wkb(blob: bytes, problem: str | None) -> str:
     return f"value is not readable WKB ({len(blob)} bytes, starting {blob[:9].hex()})" + (
         f": {problem}" if problem else "")
-
-
-def _collections_nested_deeper(geoms: np.ndarray, limit: int) -> np.ndarray:
-    """Which geometries nest deeper than `limit` (as _walk_wkb counts: a Multi* is 1 deep, a
-    GeometryCollection one more than its deepest part). Only collections can hold collections."""
-    deeper = np.zeros(len(geoms), dtype=bool)
-    owners = np.flatnonzero(shapely.get_type_id(geoms) == 7)
-    level, current = 1, geoms[owners]
-    while owners.size:
-        parts, index = shapely.get_parts(current, return_index=True)
-        kinds = shapely.get_type_id(parts)
-        below = level + np.where(kinds == 7, 1, np.isin(kinds, (4, 5, 6)).astype(int))
-        deeper[owners[index[below > limit]]] = True
-        nested = (kinds == 7) & (below <= limit)
-        owners, current, level = owners[index[nested]], parts[nested], level + 1
-    return deeper
 
 
 def _type_word_problem(code: int, at: int) -> str | None:

@@ -25,6 +25,10 @@ _SEED_GEOMETRIES = [
     "GEOMETRYCOLLECTION (POINT (1 2), LINESTRING (0 0, 1 1))", "POINT EMPTY", "POLYGON EMPTY",
 ]
 _SRIDS = (4326, 3857, 2154, 32633, 0, -1, 5773, 4978, 999999, 0x7FFFFFFF)
+# Curves GEOS reads and shapely cannot hold, to put inside collections: a CircularString, a
+# CompoundCurve of it, an empty CurvePolygon.
+_CIRCULAR = b"\x01\x08\x00\x00\x00\x03\x00\x00\x00" + struct.pack("<6d", 0, 0, 1, 1, 2, 0)
+_CURVE_PARTS = [_CIRCULAR, b"\x01\x09\x00\x00\x00\x01\x00\x00\x00" + _CIRCULAR, b"\x01\x0a\x00\x00\x00\x00\x00\x00\x00"]
 _CONTROL = [bytes([c]) for c in range(0x20)] + [b"\x7f", b"\xff", b"\xc3", b"\xed\xa0\x80", b"\\u0000", b"\\ud800"]
 
 
@@ -166,7 +170,8 @@ def wkb_value(rng: random.Random, with_srid: bool = False) -> bytes:
         head = bytes([order]) + struct.pack(fmt + "I", code)
         if code & 0x20000000:
             head += struct.pack(fmt + "i", rng.choice(_SRIDS))
-        blob = head + struct.pack(fmt + "I", rng.choice([1, 2, 0])) + part + rng.choice([b"", part, ewkb_part(rng)])
+        blob = head + struct.pack(fmt + "I", rng.choice([1, 2, 0])) + part + rng.choice(
+            [b"", part, ewkb_part(rng), *_CURVE_PARTS])
     if rng.random() < 0.1:  # collections nested in collections, deeper than GEOS's stack allows
         # GEOS reads the type from the low 16 bits: the high ones may hold anything
         code = rng.choice([7, 6, 3007]) | rng.choice([0, 0x01000000, 0x00010000, 0x10000000, 0x80000000])

@@ -590,6 +590,10 @@ HOSTILE_CASES = [
     pytest.param(b"\x01" + (0x20000000 | 1001).to_bytes(4, "little") + (4326).to_bytes(4, "little")
                  + shapely.to_wkb(shapely.Point(2.35, 48.86, 1))[5:], Reason.BAD_WKB, id="iso-z-type-with-ewkb-srid-flag"),
     pytest.param(b"\x01\x07\x00\x00\x00\x00\x00\x00\x00" + POINT_WKB, Reason.BAD_WKB, id="empty-collection-then-junk"),
+    # a curve inside a collection: shapely holds the collection, not the curve
+    pytest.param(b"\x01\x07\x00\x00\x00\x02\x00\x00\x00" + POINT_WKB + b"\x01\x08\x00\x00\x00\x03\x00\x00\x00"
+                 + np.array([0, 0, 1, 1, 2, 0], dtype="<f8").tobytes(), Reason.GEOMETRY_TYPE_NOT_ALLOWED,
+                 id="circular-string-in-a-collection"),
     # CRSs that are no place on a map
     pytest.param(b"\x01\x01\x00\x00\x20\x00\x00\x00\x00" + POINT_WKB[5:], Reason.UNKNOWN_SRID, id="ewkb-srid-0"),
     pytest.param(ewkb(shapely.Point(1, 2), 5773), Reason.UNKNOWN_SRID, id="vertical-crs"),

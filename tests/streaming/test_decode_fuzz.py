@@ -1,13 +1,19 @@
 """Fuzzing the decoder: whatever the bytes of a value, key or headers, every record comes out as a
 valid row or a reject with a reason, and never as a decoder defect (decode_failed) or an exception.
 
-A fixed budget runs here; `make bench` runs bench/fuzz_decode.py (coverage-guided, 100,000 inputs
-per format). Every input that ever broke the decoder is kept in fuzz_corpus/ and replayed first.
+A fixed, derandomized budget runs here: hypothesis over generated records and arbitrary bytes, and
+a short coverage-guided (atheris) run of bench/fuzz_decode.py; `make fuzz` runs that script with
+100,000 inputs per format and engine. Every input that ever broke the decoder is kept in
+fuzz_corpus/ and replayed.
 """
 
 from __future__ import annotations
 
+import importlib.util
+import json
 import random
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -77,3 +83,16 @@ def test_generated_batches_of_hostile_records(fmt, rng: random.Random, size):
        keys=st.lists(st.one_of(st.none(), st.binary(max_size=40)), min_size=30, max_size=30))
 def test_arbitrary_bytes(values, keys):
     check_decodes([(k, v, []) for k, v in zip(keys, values)])
+
+
+@pytest.mark.skipif(importlib.util.find_spec("atheris") is None, reason="atheris has wheels for Linux x86-64 alone")
+def test_a_short_coverage_guided_run_finds_no_crash(tmp_path):
+    results = tmp_path / "fuzz.json"
+    root = Path(__file__).resolve().parents[2]
+    run = subprocess.run([sys.executable, str(root / "bench" / "fuzz_decode.py"), "--engines", "atheris",
+                          "--inputs", "2000", "--results", str(results)], capture_output=True, text=True,
+                         cwd=root, timeout=900)
+    assert run.returncode == 0, f"crashing inputs, saved to the corpus:\n{run.stdout[-3000:]}{run.stderr[-3000:]}"
+    runs = json.loads(results.read_text())["runs"]
+    assert {r["format"] for r in runs} == set(FORMATS)
+    assert all(r["inputs"] == 2000 and r["crashes"] == [] for r in runs), runs
