@@ -172,8 +172,8 @@ class DeadLetterWriter:
         from pyiceberg.io.pyarrow import PyArrowFileIO
 
         if not self.config.spill_location:
-            raise DeadLetterFailed(f"the rejected record {_where(row)} is too large for the dead-letter topic "
-                                   f"and no spill location is set")
+            raise DeadLetterFailed(f"the rejected record {_where(row)} ({row[REJECT_REASON]}) must be stored beside "
+                                   f"the dead-letter topic {self.config.topic!r}, and no spill location is set")
         uri = (f"{self.config.spill_location.rstrip('/')}/{row[SOURCE_TOPIC]}/{row[SOURCE_PARTITION]}/"
                f"{row[SOURCE_OFFSET]}.arrow")
         table = pa.Table.from_pylist([{"key": row[RAW_KEY], "value": row[RAW_VALUE], "headers": row[RAW_HEADERS]}],
@@ -184,8 +184,9 @@ class DeadLetterWriter:
         try:
             with PyArrowFileIO(self.config.io_properties).new_output(uri).create(overwrite=True) as out:
                 out.write(sink.getvalue())
-        except OSError as exc:
-            raise DeadLetterFailed(f"the rejected record {_where(row)} could not be stored at {uri}: {exc}") from exc
+        except (OSError, ValueError) as exc:  # what pyarrow's file systems raise (ValueError: an unknown scheme)
+            raise DeadLetterFailed(f"the rejected record {_where(row)} ({row[REJECT_REASON]}) could not be stored at "
+                                   f"{uri}: {exc}") from exc
         return uri
 
 

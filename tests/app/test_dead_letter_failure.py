@@ -39,8 +39,8 @@ def test_an_unwritable_dead_letter_stops_the_service_with_one_line_and_loses_not
     code = service.wait(timeout=600)
     assert code != 0
     last = service.stderr().rstrip().splitlines()[-1]
-    assert last.startswith(f"geoingest: the rejected record {topic}/0/20 could not be stored at file://{blocker}"), \
-        service.stderr_tail()
+    assert last.startswith(f"geoingest: the rejected record {topic}/0/20 (unknown_format) could not be stored at "
+                           f"file://{blocker}/dead-letters/{topic}/0/20.arrow"), service.stderr_tail()
     assert "Not a directory" in last
     assert landed(env) == set(), "the batch of the record was not committed"
 
