@@ -273,8 +273,8 @@ def _clear_folder(location: str, io) -> None:
 def _source_columns(batch: DataFrame) -> DataFrame:
     """What the decoder reads of the Kafka source. Headers go as JSON text: Spark hands arrays to
     Python several times slower than strings (see decode.headers_from_json)."""
-    return batch.select("key", "value", "topic", "partition", "offset", "timestamp",
-                        F.to_json("headers").alias("headers"))
+    headers = F.to_json("headers") if "headers" in batch.columns else F.lit(None).cast("string")
+    return batch.select("key", "value", "topic", "partition", "offset", "timestamp", headers.alias("headers"))
 
 
 def _dead_letter_failure(exc: BaseException) -> str | None:
