@@ -49,9 +49,11 @@ def referenced_metadata_files(table: Table) -> set[str]:
 
 
 def find_orphans(table: Table, min_age_s: float = 3600.0, include_metadata: bool = False) -> list[Orphan]:
-    """Unreferenced files under <table location>/data (and /metadata, with include_metadata) older
-    than min_age_s (younger ones may belong to a commit in flight)."""
-    folders = {"data": referenced_files}
+    """Unreferenced files under <table location>/data and /staging (and /metadata, with
+    include_metadata) older than min_age_s (younger ones may belong to a commit in flight).
+    Nothing in staging/ is ever referenced: it holds the sorted runs of a batch between its two
+    passes (streaming/partition.py), left behind only by a batch that died and never ran again."""
+    folders = {"data": referenced_files, "staging": lambda _: set()}
     if include_metadata:
         folders["metadata"] = referenced_metadata_files
     now = time.time()
