@@ -1,16 +1,17 @@
 """Fuzz run of the decoder: at least 100,000 inputs per format, none may raise or hit a defect.
 
-Two engines per format, each in its own processes so a crash of native code (GEOS, Arrow) is
-caught and its input kept:
+Two engines per format (GeoJSON, WKB, EWKB, and whole records with odd keys and headers), each in
+processes of its own so a crash of native code (GEOS, Arrow) is caught and its input kept:
   - coverage-guided: atheris (libFuzzer) mutates raw values, seeded with valid records of the
-    format and the saved corpus; it follows new branches of streaming/decode.py;
+    format and the saved corpus; it follows new branches of streaming/; it stops at the first crash;
   - structured: tests/fuzz_inputs.py builds hostile records (deep nesting, size claims, control and
-    trailing bytes, wrong nesting), decoded in batches as the service does.
-An input that raises, reaches decode_failed or kills the process is written to
-tests/streaming/fuzz_corpus/<format>/, which `make test` replays. Figures go to
-bench/results/fuzz.json.
+    trailing bytes, encodings, wrong nesting), decoded in batches as the service does.
+An input that raises, reaches decode_failed or kills the process is saved to
+tests/streaming/fuzz_corpus/<format>/ (once, whatever its name there), which `make test` replays;
+the run then exits 1, listing it. Figures go to bench/results/fuzz.json (`make fuzz`).
 
     python bench/fuzz_decode.py [--inputs 100000] [--formats geojson,wkb,ewkb,key_headers]
+                                [--engines atheris,structured] [--results FILE]
 """
 
 from __future__ import annotations
