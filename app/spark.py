@@ -62,6 +62,9 @@ def spark_session(master: str, cache_dir: str, driver_memory: str = "2g",
         # Batch aggregates are a few rows: Spark's default of 200 shuffle partitions is all overhead.
         .config("spark.sql.shuffle.partitions", str(_cores(master)))
         .config("spark.sql.execution.arrow.maxRecordsPerBatch", "20000")
+        # ... or fewer, so that a burst of large records (the source topic may allow tens of MB
+        # each) never fills one Arrow batch past the 2 GiB a binary column can hold.
+        .config("spark.sql.execution.arrow.maxBytesPerBatch", str(256 * 1024 * 1024))
         .config("spark.python.worker.reuse", "true")
         .config("spark.sql.streaming.stopGracefullyOnShutdown", "true")
     )
