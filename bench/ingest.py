@@ -14,9 +14,10 @@ same driver memory):
   task         geoingest, each task writing its own runs (clustering "task")
   shuffle      geoingest with Spark's range exchange (clustering "shuffle")
 
-each the way a service runs: a processing-time trigger ("0 seconds" by default: the next batch
-starts when the last one is done, as under a backlog), from query start to the last commit, after
-a warm-up batch of 64 events through the whole stack in the same session. Then:
+each the way a service runs: warm (the same query first drains a warm-up topic of the same kind
+of events into a table of its own, so the JVM has compiled its hot paths), then a processing-time
+trigger ("0 seconds" by default: the next batch starts when the last one is done, as under a
+backlog), from query start to the last commit. Then:
 
   limit chain  the same decode, dead-letter tally, Hilbert sort and GeoParquet write
                (streaming/partition.py) on as many processes as the service has cores, over the
@@ -125,12 +126,12 @@ def windows_for(dataset_events: int) -> dict[str, tuple[float, float, float, flo
 
 # -- geoingest, in a process of its own -------------------------------------------------------------
 def run_geoingest(bootstrap: str, topic: str, events: int, per_batch: int, clustering: str, trigger: str,
-                  workdir: Path, windows: dict) -> dict:
+                  workdir: Path, windows: dict, warmup_topic: str) -> dict:
     """The service (`geoingest run`, not --until-idle) over `topic` in a fresh process, stopped by
     SIGTERM once every event is committed; returns its figures and its peak memory."""
     spec = {"bootstrap": bootstrap, "topic": topic, "events": events, "per_batch": per_batch,
             "clustering": clustering, "trigger": trigger, "workdir": str(workdir), "windows": windows,
-            "format": FORMATS[topic]}
+            "warmup_topic": warmup_topic}
     workdir.mkdir(parents=True, exist_ok=True)
     (workdir / "spec.json").write_text(json.dumps(spec))
     log = open(workdir / "geoingest.log", "wb")
@@ -155,6 +156,8 @@ def run_geoingest(bootstrap: str, topic: str, events: int, per_batch: int, clust
 
 
 def geoingest_child(spec: dict) -> dict:
+    import dataclasses
+
     from app.service import configure_logging, run, start_spark
     from streaming.catalog import create_table, open_catalog
     from streaming.query import query_bbox
@@ -170,11 +173,13 @@ def geoingest_child(spec: dict) -> dict:
     contract = load_contract(CONTRACT)
     catalog = open_catalog(settings.catalog_name, settings.catalog)
     table, _ = create_table(catalog, contract)
+    create_table(catalog, dataclasses.replace(contract, table=f"{contract.namespace}.warmup"))
     started = time.monotonic()
     spark = start_spark(settings)
     session_s = time.monotonic() - started
     started = time.monotonic()
-    warm_up(spark, catalog, contract, settings, spec["format"])
+    warm = dataclasses.replace(settings, topic=spec["warmup_topic"], checkpoint_location=str(workdir / "warmup-ck"))
+    run(warm, dataclasses.replace(contract, table=f"{contract.namespace}.warmup"), until_idle=True, spark=spark)
     warmup_s = time.monotonic() - started
 
     reports: list = []
@@ -201,33 +206,6 @@ def geoingest_child(spec: dict) -> dict:
         "stage_seconds": {k: v for k, v in stages.items() if v},
         "pruning": pruning(table, spec["windows"], query_bbox),
     }
-
-
-def warm_up(spark, catalog, contract, settings, fmt: str) -> None:
-    """64 valid events through the whole batch path (decode, sort, files, commit) into a table of
-    their own, as the plain stack warms up: classes loaded, Python workers started."""
-    import dataclasses
-    from datetime import UTC, datetime
-
-    from app.service import job_config
-    from streaming.catalog import create_table
-    from streaming.job import BatchProcessor
-
-    warm_contract = dataclasses.replace(contract, table=f"{contract.namespace}.warmup")
-    warm_table, _ = create_table(catalog, warm_contract)
-    rows = []
-    for i in range(64):
-        lon, lat = 2.2 + i * 0.005, 48.8 + i * 0.002
-        value = (shapely.to_wkb(shapely.Point(lon, lat)) if fmt == "wkb" else
-                 ('{"type":"Feature","id":"w%d","geometry":{"type":"Point","coordinates":[%.6f,%.6f]},'
-                  '"properties":{"kind":"warmup","speed":1.0}}' % (i, lon, lat)).encode())
-        rows.append((f"w{i}".encode(), value, "warmup", i % 2, i, datetime.now(UTC), 0, []))
-    batch = spark.createDataFrame(rows, "key binary, value binary, topic string, partition int, offset long, "
-                                        "timestamp timestamp, timestampType int, "
-                                        "headers array<struct<key:string,value:binary>>")
-    config = dataclasses.replace(job_config(settings, warm_contract, warm_table), writer_id="warmup",
-                                 dead_letter=None)
-    BatchProcessor(spark, warm_table, warm_contract, config)(batch, 0)
 
 
 def pruning(table, windows: dict, query_bbox) -> dict:
@@ -381,6 +359,8 @@ def main() -> None:
     parser.add_argument("--batch-sizes", default="1000000,40000")
     parser.add_argument("--stacks", default="plain,batch,task,shuffle")
     parser.add_argument("--trigger", default="0 seconds", help='processing-time interval of every stack')
+    parser.add_argument("--warmup-events", type=int, default=100_000,
+                        help="events each stack drains from a warm-up topic before it is measured")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -404,6 +384,8 @@ def main() -> None:
         for dataset in args.datasets.split(","):
             events = make_events(dataset, args.events)
             produce(broker.bootstrap, dataset, events, total=len(events), progress=False)
+            warmup_topic = f"{dataset}-warmup"
+            produce(broker.bootstrap, warmup_topic, events[:args.warmup_events], progress=False)
             windows = windows_for(args.events)
             result: dict = {"runs": {}}
             for per_batch in batch_sizes:
@@ -413,10 +395,10 @@ def main() -> None:
                     if stack == "plain":
                         run = run_plain_stack(broker.bootstrap, dataset, FORMATS[dataset], args.events, per_batch,
                                               trigger=args.trigger, workdir=workdir, cache_dir=cache_dir,
-                                              master=MASTER, driver_memory=DRIVER_MEMORY)
+                                              master=MASTER, driver_memory=DRIVER_MEMORY, warmup_topic=warmup_topic)
                     else:
                         run = run_geoingest(broker.bootstrap, dataset, args.events, per_batch, stack, args.trigger,
-                                            workdir, windows)
+                                            workdir, windows, warmup_topic)
                     result["runs"][label] = run
                     print(dataset, label, json.dumps({k: v for k, v in run.items() if k != "pruning"}), flush=True)
             result["limit_chain"] = limit_chain(events, CORES, tmp / dataset)

@@ -110,6 +110,9 @@ class PlainStackRun:
     master: str
     driver_memory: str
     timeout_s: float
+    # A topic of the same kind of events, drained by the same query into a table of its own before
+    # the measured run, so that the JVM has compiled the hot paths (a service runs warm).
+    warmup_topic: str | None = None
 
 
 def plain_stack_jars(cache_dir: str | Path) -> list[Path]:
@@ -142,7 +145,7 @@ def table_name(topic: str, max_offsets_per_trigger: int) -> str:
 def run_plain_stack(bootstrap: str, topic: str, fmt: str, expected_events: int, max_offsets_per_trigger: int,
                     trigger: str = "0 seconds", workdir: str | Path | None = None,
                     cache_dir: str | Path | None = None, master: str = "local[2]", driver_memory: str = "4g",
-                    timeout_s: float = 3600.0) -> dict:
+                    timeout_s: float = 3600.0, warmup_topic: str | None = None) -> dict:
     """Run the plain stack over `topic` from the earliest offset in a fresh Python process and
     JVM, until `expected_events` are consumed and committed; returns its figures.
 
@@ -163,7 +166,7 @@ def run_plain_stack(bootstrap: str, topic: str, fmt: str, expected_events: int, 
     prefix = f"plain-{re.sub(r'[^0-9A-Za-z_.-]', '_', topic)}-{max_offsets_per_trigger}-"
     run_dir = Path(tempfile.mkdtemp(prefix=prefix, dir=base))
     spec = PlainStackRun(bootstrap, topic, fmt, expected_events, max_offsets_per_trigger, trigger, str(run_dir),
-                         str(cache_dir), master, driver_memory, timeout_s)
+                         str(cache_dir), master, driver_memory, timeout_s, warmup_topic)
     (run_dir / "spec.json").write_text(json.dumps(asdict(spec), indent=2))
     log_path = run_dir / "plain-stack.log"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
@@ -197,7 +200,6 @@ def _child(spec: PlainStackRun) -> dict:
     from pyspark.sql.streaming.listener import StreamingQueryListener
 
     from app.spark import spark_session
-    from streaming.job import FAST_FETCH
 
     run_dir = Path(spec.run_dir)
     table = table_name(spec.topic, spec.max_offsets_per_trigger)
@@ -216,6 +218,13 @@ def _child(spec: PlainStackRun) -> dict:
     # A tiny batch through the whole stack first, as geoingest's benchmark starts its Python
     # workers before its query: classes loaded and every stage run once, into a table of its own.
     write_events(_warmup_events(spark, spec.fmt), spec.fmt, f"{table}_warmup")
+    if spec.warmup_topic:
+        warm = (_kafka_reader(spark, spec, spec.warmup_topic).load().writeStream
+                .foreachBatch(lambda batch, _: write_events(batch, spec.fmt, f"{table}_warmup"))
+                .option("checkpointLocation", str(run_dir / "warmup-checkpoint")).trigger(availableNow=True).start())
+        warm.awaitTermination()
+        if warm.exception() is not None:
+            raise PlainStackError(f"the warm-up on topic {spec.warmup_topic!r} failed: {warm.exception()}")
     warmup_s = time.monotonic() - started
 
     batches: list[dict] = []  # one per foreachBatch call, wall clock in epoch seconds
@@ -256,19 +265,7 @@ def _child(spec: PlainStackRun) -> dict:
             consumed.set()
 
     spark.streams.addListener(Progress())
-    reader = (
-        spark.readStream.format("kafka")
-        .option("kafka.bootstrap.servers", spec.bootstrap)
-        .option("subscribe", spec.topic)
-        .option("startingOffsets", "earliest")
-        .option("maxOffsetsPerTrigger", str(spec.max_offsets_per_trigger))
-        .option("includeHeaders", "false")
-        .option("failOnDataLoss", "true")
-        .option("minPartitions", str(spark.sparkContext.defaultParallelism))
-    )
-    for key, value in FAST_FETCH.items():
-        reader = reader.option(f"kafka.{key}", value)
-    writer = (reader.load().writeStream.foreachBatch(write_batch)
+    writer = (_kafka_reader(spark, spec, spec.topic).load().writeStream.foreachBatch(write_batch)
               .option("checkpointLocation", str(run_dir / "checkpoint")).queryName("plain-stack"))
     if spec.trigger == AVAILABLE_NOW:
         writer = writer.trigger(availableNow=True)
@@ -318,6 +315,25 @@ def _child(spec: PlainStackRun) -> dict:
     }
     spark.stop()
     return result
+
+
+def _kafka_reader(spark, spec: PlainStackRun, topic: str):
+    """The Kafka source with geoingest's options (streaming/job.py)."""
+    from streaming.job import FAST_FETCH
+
+    reader = (
+        spark.readStream.format("kafka")
+        .option("kafka.bootstrap.servers", spec.bootstrap)
+        .option("subscribe", topic)
+        .option("startingOffsets", "earliest")
+        .option("maxOffsetsPerTrigger", str(spec.max_offsets_per_trigger))
+        .option("includeHeaders", "false")
+        .option("failOnDataLoss", "true")
+        .option("minPartitions", str(spark.sparkContext.defaultParallelism))
+    )
+    for key, value in FAST_FETCH.items():
+        reader = reader.option(f"kafka.{key}", value)
+    return reader
 
 
 def write_events(events, fmt: str, table: str) -> None:

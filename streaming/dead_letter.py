@@ -26,6 +26,7 @@ saying which record, and cannot spill.)
 from __future__ import annotations
 
 import io
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
@@ -58,6 +59,7 @@ PAYLOAD_BYTES_HEADER = "geoingest.payload.bytes"
 SPILL_SCHEMA = pa.schema([("key", pa.binary()), ("value", pa.binary()), ("headers", HEADERS_TYPE)])
 # Room for the added headers and the record batch framing above the payload itself.
 _ENVELOPE_BYTES = 64 * 1024
+_BOOTSTRAP_ATTEMPT_MS = 5000
 
 
 @dataclass(frozen=True)
@@ -105,11 +107,22 @@ class DeadLetterWriter:
             # at-least-once whatever the producer: a replayed batch sends them again.
             enable_idempotence=False,
         )
-        try:
-            self._producer = KafkaProducer(**options)
-        except KafkaError as exc:
-            raise DeadLetterFailed(f"no producer for the dead-letter topic {config.topic!r} at "
-                                   f"{config.bootstrap_servers}: {type(exc).__name__}: {exc}") from exc
+        # A broker that restarts while the batch runs is waited for as long as a send would block
+        # (max.block.ms). One client's reconnect backoff grows to reconnect_backoff_max_ms (30 s),
+        # which can overshoot a broker back after seconds; a new client every attempt starts over.
+        deadline = time.monotonic() + options.get("max_block_ms", KafkaProducer.DEFAULT_CONFIG["max_block_ms"]) / 1000
+        attempt_ms = options.get("bootstrap_timeout_ms", _BOOTSTRAP_ATTEMPT_MS)
+        while True:
+            remaining_ms = int((deadline - time.monotonic()) * 1000)
+            try:
+                self._producer = KafkaProducer(**{**options, "bootstrap_timeout_ms": max(1000, min(attempt_ms,
+                                                                                              remaining_ms))})
+                break
+            except KafkaError as exc:
+                if time.monotonic() + 1 >= deadline:
+                    raise DeadLetterFailed(f"no producer for the dead-letter topic {config.topic!r} at "
+                                           f"{config.bootstrap_servers}: {type(exc).__name__}: {exc}") from exc
+                time.sleep(1)
 
     def send(self, decoded: pa.RecordBatch) -> int:
         """Send the rows of `decoded` that carry a reject reason; returns how many were sent.

@@ -735,7 +735,10 @@ def test_a_restarted_service_survives_the_progress_of_a_recovered_batch():
         def exception(self):
             return None
 
+    class QuietProcessor:  # its batches raised nothing the service must stop for
+        fatal_error = None
+
     metrics = IngestMetrics(CollectorRegistry(), CONTRACT.table, "t")
-    _supervise(RecoveredQuery(), metrics, Health(max_silence_s=60), stop_on_signal=False)
+    _supervise(RecoveredQuery(), QuietProcessor(), metrics, Health(max_silence_s=60), stop_on_signal=False)
     assert metrics.registry.get_sample_value("geoingest_last_progress_timestamp_seconds",
                                              {"table": CONTRACT.table}) > 0
