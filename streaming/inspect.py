@@ -103,8 +103,7 @@ def file_extents(table: Table, snapshot_id: int | None = None,
     geometry_column = _property(table, PRIMARY_COLUMN_PROPERTY)
     covering_column = _property(table, f"geo.column.{geometry_column}.covering")
     schema = _schema_of(table, snapshot)
-    field_ids = [schema.find_field(f"{covering_column}.{f}").field_id for f in BBOX_FIELDS]
-    xmin_id, ymin_id, xmax_id, ymax_id = field_ids
+    bbox_ids = {f: schema.find_field(f"{covering_column}.{f}").field_id for f in BBOX_FIELDS}
 
     rows = []
     for manifest in snapshot.manifests(table.io):
@@ -112,15 +111,7 @@ def file_extents(table: Table, snapshot_id: int | None = None,
             continue
         for entry in manifest.fetch_manifest_entry(table.io, discard_deleted=True):
             f = entry.data_file
-            lower, upper = f.lower_bounds or {}, f.upper_bounds or {}
-            try:
-                bbox = (from_bytes(DoubleType(), lower[xmin_id]), from_bytes(DoubleType(), lower[ymin_id]),
-                        from_bytes(DoubleType(), upper[xmax_id]), from_bytes(DoubleType(), upper[ymax_id]))
-            except KeyError:
-                bbox = None
-            if bbox is not None and not all(math.isfinite(v) for v in bbox):
-                bbox = None
-            rows.append((f.file_path, int(f.record_count), int(f.file_size_in_bytes), bbox))
+            rows.append((f.file_path, int(f.record_count), int(f.file_size_in_bytes), file_bbox(f, bbox_ids)))
 
     with_bounds = [r for r in rows if r[3] is not None]
     keys: list[int] = []
@@ -132,6 +123,18 @@ def file_extents(table: Table, snapshot_id: int | None = None,
     files.sort(key=lambda f: (f.hilbert_key, f.path))
     files += [FileExtent(path, count, size, None, None) for path, count, size, bbox in rows if bbox is None]
     return TableLayout(name, snapshot.snapshot_id, bits, extent, tuple(files))
+
+
+def file_bbox(data_file, bbox_ids: dict[str, int]) -> BBox | None:
+    """A data file's bbox from the manifest bounds of its covering column (`bbox_ids`: field id of
+    xmin, ymin, xmax, ymax); None for a file without such bounds or with bounds that are not finite."""
+    lower, upper = data_file.lower_bounds or {}, data_file.upper_bounds or {}
+    try:
+        bbox = (from_bytes(DoubleType(), lower[bbox_ids["xmin"]]), from_bytes(DoubleType(), lower[bbox_ids["ymin"]]),
+                from_bytes(DoubleType(), upper[bbox_ids["xmax"]]), from_bytes(DoubleType(), upper[bbox_ids["ymax"]]))
+    except KeyError:
+        return None
+    return bbox if all(math.isfinite(v) for v in bbox) else None
 
 
 def _hilbert_properties(table: Table) -> tuple[int, BBox]:

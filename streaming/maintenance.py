@@ -50,12 +50,10 @@ from typing import TypeVar
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
-from pyiceberg.conversions import from_bytes
 from pyiceberg.exceptions import CommitFailedException, ValidationException
 from pyiceberg.manifest import DataFile, ManifestContent
 from pyiceberg.table import Table
 from pyiceberg.table.snapshots import Snapshot
-from pyiceberg.types import DoubleType
 
 from streaming.commit import (
     WRITERS,
@@ -66,6 +64,7 @@ from streaming.commit import (
 )
 from streaming.contract import BBOX_FIELDS, Contract
 from streaming.hilbert import hilbert_keys_of_bounds
+from streaming.inspect import file_bbox
 from streaming.orphans import Orphan, delete_files, find_orphans
 from streaming.query import table_contract
 from streaming.writer import DataFileRecord, GeoParquetWriter
@@ -318,13 +317,7 @@ def live_files(table: Table, contract: Contract) -> list[tuple[LiveFile, DataFil
             continue
         for entry in manifest.fetch_manifest_entry(table.io, discard_deleted=True):
             f = entry.data_file
-            lower, upper = f.lower_bounds or {}, f.upper_bounds or {}
-            try:
-                box = (from_bytes(DoubleType(), lower[ids["xmin"]]), from_bytes(DoubleType(), lower[ids["ymin"]]),
-                       from_bytes(DoubleType(), upper[ids["xmax"]]), from_bytes(DoubleType(), upper[ids["ymax"]]))
-                bounds.append(box if all(math.isfinite(v) for v in box) else None)
-            except KeyError:
-                bounds.append(None)
+            bounds.append(file_bbox(f, ids))
             out.append((LiveFile(f.file_path, int(f.file_size_in_bytes), int(f.record_count), None,
                                  added_ms.get(entry.snapshot_id)), f))
     placed = [i for i, b in enumerate(bounds) if b is not None]
