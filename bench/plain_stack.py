@@ -44,6 +44,7 @@ if str(ROOT) not in sys.path:  # run as a script: app/ and streaming/ live at th
     sys.path.insert(0, str(ROOT))
 
 from app.maven import resolve, without_spark_jars  # noqa: E402
+from memory import PeakMemory  # noqa: E402  (bench/, the script's own folder)
 
 SEDONA = "org.apache.sedona:sedona-spark-shaded-4.0_2.13:1.8.0"
 # The GeoTools build Sedona 1.8.0's setup docs pair with it (no function used here needs it,
@@ -209,7 +210,7 @@ def _child(spec: PlainStackRun) -> dict:
     spark = spark_session(spec.master, spec.cache_dir, spec.driver_memory,
                           extra_conf=session_conf(run_dir / "warehouse"), app_name="plain-stack", extra_jars=jars)
     session_start_s = time.monotonic() - started
-    memory = _PeakRss(spark.sparkContext._gateway.proc.pid)
+    memory = PeakMemory(os.getpid())
 
     started = time.monotonic()
     spark.sql(f"CREATE NAMESPACE IF NOT EXISTS {CATALOG}.{NAMESPACE}")
@@ -311,7 +312,7 @@ def _child(spec: PlainStackRun) -> dict:
         "startup_s": round(min(b["began"] for b in batches) - query_started, 2),
         "session_start_s": round(session_start_s, 2), "warmup_s": round(warmup_s, 2),
         "stage_seconds": _stage_seconds(spark, batches, progress),
-        "jvm_peak_mb": round(memory.peak / 2**20),
+        "jvm_peak_mb": memory.figures()["jvm"],
     }
     spark.stop()
     return result
@@ -419,32 +420,6 @@ def _stage_seconds(spark, batches: list[dict], progress: list[dict]) -> dict:
     totals["read_parse"] = totals["read_parse_sample"] + totals["read_parse_shuffle"]
     totals["sort_write_commit"] = totals["sort_write"] + totals["commit"]
     return {k: round(v, 2) for k, v in totals.items()}
-
-
-class _PeakRss:
-    """Peak resident memory of the JVM (driver and local executors), sampled every 100 ms."""
-
-    def __init__(self, pid: int):
-        self.pid = pid
-        self.peak = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._sample, daemon=True)
-
-    def __enter__(self):
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc):
-        self._stop.set()
-        self._thread.join()
-
-    def _sample(self) -> None:
-        while not self._stop.wait(0.1):
-            try:
-                with open(f"/proc/{self.pid}/statm") as statm:
-                    self.peak = max(self.peak, int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE"))
-            except OSError:
-                return
 
 
 # -- run alone ------------------------------------------------------------------------------------

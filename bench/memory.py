@@ -1,0 +1,68 @@
+"""Peak memory of a benchmark run from /proc: the driver's Python, the JVM under it and the Python
+workers under the JVM (psutil would do it too; /proc is all a Linux run needs)."""
+
+from __future__ import annotations
+
+import os
+import threading
+from pathlib import Path
+
+
+class PeakMemory:
+    """Peak RSS of a process (the driver's Python), of the JVM under it and of the Python workers
+    under the JVM, and how far the driver grew over its size once the JVM was up, sampled every 100 ms."""
+
+    def __init__(self, pid: int):
+        self.pid = pid
+        self.driver_peak = self.jvm = self.workers = 0
+        self.driver_base = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+
+    def figures(self) -> dict:
+        return {"driver_python_growth": round((self.driver_peak - self.driver_base) / 2**20),
+                "jvm": round(self.jvm / 2**20), "python_workers": round(self.workers / 2**20)}
+
+    def _sample(self) -> None:
+        while not self._stop.wait(0.1):
+            driver = _rss(self.pid)
+            jvms = [p for p in _descendants(self.pid) if _name(p) == "java"]
+            if jvms and not self.driver_base:
+                self.driver_base = driver  # Spark is up: what grows from here is per batch
+            self.driver_peak = max(self.driver_peak, driver)
+            self.jvm = max(self.jvm, sum(_rss(p) for p in jvms))
+            self.workers = max(self.workers, sum(_rss(p) for j in jvms for p in _descendants(j)))
+
+
+def _rss(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except OSError:
+        return 0
+
+
+def _name(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return ""
+
+
+def _descendants(pid: int) -> list[int]:
+    children = []
+    for task in Path("/proc").glob("[0-9]*"):
+        try:
+            if int((task / "stat").read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                children.append(int(task.name))
+        except (OSError, ValueError, IndexError):
+            continue
+    return children + [d for c in children for d in _descendants(c)]
