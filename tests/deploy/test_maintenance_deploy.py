@@ -5,14 +5,13 @@ CronJob that could not reach the table; the dashboard shows what maintenance doe
 from __future__ import annotations
 
 import json
-import re
 from pathlib import Path
 
 import pytest
 
 from app.cli import _parser
 from tests.deploy.conftest import CHART, Helm
-from tests.deploy.test_dashboard import DASHBOARD, exprs, panels
+from tests.deploy.test_dashboard import DASHBOARD, panel_with
 from tests.deploy.test_helm import (  # noqa: F401  (the render fixture)
     CI_FILES,
     RELEASE,
@@ -109,13 +108,6 @@ def test_the_schema_rejects_bad_maintenance_values(helm: Helm, bad: str, why: st
 def test_the_dashboard_shows_files_bytes_duration_and_conflicts_of_maintenance():
     dashboard = json.loads(Path(DASHBOARD).read_text())
 
-    def panel_with(*patterns: str) -> str | None:
-        for panel in panels(dashboard):
-            text = " ".join(exprs(panel))
-            if all(re.search(p, text) for p in patterns):
-                return panel["title"]
-        return None
-
     topics = {
         "files rewritten and written": (r"geoingest_maintenance_files_rewritten_total",
                                         r"geoingest_maintenance_files_written_total"),
@@ -126,5 +118,5 @@ def test_the_dashboard_shows_files_bytes_duration_and_conflicts_of_maintenance()
         "expiry": (r"geoingest_maintenance_snapshots_expired_total", r"geoingest_maintenance_files_deleted_total"),
         "snapshots and manifests": (r"geoingest_table_snapshots", r"geoingest_table_data_manifests"),
     }
-    missing = [topic for topic, patterns in topics.items() if panel_with(*patterns) is None]
+    missing = [topic for topic, patterns in topics.items() if panel_with(dashboard, *patterns) is None]
     assert not missing, f"no panel shows: {missing}"
