@@ -59,13 +59,14 @@ def topic(kafka: LocalBroker) -> str:
 
 
 def produce_records(bootstrap: str, topic: str,
-                    records: Iterable[tuple[bytes | None, bytes | None, list[tuple[str, bytes]]]]) -> int:
+                    records: Iterable[tuple[bytes | None, bytes | None, list[tuple[str, bytes]]]],
+                    max_request_size: int = 8 * 1024 * 1024, flush_timeout_s: float = 60) -> int:
     """Send (key, value, headers) records; returns how many the broker acknowledged."""
     producer = KafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=5,
-                             max_request_size=8 * 1024 * 1024)
+                             max_request_size=max_request_size)
     try:
         futures = [producer.send(topic, key=k, value=v, headers=h or None) for k, v, h in records]
-        producer.flush(timeout=60)
+        producer.flush(timeout=flush_timeout_s)
         return sum(1 for f in futures if f.succeeded())
     finally:
         producer.close()

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import shapely
-from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer
+from kafka import KafkaAdminClient, KafkaConsumer
 from kafka.admin import NewTopic
 
 from app.service import run
@@ -31,7 +31,7 @@ from streaming.dead_letter import (
     SOURCE_PARTITION_HEADER,
     read_spilled,
 )
-from tests.conftest import CACHE_DIR
+from tests.conftest import CACHE_DIR, produce_records
 
 pytestmark = pytest.mark.integration
 
@@ -219,14 +219,7 @@ CORPUS: dict[str, tuple[bytes | None, bytes | None, list, str | None]] = {
 
 def produce(bootstrap: str, topic: str, records: list[tuple[bytes | None, bytes | None, list]]) -> int:
     """Send (key, value, headers) records of up to 64 MiB; returns how many the broker acknowledged."""
-    producer = KafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=5,
-                             max_request_size=SOURCE_MAX_MESSAGE_BYTES)
-    try:
-        futures = [producer.send(topic, key=k, value=v, headers=h or None) for k, v, h in records]
-        producer.flush(timeout=120)
-        return sum(1 for f in futures if f.succeeded())
-    finally:
-        producer.close()
+    return produce_records(bootstrap, topic, records, max_request_size=SOURCE_MAX_MESSAGE_BYTES, flush_timeout_s=120)
 
 
 def java_client_only(key: bytes | None, value: bytes | None, headers: list) -> bool:
