@@ -103,6 +103,7 @@ def job_config(settings: Settings, contract: Contract, table: Table) -> JobConfi
         max_offsets_per_trigger=settings.max_offsets_per_trigger,
         rows_per_partition=settings.rows_per_partition,
         clustering=settings.clustering,
+        merge_in_task_max_rows=settings.merge_in_task_max_rows,
         kafka_options=dict(settings.kafka),
         decode=DecodeOptions(max_message_bytes=settings.max_message_bytes, max_vertices=settings.max_vertices,
                              max_nesting=settings.max_nesting),

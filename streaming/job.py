@@ -8,6 +8,8 @@ ways (`clustering`):
                    runs; then one merge task per key range reads its slices of every run and
                    writes the files. Rows cross from the JVM to Python once; no Spark shuffle, no
                    persist, no second read of Kafka. The batch's files do not overlap in space.
+                   A batch of at most `merge_in_task_max_rows` valid rows is merged by the last
+                   of its tasks instead, with no second job.
   task             the same pass, but each task writes its own runs as files: the cheapest, and
                    each file is a compact stretch of the curve, but the files of a batch's tasks
                    cover the same places (a window reads one per task), until compaction.
@@ -28,9 +30,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import pyarrow as pa
-from pyarrow import fs as pafs
 from pyiceberg.table import Table
-from pyspark import StorageLevel
+from pyspark import StorageLevel, TaskContext
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import from_arrow_schema
@@ -51,10 +52,22 @@ from streaming.decode import (
     decoded_schema,
 )
 from streaming.isolation import IsolatedDecoder, worker_crashed
-from streaming.partition import RESULT_DDL, BatchResults, FileSettings, MergeTask, PartitionTask, Tally, plan_merge
+from streaming.partition import (
+    RESULT_DDL,
+    BatchResults,
+    FileSettings,
+    LastTaskMerge,
+    MergeTask,
+    PartitionTask,
+    Tally,
+    files_under,
+    plan_merge,
+)
 from streaming.writer import DATA_FILE_RECORD_DDL, DataFileRecord, GeoParquetWriter, records_to_arrow
 
 CLUSTERING_MODES = ("batch", "task", "shuffle")
+# The Spark local property that tells a batch's tasks how many of them there are
+STAGE_TASKS_PROPERTY = "geoingest.stage.tasks"
 
 log = logging.getLogger("geoingest.job")
 
@@ -71,6 +84,10 @@ class JobConfig:
     # shuffle: the rows of one range partition.
     rows_per_partition: int = 1_000_000
     clustering: str = "batch"
+    # batch: a batch of at most this many valid rows is merged by its last task, not a merge job
+    # (0: always a merge job). Measured in bench/ingest.py: below it, a job costs more than the
+    # merge on one core.
+    merge_in_task_max_rows: int = 250_000
     # Tasks a batch runs in (0: Spark's default parallelism, the cores).
     parallelism: int = 0
     kafka_options: dict[str, str] = field(default_factory=dict)
@@ -179,26 +196,47 @@ class BatchProcessor:
         staging = self._staging(batch_id) if self.config.clustering == "batch" else None
         if staging is not None:
             _clear_folder(staging, self.table.io)  # runs of an attempt that died
+        last_merge = None
+        if staging is not None and self.config.merge_in_task_max_rows > 0:
+            last_merge = LastTaskMerge(_stage_position, self._parallelism, self.config.rows_per_partition,
+                                       self.config.merge_in_task_max_rows)
         task = PartitionTask(self.contract, self.config.decode, self._file_settings(batch_id),
-                             self.config.dead_letter, self.config.rows_per_partition, isolate_decoder, staging)
+                             self.config.dead_letter, self.config.rows_per_partition, isolate_decoder, staging,
+                             last_merge)
         # At most one task per core (coalesce never adds partitions): fewer, longer runs (and, with
         # clustering "task", fewer files covering the same places).
         source = _source_columns(batch).coalesce(self._parallelism)
-        results = BatchResults.from_rows(source.mapInArrow(task, RESULT_DDL).collect())
+        results = BatchResults.from_rows(_collect_with_task_count(self.spark, source.mapInArrow(task, RESULT_DDL)))
         timings["ingest"] = time.monotonic() - step
         if staging is None:
             return results
         step = time.monotonic()
         valid = sum(s.rows for s in results.slices)
-        ranges = plan_merge(results.slices, max(self._parallelism, math.ceil(valid / self.config.rows_per_partition)))
-        if ranges:
-            merge = MergeTask(self.contract, self._file_settings(batch_id), tuple(ranges))
-            merged = self.spark.range(0, len(ranges), 1, len(ranges)).mapInArrow(merge, RESULT_DDL).collect()
-            results.files = BatchResults.from_rows(merged).files
+        merged = self._one_merged_set(results, valid)
+        if merged is not None:
+            results.files = merged
+        else:
+            ranges = plan_merge(results.slices, max(self._parallelism, math.ceil(valid / self.config.rows_per_partition)))
+            if ranges:
+                merge = MergeTask(self.contract, self._file_settings(batch_id), tuple(ranges))
+                merged_rows = self.spark.range(0, len(ranges), 1, len(ranges)).mapInArrow(merge, RESULT_DDL).collect()
+                results.files = BatchResults.from_rows(merged_rows).files
         _clear_folder(staging, self.table.io)
-        results.slices = []
+        results.slices, results.merged = [], {}
         timings["merge"] = time.monotonic() - step
         return results
+
+    def _one_merged_set(self, results: BatchResults, valid: int) -> list[DataFileRecord] | None:
+        """The files of one task's merge of the whole batch (the others' are deleted), or None when
+        no task merged it (a large batch) or a merge does not hold the batch's valid rows."""
+        chosen = None
+        for number in sorted(results.merged):
+            files = results.merged[number]
+            if chosen is None and sum(f.record_count for f in files) == valid:
+                chosen = files
+            else:
+                self._discard(tuple(files))
+        return chosen
 
     def _staging(self, batch_id: int) -> str:
         return f"{self.table.location().rstrip('/')}/staging/{self.config.writer_id}-b{batch_id:09d}"
@@ -263,11 +301,26 @@ class BatchProcessor:
 
 def _clear_folder(location: str, io) -> None:
     """Delete the files under a staging folder (never referenced by the table)."""
-    filesystem, root = pafs.FileSystem.from_uri(location if "://" in location else f"file://{location}")
-    scheme = location.split("://", 1)[0] + "://" if "://" in location else ""
-    for info in filesystem.get_file_info(pafs.FileSelector(root, recursive=True, allow_not_found=True)):
-        if info.type == pafs.FileType.File:
-            io.delete(f"{scheme}{info.path}")
+    for path in files_under(location):
+        io.delete(path)
+
+
+def _collect_with_task_count(spark: SparkSession, frame: DataFrame) -> list:
+    """Collect a frame's rows, its tasks told how many of them there are (STAGE_TASKS_PROPERTY):
+    the count is known once the frame is planned, and local properties travel with the job."""
+    rdd = frame.rdd  # planned once: the count and the rows come from the same plan
+    context = spark.sparkContext
+    context.setLocalProperty(STAGE_TASKS_PROPERTY, str(rdd.getNumPartitions()))
+    try:
+        return rdd.collect()
+    finally:
+        context.setLocalProperty(STAGE_TASKS_PROPERTY, None)
+
+
+def _stage_position() -> tuple[int, int]:
+    """This task's number and the number of tasks of its stage (LastTaskMerge.position)."""
+    context = TaskContext.get()
+    return context.partitionId(), int(context.getLocalProperty(STAGE_TASKS_PROPERTY))
 
 
 def _source_columns(batch: DataFrame) -> DataFrame:

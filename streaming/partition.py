@@ -22,15 +22,17 @@ this code.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
+import json
 import math
 import uuid
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+from pyarrow import fs as pafs
 from pyiceberg.io import FileIO
 
 from streaming.contract import Contract
@@ -57,16 +59,16 @@ SLICE_ROWS = 8192
 
 # The rows a task returns, told apart by `kind`: a tally row (one per topic, partition and reject
 # reason, null for the valid rows: topic .. oldest_ms), a file row (one per data file written: the
-# DataFileRecord columns) or a slice row (one per slice of a staged run: path, slice, key_lo,
-# key_hi, n).
+# DataFileRecord columns, and merged_by: the task whose merge of the whole batch wrote it) or a
+# slice row (one per slice of a staged run: path, slice, key_lo, key_hi, n).
 RESULT_SCHEMA = pa.schema([
     ("kind", pa.string()), ("topic", pa.string()), ("partition", pa.int32()), ("reason", pa.string()),
     ("first", pa.int64()), ("last", pa.int64()), ("n", pa.int64()), ("oldest_ms", pa.int64()),
     *RECORD_SCHEMA,
-    ("slice", pa.int32()), ("key_lo", pa.int64()), ("key_hi", pa.int64()),
+    ("slice", pa.int32()), ("key_lo", pa.int64()), ("key_hi", pa.int64()), ("merged_by", pa.int32()),
 ])
 RESULT_DDL = ("kind string, topic string, partition int, reason string, first long, last long, n long, "
-              f"oldest_ms long, {DATA_FILE_RECORD_DDL}, slice int, key_lo long, key_hi long")
+              f"oldest_ms long, {DATA_FILE_RECORD_DDL}, slice int, key_lo long, key_hi long, merged_by int")
 
 
 @dataclass(frozen=True)
@@ -103,6 +105,18 @@ class MergeRange:
 
 
 @dataclass(frozen=True)
+class LastTaskMerge:
+    """How the last task of a small batch merges it (clustering "batch", no merge job)."""
+
+    # This task's number and the number of tasks of its stage (from Spark's task context)
+    position: Callable[[], tuple[int, int]]
+    min_ranges: int  # the key ranges to cut at least (the cores: as many files as a merge job writes)
+    rows_per_range: int
+    # A batch with more valid rows is left to the merge job, whose tasks merge in parallel
+    max_rows: int
+
+
+@dataclass(frozen=True)
 class FileSettings:
     """Where and how a task writes its files (everything it needs of the table, no catalog)."""
 
@@ -123,6 +137,7 @@ class PartitionTask:
     isolate_decoder: bool = False
     # A folder URI: stage sorted runs there for MergeTasks instead of writing files (clustering "batch")
     staging: str | None = None
+    last_merge: LastTaskMerge | None = None  # with staging: the last task merges a small batch
 
     def __call__(self, batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         """The mapInArrow function: Kafka source batches in, tally and file (or slice) rows out."""
@@ -168,7 +183,13 @@ class PartitionTask:
                 dead_letters.close()
             if isinstance(decoder, IsolatedDecoder):
                 decoder.close()
-        yield results_batch(merge_tallies(tallies), records, slices)
+        merged_by = None
+        if self.staging is not None and self.last_merge is not None:
+            number, tasks = self.last_merge.position()
+            merged = merge_if_last(slices, number, tasks, self.staging, self.last_merge, writer)
+            if merged is not None:
+                records, merged_by = merged, number
+        yield results_batch(merge_tallies(tallies), records, slices, merged_by)
 
 
 @dataclass(frozen=True)
@@ -285,11 +306,51 @@ def merged_range(merge: MergeRange, io: FileIO) -> pa.Table:
     return table.take(pa.array(np.argsort(table.column(HILBERT).to_numpy(), kind="stable")))
 
 
+def merge_if_last(own: list[Slice], number: int, tasks: int, staging: str, plan: LastTaskMerge,
+                  writer: GeoParquetWriter) -> list[DataFileRecord] | None:
+    """Leave this task's slices in a marker; if every task of the stage has left one and the batch
+    is small, merge the whole batch and return its files, else None (the merge job does it).
+    The last marker written is complete when its task lists the others, so at least one task
+    merges; two that finish together may both do: the driver keeps one set (a retried task
+    rewrites its own marker, and any attempt's run holds the same rows)."""
+    markers = f"{staging.rstrip('/')}/done"
+    with writer.io.new_output(f"{markers}/{number:06d}.json").create(overwrite=True) as out:
+        out.write(json.dumps([[s.path, s.index, s.key_lo, s.key_hi, s.rows] for s in own]).encode())
+    peers = []
+    for path in files_under(markers):
+        try:
+            with writer.io.new_input(path).open() as f:
+                peers.append(json.loads(f.read()))
+        except (OSError, ValueError):  # a peer still writing its marker: that peer comes last
+            return None
+    if len(peers) < tasks:
+        return None
+    slices = [Slice(*s) for peer in peers for s in peer]
+    rows = sum(s.rows for s in slices)
+    if rows > plan.max_rows:
+        return None
+    records: list[DataFileRecord] = []
+    for merge in plan_merge(slices, max(plan.min_ranges, math.ceil(rows / plan.rows_per_range))):
+        table = merged_range(merge, writer.io)
+        if table.num_rows:
+            records += writer.write(iter(table.to_batches()))
+    return records
+
+
+def files_under(location: str) -> list[str]:
+    """The files below a folder URI (or local path), recursively, as URIs of its scheme."""
+    filesystem, root = pafs.FileSystem.from_uri(location if "://" in location else f"file://{location}")
+    scheme = location.split("://", 1)[0] + "://" if "://" in location else ""
+    return sorted(f"{scheme}{info.path}"
+                  for info in filesystem.get_file_info(pafs.FileSelector(root, recursive=True, allow_not_found=True))
+                  if info.type == pafs.FileType.File)
+
+
 def results_batch(tallies: list[Tally], records: list[DataFileRecord],
-                  slices: list[Slice] = ()) -> pa.RecordBatch:
+                  slices: list[Slice] = (), merged_by: int | None = None) -> pa.RecordBatch:
     rows = [{"kind": TALLY, "topic": t.topic, "partition": t.partition, "reason": t.reason, "first": t.first,
              "last": t.last, "n": t.n, "oldest_ms": t.oldest_ms} for t in tallies]
-    rows += [{"kind": FILE, **r.to_row()} for r in records]
+    rows += [{"kind": FILE, **r.to_row(), "merged_by": merged_by} for r in records]
     rows += [{"kind": SLICE, "path": s.path, "slice": s.index, "key_lo": s.key_lo, "key_hi": s.key_hi, "n": s.rows}
              for s in slices]
     return pa.RecordBatch.from_pylist(rows, schema=RESULT_SCHEMA)
@@ -302,6 +363,8 @@ class BatchResults:
     tallies: list[Tally] = field(default_factory=list)
     files: list[DataFileRecord] = field(default_factory=list)
     slices: list[Slice] = field(default_factory=list)
+    # The files of each task that merged the whole batch (LastTaskMerge), by task number
+    merged: dict[int, list[DataFileRecord]] = field(default_factory=dict)
 
     @classmethod
     def from_rows(cls, rows: Iterable) -> BatchResults:
@@ -312,6 +375,8 @@ class BatchResults:
                                          row["n"], row["oldest_ms"]))
             elif row["kind"] == SLICE:
                 out.slices.append(Slice(row["path"], row["slice"], row["key_lo"], row["key_hi"], row["n"]))
+            elif row["merged_by"] is not None:
+                out.merged.setdefault(row["merged_by"], []).append(DataFileRecord.from_row(row))
             else:
                 out.files.append(DataFileRecord.from_row(row))
         return out

@@ -291,9 +291,14 @@ def test_pyarrow_pyiceberg_and_duckdb_read_the_table(ingested):
     assert duck_count == query_bbox(table, window).stats.rows_matched
 
 
-@pytest.mark.parametrize("clustering", ["batch", "task", "shuffle"])
+@pytest.mark.parametrize("clustering, merge_in_task_max_rows", [
+    ("batch", 250_000),  # small batches: merged by their last task
+    ("batch", 0),  # a merge job per batch, as large batches are
+    ("task", 0),
+    ("shuffle", 0),
+], ids=["batch-last-task-merges", "batch-merge-job", "task", "shuffle"])
 def test_every_clustering_mode_lands_each_event_once_in_sorted_files(kafka, spark, topic, catalog, tmp_path,
-                                                                      clustering):
+                                                                      clustering, merge_in_task_max_rows):
     rng = np.random.default_rng(21)
     records = [(f"pt-{i}".encode(), feature(f"pt-{i}", {"type": "Point", "coordinates": [float(x), float(y)]}), [])
                for i, (x, y) in enumerate(skewed_points(rng, 3000))]
@@ -301,7 +306,8 @@ def test_every_clustering_mode_lands_each_event_once_in_sorted_files(kafka, spar
     contract = small_file_contract()
     table, _ = create_table(catalog, contract)
     config = JobConfig(kafka.bootstrap, topic, str(tmp_path / "checkpoint"), writer_id=f"w-{clustering}",
-                       max_offsets_per_trigger=1500, clustering=clustering)
+                       max_offsets_per_trigger=1500, clustering=clustering,
+                       merge_in_task_max_rows=merge_in_task_max_rows)
     reports = []
     query = start_query(spark, BatchProcessor(spark, table, contract, config, observers=(reports.append,)),
                         until_idle=True)
@@ -324,4 +330,6 @@ def test_every_clustering_mode_lands_each_event_once_in_sorted_files(kafka, spar
         else:
             assert overlaps == 0, "the batch's files follow each other along the curve"
     location = Path(table.location().removeprefix("file://"))
-    assert not list(location.glob("staging/**/*.arrow")), "no staged run left behind"
+    assert not [p for p in location.glob("staging/**/*") if p.is_file()], "no staged run or marker left behind"
+    referenced = {task.file.file_path.removeprefix("file://") for task in table.scan().plan_files()}
+    assert {str(p) for p in location.glob("data/**/*.parquet")} == referenced, "every file written is in the table"

@@ -19,6 +19,7 @@ from streaming.partition import (
     TALLY,
     BatchResults,
     FileSettings,
+    LastTaskMerge,
     MergeTask,
     PartitionTask,
     Slice,
@@ -147,3 +148,46 @@ def test_runs_of_several_tasks_merge_into_files_that_do_not_overlap_on_the_curve
         assert hi <= next_lo, "files follow each other along the curve"
     for f in files:
         assert np.all(np.diff(keys_of(f.path)) >= 0)
+
+
+# -- small batches: merged by their last task -------------------------------------------------------
+def last_merge_tasks(tmp_path, tasks: int, max_rows: int = 1_000_000) -> list[PartitionTask]:
+    staging = f"file://{tmp_path}/staging"
+    return [dataclasses.replace(task(tmp_path), staging=staging,
+                                last_merge=LastTaskMerge(lambda n=n: (n, tasks), 2, 1_000_000, max_rows))
+            for n in range(tasks)]
+
+
+def ids_in(files) -> list[str]:
+    return [i for f in files for i in pq.read_table(f.path.removeprefix("file://"), columns=["event_id"])
+            .column(0).to_pylist()]
+
+
+def test_the_last_task_of_a_small_batch_merges_every_run_into_files_that_follow_the_curve(tmp_path):
+    tasks = last_merge_tasks(tmp_path, 3)
+    inputs = [[kafka_batch(points(400, seed=1))], [], [kafka_batch(points(700, seed=2) + [b"junk"])]]
+    results = [run(t, batches) for t, batches in zip(tasks, inputs)]
+    assert results[0].merged == {} and results[1].merged == {}, "a task that is not last leaves the merge"
+    files = results[2].merged[2]
+    assert sorted(ids_in(files)) == sorted([f"s1-p{i}" for i in range(400)] + [f"s2-p{i}" for i in range(700)])
+    assert len(files) == 2, "as many key ranges as a merge job would cut"
+    spans = sorted((keys_of(f.path)[0], keys_of(f.path)[-1]) for f in files)
+    assert spans[0][1] <= spans[1][0]
+    assert all(np.all(np.diff(keys_of(f.path)) >= 0) for f in files)
+    assert {t.reason: t.n for t in results[2].tallies} == {None: 700, "unknown_format": 1}, \
+        "a task's tallies stay its own"
+
+
+def test_a_task_that_ran_again_replaces_its_own_marker_and_the_rows_stay_once(tmp_path):
+    first, second = last_merge_tasks(tmp_path, 2)
+    run(first, [kafka_batch(points(300, seed=1))])
+    run(first, [kafka_batch(points(300, seed=1))])  # a retried attempt of task 0: a second run, same rows
+    merged = run(second, [kafka_batch(points(200, seed=2))]).merged[1]
+    assert sorted(ids_in(merged)) == sorted([f"s1-p{i}" for i in range(300)] + [f"s2-p{i}" for i in range(200)])
+
+
+def test_a_batch_above_the_limit_is_left_to_the_merge_job(tmp_path):
+    first, second = last_merge_tasks(tmp_path, 2, max_rows=499)
+    results = [run(first, [kafka_batch(points(300, seed=1))]), run(second, [kafka_batch(points(200, seed=2))])]
+    assert all(r.merged == {} and r.files == [] for r in results)
+    assert sum(s.rows for r in results for s in r.slices) == 500, "the runs stay staged for the merge job"
