@@ -24,7 +24,6 @@ idempotently per (writer id, batch id). Rows never reach the driver.
 from __future__ import annotations
 
 import logging
-import math
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -62,6 +61,7 @@ from streaming.partition import (
     Tally,
     files_under,
     plan_merge,
+    range_count,
 )
 from streaming.writer import DATA_FILE_RECORD_DDL, DataFileRecord, GeoParquetWriter, records_to_arrow
 
@@ -216,7 +216,7 @@ class BatchProcessor:
         if merged is not None:
             results.files = merged
         else:
-            ranges = plan_merge(results.slices, max(self._parallelism, math.ceil(valid / self.config.rows_per_partition)))
+            ranges = plan_merge(results.slices, range_count(valid, self._parallelism, self.config.rows_per_partition))
             if ranges:
                 merge = MergeTask(self.contract, self._file_settings(batch_id), tuple(ranges))
                 merged_rows = self.spark.range(0, len(ranges), 1, len(ranges)).mapInArrow(merge, RESULT_DDL).collect()
@@ -268,7 +268,7 @@ class BatchProcessor:
             valid = sum(t.n for t in tallies if t.reason is None)
             files: list[DataFileRecord] = []
             if valid:
-                partitions = max(self._parallelism, math.ceil(valid / self.config.rows_per_partition))
+                partitions = range_count(valid, self._parallelism, self.config.rows_per_partition)
                 valid_rows = decoded.where(F.col(REJECT_REASON).isNull())
                 clustered = valid_rows.repartitionByRange(partitions, HILBERT).sortWithinPartitions(HILBERT)
                 write = _write_fn(self.contract, self._file_settings(batch_id))

@@ -260,6 +260,11 @@ def stage_run(sorted_batches: Iterator[pa.RecordBatch], staging: str, io: FileIO
     return slices
 
 
+def range_count(rows: int, min_ranges: int, rows_per_range: int) -> int:
+    """How many key ranges (files, at least) a batch of `rows` valid rows is merged into."""
+    return max(min_ranges, math.ceil(rows / rows_per_range))
+
+
 def plan_merge(slices: list[Slice], ranges: int) -> list[MergeRange]:
     """Cut the batch's keys into `ranges` stretches of about equal rows (fewer where keys repeat),
     and name the slices each must read. A slice's rows count as spread around the middle of its
@@ -330,7 +335,7 @@ def merge_if_last(own: list[Slice], number: int, tasks: int, staging: str, plan:
     if rows > plan.max_rows:
         return None
     records: list[DataFileRecord] = []
-    for merge in plan_merge(slices, max(plan.min_ranges, math.ceil(rows / plan.rows_per_range))):
+    for merge in plan_merge(slices, range_count(rows, plan.min_ranges, plan.rows_per_range)):
         table = merged_range(merge, writer.io)
         if table.num_rows:
             records += writer.write(iter(table.to_batches()))
