@@ -206,10 +206,7 @@ class MergeTask:
                                   self.files.data_location, self.files.file_prefix)
         records: list[DataFileRecord] = []
         for batch in batches:
-            for number in batch.column(0).to_pylist():
-                rows = merged_range(self.ranges[number], writer.io)
-                if rows.num_rows:
-                    records += writer.write(iter(rows.to_batches()))
+            records += write_ranges((self.ranges[number] for number in batch.column(0).to_pylist()), writer)
         yield results_batch([], records)
 
 
@@ -288,6 +285,16 @@ def plan_merge(slices: list[Slice], ranges: int) -> list[MergeRange]:
     return plan
 
 
+def write_ranges(ranges: Iterable[MergeRange], writer: GeoParquetWriter) -> list[DataFileRecord]:
+    """The files of merge ranges, each range's rows merged from their staged slices."""
+    records: list[DataFileRecord] = []
+    for merge in ranges:
+        rows = merged_range(merge, writer.io)
+        if rows.num_rows:
+            records += writer.write(iter(rows.to_batches()))
+    return records
+
+
 def merged_range(merge: MergeRange, io: FileIO) -> pa.Table:
     """The rows of a merge range from the staged slices, in Hilbert order."""
     by_path: dict[str, list[int]] = {}
@@ -334,12 +341,7 @@ def merge_if_last(own: list[Slice], number: int, tasks: int, staging: str, plan:
     rows = sum(s.rows for s in slices)
     if rows > plan.max_rows:
         return None
-    records: list[DataFileRecord] = []
-    for merge in plan_merge(slices, range_count(rows, plan.min_ranges, plan.rows_per_range)):
-        table = merged_range(merge, writer.io)
-        if table.num_rows:
-            records += writer.write(iter(table.to_batches()))
-    return records
+    return write_ranges(plan_merge(slices, range_count(rows, plan.min_ranges, plan.rows_per_range)), writer)
 
 
 def files_under(location: str) -> list[str]:
