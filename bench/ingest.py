@@ -22,6 +22,9 @@ backlog), from query start to the last commit. Then:
   limit chain  the same decode, dead-letter tally, Hilbert sort and GeoParquet write
                (streaming/partition.py) on as many processes as the service has cores, over the
                events in memory: no Spark, no Kafka
+  Kafka source the topic read whole by Spark's Kafka source with geoingest's options and handed to
+               Python workers that only count the rows (best of two reads, in a fresh process):
+               the most any Spark job reading this topic can deliver on these cores
   pruning      for each geoingest table, the files and row groups a window query reads (the
                README's windows and random windows of 0.1 % of the extent on data), against the
                model ideal (sqrt(f) + 1/sqrt(G))^2 of a window holding a fraction f over G row groups
@@ -132,9 +135,14 @@ def run_geoingest(bootstrap: str, topic: str, events: int, per_batch: int, clust
     spec = {"bootstrap": bootstrap, "topic": topic, "events": events, "per_batch": per_batch,
             "clustering": clustering, "trigger": trigger, "workdir": str(workdir), "windows": windows,
             "warmup_topic": warmup_topic}
+    return run_child(spec, workdir, f"geoingest on {topic} ({clustering}, batches of {per_batch})")
+
+
+def run_child(spec: dict, workdir: Path, what: str) -> dict:
+    """This script's --child mode over `spec` in a fresh process; returns its result and peak memory."""
     workdir.mkdir(parents=True, exist_ok=True)
     (workdir / "spec.json").write_text(json.dumps(spec))
-    log = open(workdir / "geoingest.log", "wb")
+    log = open(workdir / "child.log", "wb")
     process = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "--child", str(workdir / "spec.json")],
                                stdout=log, stderr=subprocess.STDOUT, cwd=str(ROOT), start_new_session=True)
     with PeakMemory(process.pid) as memory:
@@ -147,12 +155,41 @@ def run_geoingest(bootstrap: str, topic: str, events: int, per_batch: int, clust
             log.close()
     result_path = workdir / "result.json"
     if process.returncode != 0 or not result_path.exists():
-        tail = "\n".join((workdir / "geoingest.log").read_text(errors="replace").splitlines()[-40:])
-        raise RuntimeError(f"geoingest on {topic} ({clustering}, batches of {per_batch}) exited with "
-                           f"{process.returncode}:\n{tail}")
+        tail = "\n".join((workdir / "child.log").read_text(errors="replace").splitlines()[-40:])
+        raise RuntimeError(f"{what} exited with {process.returncode}:\n{tail}")
     result = json.loads(result_path.read_text())
     result["memory_mb"] = memory.figures()
     return result
+
+
+def kafka_source_child(spec: dict) -> dict:
+    """Spark's Kafka source alone: the topic read whole, as geoingest's query reads a batch of it
+    (the same options, columns and tasks), into Python workers that only count the rows."""
+    from app.service import configure_logging, start_spark
+    from streaming.job import FAST_FETCH, _source_columns
+
+    configure_logging("WARNING")
+    settings = load_settings(env={}, spark_master=MASTER, driver_memory=DRIVER_MEMORY)
+    spark = start_spark(settings)
+    cores = spark.sparkContext.defaultParallelism
+    reader = (spark.read.format("kafka").option("kafka.bootstrap.servers", spec["bootstrap"])
+              .option("subscribe", spec["topic"]).option("startingOffsets", "earliest")
+              .option("endingOffsets", "latest").option("includeHeaders", "true")
+              .option("minPartitions", str(cores)))
+    for key, value in FAST_FETCH.items():
+        reader = reader.option(f"kafka.{key}", value)
+
+    def count_rows(batches):
+        yield pa.record_batch({"n": pa.array([sum(b.num_rows for b in batches)], pa.int64())})
+
+    seconds = []
+    for _ in range(2):  # the first read also warms the JVM
+        started = time.monotonic()
+        rows = _source_columns(reader.load()).coalesce(cores).mapInArrow(count_rows, "n long").collect()
+        seconds.append(time.monotonic() - started)
+        if sum(r.n for r in rows) != spec["events"]:
+            raise RuntimeError(f"the Kafka source read {sum(r.n for r in rows)} of {spec['events']} events")
+    return {"seconds": round(min(seconds), 2), "events_per_s": round(spec["events"] / min(seconds))}
 
 
 def geoingest_child(spec: dict) -> dict:
@@ -304,7 +341,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.child:
         spec = json.loads(Path(args.child).read_text())
-        result = geoingest_child(spec)
+        result = kafka_source_child(spec) if spec.get("kafka_source_only") else geoingest_child(spec)
         (Path(spec["workdir"]) / "result.json").write_text(json.dumps(result))
         return
 
@@ -342,6 +379,11 @@ def main() -> None:
                     print(dataset, label, json.dumps({k: v for k, v in run.items() if k != "pruning"}), flush=True)
             result["limit_chain"] = limit_chain(events, CORES, tmp / dataset)
             print(dataset, "limit chain", json.dumps(result["limit_chain"]), flush=True)
+            floor_dir = tmp / dataset / "kafka-source"
+            result["kafka_source"] = run_child({"kafka_source_only": True, "bootstrap": broker.bootstrap,
+                                                "topic": dataset, "events": args.events, "workdir": str(floor_dir)},
+                                               floor_dir, f"the Kafka source read of {dataset}")
+            print(dataset, "Kafka source", json.dumps(result["kafka_source"]), flush=True)
             result["ratios"] = ratios(result, batch_sizes)
             report["datasets"][dataset] = result
             print(dataset, json.dumps(result["ratios"]), flush=True)
@@ -351,7 +393,7 @@ def main() -> None:
 
 
 def ratios(result: dict, batch_sizes: list[int]) -> dict:
-    """Each geoingest run against the plain stack and the limit chain, per batch size."""
+    """Each geoingest run against the plain stack, the limit chain and the Kafka source alone, per batch size."""
     runs = result["runs"]
     out = {}
     for per_batch in batch_sizes:
@@ -364,6 +406,9 @@ def ratios(result: dict, batch_sizes: list[int]) -> dict:
             if plain:
                 figures[f"{stack}_vs_plain"] = round(run["events_per_s"] / plain["events_per_s"], 2)
             figures[f"{stack}_vs_limit_chain"] = round(run["events_per_s"] / result["limit_chain"]["events_per_s"], 2)
+            if "kafka_source" in result:
+                figures[f"{stack}_vs_kafka_source"] = round(
+                    run["events_per_s"] / result["kafka_source"]["events_per_s"], 2)
         out[str(per_batch)] = figures
     return out
 
@@ -374,8 +419,9 @@ def write_results(report: dict) -> None:
     lines = [f"Ingest, {report['events']:,} events per dataset, Spark {report['master']} on {report['cores']} cores, "
              f"processing-time trigger {report['trigger']!r}, events/s from query start to the last commit", "",
              "| dataset | events per batch | plain stack | geoingest | geoingest / plain | geoingest, task "
-             "| geoingest, shuffle | limit chain (2 processes) | geoingest / limit chain |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "| geoingest, shuffle | limit chain (2 processes) | geoingest / limit chain "
+             "| Kafka source alone | geoingest / Kafka source |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for name, r in report["datasets"].items():
         for per_batch in report["batch_sizes"]:
             runs = r["runs"]
@@ -383,7 +429,8 @@ def write_results(report: dict) -> None:
             q = r["ratios"].get(str(per_batch), {})
             lines.append(f"| {name} | {per_batch:,} | {rate(f'plain-{per_batch}')} | {rate(f'batch-{per_batch}')} | "
                          f"{q.get('batch_vs_plain')} | {rate(f'task-{per_batch}')} | {rate(f'shuffle-{per_batch}')} | "
-                         f"{r['limit_chain']['events_per_s']:,} | {q.get('batch_vs_limit_chain')} |")
+                         f"{r['limit_chain']['events_per_s']:,} | {q.get('batch_vs_limit_chain')} | "
+                         f"{r['kafka_source']['events_per_s']:,} | {q.get('batch_vs_kafka_source')} |")
     lines += ["", "Where the time goes (seconds summed over the batches of one run):", "",
               "| dataset | run | batches | stages |", "|---|---|---|---|"]
     for name, r in report["datasets"].items():

@@ -39,7 +39,7 @@ def create_table(catalog: Catalog, contract: Contract) -> tuple[Table, bool]:
     except NoSuchTableError:
         table = catalog.create_table(
             contract.table,
-            schema=contract.iceberg_schema(),
+            schema=contract.iceberg_schema,
             properties=contract.table_properties(),
         )
         check_table_matches(table, contract)
@@ -62,7 +62,7 @@ def load_contract_table(catalog: Catalog, contract: Contract) -> Table:
 
 def check_table_matches(table: Table, contract: Contract) -> None:
     """The table's schema and geometry properties are the contract's: writes would break otherwise."""
-    expected = contract.iceberg_schema()
+    expected = contract.iceberg_schema
     actual = table.schema()
     if actual.as_struct() != expected.as_struct():
         raise TableMismatch(

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -125,6 +126,9 @@ class Contract:
         first = self.bbox_id + 1
         return {name: first + i for i, name in enumerate(BBOX_FIELDS)}
 
+    # Built once per contract (a task unpickles one with them built): pyiceberg's schema objects
+    # cost milliseconds to build, and every task's decoder and writer ask for them.
+    @cached_property
     def iceberg_schema(self) -> Schema:
         fields = [
             NestedField(c.id, c.name, c.iceberg_type, required=c.required) for c in self.columns
@@ -139,13 +143,14 @@ class Contract:
         fields.append(NestedField(self.bbox_id, self.bbox_name, bbox, required=True))
         return Schema(*fields)
 
+    @cached_property
     def arrow_schema(self) -> pa.Schema:
         """Arrow schema of the data files, with Iceberg field ids on every field.
 
         pyiceberg maps strings and binaries to Arrow's large types; Spark exchanges the regular
         ones with Python workers, and Parquet stores both alike, so the regular ones are used.
         """
-        return regular_types(schema_to_pyarrow(self.iceberg_schema()))
+        return regular_types(schema_to_pyarrow(self.iceberg_schema))
 
     def table_properties(self) -> dict[str, str]:
         """How the geometry is stored, recorded on the table in the spirit of Havasu."""

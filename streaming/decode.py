@@ -120,7 +120,7 @@ class DecodeOptions:
 
 def decoded_schema(contract: Contract) -> pa.Schema:
     """Schema of `Decoder.decode` output: every field nullable, since reject rows carry no data."""
-    data = contract.arrow_schema()
+    data = contract.arrow_schema
     fields = [pa.field(f.name, f.type, nullable=True) for f in data]
     fields += [
         pa.field(HILBERT, pa.int64()),
@@ -170,7 +170,7 @@ class Decoder:
         self.contract = contract
         self.options = options or DecodeOptions()
         self.schema = decoded_schema(contract)
-        self._data_schema = contract.arrow_schema()
+        self._data_schema = contract.arrow_schema
         self._table_epsg = contract.geometry.epsg
         self._area = valid_area(self._table_epsg)
         prop_types: dict[str, pa.DataType] = {}

@@ -422,7 +422,7 @@ def _delete_quietly(table: Table, paths: Iterable[str]) -> None:
 def rewrite_bin(table: Table, contract: Contract, bin_: Bin, progress: Progress = _no_progress
                 ) -> list[DataFileRecord]:
     """The bin's rows, Hilbert-sorted again, written as new data files like ingest writes them."""
-    names = contract.arrow_schema().names
+    names = contract.arrow_schema.names
     parts: list[pa.Table] = []
     for f in bin_.files:
         with table.io.new_input(f.path).open() as stream:

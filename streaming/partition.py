@@ -48,7 +48,7 @@ from streaming.decode import (
     Decoder,
 )
 from streaming.isolation import IsolatedDecoder
-from streaming.writer import DATA_FILE_RECORD_DDL, RECORD_SCHEMA, DataFileRecord, GeoParquetWriter
+from streaming.writer import RECORD_SCHEMA, DataFileRecord, GeoParquetWriter
 
 TALLY = "tally"
 FILE = "file"
@@ -67,8 +67,6 @@ RESULT_SCHEMA = pa.schema([
     *RECORD_SCHEMA,
     ("slice", pa.int32()), ("key_lo", pa.int64()), ("key_hi", pa.int64()), ("merged_by", pa.int32()),
 ])
-RESULT_DDL = ("kind string, topic string, partition int, reason string, first long, last long, n long, "
-              f"oldest_ms long, {DATA_FILE_RECORD_DDL}, slice int, key_lo long, key_hi long, merged_by int")
 
 
 @dataclass(frozen=True)
@@ -143,7 +141,7 @@ class PartitionTask:
         """The mapInArrow function: Kafka source batches in, tally and file (or slice) rows out."""
         decoder = IsolatedDecoder(self.contract, self.decode) if self.isolate_decoder else Decoder(self.contract,
                                                                                                    self.decode)
-        keep = [*self.contract.arrow_schema().names, HILBERT]
+        keep = [*self.contract.arrow_schema.names, HILBERT]
         writer = GeoParquetWriter(self.contract, self.files.table_properties, self.files.io_properties,
                                   self.files.data_location, self.files.file_prefix)
         tallies: list[pa.Table] = []

@@ -100,8 +100,8 @@ class GeoParquetWriter:
     def __init__(self, contract: Contract, table_properties: dict[str, str],
                  io_properties: dict[str, str], data_location: str, file_prefix: str):
         self.contract = contract
-        self.schema = contract.arrow_schema()
-        iceberg_schema = contract.iceberg_schema()
+        self.schema = contract.arrow_schema
+        iceberg_schema = contract.iceberg_schema
         self._stats_plan = compute_statistics_plan(iceberg_schema, table_properties)
         self._path_ids = parquet_path_to_id_mapping(iceberg_schema)
         self.io = load_file_io(properties=io_properties, location=data_location)

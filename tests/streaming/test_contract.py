@@ -44,7 +44,7 @@ def test_demo_contract_loads():
 
 
 def test_iceberg_schema_has_ids_1_to_10_and_bbox_children_11_to_14():
-    schema = load_contract(CONTRACT_PATH).iceberg_schema()
+    schema = load_contract(CONTRACT_PATH).iceberg_schema
     top = {f.field_id: f.name for f in schema.fields}
     assert top == {1: "event_id", 2: "event_time", 3: "kind", 4: "name", 5: "speed", 6: "population",
                    7: "source_partition", 8: "source_offset", 9: "geometry", 10: "bbox"}
@@ -58,7 +58,7 @@ def test_iceberg_schema_has_ids_1_to_10_and_bbox_children_11_to_14():
 
 
 def test_arrow_schema_carries_the_iceberg_field_ids_and_regular_types():
-    schema = load_contract(CONTRACT_PATH).arrow_schema()
+    schema = load_contract(CONTRACT_PATH).arrow_schema
     ids = {f.name: int(f.metadata[b"PARQUET:field_id"]) for f in schema}
     assert ids == {"event_id": 1, "event_time": 2, "kind": 3, "name": 4, "speed": 5, "population": 6,
                    "source_partition": 7, "source_offset": 8, "geometry": 9, "bbox": 10}

@@ -152,7 +152,7 @@ def _catalog(root: Path) -> SqlCatalog:
 
 def _create_table(catalog: SqlCatalog, contract: Contract) -> Table:
     catalog.create_namespace_if_not_exists(contract.namespace)
-    return catalog.create_table(contract.table, contract.iceberg_schema(), properties=contract.table_properties())
+    return catalog.create_table(contract.table, contract.iceberg_schema, properties=contract.table_properties())
 
 
 def _read_all_rows(table: Table, records: list[DataFileRecord]) -> pa.Table:
