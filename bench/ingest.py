@@ -166,18 +166,14 @@ def kafka_source_child(spec: dict) -> dict:
     """Spark's Kafka source alone: the topic read whole, as geoingest's query reads a batch of it
     (the same options, columns and tasks), into Python workers that only count the rows."""
     from app.service import configure_logging, start_spark
-    from streaming.job import FAST_FETCH, _source_columns
+    from streaming.job import _source_columns, kafka_source_options
 
     configure_logging("WARNING")
     settings = load_settings(env={}, spark_master=MASTER, driver_memory=DRIVER_MEMORY)
     spark = start_spark(settings)
     cores = spark.sparkContext.defaultParallelism
-    reader = (spark.read.format("kafka").option("kafka.bootstrap.servers", spec["bootstrap"])
-              .option("subscribe", spec["topic"]).option("startingOffsets", "earliest")
-              .option("endingOffsets", "latest").option("includeHeaders", "true")
-              .option("minPartitions", str(cores)))
-    for key, value in FAST_FETCH.items():
-        reader = reader.option(f"kafka.{key}", value)
+    reader = (spark.read.format("kafka").options(**kafka_source_options(spec["bootstrap"], spec["topic"], cores))
+              .option("startingOffsets", "earliest").option("endingOffsets", "latest"))
 
     def count_rows(batches):
         yield pa.record_batch({"n": pa.array([sum(b.num_rows for b in batches)], pa.int64())})

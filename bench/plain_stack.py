@@ -319,22 +319,14 @@ def _child(spec: PlainStackRun) -> dict:
 
 
 def _kafka_reader(spark, spec: PlainStackRun, topic: str):
-    """The Kafka source with geoingest's options (streaming/job.py)."""
-    from streaming.job import FAST_FETCH
+    """The Kafka source with geoingest's options (streaming/job.py), without the headers it never reads."""
+    from streaming.job import kafka_source_options
 
-    reader = (
-        spark.readStream.format("kafka")
-        .option("kafka.bootstrap.servers", spec.bootstrap)
-        .option("subscribe", topic)
-        .option("startingOffsets", "earliest")
-        .option("maxOffsetsPerTrigger", str(spec.max_offsets_per_trigger))
-        .option("includeHeaders", "false")
-        .option("failOnDataLoss", "true")
-        .option("minPartitions", str(spark.sparkContext.defaultParallelism))
-    )
-    for key, value in FAST_FETCH.items():
-        reader = reader.option(f"kafka.{key}", value)
-    return reader
+    options = {**kafka_source_options(spec.bootstrap, topic, spark.sparkContext.defaultParallelism),
+               "includeHeaders": "false"}
+    return (spark.readStream.format("kafka").options(**options)
+            .option("startingOffsets", "earliest")
+            .option("maxOffsetsPerTrigger", str(spec.max_offsets_per_trigger)))
 
 
 def write_events(events, fmt: str, table: str) -> None:

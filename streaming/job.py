@@ -128,7 +128,8 @@ class BatchProcessor:
         self.observers = observers
         self.committer = Committer(table)
         self._spark_decoded_schema = from_arrow_schema(decoded_schema(contract))
-        self._spark_result_schema = from_arrow_schema(RESULT_SCHEMA)  # not RESULT_DDL: parsing it is a JVM call
+        # A StructType, not a DDL string: Spark parses a DDL string in the JVM, once per batch.
+        self._spark_result_schema = from_arrow_schema(RESULT_SCHEMA)
         self._parallelism = config.parallelism or spark.sparkContext.defaultParallelism
         # Why the query stopped, in one line, when the cause is ours (a dead letter that could not
         # be written): Spark would report it as a Python traceback inside its own.
@@ -207,7 +208,8 @@ class BatchProcessor:
         # At most one task per core (coalesce never adds partitions): fewer, longer runs (and, with
         # clustering "task", fewer files covering the same places).
         source = _source_columns(batch).coalesce(self._parallelism)
-        results = BatchResults.from_rows(_collect_with_task_count(self.spark, source.mapInArrow(task, self._spark_result_schema)))
+        ingested = source.mapInArrow(task, self._spark_result_schema)
+        results = BatchResults.from_rows(_collect_with_task_count(self.spark, ingested))
         timings["ingest"] = time.monotonic() - step
         if staging is None:
             return results
@@ -220,7 +222,8 @@ class BatchProcessor:
             ranges = plan_merge(results.slices, range_count(valid, self._parallelism, self.config.rows_per_partition))
             if ranges:
                 merge = MergeTask(self.contract, self._file_settings(batch_id), tuple(ranges))
-                merged_rows = self.spark.range(0, len(ranges), 1, len(ranges)).mapInArrow(merge, self._spark_result_schema).collect()
+                merged_rows = (self.spark.range(0, len(ranges), 1, len(ranges))
+                               .mapInArrow(merge, self._spark_result_schema).collect())
                 results.files = BatchResults.from_rows(merged_rows).files
         _clear_folder(staging, self.table.io)
         results.slices, results.merged = [], {}
@@ -403,23 +406,30 @@ def _log_fields(report: BatchReport) -> dict:
 
 
 def kafka_stream(spark: SparkSession, config: JobConfig) -> DataFrame:
-    reader = (
-        spark.readStream.format("kafka")
-        .option("kafka.bootstrap.servers", config.bootstrap_servers)
-        .option("subscribe", config.topic)
-        .option("startingOffsets", config.starting_offsets)
-        .option("maxOffsetsPerTrigger", str(config.max_offsets_per_trigger))
-        .option("includeHeaders", "true")
-        .option("failOnDataLoss", "true")
+    options = kafka_source_options(config.bootstrap_servers, config.topic,
+                                   config.parallelism or spark.sparkContext.defaultParallelism, config.kafka_options)
+    return (spark.readStream.format("kafka").options(**options)
+            .option("startingOffsets", config.starting_offsets)
+            .option("maxOffsetsPerTrigger", str(config.max_offsets_per_trigger))
+            .load())
+
+
+def kafka_source_options(bootstrap_servers: str, topic: str, parallelism: int,
+                         kafka_options: dict[str, str] | None = None) -> dict[str, str]:
+    """Spark's Kafka source options for reading `topic` as the job does (the benchmark's stacks
+    read it the same way); `kafka_options` (consumer settings) override FAST_FETCH."""
+    options = {
+        "kafka.bootstrap.servers": bootstrap_servers,
+        "subscribe": topic,
+        "includeHeaders": "true",
+        "failOnDataLoss": "true",
         # A topic with fewer partitions than cores still keeps every core busy.
-        .option("minPartitions", str(config.parallelism or spark.sparkContext.defaultParallelism))
-    )
+        "minPartitions": str(parallelism),
+    }
     # Bigger fetches than the Kafka client's defaults: measured by bench (`kafka read`), reading
     # small events went from 135k to 222k records/s on 2 cores. Settings override them.
-    options = {**FAST_FETCH, **config.kafka_options}
-    for key, value in options.items():
-        reader = reader.option(f"kafka.{key}", value)
-    return reader.load()
+    options.update({f"kafka.{key}": value for key, value in {**FAST_FETCH, **(kafka_options or {})}.items()})
+    return options
 
 
 FAST_FETCH = {
