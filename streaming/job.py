@@ -9,7 +9,7 @@ ways (`clustering`):
                    writes the files. Rows cross from the JVM to Python once; no Spark shuffle, no
                    persist, no second read of Kafka. The batch's files do not overlap in space.
                    A batch of at most `merge_in_task_max_rows` valid rows is merged by the last
-                   of its tasks instead, with no second job.
+                   of its tasks instead (its ranges on parallel threads), with no second job.
   task             the same pass, but each task writes its own runs as files: the cheapest, and
                    each file is a compact stretch of the curve, but the files of a batch's tasks
                    cover the same places (a window reads one per task), until compaction.
@@ -60,6 +60,7 @@ from streaming.partition import (
     PartitionTask,
     Tally,
     files_under,
+    freeze_startup_objects,
     plan_merge,
     range_count,
 )
@@ -84,10 +85,11 @@ class JobConfig:
     # shuffle: the rows of one range partition.
     rows_per_partition: int = 1_000_000
     clustering: str = "batch"
-    # batch: a batch of at most this many valid rows is merged by its last task, not a merge job
-    # (0: always a merge job). Measured in bench/ingest.py: below it, a job costs more than the
-    # merge on one core.
-    merge_in_task_max_rows: int = 250_000
+    # batch: a batch of at most this many valid rows is merged by its last task, on as many
+    # threads as the batch had tasks, not by a merge job (0: always a merge job). Measured in
+    # bench/ingest.py at 400k events per batch on 2 cores: a merge job took 0.5-0.9 s, the last
+    # task's merge on two threads 0.2-0.35 s. Above it a merge job spreads over the executors.
+    merge_in_task_max_rows: int = 1_000_000
     # Tasks a batch runs in (0: Spark's default parallelism, the cores).
     parallelism: int = 0
     kafka_options: dict[str, str] = field(default_factory=dict)
@@ -201,7 +203,7 @@ class BatchProcessor:
         last_merge = None
         if staging is not None and self.config.merge_in_task_max_rows > 0:
             last_merge = LastTaskMerge(_stage_position, self._parallelism, self.config.rows_per_partition,
-                                       self.config.merge_in_task_max_rows)
+                                       self.config.merge_in_task_max_rows, threads=self._parallelism)
         task = PartitionTask(self.contract, self.config.decode, self._file_settings(batch_id),
                              self.config.dead_letter, self.config.rows_per_partition, isolate_decoder, staging,
                              last_merge)
@@ -372,6 +374,7 @@ def _summarise(tallies: list[Tally]) -> tuple[Offsets, int, dict[str, int], dict
 
 def _decode_fn(contract: Contract, options: DecodeOptions, isolate_decoder: bool):
     def decode(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        freeze_startup_objects()
         decoder = IsolatedDecoder(contract, options) if isolate_decoder else Decoder(contract, options)
         try:
             for batch in batches:
@@ -384,6 +387,7 @@ def _decode_fn(contract: Contract, options: DecodeOptions, isolate_decoder: bool
 
 def _write_fn(contract: Contract, files: FileSettings):
     def write(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        freeze_startup_objects()
         writer = GeoParquetWriter(contract, files.table_properties, files.io_properties, files.data_location,
                                   files.file_prefix)
         records = list(writer.write(batches))

@@ -23,8 +23,10 @@ this code.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
+import gc
 import json
 import math
 import uuid
@@ -104,14 +106,17 @@ class MergeRange:
 
 @dataclass(frozen=True)
 class LastTaskMerge:
-    """How the last task of a small batch merges it (clustering "batch", no merge job)."""
+    """How the last task of a batch merges it (clustering "batch", no merge job)."""
 
     # This task's number and the number of tasks of its stage (from Spark's task context)
     position: Callable[[], tuple[int, int]]
     min_ranges: int  # the key ranges to cut at least (the cores: as many files as a merge job writes)
     rows_per_range: int
-    # A batch with more valid rows is left to the merge job, whose tasks merge in parallel
+    # A batch with more valid rows is left to the merge job, whose tasks spread over the executors
     max_rows: int
+    # Ranges written at once. The batch's other tasks are done when the last one merges, so their
+    # cores are idle: Parquet encoding and compression run in Arrow without the GIL.
+    threads: int = 1
 
 
 @dataclass(frozen=True)
@@ -139,6 +144,7 @@ class PartitionTask:
 
     def __call__(self, batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         """The mapInArrow function: Kafka source batches in, tally and file (or slice) rows out."""
+        freeze_startup_objects()
         decoder = IsolatedDecoder(self.contract, self.decode) if self.isolate_decoder else Decoder(self.contract,
                                                                                                    self.decode)
         keep = [*self.contract.arrow_schema.names, HILBERT]
@@ -200,12 +206,29 @@ class MergeTask:
     ranges: tuple[MergeRange, ...]
 
     def __call__(self, batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        freeze_startup_objects()
         writer = GeoParquetWriter(self.contract, self.files.table_properties, self.files.io_properties,
                                   self.files.data_location, self.files.file_prefix)
         records: list[DataFileRecord] = []
         for batch in batches:
             records += write_ranges((self.ranges[number] for number in batch.column(0).to_pylist()), writer)
         yield results_batch([], records)
+
+
+_startup_frozen = False
+
+
+def freeze_startup_objects() -> None:
+    """Once per worker process, at its first task: leave the objects its imports made (100k+:
+    pyarrow, shapely, pyiceberg, pydantic) out of Python's full garbage collections. A batch makes
+    tens of thousands of geometry objects, each full collection then walked all of them again:
+    measured, 20-30 % of a task's CPU. Only garbage cycles already there when the worker starts
+    are never collected; later ones are, as ever."""
+    global _startup_frozen
+    if not _startup_frozen:
+        gc.collect()
+        gc.freeze()
+        _startup_frozen = True
 
 
 def tally_table(decoded: pa.RecordBatch) -> pa.Table:
@@ -283,14 +306,18 @@ def plan_merge(slices: list[Slice], ranges: int) -> list[MergeRange]:
     return plan
 
 
-def write_ranges(ranges: Iterable[MergeRange], writer: GeoParquetWriter) -> list[DataFileRecord]:
-    """The files of merge ranges, each range's rows merged from their staged slices."""
-    records: list[DataFileRecord] = []
-    for merge in ranges:
+def write_ranges(ranges: Iterable[MergeRange], writer: GeoParquetWriter, threads: int = 1) -> list[DataFileRecord]:
+    """The files of merge ranges, each range's rows merged from their staged slices, `threads`
+    ranges at a time (in range order either way)."""
+    def write(merge: MergeRange) -> list[DataFileRecord]:
         rows = merged_range(merge, writer.io)
-        if rows.num_rows:
-            records += writer.write(iter(rows.to_batches()))
-    return records
+        return list(writer.write(iter(rows.to_batches()))) if rows.num_rows else []
+
+    ranges = list(ranges)
+    if threads <= 1 or len(ranges) <= 1:
+        return [record for merge in ranges for record in write(merge)]
+    with ThreadPoolExecutor(min(threads, len(ranges)), thread_name_prefix="merge-range") as pool:
+        return [record for files in pool.map(write, ranges) for record in files]
 
 
 def merged_range(merge: MergeRange, io: FileIO) -> pa.Table:
@@ -339,7 +366,8 @@ def merge_if_last(own: list[Slice], number: int, tasks: int, staging: str, plan:
     rows = sum(s.rows for s in slices)
     if rows > plan.max_rows:
         return None
-    return write_ranges(plan_merge(slices, range_count(rows, plan.min_ranges, plan.rows_per_range)), writer)
+    return write_ranges(plan_merge(slices, range_count(rows, plan.min_ranges, plan.rows_per_range)), writer,
+                        plan.threads)
 
 
 def files_under(location: str) -> list[str]:

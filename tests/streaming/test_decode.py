@@ -9,6 +9,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import json
+import struct
 import time
 from pathlib import Path
 
@@ -17,6 +18,8 @@ import pyarrow as pa
 import pyarrow.json as pa_json
 import pytest
 import shapely
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from pyproj import Transformer
 
 from streaming.contract import Contract, load_contract, parse_contract
@@ -631,6 +634,25 @@ def test_wkb_spelled_otherwise_than_geos_writes_it_is_still_read():
         assert_valid(row)
     assert geometry_of(rows[0]).equals(shapely.MultiPoint([(2.35, 48.86), (2.4, 48.9)]))
     assert shapely.get_coordinates(geometry_of(rows[1]), include_z=True).tolist() == [[2.35, 48.86, 35.0]]
+
+
+@settings(max_examples=300, deadline=None, derandomize=True, database=None)
+@given(coordinates=st.lists(st.one_of(st.tuples(st.floats(), st.floats()),
+                                      st.binary(min_size=16, max_size=16).map(lambda b: struct.unpack("<dd", b))),
+                            min_size=1, max_size=20))
+def test_a_little_endian_point_fares_as_the_same_point_sent_big_endian(coordinates):
+    # Little-endian 2D points are read from their bytes; big-endian ones by GEOS: both must end
+    # the same, whatever the coordinates (NaN, infinities, -0.0, subnormals, beyond the CRS area).
+    little = [b"\x01\x01\x00\x00\x00" + struct.pack("<dd", x, y) for x, y in coordinates]
+    big = [b"\x00\x00\x00\x00\x01" + struct.pack(">dd", x, y) for x, y in coordinates]
+    rows = decode(little + big)
+    for (x, y), sent, read_by_geos, by_bytes in zip(coordinates, little, rows[len(little):], rows[:len(little)]):
+        assert by_bytes[REJECT_REASON] == read_by_geos[REJECT_REASON], (x, y)
+        assert by_bytes[REJECT_DETAIL] == read_by_geos[REJECT_DETAIL], (x, y)
+        for column in ("geometry", "bbox", HILBERT):
+            assert by_bytes[column] == read_by_geos[column], (x, y, column)
+        if by_bytes[REJECT_REASON] is None:
+            assert by_bytes["geometry"] == sent, "a valid little-endian point is stored as sent"
 
 
 def test_ewkb_in_a_crs_whose_area_crosses_the_antimeridian():

@@ -151,10 +151,10 @@ def test_runs_of_several_tasks_merge_into_files_that_do_not_overlap_on_the_curve
 
 
 # -- small batches: merged by their last task -------------------------------------------------------
-def last_merge_tasks(tmp_path, tasks: int, max_rows: int = 1_000_000) -> list[PartitionTask]:
+def last_merge_tasks(tmp_path, tasks: int, max_rows: int = 1_000_000, threads: int = 1) -> list[PartitionTask]:
     staging = f"file://{tmp_path}/staging"
     return [dataclasses.replace(task(tmp_path), staging=staging,
-                                last_merge=LastTaskMerge(lambda n=n: (n, tasks), 2, 1_000_000, max_rows))
+                                last_merge=LastTaskMerge(lambda n=n: (n, tasks), 2, 1_000_000, max_rows, threads))
             for n in range(tasks)]
 
 
@@ -176,6 +176,16 @@ def test_the_last_task_of_a_small_batch_merges_every_run_into_files_that_follow_
     assert all(np.all(np.diff(keys_of(f.path)) >= 0) for f in files)
     assert {t.reason: t.n for t in results[2].tallies} == {None: 700, "unknown_format": 1}, \
         "a task's tallies stay its own"
+
+
+def test_the_last_task_writes_the_same_files_on_two_threads_as_on_one(tmp_path):
+    files_by_threads = {}
+    for threads in (1, 2):
+        tasks = last_merge_tasks(tmp_path / f"threads-{threads}", 2, threads=threads)
+        results = [run(t, [kafka_batch(points(n, seed=seed))]) for t, (n, seed) in zip(tasks, ((900, 1), (700, 2)))]
+        files_by_threads[threads] = [(f.record_count, f.bbox, ids_in([f])) for f in results[1].merged[1]]
+    assert len(files_by_threads[2]) == 2
+    assert files_by_threads[2] == files_by_threads[1], "the same rows in the same files, in curve order"
 
 
 def test_a_task_that_ran_again_replaces_its_own_marker_and_the_rows_stay_once(tmp_path):
