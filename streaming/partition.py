@@ -173,7 +173,9 @@ class PartitionTask:
                 if rejected and self.dead_letter is not None:
                     dead_letters = dead_letters or DeadLetterWriter(self.dead_letter)
                     dead_letters.send(decoded)
-                valid = decoded.filter(pc.is_null(decoded.column(REJECT_REASON))).select(keep)
+                valid = decoded.select(keep)
+                if rejected:
+                    valid = valid.filter(pc.is_null(decoded.column(REJECT_REASON)))
                 if valid.num_rows:
                     run.append(valid)
                     run_rows += valid.num_rows

@@ -636,16 +636,20 @@ def test_wkb_spelled_otherwise_than_geos_writes_it_is_still_read():
     assert shapely.get_coordinates(geometry_of(rows[1]), include_z=True).tolist() == [[2.35, 48.86, 35.0]]
 
 
-@settings(max_examples=300, deadline=None, derandomize=True, database=None)
+@pytest.mark.parametrize("contract", [
+    DEMO, with_geometry(types=("Polygon",)), with_geometry(dimensions=("XYZ",)), with_geometry(types=("Point",)),
+], ids=["demo", "no-points", "xyz-only", "points-only"])
+@settings(max_examples=150, deadline=None, derandomize=True, database=None)
 @given(coordinates=st.lists(st.one_of(st.tuples(st.floats(), st.floats()),
                                       st.binary(min_size=16, max_size=16).map(lambda b: struct.unpack("<dd", b))),
                             min_size=1, max_size=20))
-def test_a_little_endian_point_fares_as_the_same_point_sent_big_endian(coordinates):
+def test_a_little_endian_point_fares_as_the_same_point_sent_big_endian(contract, coordinates):
     # Little-endian 2D points are read from their bytes; big-endian ones by GEOS: both must end
-    # the same, whatever the coordinates (NaN, infinities, -0.0, subnormals, beyond the CRS area).
+    # the same, whatever the coordinates (NaN, infinities, -0.0, subnormals, beyond the CRS area)
+    # and whatever the contract allows.
     little = [b"\x01\x01\x00\x00\x00" + struct.pack("<dd", x, y) for x, y in coordinates]
     big = [b"\x00\x00\x00\x00\x01" + struct.pack(">dd", x, y) for x, y in coordinates]
-    rows = decode(little + big)
+    rows = decode(little + big, contract)
     for (x, y), sent, read_by_geos, by_bytes in zip(coordinates, little, rows[len(little):], rows[:len(little)]):
         assert by_bytes[REJECT_REASON] == read_by_geos[REJECT_REASON], (x, y)
         assert by_bytes[REJECT_DETAIL] == read_by_geos[REJECT_DETAIL], (x, y)
@@ -731,10 +735,10 @@ def test_a_decoder_defect_dead_letters_only_the_record_it_struck():
     # A defect cannot be produced by input on purpose (it would be fixed), so one is injected:
     # the geometry check fails on one record, as a bug in it would.
     class Defective(Decoder):
-        def _validate_geometry(self, geoms, srids, rejects):
+        def _validate_geometry(self, geoms, srids, rejects, points_xy):
             if any(g is not None and shapely.get_x(g) == 7.0 for g in geoms if shapely.get_type_id(g) == 0):
                 raise ZeroDivisionError("a defect")
-            super()._validate_geometry(geoms, srids, rejects)
+            super()._validate_geometry(geoms, srids, rejects, points_xy)
 
     values = [GOOD, feature(point(7.0, 1.0)), GOOD, POINT_WKB]
     rows = Defective(DEMO).decode(kafka_batch(values)).to_pylist()
