@@ -383,18 +383,21 @@ class Decoder:
                 rejects.add(rows[[local]], Reason.NESTING_TOO_DEEP, too_deep)
             bad[local] = curve or deepest > max_nesting
         parsed = np.flatnonzero(~bad)
-        # A plain point is its own stored form (what GEOS would write back of it, byte for byte).
-        read = parsed[~plain[parsed]]
+        # Plain points and polygons are their own stored form (what GEOS would write back of
+        # them, byte for byte): the rest is written back.
+        as_sent = plain[parsed] | _plain_polygons(taken.take(pa.array(parsed)), codes[parsed], little[parsed],
+                                                  decoded[parsed])
+        read = parsed[~as_sent]
         written = _to_wkb(decoded[read])
-        wkb[rows[parsed[plain[parsed]]]] = blobs[parsed[plain[parsed]]]
+        wkb[rows[parsed[as_sent]]] = blobs[parsed[as_sent]]
         wkb[rows[read]] = written
         # GEOS stops reading where the geometry ends and overlooks type bits and byte order bytes
         # WKB does not define: the value must be exactly the WKB of the geometry read from it. A
         # value written back otherwise (parts in another byte order, an SRID of 0) is walked to
         # tell a different spelling of WKB from a value that is not WKB.
         exact = np.ones(parsed.size, dtype=bool)
-        exact[~plain[parsed]] = _written_back_exactly(taken.take(pa.array(read)), written, decoded[read], codes[read],
-                                                      little[read])
+        exact[~as_sent] = _written_back_exactly(taken.take(pa.array(read)), written, decoded[read], codes[read],
+                                                little[read])
         for local in parsed[~exact]:
             _, problem, _ = _walk_wkb(blobs[local], _UNLIMITED)
             if problem is not None:
@@ -962,6 +965,21 @@ def _bounds(geoms: np.ndarray, points_xy: np.ndarray) -> np.ndarray:
     plain = ~np.isnan(points_xy[:, 0])
     bounds[plain] = np.tile(points_xy[plain], 2)
     return bounds
+
+
+def _plain_polygons(values: pa.Array, codes: np.ndarray, little: np.ndarray, geoms: np.ndarray) -> np.ndarray:
+    """Which values GEOS read as a polygon are byte for byte what GEOS writes of it: little-endian
+    2D ISO WKB (type word 3), exactly as long as the rings and points GEOS read (so nothing
+    follows them). GEOS reads and writes each double bit for bit; only a NaN's bits may differ,
+    and a polygon with one is rejected. Writing each polygon back to compare cost 0.9 us an event."""
+    # (an empty polygon has no ring at all: left to the comparison)
+    polygon = little & (codes == 3) & (shapely.get_type_id(geoms) == 3) & ~shapely.is_empty(geoms)
+    rings = shapely.get_num_interior_rings(geoms[polygon]) + 1
+    points = shapely.get_num_coordinates(geoms[polygon])
+    lengths = pc.binary_length(values).to_numpy(zero_copy_only=False)
+    exact = np.zeros(len(values), dtype=bool)
+    exact[polygon] = lengths[polygon] == 9 + 4 * rings + 16 * points
+    return exact
 
 
 def _plain_points(values: pa.Array, codes: np.ndarray, little: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
