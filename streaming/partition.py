@@ -224,7 +224,7 @@ def freeze_startup_objects() -> None:
     """Once per worker process, at its first task: leave the objects its imports made (100k+:
     pyarrow, shapely, pyiceberg, pydantic) out of Python's full garbage collections. A batch makes
     tens of thousands of geometry objects, each full collection then walked all of them again:
-    measured, 20-30 % of a task's CPU. Only garbage cycles already there when the worker starts
+    measured, 12-34 % of a task's CPU. Only garbage cycles already there when the worker starts
     are never collected; later ones are, as ever."""
     global _startup_frozen
     if not _startup_frozen:
