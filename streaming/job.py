@@ -60,8 +60,8 @@ from streaming.partition import (
     PartitionTask,
     Tally,
     files_under,
-    freeze_startup_objects,
     plan_merge,
+    prepare_worker_process,
     range_count,
 )
 from streaming.writer import DATA_FILE_RECORD_DDL, DataFileRecord, GeoParquetWriter, records_to_arrow
@@ -374,7 +374,7 @@ def _summarise(tallies: list[Tally]) -> tuple[Offsets, int, dict[str, int], dict
 
 def _decode_fn(contract: Contract, options: DecodeOptions, isolate_decoder: bool):
     def decode(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        freeze_startup_objects()
+        prepare_worker_process()
         decoder = IsolatedDecoder(contract, options) if isolate_decoder else Decoder(contract, options)
         try:
             for batch in batches:
@@ -387,7 +387,7 @@ def _decode_fn(contract: Contract, options: DecodeOptions, isolate_decoder: bool
 
 def _write_fn(contract: Contract, files: FileSettings):
     def write(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        freeze_startup_objects()
+        prepare_worker_process()
         writer = GeoParquetWriter(contract, files.table_properties, files.io_properties, files.data_location,
                                   files.file_prefix)
         records = list(writer.write(batches))

@@ -5,6 +5,10 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -20,6 +24,7 @@ from streaming.partition import (
     BatchResults,
     FileSettings,
     LastTaskMerge,
+    MergeRange,
     MergeTask,
     PartitionTask,
     Slice,
@@ -150,6 +155,25 @@ def test_runs_of_several_tasks_merge_into_files_that_do_not_overlap_on_the_curve
         assert np.all(np.diff(keys_of(f.path)) >= 0)
 
 
+def test_rows_that_share_the_key_of_a_cut_land_in_one_range_once(tmp_path):
+    staging = f"file://{tmp_path}/staging"
+    same_place = [feature(point(2.35, 48.85), fid=f"same-{i}", kind="ping", speed=1.0) for i in range(600)]
+    first = run(dataclasses.replace(task(tmp_path), staging=staging), [kafka_batch(points(300, seed=1) + same_place)])
+    second = run(dataclasses.replace(task(tmp_path), staging=staging), [kafka_batch(same_place[:100] + points(300))])
+    read_all = tuple((s.path, s.index) for s in first.slices + second.slices)
+    key = int(hilbert_keys_of_bounds(np.array([2.35]), np.array([48.85]), np.array([2.35]), np.array([48.85]),
+                                     DEMO.clustering.extent, DEMO.clustering.hilbert_bits)[0])
+    ranges = (MergeRange(None, key, read_all), MergeRange(key, key + 1, read_all), MergeRange(key + 1, None, read_all))
+    merge = MergeTask(DEMO, FileSettings({}, {}, f"file://{tmp_path}/data", "w-b000000007"), ranges)
+    out = [BatchResults.from_rows(b.to_pylist()) for b in merge([pa.record_batch({"id": [0, 1, 2]})])]
+    files = [f for o in out for f in o.files]
+    assert sorted(ids_in(files)) == sorted([f"s1-p{i}" for i in range(300)] + [f"s3-p{i}" for i in range(300)]
+                                           + [f"same-{i}" for i in range(600)] + [f"same-{i}" for i in range(100)])
+    at_key = [f for f in files if keys_of(f.path)[0] == key]
+    assert sorted(ids_in(at_key)) == sorted([f"same-{i}" for i in range(600)] + [f"same-{i}" for i in range(100)]), \
+        "every row of the cut's key, and only those, in the range that starts there"
+
+
 # -- small batches: merged by their last task -------------------------------------------------------
 def last_merge_tasks(tmp_path, tasks: int, max_rows: int = 1_000_000, threads: int = 1) -> list[PartitionTask]:
     staging = f"file://{tmp_path}/staging"
@@ -201,3 +225,18 @@ def test_a_batch_above_the_limit_is_left_to_the_merge_job(tmp_path):
     results = [run(first, [kafka_batch(points(300, seed=1))]), run(second, [kafka_batch(points(200, seed=2))])]
     assert all(r.merged == {} and r.files == [] for r in results)
     assert sum(s.rows for r in results for s in r.slices) == 500, "the runs stay staged for the merge job"
+
+
+# -- worker processes ------------------------------------------------------------------------------
+def memory_pool_of_a_prepared_worker(env: dict[str, str]) -> str:
+    code = ("import pyarrow as pa; from streaming.partition import prepare_worker_process; "
+            "prepare_worker_process(); print(pa.default_memory_pool().backend_name)")
+    clean = {k: v for k, v in os.environ.items() if k != "ARROW_DEFAULT_MEMORY_POOL"}
+    done = subprocess.run([sys.executable, "-c", code], env={**clean, **env}, capture_output=True, text=True,
+                          check=True, cwd=Path(__file__).parents[2])
+    return done.stdout.strip()
+
+
+def test_a_worker_allocates_with_malloc_unless_arrow_is_told_a_pool():
+    assert memory_pool_of_a_prepared_worker({}) == "system"
+    assert memory_pool_of_a_prepared_worker({"ARROW_DEFAULT_MEMORY_POOL": "mimalloc"}) == "mimalloc"
