@@ -385,8 +385,8 @@ class Decoder:
         parsed = np.flatnonzero(~bad)
         # Plain points and polygons are their own stored form (what GEOS would write back of
         # them, byte for byte): the rest is written back.
-        as_sent = plain[parsed] | _plain_polygons(taken.take(pa.array(parsed)), codes[parsed], little[parsed],
-                                                  decoded[parsed])
+        lengths = np.diff(_offsets_and_bytes(taken)[0])
+        as_sent = plain[parsed] | _plain_polygons(lengths[parsed], codes[parsed], little[parsed], decoded[parsed])
         read = parsed[~as_sent]
         written = _to_wkb(decoded[read])
         wkb[rows[parsed[as_sent]]] = blobs[parsed[as_sent]]
@@ -965,17 +965,16 @@ def _bounds(geoms: np.ndarray, points_xy: np.ndarray) -> np.ndarray:
     return bounds
 
 
-def _plain_polygons(values: pa.Array, codes: np.ndarray, little: np.ndarray, geoms: np.ndarray) -> np.ndarray:
-    """Which values GEOS read as a polygon are byte for byte what GEOS writes of it: little-endian
-    2D ISO WKB (type word 3), exactly as long as the rings and points GEOS read (so nothing
-    follows them). GEOS reads and writes each double bit for bit; only a NaN's bits may differ,
+def _plain_polygons(lengths: np.ndarray, codes: np.ndarray, little: np.ndarray, geoms: np.ndarray) -> np.ndarray:
+    """Which values (of these byte lengths) GEOS read as a polygon are byte for byte what GEOS
+    writes of it: little-endian 2D ISO WKB (type word 3), exactly as long as the rings and points
+    GEOS read (so nothing follows them). GEOS reads and writes each double bit for bit; only a NaN's bits may differ,
     and a polygon with one is rejected. Writing each polygon back to compare cost 0.9 us an event."""
     # (an empty polygon has no ring at all: left to the comparison)
     polygon = little & (codes == 3) & (shapely.get_type_id(geoms) == 3) & ~shapely.is_empty(geoms)
     rings = shapely.get_num_interior_rings(geoms[polygon]) + 1
     points = shapely.get_num_coordinates(geoms[polygon])
-    lengths = np.diff(_offsets_and_bytes(values)[0])
-    exact = np.zeros(len(values), dtype=bool)
+    exact = np.zeros(len(lengths), dtype=bool)
     exact[polygon] = lengths[polygon] == 9 + 4 * rings + 16 * points
     return exact
 
