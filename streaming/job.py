@@ -64,7 +64,13 @@ from streaming.partition import (
     prepare_worker_process,
     range_count,
 )
-from streaming.writer import DATA_FILE_RECORD_DDL, DataFileRecord, GeoParquetWriter, records_to_arrow
+from streaming.writer import (
+    DATA_FILE_RECORD_DDL,
+    DataFileRecord,
+    GeoParquetWriter,
+    parquet_write_options,
+    records_to_arrow,
+)
 
 CLUSTERING_MODES = ("batch", "task", "shuffle")
 # The Spark local property that tells a batch's tasks how many of them there are
@@ -133,6 +139,7 @@ class BatchProcessor:
         # A StructType, not a DDL string: Spark parses a DDL string in the JVM, once per batch.
         self._spark_result_schema = from_arrow_schema(RESULT_SCHEMA)
         self._parallelism = config.parallelism or spark.sparkContext.defaultParallelism
+        parquet_write_options(table.properties)  # a codec the writers cannot use stops the start, not a batch
         # Why the query stopped, in one line, when the cause is ours (a dead letter that could not
         # be written): Spark would report it as a Python traceback inside its own.
         self.fatal_error: str | None = None

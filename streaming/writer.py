@@ -19,10 +19,12 @@ import pyarrow.parquet as pq
 from pyiceberg.conversions import to_bytes
 from pyiceberg.io import load_file_io
 from pyiceberg.io.pyarrow import (
+    _get_parquet_writer_kwargs,
     compute_statistics_plan,
     data_file_statistics_from_parquet_metadata,
     parquet_path_to_id_mapping,
 )
+from pyiceberg.table import TableProperties
 from pyiceberg.types import DoubleType
 
 from streaming.contract import BBOX_FIELDS, Contract
@@ -93,6 +95,24 @@ RECORD_SCHEMA = pa.schema([
 ])
 
 
+def parquet_write_options(table_properties: dict[str, str]) -> dict:
+    """The Parquet writer options the table's write.parquet.* properties ask for (codec, level,
+    page size, page row limit), read by the rules of pyiceberg's own writer (a private helper of
+    the pinned pyiceberg) so that both write a table alike. A codec or level this pyarrow cannot
+    write is an error that names the property, raised before any file is opened."""
+    options = _get_parquet_writer_kwargs(table_properties)
+    codec, level = options["compression"], options["compression_level"]
+    try:
+        if codec != "none":
+            pa.Codec(codec, level)
+    except (ValueError, pa.ArrowException) as exc:
+        asked = f"{TableProperties.PARQUET_COMPRESSION}={codec!r}"
+        if level is not None:
+            asked += f", {TableProperties.PARQUET_COMPRESSION_LEVEL}={level}"
+        raise ValueError(f"table properties {asked}: {exc}") from None
+    return options
+
+
 class GeoParquetWriter:
     """Cuts a stream of sorted rows into files of about `target_file_bytes`, in row groups of
     `row_group_rows`, each file with GeoParquet metadata and Iceberg field ids."""
@@ -103,6 +123,7 @@ class GeoParquetWriter:
         self.schema = contract.arrow_schema
         iceberg_schema = contract.iceberg_schema
         self._stats_plan = compute_statistics_plan(iceberg_schema, table_properties)
+        self._parquet_options = parquet_write_options(table_properties)
         self._path_ids = parquet_path_to_id_mapping(iceberg_schema)
         self.io = load_file_io(properties=io_properties, location=data_location)
         self._data_location = data_location.rstrip("/")
@@ -114,7 +135,7 @@ class GeoParquetWriter:
         for group in _row_groups(batches, self.contract.clustering.row_group_rows):
             table = pa.Table.from_batches([group]).select(self.schema.names).cast(self.schema)
             if file is None:
-                file = _OpenFile(self._new_path(), self.io, self.schema)
+                file = _OpenFile(self._new_path(), self.io, self.schema, self._parquet_options)
             file.write(table, self.contract)
             if file.bytes_written() >= self.contract.clustering.target_file_bytes:
                 yield self._finish(file)
@@ -153,14 +174,14 @@ class GeoParquetWriter:
 class _OpenFile:
     """A data file being written: its Parquet writer and the running bbox and geometry types."""
 
-    def __init__(self, path: str, io, schema: pa.Schema):
+    def __init__(self, path: str, io, schema: pa.Schema, parquet_options: dict):
         self.path = path
         self._stream = io.new_output(path).create(overwrite=False)
         # No dictionary encoding: event ids, geometries and coordinates hardly repeat, so building
         # dictionaries is wasted work. Measured on 200k points: writes 2.1x faster and files 17 %
-        # smaller than with Arrow's default; zstd still folds repeated short strings.
-        self._writer = pq.ParquetWriter(self._stream, schema, compression="zstd", use_dictionary=False,
-                                        write_statistics=True, store_schema=True)
+        # smaller than with Arrow's default; zstd (the default codec) still folds repeated short strings.
+        self._writer = pq.ParquetWriter(self._stream, schema, use_dictionary=False, write_statistics=True,
+                                        store_schema=True, **parquet_options)
         self.bbox_min = [np.inf] * 4
         self.bbox_max = [-np.inf] * 4
         self.geometry_types: set[str] = set()

@@ -333,3 +333,30 @@ def test_every_clustering_mode_lands_each_event_once_in_sorted_files(kafka, spar
     assert not [p for p in location.glob("staging/**/*") if p.is_file()], "no staged run or marker left behind"
     referenced = {task.file.file_path.removeprefix("file://") for task in table.scan().plan_files()}
     assert {str(p) for p in location.glob("data/**/*.parquet")} == referenced, "every file written is in the table"
+
+
+def test_files_follow_the_tables_compression_and_a_codec_it_cannot_write_stops_the_start(kafka, spark, topic,
+                                                                                          catalog, tmp_path):
+    records = [(f"pt-{i}".encode(), feature(f"pt-{i}", {"type": "Point", "coordinates": [i * 0.01, 45.0]}), [])
+               for i in range(500)]
+    assert produce_records(kafka.bootstrap, topic, records) == len(records)
+    contract = small_file_contract()
+    table, _ = create_table(catalog, contract)
+    config = JobConfig(kafka.bootstrap, topic, str(tmp_path / "checkpoint"), writer_id="w-codec")
+
+    with table.transaction() as tx:
+        tx.set_properties({"write.parquet.compression-codec": "lzo"})
+    with pytest.raises(ValueError, match=r"write\.parquet\.compression-codec='lzo'"):
+        BatchProcessor(spark, table, contract, config)
+
+    with table.transaction() as tx:
+        tx.set_properties({"write.parquet.compression-codec": "snappy"})
+    query = start_query(spark, BatchProcessor(spark, table, contract, config), until_idle=True)
+    query.awaitTermination()
+    assert query.exception() is None
+    table.refresh()
+    assert all_rows(table).num_rows == len(records)
+    for task in table.scan().plan_files():
+        metadata = pq.ParquetFile(task.file.file_path.removeprefix("file://")).metadata
+        assert {metadata.row_group(g).column(c).compression
+                for g in range(metadata.num_row_groups) for c in range(metadata.num_columns)} == {"SNAPPY"}
