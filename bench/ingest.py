@@ -22,9 +22,10 @@ backlog), from query start to the last commit. Then:
   limit chain  the same decode, dead-letter tally, Hilbert sort and GeoParquet write
                (streaming/partition.py) on as many processes as the service has cores, over the
                events in memory: no Spark, no Kafka
-  Kafka source the topic read whole by Spark's Kafka source with geoingest's options and handed to
-               Python workers that only count the rows (best of two reads, in a fresh process):
-               the most any Spark job reading this topic can deliver on these cores
+  Kafka source Spark's Kafka source alone, at each batch size, as the service's query reads it (the
+               same options, columns, tasks, trigger and warm-up), each batch handed to Python
+               workers that only count its rows: the most any Spark job reading this topic in
+               such batches can deliver on these cores
   pruning      for each geoingest table, the files and row groups a window query reads (the
                README's windows and random windows of 0.1 % of the extent on data), against the
                model ideal (sqrt(f) + 1/sqrt(G))^2 of a window holding a fraction f over G row groups
@@ -163,8 +164,11 @@ def run_child(spec: dict, workdir: Path, what: str) -> dict:
 
 
 def kafka_source_child(spec: dict) -> dict:
-    """Spark's Kafka source alone: the topic read whole, as geoingest's query reads a batch of it
-    (the same options, columns and tasks), into Python workers that only count the rows."""
+    """Spark's Kafka source alone, as the service's query reads it: the same options, columns,
+    tasks, batch size, trigger and warm-up, each batch handed to Python workers that only count
+    its rows. From query start to the last batch: what any job on this source can deliver here."""
+    import threading
+
     from app.service import configure_logging, start_spark
     from streaming.job import _source_columns, kafka_source_options
 
@@ -172,20 +176,38 @@ def kafka_source_child(spec: dict) -> dict:
     settings = load_settings(env={}, spark_master=MASTER, driver_memory=DRIVER_MEMORY)
     spark = start_spark(settings)
     cores = spark.sparkContext.defaultParallelism
-    reader = (spark.read.format("kafka").options(**kafka_source_options(spec["bootstrap"], spec["topic"], cores))
-              .option("startingOffsets", "earliest").option("endingOffsets", "latest"))
+    workdir = Path(spec["workdir"])
 
     def count_rows(batches):
         yield pa.record_batch({"n": pa.array([sum(b.num_rows for b in batches)], pa.int64())})
 
-    seconds = []
-    for _ in range(2):  # the first read also warms the JVM
+    def drain(topic: str, events: int, trigger: dict) -> tuple[float, int]:
+        counted = [0]
+        done = threading.Event()
+
+        def count(batch, _batch_id):
+            rows = _source_columns(batch).coalesce(cores).mapInArrow(count_rows, "n long").collect()
+            counted[0] += sum(r.n for r in rows)
+            if counted[0] >= events:
+                done.set()
+
         started = time.monotonic()
-        rows = _source_columns(reader.load()).coalesce(cores).mapInArrow(count_rows, "n long").collect()
-        seconds.append(time.monotonic() - started)
-        if sum(r.n for r in rows) != spec["events"]:
-            raise RuntimeError(f"the Kafka source read {sum(r.n for r in rows)} of {spec['events']} events")
-    return {"seconds": round(min(seconds), 2), "events_per_s": round(spec["events"] / min(seconds))}
+        query = (spark.readStream.format("kafka").options(**kafka_source_options(spec["bootstrap"], topic, cores))
+                 .option("startingOffsets", "earliest").option("maxOffsetsPerTrigger", str(spec["per_batch"]))
+                 .load().writeStream.foreachBatch(count).trigger(**trigger)
+                 .option("checkpointLocation", str(workdir / f"checkpoint-{topic}")).start())
+        while not done.wait(0.05):
+            if not query.isActive:
+                raise RuntimeError(f"the Kafka source query on {topic} stopped: {query.exception()}")
+        elapsed = time.monotonic() - started
+        query.stop()
+        return elapsed, counted[0]
+
+    drain(spec["warmup_topic"], spec["warmup_events"], {"availableNow": True})
+    seconds, counted = drain(spec["topic"], spec["events"], {"processingTime": spec["trigger"]})
+    if counted != spec["events"]:
+        raise RuntimeError(f"the Kafka source read {counted} of {spec['events']} events")
+    return {"seconds": round(seconds, 2), "events_per_s": round(spec["events"] / seconds)}
 
 
 def geoingest_child(spec: dict) -> dict:
@@ -375,11 +397,16 @@ def main() -> None:
                     print(dataset, label, json.dumps({k: v for k, v in run.items() if k != "pruning"}), flush=True)
             result["limit_chain"] = limit_chain(events, CORES, tmp / dataset)
             print(dataset, "limit chain", json.dumps(result["limit_chain"]), flush=True)
-            floor_dir = tmp / dataset / "kafka-source"
-            result["kafka_source"] = run_child({"kafka_source_only": True, "bootstrap": broker.bootstrap,
-                                                "topic": dataset, "events": args.events, "workdir": str(floor_dir)},
-                                               floor_dir, f"the Kafka source read of {dataset}")
-            print(dataset, "Kafka source", json.dumps(result["kafka_source"]), flush=True)
+            result["kafka_source"] = {}
+            for per_batch in batch_sizes:
+                floor_dir = tmp / dataset / f"kafka-source-{per_batch}"
+                result["kafka_source"][str(per_batch)] = run_child(
+                    {"kafka_source_only": True, "bootstrap": broker.bootstrap, "topic": dataset,
+                     "events": args.events, "per_batch": per_batch, "trigger": args.trigger,
+                     "warmup_topic": warmup_topic, "warmup_events": args.warmup_events, "workdir": str(floor_dir)},
+                    floor_dir, f"the Kafka source alone on {dataset} (batches of {per_batch})")
+                print(dataset, f"Kafka source-{per_batch}", json.dumps(result["kafka_source"][str(per_batch)]),
+                      flush=True)
             result["ratios"] = ratios(result, batch_sizes)
             report["datasets"][dataset] = result
             print(dataset, json.dumps(result["ratios"]), flush=True)
@@ -402,9 +429,9 @@ def ratios(result: dict, batch_sizes: list[int]) -> dict:
             if plain:
                 figures[f"{stack}_vs_plain"] = round(run["events_per_s"] / plain["events_per_s"], 2)
             figures[f"{stack}_vs_limit_chain"] = round(run["events_per_s"] / result["limit_chain"]["events_per_s"], 2)
-            if "kafka_source" in result:
-                figures[f"{stack}_vs_kafka_source"] = round(
-                    run["events_per_s"] / result["kafka_source"]["events_per_s"], 2)
+            source = result.get("kafka_source", {}).get(str(per_batch))
+            if source:
+                figures[f"{stack}_vs_kafka_source"] = round(run["events_per_s"] / source["events_per_s"], 2)
         out[str(per_batch)] = figures
     return out
 
@@ -426,7 +453,7 @@ def write_results(report: dict) -> None:
             lines.append(f"| {name} | {per_batch:,} | {rate(f'plain-{per_batch}')} | {rate(f'batch-{per_batch}')} | "
                          f"{q.get('batch_vs_plain')} | {rate(f'task-{per_batch}')} | {rate(f'shuffle-{per_batch}')} | "
                          f"{r['limit_chain']['events_per_s']:,} | {q.get('batch_vs_limit_chain')} | "
-                         f"{r['kafka_source']['events_per_s']:,} | {q.get('batch_vs_kafka_source')} |")
+                         f"{r['kafka_source'][str(per_batch)]['events_per_s']:,} | {q.get('batch_vs_kafka_source')} |")
     lines += ["", "Where the time goes (seconds summed over the batches of one run):", "",
               "| dataset | run | batches | stages |", "|---|---|---|---|"]
     for name, r in report["datasets"].items():

@@ -34,12 +34,13 @@ class PeakMemory:
     def _sample(self) -> None:
         while not self._stop.wait(0.1):
             driver = _rss(self.pid)
-            jvms = [p for p in _descendants(self.pid) if _name(p) == "java"]
+            children = _children_by_parent()  # one pass over /proc per sample: the sampler shares the cores
+            jvms = [p for p in _descendants(self.pid, children) if _name(p) == "java"]
             if jvms and not self.driver_base:
                 self.driver_base = driver  # Spark is up: what grows from here is per batch
             self.driver_peak = max(self.driver_peak, driver)
             self.jvm = max(self.jvm, sum(_rss(p) for p in jvms))
-            self.workers = max(self.workers, sum(_rss(p) for j in jvms for p in _descendants(j)))
+            self.workers = max(self.workers, sum(_rss(p) for j in jvms for p in _descendants(j, children)))
 
 
 def _rss(pid: int) -> int:
@@ -57,12 +58,17 @@ def _name(pid: int) -> str:
         return ""
 
 
-def _descendants(pid: int) -> list[int]:
-    children = []
+def _children_by_parent() -> dict[int, list[int]]:
+    children: dict[int, list[int]] = {}
     for task in Path("/proc").glob("[0-9]*"):
         try:
-            if int((task / "stat").read_text().rsplit(")", 1)[1].split()[1]) == pid:
-                children.append(int(task.name))
+            parent = int((task / "stat").read_text().rsplit(")", 1)[1].split()[1])
         except (OSError, ValueError, IndexError):
             continue
-    return children + [d for c in children for d in _descendants(c)]
+        children.setdefault(parent, []).append(int(task.name))
+    return children
+
+
+def _descendants(pid: int, children: dict[int, list[int]]) -> list[int]:
+    direct = children.get(pid, [])
+    return direct + [d for c in direct for d in _descendants(c, children)]
