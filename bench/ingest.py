@@ -78,12 +78,13 @@ FORMATS = {"geojson-points": "geojson", "wkb-points": "wkb", "wkb-polygons": "wk
 NAMED_WINDOWS = {"paris": (2.2, 48.8, 2.5, 48.9), "sydney": (149.41, -34.77, 153.01, -32.97),
                  "new-york": (-74.3, 40.5, -73.7, 40.9)}
 RANDOM_WINDOWS = 30
+RANDOM_WINDOW_AREA = 0.001  # of the data extent
+
 # The stacks the acceptance ratio compares. A run's JVM is still compiling after the warm-up (its
 # compiler threads took 30-60 % of its CPU in the measured window, in geoingest and in the Kafka
-# source alone), and what it has compiled by when moves a stack's figure by 10-40 % between runs:
-# these two run --repeats times, alternating, and the faster run of each is compared.
+# source alone), and what it has compiled by when moves a stack's figure by tens of percent
+# between runs: these two run --repeats times, alternating, and the faster run of each is compared.
 COMPARED = ("plain", "batch")
-RANDOM_WINDOW_AREA = 0.001  # of the data extent
 
 
 # -- datasets -------------------------------------------------------------------------------------
