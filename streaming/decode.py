@@ -968,8 +968,9 @@ def _bounds(geoms: np.ndarray, points_xy: np.ndarray) -> np.ndarray:
 def _plain_polygons(lengths: np.ndarray, codes: np.ndarray, little: np.ndarray, geoms: np.ndarray) -> np.ndarray:
     """Which values (of these byte lengths) GEOS read as a polygon are byte for byte what GEOS
     writes of it: little-endian 2D ISO WKB (type word 3), exactly as long as the rings and points
-    GEOS read (so nothing follows them). GEOS reads and writes each double bit for bit; only a NaN's bits may differ,
-    and a polygon with one is rejected. Writing each polygon back to compare cost 0.9 us an event."""
+    GEOS read (so nothing follows them). GEOS reads and writes each double bit for bit; only a
+    NaN's bits may differ, and a polygon with one is rejected. Writing each polygon back to
+    compare cost 0.9 us an event."""
     # (an empty polygon has no ring at all: left to the comparison)
     polygon = little & (codes == 3) & (shapely.get_type_id(geoms) == 3) & ~shapely.is_empty(geoms)
     rings = shapely.get_num_interior_rings(geoms[polygon]) + 1
