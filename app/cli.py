@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import sys
 import time
 from pathlib import Path
 
 from pyiceberg.exceptions import NoSuchNamespaceError, NoSuchTableError
 
+from app.errors import EXIT_FAILURE, EXIT_INTERRUPTED, one_line
+from app.logs import configure_logging
 from app.settings import Settings, SettingsError, load_settings
 
 
@@ -19,10 +22,21 @@ def main(argv: list[str] | None = None) -> int:
     try:
         settings = load_settings(args.config)
         return args.handler(args, settings) or 0
-    except (SettingsError, ValueError, LookupError, RuntimeError, NoSuchTableError, NoSuchNamespaceError) as exc:
-        # Errors that name their input are the message; a traceback would only bury it.
-        print(f"geoingest: {exc}", file=sys.stderr)
-        return 2
+    except KeyboardInterrupt:
+        print("geoingest: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except Exception as exc:  # noqa: BLE001 - every failure ends in one line naming its cause
+        if not isinstance(exc, _NAMED_INPUT_ERRORS):
+            # The traceback goes to the log (JSON lines on stderr); the last line says what failed.
+            if not logging.getLogger("geoingest").handlers:
+                configure_logging()
+            logging.getLogger("geoingest.cli").error("failed", exc_info=True)
+        print(f"geoingest: {one_line(exc)}", file=sys.stderr)
+        return EXIT_FAILURE
+
+
+# Errors that name their input are the message; a traceback would only bury it.
+_NAMED_INPUT_ERRORS = (SettingsError, NoSuchTableError, NoSuchNamespaceError)
 
 
 def _parser() -> argparse.ArgumentParser:

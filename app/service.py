@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import signal
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -16,6 +14,7 @@ from prometheus_client import CollectorRegistry
 from pyiceberg.table import Table
 from pyspark.sql import SparkSession
 
+from app.logs import configure_logging  # noqa: F401 - the CLI and the demo take it from here
 from app.metrics import Health, IngestMetrics, MaintenanceMetrics, serve
 from app.settings import Settings
 from app.spark import spark_session
@@ -38,35 +37,6 @@ from streaming.maintenance import (
 )
 
 log = logging.getLogger("geoingest.service")
-
-
-class JsonLinesFormatter(logging.Formatter):
-    """One JSON object per log line, with any `extra` mapping merged in."""
-
-    def format(self, record: logging.LogRecord) -> str:
-        entry = {
-            "ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created)) + f".{int(record.msecs):03d}Z",
-            "level": record.levelname.lower(),
-            "logger": record.name,
-            "msg": record.getMessage(),
-        }
-        for key in ("batch", "settings", "summary"):
-            if hasattr(record, key):
-                entry[key] = getattr(record, key)
-        if record.exc_info:
-            entry["error"] = self.formatException(record.exc_info)
-        return json.dumps(entry, default=str)
-
-
-def configure_logging(level: str = "INFO") -> None:
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(JsonLinesFormatter())
-    root = logging.getLogger("geoingest")
-    root.handlers[:] = [handler]
-    root.setLevel(level)
-    root.propagate = False
-    # kafka-python reports every reconnect attempt at ERROR; the service reports what matters.
-    logging.getLogger("kafka").setLevel(logging.CRITICAL)
 
 
 @dataclass

@@ -3,13 +3,16 @@
 Precedence: environment (GEOINGEST_*) over the file (GEOINGEST_CONFIG or --config) over defaults.
 Nested maps are set in the environment with a double underscore:
 GEOINGEST_CATALOG__URI=postgresql+psycopg2://... or GEOINGEST_KAFKA__SASL_MECHANISM=PLAIN
-(the Kafka key is lower-cased and its underscores become dots: sasl.mechanism).
+(an upper-case key is translated, see _map_key: sasl.mechanism), a key spelled as the option
+is kept as it is (GEOINGEST_SPARK__spark.executorEnv.TZ=UTC), and a whole map can be one JSON
+object (GEOINGEST_CATALOG='{"s3.endpoint": "http://..."}').
 Values of keys that look secret are masked wherever settings are shown.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import tomllib
 from dataclasses import dataclass, field
@@ -135,14 +138,20 @@ def load_settings(config_file: str | Path | None = None, env: dict[str, str] | N
     for key, raw in env.items():
         if not key.startswith(ENV_PREFIX) or key == f"{ENV_PREFIX}CONFIG":
             continue
-        name, _, sub = key.removeprefix(ENV_PREFIX).lower().partition("__")
+        head, _, sub = key.removeprefix(ENV_PREFIX).partition("__")
+        name = head.lower()
         if name not in fields:
             continue
-        if sub:
-            if not isinstance(_default(fields[name]), dict):
-                raise SettingsError(f"{key}: {name} is a single value, not a map; drop the '__{sub.upper()}' part")
-            sub_key = sub.replace("_", ".") if name in ("kafka", "spark") else sub
-            values.setdefault(name, dict(_default(fields[name])))[sub_key] = raw
+        if isinstance(_default(fields[name]), dict):
+            merged = values.setdefault(name, dict(_default(fields[name])))
+            if not isinstance(merged, dict):
+                raise SettingsError(f"{name}: expected a table of key = value, got {merged!r}")
+            if sub:
+                merged[_map_key(name, sub)] = raw
+            else:
+                merged.update(_json_map(key, raw))
+        elif sub:
+            raise SettingsError(f"{key}: {name} is a single value, not a map; drop the '__{sub}' part")
         else:
             values[name] = raw
     values.update({k: v for k, v in overrides.items() if v is not None})
@@ -151,6 +160,33 @@ def load_settings(config_file: str | Path | None = None, env: dict[str, str] | N
         raise SettingsError(f"unknown settings: {sorted(unknown)}")
     typed = {name: _coerce(name, value, fields[name]) for name, value in values.items()}
     return Settings(**typed)
+
+
+def _map_key(name: str, sub: str) -> str:
+    """The key of a map entry set as GEOINGEST_<MAP>__<SUB>. A key written as the option is spelled
+    (any lower-case letter, a dot or a hyphen: GEOINGEST_SPARK__spark.executorEnv.TZ) is kept as it
+    is, since Spark's keys are case-sensitive; a shell-style upper-case one is translated: for kafka
+    and spark each underscore is a dot (SASL_MECHANISM -> sasl.mechanism), for catalog pyiceberg's
+    own rule applies where there is a double underscore (S3__ACCESS_KEY_ID -> s3.access-key-id)."""
+    if sub != sub.upper() or "." in sub or "-" in sub:
+        return sub
+    sub = sub.lower()
+    if name in ("kafka", "spark"):
+        return sub.replace("_", ".")
+    if "__" in sub:
+        return sub.replace("__", ".").replace("_", "-")
+    return sub
+
+
+def _json_map(key: str, raw: str) -> dict[str, str]:
+    """A whole map in one variable, as a JSON object: GEOINGEST_SPARK='{"spark.executorEnv.TZ": "UTC"}'."""
+    try:
+        value = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise SettingsError(f"{key}: expected a JSON object of key: value ({exc})") from None
+    if not isinstance(value, dict):
+        raise SettingsError(f"{key}: expected a JSON object of key: value, got {raw!r}")
+    return {str(k): str(v) for k, v in value.items()}
 
 
 def _default(f: dataclasses.Field) -> Any:

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import io
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 
 import pyarrow as pa
@@ -46,6 +46,7 @@ from streaming.decode import (
     SOURCE_TOPIC,
 )
 from streaming.kafka_admin import client_config
+from streaming.storage import file_io, read_bytes, write_bytes
 
 REASON_HEADER = "geoingest.reason"
 DETAIL_HEADER = "geoingest.detail"
@@ -182,8 +183,6 @@ class DeadLetterWriter:
                                    f"records{where}: {type(exc).__name__}: {exc}") from exc
 
     def _spill(self, row: dict) -> str:
-        from pyiceberg.io.pyarrow import PyArrowFileIO
-
         if not self.config.spill_location:
             raise DeadLetterFailed(f"the rejected record {_where(row)} ({row[REJECT_REASON]}) must be stored beside "
                                    f"the dead-letter topic {self.config.topic!r}, and no spill location is set")
@@ -195,20 +194,18 @@ class DeadLetterWriter:
         with pa.ipc.new_file(sink, SPILL_SCHEMA) as writer:
             writer.write_table(table)
         try:
-            with PyArrowFileIO(self.config.io_properties).new_output(uri).create(overwrite=True) as out:
-                out.write(sink.getvalue())
+            write_bytes(file_io(self.config.io_properties, uri), uri, sink.getvalue())
         except (OSError, ValueError) as exc:  # what pyarrow's file systems raise (ValueError: an unknown scheme)
             raise DeadLetterFailed(f"the rejected record {_where(row)} ({row[REJECT_REASON]}) could not be stored at "
                                    f"{uri}: {exc}") from exc
         return uri
 
 
-def read_spilled(uri: str, io_properties: dict[str, str] | None = None) -> dict:
-    """The original record (key, value, headers) a spilled dead letter points at."""
-    from pyiceberg.io.pyarrow import PyArrowFileIO
-
-    with PyArrowFileIO(io_properties or {}).new_input(uri).open() as f:
-        return pa.ipc.open_file(pa.BufferReader(f.read())).read_all().to_pylist()[0]
+def read_spilled(uri: str, io_properties: Mapping[str, str] | None = None) -> dict:
+    """The original record (key, value, headers) a spilled dead letter points at. On an object
+    store, `io_properties` are the catalog's (or `table.io.properties`): its endpoint and keys."""
+    data = read_bytes(file_io(io_properties or {}, uri), uri)
+    return pa.ipc.open_file(pa.BufferReader(data)).read_all().to_pylist()[0]
 
 
 def _writable_as_it_was(row: dict) -> bool:

@@ -314,7 +314,7 @@ class BatchProcessor:
 
 def _clear_folder(location: str, io) -> None:
     """Delete the files under a staging folder (never referenced by the table)."""
-    for path in files_under(location):
+    for path in files_under(location, io):
         io.delete(path)
 
 

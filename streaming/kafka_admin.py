@@ -1,26 +1,237 @@
-"""Kafka administration the service needs: making the dead-letter topic, listing partitions."""
+"""Kafka administration the service needs: making the dead-letter topic, listing partitions.
+
+The service's `kafka` settings are Java client options (Spark's source takes them as
+`kafka.<key>`); `client_config` turns them into the same connection for kafka-python, which the
+dead-letter producer and the calls below use.
+"""
 
 from __future__ import annotations
 
 import logging
+import re
+from collections.abc import Mapping
 
-from kafka import KafkaAdminClient, KafkaConsumer
+from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer
 from kafka.admin import NewTopic
 from kafka.errors import KafkaError, TopicAlreadyExistsError
 
 log = logging.getLogger("geoingest.kafka")
 
+_KAFKA_PYTHON_CLIENTS = (KafkaAdminClient, KafkaConsumer, KafkaProducer)
+_TLS_PROTOCOLS = ("SSL", "SASL_SSL")
+_SASL_PROTOCOLS = ("SASL_PLAINTEXT", "SASL_SSL")
+# The Java client's defaults, where kafka-python's differ and the connection would change.
+_JAVA_SASL_MECHANISM = "GSSAPI"
+_JAVA_STORE_TYPE = "JKS"
 
-def client_config(kafka_options: dict[str, str]) -> dict[str, str]:
-    """kafka-python spells Kafka's client options with underscores (sasl.mechanism -> sasl_mechanism)."""
-    return {k.replace(".", "_"): v for k, v in kafka_options.items()}
+# Options read below (and those only the Java client has a use for): never passed on by name.
+_TRANSLATED = frozenset({
+    "security.protocol", "sasl.mechanism", "sasl.jaas.config",
+    "ssl.truststore.type", "ssl.truststore.location", "ssl.truststore.certificates", "ssl.truststore.password",
+    "ssl.keystore.type", "ssl.keystore.location", "ssl.keystore.certificate.chain", "ssl.keystore.key",
+    "ssl.keystore.password", "ssl.key.password", "ssl.endpoint.identification.algorithm",
+})
+
+
+def client_config(kafka_options: Mapping[str, str], client: type | None = None) -> dict[str, object]:
+    """kafka-python's settings for the connection that the Java client options `kafka_options`
+    describe (the ones a user writes for Spark's Kafka source).
+
+    kafka-python spells the options it shares with the Java client with underscores
+    (max.poll.records -> max_poll_records); numbers and booleans are converted to the types
+    kafka-python expects. Security options are translated (sasl.jaas.config -> username and
+    password, a PEM truststore -> ssl_cafile, ...). Options kafka-python does not know are left
+    out: those of `client` (KafkaAdminClient, KafkaConsumer or KafkaProducer) when given, else
+    those no kafka-python client knows. Options kafka-python cannot honour in any form (a JKS or
+    PKCS12 store, a login module other than PLAIN, SCRAM or Kerberos) raise ValueError naming the
+    option."""
+    known = _known_options(client)
+    config: dict[str, object] = {}
+    for key, value in kafka_options.items():
+        name = key.replace(".", "_")
+        if key not in _TRANSLATED and name in known:
+            config[name] = _typed(key, name, value)
+    config.update(_security_config(kafka_options))
+    return {name: value for name, value in config.items() if name in known}
+
+
+def _known_options(client: type | None) -> set[str]:
+    if client is not None:
+        return set(client.DEFAULT_CONFIG)
+    return set().union(*(c.DEFAULT_CONFIG for c in _KAFKA_PYTHON_CLIENTS))
+
+
+def _typed(key: str, name: str, value: object) -> object:
+    """The value as kafka-python wants it: a number or a boolean where its default is one."""
+    if not isinstance(value, str):
+        return value
+    default = next((c.DEFAULT_CONFIG[name] for c in _KAFKA_PYTHON_CLIENTS if name in c.DEFAULT_CONFIG), None)
+    if isinstance(default, bool):
+        if value.strip().lower() not in ("true", "false"):
+            raise ValueError(f"kafka option {key}={value!r}: expected true or false")
+        return value.strip().lower() == "true"
+    try:
+        if isinstance(default, int):
+            return int(value)
+        if isinstance(default, float):
+            return float(value)
+    except ValueError:
+        pass  # a word where the default is a number (acks=all): the client reads it
+    return value
+
+
+def _security_config(options: Mapping[str, str]) -> dict[str, object]:
+    config: dict[str, object] = {}
+    protocol = options.get("security.protocol", "PLAINTEXT").strip().upper()
+    if "security.protocol" in options:
+        config["security_protocol"] = protocol
+    if protocol in _SASL_PROTOCOLS:
+        config["sasl_mechanism"] = options.get("sasl.mechanism", _JAVA_SASL_MECHANISM).strip()
+        if "sasl.jaas.config" in options:
+            config.update(_jaas_credentials(options["sasl.jaas.config"]))
+    if protocol in _TLS_PROTOCOLS:  # the Java client ignores the ssl.* options otherwise
+        config.update(_tls_config(options))
+    return config
+
+
+def _tls_config(options: Mapping[str, str]) -> dict[str, object]:
+    config: dict[str, object] = {}
+    if "ssl.truststore.certificates" in options:
+        raise ValueError("kafka option ssl.truststore.certificates: kafka-python reads CA certificates from a file "
+                         "only; put them in a PEM file and set ssl.truststore.location to it "
+                         "(with ssl.truststore.type=PEM)")
+    if "ssl.truststore.location" in options:
+        _require_pem(options, "truststore")
+        config["ssl_cafile"] = options["ssl.truststore.location"]
+    for inline in ("ssl.keystore.certificate.chain", "ssl.keystore.key"):
+        if inline in options:
+            raise ValueError(f"kafka option {inline}: kafka-python reads a client certificate and key from a file "
+                             "only; put the key and the certificate chain in one PEM file and set "
+                             "ssl.keystore.location to it (with ssl.keystore.type=PEM)")
+    if "ssl.keystore.location" in options:
+        _require_pem(options, "keystore")
+        # The Java client's PEM keystore file holds the key and the chain, as Python's ssl takes a certfile.
+        config["ssl_certfile"] = options["ssl.keystore.location"]
+        if options.get("ssl.key.password"):
+            config["ssl_password"] = options["ssl.key.password"]
+    if "ssl.endpoint.identification.algorithm" in options:
+        algorithm = options["ssl.endpoint.identification.algorithm"].strip()
+        if algorithm.lower() not in ("", "https"):
+            raise ValueError(f"kafka option ssl.endpoint.identification.algorithm={algorithm!r}: kafka-python knows "
+                             "only https (check the broker's host name) and the empty value (do not check it)")
+        config["ssl_check_hostname"] = bool(algorithm)
+    return config
+
+
+def _require_pem(options: Mapping[str, str], store: str) -> None:
+    store_type = options.get(f"ssl.{store}.type", _JAVA_STORE_TYPE).strip()  # the Java client's "PEM" is case-sensitive
+    if store_type != "PEM":
+        raise ValueError(f"kafka option ssl.{store}.location: a {store_type} {store} (ssl.{store}.type"
+                         f"{'' if f'ssl.{store}.type' in options else ', the Java default'}) cannot be read by "
+                         f"kafka-python; convert it to a PEM file and set ssl.{store}.type=PEM, which the Java "
+                         "client reads as well")
+
+
+# A JAAS configuration as the Java client parses it (java.io.StreamTokenizer): words, quoted
+# strings with backslash escapes, '=' and ';'.
+_JAAS_TOKEN = re.compile(r"""\s*(?:
+      (?P<word>[A-Za-z_$\-\x80-\uffff][\w.$\-\x80-\uffff]*)
+    | (?P<quoted>"(?:[^"\\]|\\.)*"|'(?:[^'\\]|\\.)*')
+    | (?P<punct>[=;])
+    )""", re.VERBOSE | re.DOTALL)
+_JAAS_ESCAPES = {"a": "\a", "b": "\b", "f": "\f", "n": "\n", "r": "\r", "t": "\t", "v": "\v"}
+_JAAS_FLAGS = ("required", "requisite", "sufficient", "optional")
+_PASSWORD_MODULES = ("plain.PlainLoginModule", "scram.ScramLoginModule")
+_KERBEROS_MODULE = "Krb5LoginModule"
+
+
+def _jaas_credentials(jaas: str) -> dict[str, str]:
+    """sasl_plain_username/password from a PLAIN or SCRAM login module's options."""
+    module, options = _parse_jaas(jaas)
+    if module.endswith(_PASSWORD_MODULES):
+        missing = [name for name in ("username", "password") if name not in options]
+        if missing:
+            raise ValueError(f"kafka option sasl.jaas.config: {module} has no {' and no '.join(missing)} option")
+        return {"sasl_plain_username": options["username"], "sasl_plain_password": options["password"]}
+    if module.endswith(_KERBEROS_MODULE):
+        return {}  # kafka-python's GSSAPI logs in with the process's Kerberos credentials, not with JAAS options
+    raise ValueError(f"kafka option sasl.jaas.config: kafka-python cannot log in with {module}; it takes a username "
+                     "and password from PlainLoginModule or ScramLoginModule, or Kerberos credentials (GSSAPI)")
+
+
+def _parse_jaas(jaas: str) -> tuple[str, dict[str, str]]:
+    tokens = _jaas_tokens(jaas)
+
+    def take(kind: str, what: str) -> str:
+        if not tokens or tokens[0][0] != kind:
+            # Words and quoted values are not shown: one may be the password.
+            found = ("the end" if not tokens else repr(tokens[0][1]) if tokens[0][0] == "punct"
+                     else "a word" if tokens[0][0] == "word" else "a quoted value")
+            raise ValueError(f"kafka option sasl.jaas.config: expected {what}, found {found}")
+        return tokens.pop(0)[1]
+
+    module = take("word", "a login module class")
+    flag = take("word", f"a control flag ({', '.join(_JAAS_FLAGS)}) after {module}")
+    if flag.lower() not in _JAAS_FLAGS:
+        raise ValueError(f"kafka option sasl.jaas.config: the word after {module} is not a control flag "
+                         f"({', '.join(_JAAS_FLAGS)})")
+    options: dict[str, str] = {}
+    while tokens and tokens[0] != ("punct", ";"):
+        name = take("word", "an option name or ';'")
+        take("punct", f"'=' after {name}")
+        if tokens and tokens[0][0] in ("word", "quoted"):
+            options[name] = tokens.pop(0)[1]
+        else:
+            take("quoted", f"a value for {name}")
+    take("punct", "';' at the end of the login module")
+    if tokens:
+        raise ValueError("kafka option sasl.jaas.config: a client takes exactly one login module, "
+                         f"found more after {module}")
+    return module, options
+
+
+def _jaas_tokens(jaas: str) -> list[tuple[str, str]]:
+    tokens = []
+    position = 0
+    while jaas[position:].strip():
+        match = _JAAS_TOKEN.match(jaas, position)
+        if match is None:
+            # Only the position: the text may hold the password.
+            raise ValueError(f"kafka option sasl.jaas.config: unexpected character at position "
+                             f"{len(jaas) - len(jaas[position:].lstrip()) + 1}")
+        kind = match.lastgroup
+        text = match.group(kind)
+        tokens.append((kind, _unquote(text) if kind == "quoted" else text))
+        position = match.end()
+    return tokens
+
+
+def _unquote(quoted: str) -> str:
+    body, out, i = quoted[1:-1], [], 0
+    while i < len(body):
+        char = body[i]
+        i += 1
+        if char != "\\":
+            out.append(char)
+            continue
+        char = body[i]
+        i += 1
+        if char in "01234567":  # octal, up to \377 as in Java
+            digits = char
+            while i < len(body) and len(digits) < (3 if digits[0] <= "3" else 2) and body[i] in "01234567":
+                digits += body[i]
+                i += 1
+            out.append(chr(int(digits, 8)))
+        else:
+            out.append(_JAAS_ESCAPES.get(char, char))
+    return "".join(out)
 
 
 def ensure_topic(bootstrap_servers: str, topic: str, kafka_options: dict[str, str], partitions: int = 1,
                  topic_config: dict[str, str] | None = None) -> None:
     """Create the topic if it is missing. Where the client lacks the rights, the broker's
     auto-creation or an operator must make it: that is logged, not fatal."""
-    config = client_config(kafka_options)
+    config = client_config(kafka_options, KafkaAdminClient)
     try:
         admin = KafkaAdminClient(bootstrap_servers=bootstrap_servers, **config)
     except (KafkaError, TypeError, ValueError) as exc:
@@ -39,7 +250,7 @@ def ensure_topic(bootstrap_servers: str, topic: str, kafka_options: dict[str, st
 
 
 def partitions_of(bootstrap_servers: str, topic: str, kafka_options: dict[str, str]) -> list[int]:
-    consumer = KafkaConsumer(bootstrap_servers=bootstrap_servers, **client_config(kafka_options))
+    consumer = KafkaConsumer(bootstrap_servers=bootstrap_servers, **client_config(kafka_options, KafkaConsumer))
     try:
         partitions = consumer.partitions_for_topic(topic)
     finally:

@@ -10,8 +10,9 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from pyarrow import fs
 from pyiceberg.table import Table
+
+from streaming.storage import list_files
 
 
 @dataclass(frozen=True)
@@ -60,19 +61,15 @@ def find_orphans(table: Table, min_age_s: float = 3600.0, include_metadata: bool
     orphans = []
     for folder, referenced_by in folders.items():
         where = f"{table.location().rstrip('/')}/{folder}"
-        filesystem, root = fs.FileSystem.from_uri(where if "://" in where else f"file://{where}")
-        scheme = where.split("://", 1)[0] + "://" if "://" in where else ""
         # Listed before the table is read again: a file committed in between is then referenced.
-        infos = filesystem.get_file_info(fs.FileSelector(root, recursive=True, allow_not_found=True))
+        stored = list_files(table.io, where)
         table.refresh()
         referenced = referenced_by(table)
-        for info in infos:
-            if info.type != fs.FileType.File:
-                continue
-            path = _normalise(f"{scheme}{info.path}")
-            age = now - info.mtime.timestamp() if info.mtime else float("inf")
+        for file in stored:
+            path = _normalise(file.uri)
+            age = now - file.mtime_s if file.mtime_s is not None else float("inf")
             if path not in referenced and age >= min_age_s:
-                orphans.append(Orphan(path, info.size or 0, age))
+                orphans.append(Orphan(path, file.size, age))
     return sorted(orphans, key=lambda o: o.path)
 
 

@@ -35,7 +35,6 @@ import uuid
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-from pyarrow import fs as pafs
 from pyiceberg.io import FileIO
 
 from streaming.contract import Contract
@@ -51,6 +50,7 @@ from streaming.decode import (
     Decoder,
 )
 from streaming.isolation import IsolatedDecoder
+from streaming.storage import list_files
 from streaming.writer import RECORD_SCHEMA, DataFileRecord, GeoParquetWriter
 
 TALLY = "tally"
@@ -364,7 +364,7 @@ def merge_if_last(own: list[Slice], number: int, tasks: int, staging: str, plan:
     with writer.io.new_output(f"{markers}/{number:06d}.json").create(overwrite=True) as out:
         out.write(json.dumps([[s.path, s.index, s.key_lo, s.key_hi, s.rows] for s in own]).encode())
     peers = []
-    for path in files_under(markers):
+    for path in files_under(markers, writer.io):
         try:
             with writer.io.new_input(path).open() as f:
                 peers.append(json.loads(f.read()))
@@ -380,13 +380,9 @@ def merge_if_last(own: list[Slice], number: int, tasks: int, staging: str, plan:
                         plan.threads)
 
 
-def files_under(location: str) -> list[str]:
-    """The files below a folder URI (or local path), recursively, as URIs of its scheme."""
-    filesystem, root = pafs.FileSystem.from_uri(location if "://" in location else f"file://{location}")
-    scheme = location.split("://", 1)[0] + "://" if "://" in location else ""
-    return sorted(f"{scheme}{info.path}"
-                  for info in filesystem.get_file_info(pafs.FileSelector(root, recursive=True, allow_not_found=True))
-                  if info.type == pafs.FileType.File)
+def files_under(location: str, io: FileIO) -> list[str]:
+    """The URIs of the files below a folder, recursively, through the table's FileIO."""
+    return [stored.uri for stored in list_files(io, location)]
 
 
 def results_batch(tallies: list[Tally], records: list[DataFileRecord],

@@ -193,3 +193,36 @@ def test_a_float_or_boolean_for_an_int_setting_is_an_error(tmp_path, line):
 def test_a_nested_variable_on_a_scalar_setting_names_it(key):
     with pytest.raises(SettingsError, match=key.removeprefix("GEOINGEST_").split("__")[0].lower()):
         load_settings(env={key: "x"})
+
+
+def test_a_spark_key_spelled_as_spark_spells_it_keeps_its_case():
+    s = load_settings(env={
+        "GEOINGEST_SPARK__spark.executorEnv.GEO_TZ": "UTC",
+        "GEOINGEST_SPARK__spark.sql.streaming.stopGracefullyOnShutdown": "false",
+        "GEOINGEST_SPARK__SPARK_EXECUTOR_MEMORY": "3g",
+    })
+    assert s.spark == {"spark.executorEnv.GEO_TZ": "UTC", "spark.sql.streaming.stopGracefullyOnShutdown": "false",
+                       "spark.executor.memory": "3g"}
+
+
+def test_a_whole_map_as_one_json_variable_merges_with_the_file(tmp_path):
+    path = write_toml(tmp_path, '[catalog]\ntype = "rest"\nuri = "http://catalog:8181"\n')
+    s = load_settings(path, env={"GEOINGEST_CATALOG": '{"s3.endpoint": "http://127.0.0.1:9000", "s3.region": "eu"}',
+                                 "GEOINGEST_SPARK": '{"spark.executorEnv.AWS_REGION": "eu"}'})
+    assert s.catalog == {"type": "rest", "uri": "http://catalog:8181", "s3.endpoint": "http://127.0.0.1:9000",
+                         "s3.region": "eu"}
+    assert s.spark == {"spark.executorEnv.AWS_REGION": "eu"}
+
+
+def test_catalog_keys_follow_pyicebergs_environment_rule():
+    s = load_settings(env={"GEOINGEST_CATALOG__S3__ACCESS_KEY_ID": "AKIA", "GEOINGEST_CATALOG__S3__PATH_STYLE_ACCESS": "true",
+                           "GEOINGEST_CATALOG__s3.secret-access-key": "shh"})
+    assert {k: s.catalog[k] for k in ("s3.access-key-id", "s3.path-style-access", "s3.secret-access-key")} == {
+        "s3.access-key-id": "AKIA", "s3.path-style-access": "true", "s3.secret-access-key": "shh"}
+    assert "shh" not in repr(s)
+
+
+@pytest.mark.parametrize("raw", ["not json", '["a", "b"]'])
+def test_a_map_variable_that_is_no_json_object_names_the_variable(raw):
+    with pytest.raises(SettingsError, match="GEOINGEST_SPARK: expected a JSON object"):
+        load_settings(env={"GEOINGEST_SPARK": raw})

@@ -38,6 +38,7 @@ import pytest
 from kafka import KafkaConsumer
 
 from app.sample import SampleEvent, produce, sample_events
+from app.settings import load_settings
 from streaming.catalog import create_table, open_catalog
 from streaming.commit import BATCH_ID, KAFKA_OFFSETS, WRITER_ID
 from streaming.contract import load_contract
@@ -48,6 +49,7 @@ from streaming.dead_letter import (
     SOURCE_TOPIC_HEADER,
 )
 from streaming.decode import REJECT_REASON, Decoder
+from streaming.kafka_admin import client_config
 from streaming.orphans import referenced_files
 from tests.conftest import CACHE_DIR
 
@@ -94,8 +96,14 @@ def service_env(bootstrap: str, topic: str, workdir: Path, **extra: str) -> dict
 
 
 def catalog_of(env: dict[str, str]):
-    return open_catalog("geoingest", {"type": "sql", "uri": env["GEOINGEST_CATALOG__URI"],
-                                      "warehouse": env["GEOINGEST_CATALOG__WAREHOUSE"]})
+    """The catalog the service with this environment writes to (whichever shape it is)."""
+    settings = load_settings(env=env)
+    return open_catalog(settings.catalog_name, settings.catalog)
+
+
+def kafka_client(env: dict[str, str]) -> dict:
+    """kafka-python options of the service's broker connection (SASL_SSL on the lakehouse shape)."""
+    return {"bootstrap_servers": env["GEOINGEST_BOOTSTRAP_SERVERS"], **client_config(load_settings(env=env).kafka)}
 
 
 def checkpoint_dir(env: dict[str, str]) -> Path:
@@ -285,8 +293,8 @@ def expected_outcome(events: list[SampleEvent]) -> tuple[set[str], dict[str, str
     return valid, rejected
 
 
-def read_dead_letters(bootstrap: str, topic: str, timeout_ms: int = 10_000) -> list:
-    consumer = KafkaConsumer(topic, bootstrap_servers=bootstrap, auto_offset_reset="earliest",
+def read_dead_letters(client: dict, topic: str, timeout_ms: int = 10_000) -> list:
+    consumer = KafkaConsumer(topic, **client, auto_offset_reset="earliest",
                              consumer_timeout_ms=timeout_ms, enable_auto_commit=False)
     try:
         return list(consumer)
@@ -325,10 +333,10 @@ def all_consumed(table, topic: str, ends: dict[int, int]) -> bool:
     return coverage_problems(offset_coverage(identities(table), topic), ends) == []
 
 
-def end_offsets(bootstrap: str, topic: str) -> dict[int, int]:
+def end_offsets(client: dict, topic: str) -> dict[int, int]:
     from kafka import TopicPartition
 
-    consumer = KafkaConsumer(bootstrap_servers=bootstrap)
+    consumer = KafkaConsumer(**client)
     try:
         parts = [TopicPartition(topic, p) for p in consumer.partitions_for_topic(topic)]
         return {tp.partition: off for tp, off in consumer.end_offsets(parts).items()}
@@ -434,7 +442,7 @@ def _chaos(result: ChaosRun, env, log_dir, kills, rng, hold_kills, write_kills, 
     table = catalog_of(env).load_table(CONTRACT.table)
     ckpt = checkpoint_dir(env)
     topic = env["GEOINGEST_TOPIC"]
-    ends = end_offsets(env["GEOINGEST_BOOTSTRAP_SERVERS"], topic)
+    ends = end_offsets(kafka_client(env), topic)
 
     def drained() -> bool:
         return all_consumed(table, topic, ends)
@@ -577,8 +585,8 @@ def verify(env: dict[str, str], topic: str, events: list[SampleEvent], valid: se
     ids = table.scan(selected_fields=("event_id",)).to_arrow().column("event_id").to_pylist()
     present = set(ids)
 
-    bootstrap = env["GEOINGEST_BOOTSTRAP_SERVERS"]
-    dead = read_dead_letters(bootstrap, f"{topic}.dlq")
+    client = kafka_client(env)
+    dead = read_dead_letters(client, f"{topic}.dlq")
     by_source: dict[tuple, tuple[str, str]] = {}
     for message in dead:
         headers = dict(message.headers)
@@ -607,7 +615,7 @@ def verify(env: dict[str, str], topic: str, events: list[SampleEvent], valid: se
         snapshots=len(idents),
         writer_ids=len({i.writer_id for i in idents}),
         duplicate_identities=sum(n - 1 for n in pairs.values() if n > 1),
-        offset_problems=coverage_problems(offset_coverage(idents, topic), end_offsets(bootstrap, topic)),
+        offset_problems=coverage_problems(offset_coverage(idents, topic), end_offsets(client, topic)),
         replays_skipped=len(skipped),
         replayed_hold_batches=sorted(b for b in chaos.hold_batch_ids if b in skipped_ids),
     )

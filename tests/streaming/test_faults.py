@@ -57,6 +57,7 @@ from tests.streaming.test_chaos import (
     end_offsets,
     expected_outcome,
     identities,
+    kafka_client,
     offset_coverage,
     orphan_listing,
     read_dead_letters,
@@ -115,9 +116,9 @@ def check_exactly_once(env: dict[str, str], topic: str, valid: set[str], rejecte
     ids = table.scan(selected_fields=("event_id",)).to_arrow().column("event_id").to_pylist()
     assert len(ids) == len(set(ids)), f"{len(ids) - len(set(ids))} duplicated rows"
     assert set(ids) == valid, f"{len(valid - set(ids))} lost, {len(set(ids) - valid)} unexpected"
-    ends = end_offsets(env["GEOINGEST_BOOTSTRAP_SERVERS"], topic)
+    ends = end_offsets(kafka_client(env), topic)
     assert coverage_problems(offset_coverage(identities(table), topic), ends) == []
-    dead = read_dead_letters(env["GEOINGEST_BOOTSTRAP_SERVERS"], f"{topic}.dlq")
+    dead = read_dead_letters(kafka_client(env), f"{topic}.dlq")
     assert {m.key.decode() for m in dead} == set(rejected), "every reject in the DLQ (at least once)"
 
 
@@ -163,7 +164,7 @@ def broker_outage(broker: LocalBroker, tmp_path: Path, outage_s: float, extra_en
         broker.start()
         down_s = time.monotonic() - stopped
         assert produce(broker.bootstrap, topic, events[2 * WAVE:], progress=False) == WAVE
-        ends = end_offsets(broker.bootstrap, topic)
+        ends = end_offsets({"bootstrap_servers": broker.bootstrap}, topic)
         wait_until(lambda: all_consumed(table, topic, ends), DRAIN_TIMEOUT_S, service, "complete table")
     finally:
         code = service.stop()
@@ -264,7 +265,7 @@ def catalog_outage(kafka, tmp_path_factory) -> OutageRun:
             run.outage_s = round(time.monotonic() - gone, 1)
             back_at = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime())  # as the service's log lines
         assert produce(kafka.bootstrap, topic, events[2 * WAVE:], progress=False) == WAVE
-        ends = end_offsets(kafka.bootstrap, topic)
+        ends = end_offsets({"bootstrap_servers": kafka.bootstrap}, topic)
         table = catalog_of(env).load_table(CONTRACT.table)
         if service.alive:
             try:
