@@ -42,7 +42,11 @@ class ResolveError(RuntimeError):
 def resolve(coordinates: Sequence[str], cache_dir: Path, name: str,
             progress: Callable[[str], None] | None = None) -> list[Path]:
     """The jars of `coordinates` ("group:artifact:version") and their dependencies, downloaded
-    once into <cache_dir>/jars/<name>/; returns their paths, sorted."""
+    once into <cache_dir>/jars/<name>/; returns their paths, sorted.
+
+    "group:artifact:version:classifier" names one classified jar (such as a
+    `jar-with-dependencies` bundle) and takes it alone, without the artifact's dependencies:
+    the classified jars asked for by name are bundles that already hold them."""
     target = Path(cache_dir).resolve() / "jars" / name
     if any(target.glob("*.jar")):
         return sorted(target.glob("*.jar"))
@@ -112,12 +116,19 @@ def _ivy_module(name: str, coordinates: Sequence[str]) -> str:
     lines = []
     for coordinate in coordinates:
         parts = coordinate.split(":")
-        if len(parts) != 3 or not all(parts):
-            raise ResolveError(f"{coordinate!r}: expected group:artifact:version")
-        org, artifact, revision = parts
-        lines.append(f'    <dependency org="{org}" name="{artifact}" rev="{revision}" conf="default->default"/>')
+        if len(parts) not in (3, 4) or not all(parts):
+            raise ResolveError(f"{coordinate!r}: expected group:artifact:version or group:artifact:version:classifier")
+        org, artifact, revision = parts[:3]
+        if len(parts) == 3:
+            lines.append(f'    <dependency org="{org}" name="{artifact}" rev="{revision}" conf="default->default"/>')
+        else:
+            lines.append(
+                f'    <dependency org="{org}" name="{artifact}" rev="{revision}" conf="default->default" '
+                f'transitive="false">\n'
+                f'      <artifact name="{artifact}" type="jar" ext="jar" m:classifier="{parts[3]}"/>\n'
+                f'    </dependency>')
     body = "\n".join(lines)
-    return f"""<ivy-module version="2.0">
+    return f"""<ivy-module version="2.0" xmlns:m="http://ant.apache.org/ivy/maven">
   <info organisation="geoingest" module="{name}"/>
   <dependencies>
 {body}
