@@ -144,6 +144,8 @@ def test_lint(helm: Helm, case: str):
     ("metrics.port=abc", "metrics/port"),
     ("config.max_vertices=lots", "config/max_vertices"),
     ("config.checkpoint_location=/elsewhere", "checkpoint_location"),
+    # Spark's checkpoint is the driver's volume; the table goes to the object store through FileIO.
+    ("checkpoint.uri=s3a://lake/checkpoints", "checkpoint/uri"),
     ("podSecurityContext=null,securityContext.privileged=true,image.pullPolicy=Sometimes", "pullPolicy"),
 ])
 def test_schema_rejects_bad_values(helm: Helm, bad: str, why: str):
