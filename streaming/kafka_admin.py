@@ -61,11 +61,20 @@ def _known_options(client: type | None) -> set[str]:
     return set().union(*(c.DEFAULT_CONFIG for c in _KAFKA_PYTHON_CLIENTS))
 
 
+# Shared options whose "unset" the Java client spells as a value and kafka-python as None.
+_JAVA_NONE = {"compression_type": "none", "receive_buffer_bytes": "-1", "send_buffer_bytes": "-1"}
+_NUMBERS_WITHOUT_DEFAULT = ("receive_buffer_bytes", "send_buffer_bytes")
+
+
 def _typed(key: str, name: str, value: object) -> object:
     """The value as kafka-python wants it: a number or a boolean where its default is one."""
     if not isinstance(value, str):
         return value
+    if _JAVA_NONE.get(name) == value.strip().lower():
+        return None
     default = next((c.DEFAULT_CONFIG[name] for c in _KAFKA_PYTHON_CLIENTS if name in c.DEFAULT_CONFIG), None)
+    if name in _NUMBERS_WITHOUT_DEFAULT:
+        default = 0
     if isinstance(default, bool):
         if value.strip().lower() not in ("true", "false"):
             raise ValueError(f"kafka option {key}={value!r}: expected true or false")
