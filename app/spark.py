@@ -1,13 +1,24 @@
-"""The Spark session: local by default, with the Kafka connector resolved from Maven Central."""
+"""The Spark session: local by default, with the Kafka connector resolved from Maven Central.
+
+A `spark://` master is a standalone cluster on this machine (app/spark_cluster.py): its
+executors are JVMs of their own, started by the cluster's worker with an environment of their
+own, so everything they need comes from the session's configuration: the Python to run
+(`spark.pyspark.python` and `spark.executorEnv.PYSPARK_PYTHON`), the JVM options, the Kafka
+connector's jars (`spark.jars`, fetched from the driver's file server) and the daemon module
+(`spark.python.daemon.module`, importable because the executors run this project's venv).
+"""
 
 from __future__ import annotations
 
 import glob
 import os
 import sys
+from collections.abc import Mapping
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import pyspark
+from pyspark import SparkContext
 from pyspark.sql import SparkSession
 
 from app.java import java_home, trust_store_options
@@ -30,10 +41,51 @@ def kafka_connector_jars(cache_dir: Path) -> list[Path]:
     return without_spark_jars(jars)
 
 
-def _cores(master: str) -> int:
+_LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
+
+
+def _cores(master: str, conf: Mapping[str, str] | None = None) -> int:
+    """The task slots the session will have: what shuffles are partitioned for."""
     if master.startswith("local[") and master[6:-1].isdigit():
         return int(master[6:-1])
+    if master.startswith("spark://"):
+        for key in ("spark.cores.max", "spark.default.parallelism"):
+            value = (conf or {}).get(key, "")
+            if value.isdigit() and int(value) > 0:
+                return int(value)
     return os.cpu_count() or 2
+
+
+def _standalone_conf(master: str) -> dict[str, str]:
+    """Defaults for a `spark://` master, which the caller's extra_conf overrides key by key.
+
+    Such a cluster runs on this machine beside the driver (app/spark_cluster.py), so the
+    application takes the machine's cores in one executor (the worker starts one per
+    application when spark.executor.cores is unset) with a heap beside the driver's."""
+    conf = {
+        "spark.pyspark.python": sys.executable,
+        # The executor JVM's own environment too: what a Python process it starts outside
+        # pyspark's worker factory would run.
+        "spark.executorEnv.PYSPARK_PYTHON": sys.executable,
+        "spark.executor.memory": "2g",
+        "spark.cores.max": str(os.cpu_count() or 2),
+    }
+    host = urlsplit(master).hostname or ""
+    if host in _LOOPBACK_HOSTS or host.startswith("127."):
+        # Executors call the driver back at the address it advertises; by default that is the
+        # machine's hostname, which need not resolve to an address a loopback-bound worker reaches.
+        conf["spark.driver.host"] = "127.0.0.1"
+        conf["spark.driver.bindAddress"] = "127.0.0.1"
+    return conf
+
+
+def _refuse_another_master(master: str) -> None:
+    # getOrCreate() would hand back the running session whatever master it runs on, and one
+    # process holds one SparkContext at a time.
+    active = SparkContext._active_spark_context
+    if active is not None and active.master != master:
+        raise RuntimeError(f"a Spark session on {active.master} is active in this process; stop it "
+                           f"before starting one on {master} (a process holds one SparkContext at a time)")
 
 
 def spark_session(master: str, cache_dir: str, driver_memory: str = "2g",
@@ -46,6 +98,10 @@ def spark_session(master: str, cache_dir: str, driver_memory: str = "2g",
     os.environ["PYSPARK_PYTHON"] = sys.executable
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
     java_options = " ".join(trust_store_options())
+    # Keys kept exactly as given: spark.executorEnv.<NAME> names an environment variable, whose
+    # case matters.
+    conf = {**(_standalone_conf(master) if master.startswith("spark://") else {}), **(extra_conf or {})}
+    _refuse_another_master(master)
     builder = (
         SparkSession.builder.master(master)
         .appName(app_name)
@@ -60,7 +116,7 @@ def spark_session(master: str, cache_dir: str, driver_memory: str = "2g",
         .config("spark.sql.session.timeZone", "UTC")
         .config("spark.sql.adaptive.enabled", "false")
         # Batch aggregates are a few rows: Spark's default of 200 shuffle partitions is all overhead.
-        .config("spark.sql.shuffle.partitions", str(_cores(master)))
+        .config("spark.sql.shuffle.partitions", str(_cores(master, conf)))
         .config("spark.sql.execution.arrow.maxRecordsPerBatch", "20000")
         # ... or fewer, so that a burst of large records (the source topic may allow tens of MB
         # each) never fills one Arrow batch past the 2 GiB a binary column can hold.
@@ -73,7 +129,7 @@ def spark_session(master: str, cache_dir: str, driver_memory: str = "2g",
         # rename that makes an entry visible is the same.
         .config("spark.hadoop.fs.AbstractFileSystem.file.impl", "org.apache.hadoop.fs.local.RawLocalFs")
     )
-    for key, value in (extra_conf or {}).items():
+    for key, value in conf.items():
         builder = builder.config(key, value)
     session = builder.getOrCreate()
     session.sparkContext.setLogLevel("WARN")

@@ -18,23 +18,20 @@ from streaming.catalog import open_catalog
 # Jars (Kafka broker, Spark's Kafka connector) are shared with dev work and the demo.
 CACHE_DIR = Path(load_settings(env=dict(os.environ)).cache_dir)
 
+# The Spark session of a module's shape (local, or a standalone cluster) and the lakehouse's servers.
+from tests.lakehouse import object_store, rest_catalog  # noqa: E402,F401
+from tests.spark_shapes import cluster_spark, spark, spark_cluster, spark_sessions  # noqa: E402,F401
+
 
 @pytest.fixture(scope="session")
 def kafka(tmp_path_factory) -> Iterator[LocalBroker]:
-    broker = LocalBroker(tmp_path_factory.mktemp("kafka"), CACHE_DIR, port=free_port())
+    # Both listeners: the tests' own clients use the plain one, the lakehouse shape's service the
+    # SASL_SSL one (tests/streaming/test_lakehouse.py).
+    broker = LocalBroker(tmp_path_factory.mktemp("kafka"), CACHE_DIR, port=free_port(), secure_port=free_port())
     broker.ensure_jars()
     broker.start()
     yield broker
     broker.stop()
-
-
-@pytest.fixture(scope="session")
-def spark():
-    from app.spark import spark_session
-
-    session = spark_session("local[2]", str(CACHE_DIR), driver_memory="2g")
-    yield session
-    session.stop()
 
 
 @pytest.fixture

@@ -1,6 +1,6 @@
 """Fixtures for the lakehouse shape the tests run: an S3-compatible object store on loopback.
 
-    from tests.lakehouse import object_store  # noqa: F401  (the fixture, in a test module or conftest)
+    tests/conftest.py imports them: every test module can ask for them.
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ from app.local_process import port_answers
 from app.object_store import LocalObjectStore
 from app.rest_catalog import LocalRestCatalog, RestCatalogError
 from tests.conftest import CACHE_DIR
-from tests.lakehouse import WAREHOUSE_BUCKET, object_store  # noqa: F401 - fixture
+from tests.lakehouse import WAREHOUSE_BUCKET
 
 pytestmark = pytest.mark.integration
 
