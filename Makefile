@@ -6,7 +6,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 INSTALLED := $(VENV)/.installed
 
-.PHONY: setup demo test bench fuzz clean
+.PHONY: setup demo demo-lakehouse test bench fuzz clean
 
 $(INSTALLED): pyproject.toml
 	@$(PYTHON) -c 'import sys; assert sys.version_info[:2] == (3, 11), f"geoingest needs Python 3.11, {sys.executable} is {sys.version.split()[0]}"'
@@ -19,6 +19,11 @@ setup: $(INSTALLED)
 
 demo: setup
 	$(VENV)/bin/geoingest demo
+
+# The demo on the lakehouse shape: an S3-compatible object store, Iceberg's REST catalog, a Spark
+# standalone cluster and the broker over SASL_SSL, all started and stopped by it (app/lakehouse.py).
+demo-lakehouse: setup
+	$(VENV)/bin/geoingest demo --lakehouse
 
 test: setup
 	$(PY) -m pytest
@@ -40,4 +45,4 @@ fuzz: setup
 	PYTHONPATH=$(CURDIR) $(PY) bench/fuzz_decode.py --inputs 100000
 
 clean:
-	rm -rf .demo $(VENV)
+	rm -rf .demo .demo-lakehouse $(VENV)

@@ -101,7 +101,9 @@ def _parser() -> argparse.ArgumentParser:
 
     demo = commands.add_parser("demo", help="broker, table, 200k sample events, ingest, summary")
     demo.add_argument("--events", type=int, default=200_000)
-    demo.add_argument("--home", default=".demo", help="the demo's folder (wiped first)")
+    demo.add_argument("--home", help="the demo's folder (wiped first; default .demo or .demo-lakehouse)")
+    demo.add_argument("--lakehouse", action="store_true",
+                      help="on an S3-compatible store, a REST catalog, a Spark cluster and a SASL_SSL broker")
     demo.set_defaults(handler=_demo)
     return parser
 
@@ -294,7 +296,8 @@ def _inspect(args, settings: Settings) -> int:
 def _demo(args, settings: Settings) -> int:
     from app.demo import run_demo
 
-    return run_demo(settings, Path(args.home), args.events)
+    home = args.home or (".demo-lakehouse" if args.lakehouse else ".demo")
+    return run_demo(settings, Path(home), args.events, lakehouse=args.lakehouse)
 
 
 if __name__ == "__main__":

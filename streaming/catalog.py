@@ -6,6 +6,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+import requests
+import requests.adapters
 from pyiceberg.catalog import Catalog, load_catalog
 from pyiceberg.exceptions import NamespaceAlreadyExistsError, NoSuchTableError
 from pyiceberg.table import Table
@@ -17,15 +19,40 @@ class TableMismatch(RuntimeError):
     """The table exists, but was made from another contract."""
 
 
+# A catalog property of ours: seconds a REST catalog request may take before it counts as failed.
+REST_TIMEOUT = "geoingest.rest.request-timeout-s"
+DEFAULT_REST_TIMEOUT_S = 60.0
+
+
 def open_catalog(name: str, properties: dict[str, str]) -> Catalog:
     props = dict(properties)
+    timeout_s = float(props.pop(REST_TIMEOUT, DEFAULT_REST_TIMEOUT_S))
     uri = props.get("uri", "")
     if uri.startswith("sqlite:///"):
         Path(uri.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
     warehouse = props.get("warehouse", "")
     if warehouse.startswith("file://"):
         Path(warehouse.removeprefix("file://")).mkdir(parents=True, exist_ok=True)
-    return load_catalog(name, **props)
+    catalog = load_catalog(name, **props)
+    session = getattr(catalog, "_session", None)
+    if isinstance(session, requests.Session):
+        # pyiceberg's REST client sends without a timeout: a catalog that hangs (a frozen server, a
+        # dropped connection) would hold a commit forever instead of failing it into a retry.
+        adapter = _TimeoutAdapter(timeout_s)
+        session.mount("http://", adapter)
+        session.mount("https://", adapter)
+    return catalog
+
+
+class _TimeoutAdapter(requests.adapters.HTTPAdapter):
+    def __init__(self, timeout_s: float):
+        super().__init__()
+        self.timeout_s = timeout_s
+
+    def send(self, request, **kwargs):  # type: ignore[no-untyped-def]
+        if kwargs.get("timeout") is None:
+            kwargs["timeout"] = self.timeout_s
+        return super().send(request, **kwargs)
 
 
 def create_table(catalog: Catalog, contract: Contract) -> tuple[Table, bool]:

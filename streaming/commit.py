@@ -20,20 +20,31 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from pyiceberg.exceptions import CommitFailedException
-from sqlalchemy.exc import OperationalError, InterfaceError
+import requests
+from pyiceberg.exceptions import (
+    CommitFailedException,
+    CommitStateUnknownException,
+    ServerError,
+    ServiceUnavailableError,
+    TooManyRequestsError,
+)
 from pyiceberg.manifest import DataFile, DataFileContent, FileFormat
 from pyiceberg.table import Table
 from pyiceberg.table.snapshots import Snapshot
 from pyiceberg.typedef import Record
+from sqlalchemy.exc import InterfaceError, OperationalError
 
 from streaming.writer import DataFileRecord
 
 log = logging.getLogger("geoingest.commit")
 
 # Errors that mean "the catalog was not there", not "the commit was refused": the SQL catalogs
-# (SQLite file gone or locked, PostgreSQL down) and network failures of the REST catalog.
-CATALOG_UNAVAILABLE = (OperationalError, InterfaceError, ConnectionError, TimeoutError)
+# (SQLite file gone or locked, PostgreSQL down), network failures of the REST catalog (refused,
+# reset, timed out: requests' own exceptions, which are not the built-in ones) and its answers
+# that it is overloaded, failing or unsure whether the commit landed (5xx, 429).
+CATALOG_UNAVAILABLE = (OperationalError, InterfaceError, ConnectionError, TimeoutError,
+                       requests.ConnectionError, requests.Timeout, ServiceUnavailableError, ServerError,
+                       TooManyRequestsError, CommitStateUnknownException)
 
 WRITER_ID = "geoingest.writer-id"
 BATCH_ID = "geoingest.batch-id"

@@ -64,6 +64,7 @@ from streaming.partition import (
     prepare_worker_process,
     range_count,
 )
+from streaming.storage import data_location
 from streaming.writer import (
     DATA_FILE_RECORD_DDL,
     DataFileRecord,
@@ -295,7 +296,7 @@ class BatchProcessor:
         return FileSettings(
             table_properties=dict(self.table.properties),
             io_properties=dict(self.table.io.properties),
-            data_location=f"{self.table.location().rstrip('/')}/data",
+            data_location=data_location(self.table),
             file_prefix=f"{self.config.writer_id}-b{batch_id:09d}",
         )
 

@@ -66,6 +66,7 @@ from streaming.contract import BBOX_FIELDS, Contract
 from streaming.hilbert import hilbert_keys_of_bounds
 from streaming.inspect import file_bbox
 from streaming.orphans import Orphan, delete_files, find_orphans
+from streaming.storage import data_location
 from streaming.query import table_contract
 from streaming.writer import DataFileRecord, GeoParquetWriter
 
@@ -439,7 +440,7 @@ def rewrite_bin(table: Table, contract: Contract, bin_: Bin, progress: Progress 
     # Re-sorted, not merged: see the module docstring. The order of equal keys does not matter here.
     ordered = rows.take(pa.array(np.argsort(keys, kind="quicksort")))
     writer = GeoParquetWriter(contract, dict(table.properties), dict(table.io.properties),
-                              f"{table.location().rstrip('/')}/data",
+                              data_location(table),
                               f"{COMPACTION_FILE_PREFIX}-{uuid.uuid4().hex[:12]}")
     written = list(writer.write(ordered.to_batches(max_chunksize=contract.clustering.row_group_rows)))
     if sum(r.record_count for r in written) != bin_.records:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from pyiceberg.table import Table
 
-from streaming.storage import list_files
+from streaming.storage import data_location, list_files
 
 
 @dataclass(frozen=True)
@@ -50,17 +50,18 @@ def referenced_metadata_files(table: Table) -> set[str]:
 
 
 def find_orphans(table: Table, min_age_s: float = 3600.0, include_metadata: bool = False) -> list[Orphan]:
-    """Unreferenced files under <table location>/data and /staging (and /metadata, with
-    include_metadata) older than min_age_s (younger ones may belong to a commit in flight).
+    """Unreferenced files in the table's data location (<table location>/data, or its
+    write.data.path) and under <table location>/staging (and /metadata, with include_metadata)
+    older than min_age_s (younger ones may belong to a commit in flight).
     Nothing in staging/ is ever referenced: it holds the sorted runs of a batch between its two
     passes (streaming/partition.py), left behind only by a batch that died and never ran again."""
-    folders = {"data": referenced_files, "staging": lambda _: set()}
+    location = table.location().rstrip("/")
+    folders = {data_location(table): referenced_files, f"{location}/staging": lambda _: set()}
     if include_metadata:
-        folders["metadata"] = referenced_metadata_files
+        folders[f"{location}/metadata"] = referenced_metadata_files
     now = time.time()
     orphans = []
-    for folder, referenced_by in folders.items():
-        where = f"{table.location().rstrip('/')}/{folder}"
+    for where, referenced_by in folders.items():
         # Listed before the table is read again: a file committed in between is then referenced.
         stored = list_files(table.io, where)
         table.refresh()

@@ -19,6 +19,8 @@ from pyarrow import fs as pafs
 from pyiceberg.io import FileIO, load_file_io
 from pyiceberg.io.pyarrow import PyArrowFileIO
 
+WRITE_DATA_PATH = "write.data.path"
+
 
 @dataclass(frozen=True)
 class StoredFile:
@@ -44,6 +46,12 @@ def filesystem_of(io: FileIO, location: str) -> tuple[pafs.FileSystem, str]:
     from pyarrow.fs import FSSpecHandler, PyFileSystem
 
     return PyFileSystem(FSSpecHandler(get_fs(scheme))), path
+
+
+def data_location(table) -> str:
+    """Where a table's data files go: Iceberg's `write.data.path` property (another bucket or
+    prefix, as other engines honour it), else <table location>/data."""
+    return table.properties.get(WRITE_DATA_PATH) or f"{table.location().rstrip('/')}/data"
 
 
 def list_files(io: FileIO, location: str) -> list[StoredFile]:
