@@ -530,3 +530,27 @@ def test_notes_render(helm: Helm, case: str, tmp_path):
     assert "<no value>" not in notes and "%!" not in notes, notes
     assert f"localhost:{values['metrics']['port']}/readyz" in notes
     assert ("Spark on Kubernetes" in notes) == (values["spark"]["mode"] == "kubernetes")
+
+
+def test_lakehouse_values_reach_the_bucket_the_broker_and_the_executors_as_the_tests_run_them(render, tmp_path):
+    """ci/lakehouse-values.yaml is the shape tests/streaming/test_lakehouse.py runs: REST catalog
+    and bucket through the catalog's properties, SASL_SSL with a PEM CA that the driver and every
+    executor mount (both read Kafka; executors also write dead letters)."""
+    from streaming.kafka_admin import client_config
+
+    docs = render("lakehouse-values.yaml")
+    values = values_of("lakehouse-values.yaml")
+    settings, _ = settings_of(docs, tmp_path)
+    assert settings.catalog["type"] == "rest" and settings.catalog["warehouse"].startswith("s3://")
+    assert {"s3.endpoint", "s3.region", "s3.path-style-access"} <= settings.catalog.keys()
+    assert settings.checkpoint_location == "/data/checkpoints", "the checkpoint stays on the driver's volume"
+    python_client = client_config({**settings.kafka, "sasl.jaas.config": (
+        'org.apache.kafka.common.security.scram.ScramLoginModule required username="u" password="p";')})
+    ca = values["config"]["kafka"]["ssl.truststore.location"]
+    assert python_client["security_protocol"] == "SASL_SSL" and python_client["ssl_cafile"] == ca
+    for name, spec in pod_specs(docs):
+        container = spec["containers"][0]
+        mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
+        volumes = {v["name"]: v for v in spec["volumes"]}
+        assert ca.startswith(mounts["kafka-tls"] + "/"), name
+        assert volumes["kafka-tls"]["secret"]["secretName"] == "kafka-ca", name
