@@ -18,17 +18,21 @@ import os
 import secrets
 import shlex
 import shutil
-import signal
-import socket
 import subprocess
 import tempfile
-import time
-import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from app.java import java_executable, trust_store_options
+from app.local_process import (
+    DetachedProcess,
+    LocalProcessError,
+    free_port,
+    port_answers,
+    port_is_free,
+    tail,
+)
 from app.maven import ResolveError, resolve
 
 DEFAULT_KAFKA_VERSION = "4.1.1"
@@ -39,7 +43,6 @@ _LOG4J_SLF4J_BINDING = ("org.apache.logging.log4j", "log4j-slf4j-impl", "2.24.3"
 _MAX_MESSAGE_BYTES = 10 * 1024 * 1024
 _HOST = "127.0.0.1"
 _BROKER_MAIN_CLASS = "kafka.Kafka"
-_LOG_TAIL_LINES = 40
 
 SCRAM_MECHANISM = "SCRAM-SHA-512"
 SCRAM_USER = "geoingest"
@@ -57,13 +60,6 @@ class BrokerStatus:
     running: bool
     pid: int | None
     bootstrap: str | None  # e.g. "127.0.0.1:9092"
-
-
-def free_port() -> int:
-    """An unused loopback TCP port (free now; nothing reserves it)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((_HOST, 0))
-        return sock.getsockname()[1]
 
 
 class LocalBroker:
@@ -85,9 +81,8 @@ class LocalBroker:
         self.properties_file = self.home / "server.properties"
         self.log4j_config_file = self.home / "log4j2.properties"
         self.data_dir = self.home / "data"
-        self.pid_file = self.home / "broker.pid"
         self.log_file = self.home / "broker.log"
-        self.out_file = self.home / "broker.out"
+        self._process = DetachedProcess(self.home, "broker", _BROKER_MAIN_CLASS, logs=(self.log_file,))
         self.tls_dir = self.home / "tls"
         self.password_file = self.home / "scram-password"
         # Present once the SCRAM user is in the cluster's metadata (made at format time or added later).
@@ -156,20 +151,17 @@ class LocalBroker:
     # -- lifecycle ----------------------------------------------------------------------------
 
     def status(self) -> BrokerStatus:
-        pid = self._read_pid()
-        if pid is None or not _is_broker_process(pid):
+        pid = self._process.pid()
+        if pid is None:
             return BrokerStatus(running=False, pid=None, bootstrap=None)
         return BrokerStatus(running=True, pid=pid, bootstrap=self.bootstrap)
 
     def start(self, timeout: float = 60.0) -> BrokerStatus:
         """Start the broker detached and wait until it answers a metadata request."""
-        current = self.status()
-        if current.running:
+        if self.status().running:
             # Started earlier (maybe by another process): only wait if it is still coming up.
-            self._wait_until_ready(current.pid, None, time.monotonic() + timeout)
-            return current
-        self.pid_file.unlink(missing_ok=True)  # stale: its process is gone
-
+            self._started(lambda: self._process.wait_while_running(self._ready, timeout))
+            return self.status()
         libs = self.ensure_jars()
         self.home.mkdir(parents=True, exist_ok=True)
         self.controller_port = self.controller_port or self._persisted_controller_port() or free_port()
@@ -179,7 +171,7 @@ class LocalBroker:
                               f"got port={self.port}, controller_port={self.controller_port}, "
                               f"secure_port={self.secure_port}")
         for port in ports:
-            if not _port_is_free(port):
+            if not port_is_free(port):
                 raise BrokerError(f"Cannot start Kafka broker in {self.home}: port {_HOST}:{port} is already in use")
         if self.secure_port is not None:
             self._ensure_certificates()
@@ -190,66 +182,33 @@ class LocalBroker:
             self._format_storage(libs)
 
         command = self._java_command(libs, _BROKER_MAIN_CLASS, str(self.properties_file))
-        with open(self.out_file, "ab") as out:
-            process = subprocess.Popen(
-                command,
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                cwd=self.home,
-                start_new_session=True,  # own session: Ctrl-C or exit of the caller leaves it running
-            )
-        self.pid_file.write_text(f"{process.pid}\n")
+        self._started(lambda: self._process.start(command, self._ready, timeout))
         try:
-            self._wait_until_ready(process.pid, process, time.monotonic() + timeout)
             if self.secure_port is not None and not self.scram_marker_file.exists():
                 self._add_scram_user(libs)  # a home formatted before it had the SASL_SSL listener
         except BrokerError:
             self.stop()
             raise
-        with warnings.catch_warnings():
-            # Outliving this handle is the point; Popen would warn that its child still runs.
-            warnings.simplefilter("ignore", ResourceWarning)
-            del process
         return self.status()
 
     def stop(self, timeout: float = 30.0) -> None:
         """SIGTERM the broker (a clean shutdown), SIGKILL it if it is still there after timeout."""
-        pid = self._read_pid()
-        if pid is not None and _is_broker_process(pid):
-            for sig, wait in ((signal.SIGTERM, timeout), (signal.SIGKILL, 10.0)):
-                try:
-                    os.kill(pid, sig)
-                except ProcessLookupError:
-                    break
-                deadline = time.monotonic() + wait
-                while _is_broker_process(pid) and time.monotonic() < deadline:
-                    time.sleep(0.1)
-                if not _is_broker_process(pid):
-                    break
-            else:
-                raise BrokerError(f"Kafka broker pid {pid} (home {self.home}) survived SIGKILL")
-        self.pid_file.unlink(missing_ok=True)
+        try:
+            self._process.stop(timeout)
+        except LocalProcessError as exc:
+            raise BrokerError(str(exc)) from exc
 
     # -- helpers ------------------------------------------------------------------------------
 
-    def _wait_until_ready(self, pid: int, process: subprocess.Popen | None, deadline: float) -> None:
-        while True:
-            if process is not None and process.poll() is not None:
-                raise BrokerError(
-                    f"Kafka broker exited with code {process.returncode} during startup "
-                    f"(port {self.port}, home {self.home}); {self._log_tail()}"
-                )
-            if process is None and not _is_broker_process(pid):
-                raise BrokerError(f"Kafka broker pid {pid} died during startup; {self._log_tail()}")
-            secure_up = self.secure_port is None or _port_answers(self.secure_port)
-            if secure_up and _port_answers(self.port) and _answers_metadata(self.bootstrap):
-                return
-            if time.monotonic() > deadline:
-                raise BrokerError(
-                    f"Kafka broker pid {pid} did not answer on {self.bootstrap} in time; {self._log_tail()}"
-                )
-            time.sleep(0.5)
+    def _started(self, start: Callable[[], object]) -> None:
+        try:
+            start()
+        except LocalProcessError as exc:
+            raise BrokerError(f"Kafka broker on {self.bootstrap} (home {self.home}): {exc}") from exc
+
+    def _ready(self) -> bool:
+        secure_up = self.secure_port is None or port_answers(self.secure_port)
+        return secure_up and port_answers(self.port) and _answers_metadata(self.bootstrap)
 
     def _format_storage(self, libs: Path) -> None:
         cluster_id = base64.urlsafe_b64encode(os.urandom(16)).decode().rstrip("=")
@@ -267,7 +226,7 @@ class LocalBroker:
         if result.returncode != 0:
             raise BrokerError(
                 f"Formatting Kafka storage in {self.data_dir} failed (exit {result.returncode}): "
-                f"{_redacted(shlex.join(command), self.password_file)}\n{_tail(result.stdout + result.stderr)}"
+                f"{_redacted(shlex.join(command), self.password_file)}\n{tail(result.stdout + result.stderr)}"
             )
         if scram:
             self.scram_marker_file.write_text(f"{self.user}\n")
@@ -284,7 +243,7 @@ class LocalBroker:
             raise BrokerError(
                 f"Adding the SCRAM user {self.user!r} to the Kafka broker in {self.home} failed "
                 f"(exit {result.returncode}): {_redacted(shlex.join(command), self.password_file)}\n"
-                f"{_tail(result.stdout + result.stderr)}"
+                f"{tail(result.stdout + result.stderr)}"
             )
         self.scram_marker_file.write_text(f"{self.user}\n")
 
@@ -415,59 +374,6 @@ rootLogger.appenderRef.file.ref = file
                 return int(line.rsplit(":", 1)[1])
         return None
 
-    def _read_pid(self) -> int | None:
-        try:
-            return int(self.pid_file.read_text().strip())
-        except (FileNotFoundError, ValueError):
-            return None
-
-    def _log_tail(self) -> str:
-        parts = [
-            f"last lines of {path}:\n{_tail(path.read_text(errors='replace'))}"
-            for path in (self.log_file, self.out_file)
-            if path.exists() and path.stat().st_size
-        ]
-        return "\n".join(parts) or f"no output in {self.log_file} or {self.out_file}"
-
-
-def _is_broker_process(pid: int) -> bool:
-    try:
-        os.waitpid(pid, os.WNOHANG)  # reap it if it is our exited child, so no zombie looks alive
-    except ChildProcessError:
-        pass
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    cmdline = Path(f"/proc/{pid}/cmdline")
-    if cmdline.parent.exists():  # Linux: a recycled pid is not our broker
-        try:
-            return _BROKER_MAIN_CLASS.encode() in cmdline.read_bytes().split(b"\0")
-        except OSError:
-            return False
-    return True
-
-
-def _port_is_free(port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        # Java binds with SO_REUSEADDR, so a port in TIME_WAIT after a stop is free for Kafka.
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind((_HOST, port))
-        except OSError:
-            return False
-        return True
-
-
-def _port_answers(port: int) -> bool:
-    try:
-        with socket.create_connection((_HOST, port), timeout=1.0):
-            return True
-    except OSError:
-        return False
-
 
 def _answers_metadata(bootstrap: str) -> bool:
     # Imported here: kafka-python takes ~0.1 s to import and only start() needs it.
@@ -488,10 +394,6 @@ def _answers_metadata(bootstrap: str) -> bool:
         return False
     finally:
         admin.close()
-
-
-def _tail(text: str, lines: int = _LOG_TAIL_LINES) -> str:
-    return "\n".join(text.splitlines()[-lines:])
 
 
 def _properties_value(value: str) -> str:
@@ -592,4 +494,4 @@ def _run_tool(command: list[str], cwd: Path, env: dict[str, str] | None = None) 
     result = subprocess.run(command, capture_output=True, text=True, cwd=cwd, env=env)
     if result.returncode != 0:
         raise BrokerError(f"Making the Kafka broker's certificates in {cwd} failed (exit {result.returncode}): "
-                          f"{shlex.join(command)}\n{_tail(result.stdout + result.stderr)}")
+                          f"{shlex.join(command)}\n{tail(result.stdout + result.stderr)}")

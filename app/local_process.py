@@ -9,6 +9,8 @@ server by a marker that must appear in the process's command line (its Java main
 
 from __future__ import annotations
 
+import http.client
+import json
 import os
 import signal
 import socket
@@ -50,6 +52,28 @@ def port_answers(port: int, host: str = HOST) -> bool:
             return True
     except OSError:
         return False
+
+
+def get_json(port: int, path: str, timeout_s: float = 5.0) -> object | None:
+    """The JSON body of a 200 answer to GET http://127.0.0.1:<port><path>; None for anything else
+    (nothing listening, another status, not JSON): what a readiness check asks of a server."""
+    if not port_answers(port):
+        return None
+    connection = http.client.HTTPConnection(HOST, port, timeout=timeout_s)
+    try:
+        connection.request("GET", path)
+        response = connection.getresponse()
+        body = response.read()
+    except (OSError, http.client.HTTPException):
+        return None
+    finally:
+        connection.close()
+    if response.status != 200:
+        return None
+    try:
+        return json.loads(body)
+    except ValueError:
+        return None
 
 
 class DetachedProcess:
@@ -100,6 +124,13 @@ class DetachedProcess:
             warnings.simplefilter("ignore", ResourceWarning)
             del process
         return self.pid() or 0
+
+    def wait_while_running(self, ready: Callable[[], bool], timeout: float) -> None:
+        """Wait for a server started earlier (maybe by another process) to be ready."""
+        pid = self.pid()
+        if pid is None:
+            raise LocalProcessError(f"{self.name} in {self.home} is not running")
+        self.wait_until_ready(pid, None, ready, time.monotonic() + timeout)
 
     def wait_until_ready(self, pid: int, process: subprocess.Popen | None, ready: Callable[[], bool],
                          deadline: float) -> None:

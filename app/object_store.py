@@ -21,10 +21,7 @@ already have reached the client, and leaves out the ones refused before their op
 
 from __future__ import annotations
 
-import http.client
-import json
 import re
-import time
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
@@ -36,7 +33,7 @@ from app.local_process import (
     DetachedProcess,
     LocalProcessError,
     free_port,
-    port_answers,
+    get_json,
     port_is_free,
 )
 from app.maven import ResolveError, resolve
@@ -218,34 +215,17 @@ class LocalObjectStore:
                                    f"{exc}") from exc
 
     def _wait_until_ready(self, timeout: float) -> None:
-        # Started earlier, maybe by another process: only wait if it is still coming up.
-        pid = self._process.pid()
-        if pid is None:
-            raise ObjectStoreError(f"The object store in {self.home} stopped while it was being started")
         try:
-            self._process.wait_until_ready(pid, None, self._answers_s3, time.monotonic() + timeout)
+            self._process.wait_while_running(self._answers_s3, timeout)
         except LocalProcessError as exc:
             raise ObjectStoreError(f"The object store at {self.endpoint} (home {self.home}) does not answer: "
                                    f"{exc}") from exc
 
     def _answers_s3(self) -> bool:
-        if not port_answers(self.port):
-            return False
         # S3Proxy's handler answers /healthz itself, once its backend is open, before it logs a
         # request: the probe proves the S3 handler serves and is not counted as a request.
-        connection = http.client.HTTPConnection(HOST, self.port, timeout=5)
-        try:
-            connection.request("GET", "/healthz")
-            response = connection.getresponse()
-            body = response.read()
-        except (OSError, http.client.HTTPException):
-            return False
-        finally:
-            connection.close()
-        try:
-            return response.status == 200 and json.loads(body).get("status") == "OK"
-        except (ValueError, AttributeError):
-            return False
+        health = get_json(self.port, "/healthz")
+        return isinstance(health, dict) and health.get("status") == "OK"
 
     def _persisted_port(self) -> int | None:
         if not self.config_file.exists():

@@ -34,10 +34,7 @@ stopped server comes back at the same uri with the same tables.
 
 from __future__ import annotations
 
-import http.client
-import json
 import os
-import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from xml.etree import ElementTree
@@ -49,7 +46,7 @@ from app.local_process import (
     DetachedProcess,
     LocalProcessError,
     free_port,
-    port_answers,
+    get_json,
     port_is_free,
 )
 from app.maven import ResolveError, resolve
@@ -224,32 +221,15 @@ class LocalRestCatalog:
     # -- helpers ------------------------------------------------------------------------------
 
     def _wait_until_ready(self, timeout: float) -> None:
-        # Started earlier, maybe by another process: only wait if it is still coming up.
-        pid = self._process.pid()
-        if pid is None:
-            raise RestCatalogError(f"The REST catalog in {self.home} stopped while it was being started")
         try:
-            self._process.wait_until_ready(pid, None, self._answers_config, time.monotonic() + timeout)
+            self._process.wait_while_running(self._answers_config, timeout)
         except LocalProcessError as exc:
             raise RestCatalogError(f"The REST catalog at {self.uri} (home {self.home}) does not answer: "
                                    f"{exc}") from exc
 
     def _answers_config(self) -> bool:
-        if not port_answers(self.port):
-            return False
-        connection = http.client.HTTPConnection(HOST, self.port, timeout=5)
-        try:
-            connection.request("GET", "/v1/config")
-            response = connection.getresponse()
-            body = response.read()
-        except (OSError, http.client.HTTPException):
-            return False
-        finally:
-            connection.close()
-        try:
-            return response.status == 200 and "defaults" in json.loads(body)
-        except (ValueError, TypeError):
-            return False
+        config = get_json(self.port, "/v1/config")
+        return isinstance(config, dict) and "defaults" in config
 
     def _persisted_port(self) -> int | None:
         if not self.config_file.exists():

@@ -85,7 +85,7 @@ def test_start_is_idempotent_and_stop_closes_the_port(broker: LocalBroker) -> No
 
     broker.stop()
     assert broker.status().running is False
-    assert not broker.pid_file.exists()
+    assert not (broker.home / "broker.pid").exists()
     assert not _port_accepts(broker.port)
     broker.stop()  # stopping a stopped broker is a no-op
 
