@@ -169,6 +169,7 @@ def _maintain(args, settings: Settings, name: str) -> int:
         runner = MaintenanceRunner(settings, name, raise_errors=True)
         with _ProgressBars() as bars:
             report = runner.run_once(steps, dry_run=args.dry_run, progress=bars)
+        assert report is not None, "raise_errors: a failed run raises"
         print(json.dumps(report.to_json()))
         return 0
     if args.every <= 0:

@@ -124,8 +124,8 @@ class MaintenanceRunner:
             if self._table is None:
                 self._table = open_catalog(self.settings.catalog_name, self.settings.catalog).load_table(
                     self.table_name)
-            report = maintain(self._table, self.policy, steps or self.steps, dry_run=dry_run,
-                              **({"progress": progress} if progress else {}))
+            report = (maintain(self._table, self.policy, steps or self.steps, dry_run=dry_run, progress=progress)
+                      if progress else maintain(self._table, self.policy, steps or self.steps, dry_run=dry_run))
         except MaintenanceGaveUp as exc:
             log.warning("maintenance gave up", extra={"summary": {"table": self.table_name, "error": str(exc)}})
             if self.metrics:

@@ -328,13 +328,16 @@ def _collect_with_task_count(spark: SparkSession, frame: DataFrame) -> list:
     try:
         return rdd.collect()
     finally:
-        context.setLocalProperty(STAGE_TASKS_PROPERTY, None)
+        context.setLocalProperty(STAGE_TASKS_PROPERTY, None)  # type: ignore[arg-type]  # None unsets it
 
 
 def _stage_position() -> tuple[int, int]:
     """This task's number and the number of tasks of its stage (LastTaskMerge.position)."""
     context = TaskContext.get()
-    return context.partitionId(), int(context.getLocalProperty(STAGE_TASKS_PROPERTY))
+    tasks = context.getLocalProperty(STAGE_TASKS_PROPERTY) if context is not None else None
+    if context is None or tasks is None:
+        raise RuntimeError(f"a batch task runs without Spark's task context or {STAGE_TASKS_PROPERTY}")
+    return context.partitionId(), int(tasks)
 
 
 def _source_columns(batch: DataFrame) -> DataFrame:

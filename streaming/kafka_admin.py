@@ -56,9 +56,8 @@ def client_config(kafka_options: Mapping[str, str], client: type | None = None) 
 
 
 def _known_options(client: type | None) -> set[str]:
-    if client is not None:
-        return set(client.DEFAULT_CONFIG)
-    return set().union(*(c.DEFAULT_CONFIG for c in _KAFKA_PYTHON_CLIENTS))
+    clients = (client,) if client is not None else _KAFKA_PYTHON_CLIENTS
+    return set().union(*(getattr(c, "DEFAULT_CONFIG") for c in clients))
 
 
 # Shared options whose "unset" the Java client spells as a value and kafka-python as None.
@@ -208,7 +207,7 @@ def _jaas_tokens(jaas: str) -> list[tuple[str, str]]:
             # Only the position: the text may hold the password.
             raise ValueError(f"kafka option sasl.jaas.config: unexpected character at position "
                              f"{len(jaas) - len(jaas[position:].lstrip()) + 1}")
-        kind = match.lastgroup
+        kind = match.lastgroup or ""
         text = match.group(kind)
         tokens.append((kind, _unquote(text) if kind == "quoted" else text))
         position = match.end()

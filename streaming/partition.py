@@ -22,7 +22,7 @@ this code.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -386,7 +386,7 @@ def files_under(location: str, io: FileIO) -> list[str]:
 
 
 def results_batch(tallies: list[Tally], records: list[DataFileRecord],
-                  slices: list[Slice] = (), merged_by: int | None = None) -> pa.RecordBatch:
+                  slices: Sequence[Slice] = (), merged_by: int | None = None) -> pa.RecordBatch:
     rows = [{"kind": TALLY, "topic": t.topic, "partition": t.partition, "reason": t.reason, "first": t.first,
              "last": t.last, "n": t.n, "oldest_ms": t.oldest_ms} for t in tallies]
     rows += [{"kind": FILE, **r.to_row(), "merged_by": merged_by} for r in records]
