@@ -31,6 +31,7 @@ test: setup
 bench: setup
 	$(PY) -m pip install --quiet --editable ".[test,bench]"
 	PYTHONPATH=$(CURDIR) $(PY) bench/ingest.py
+	PYTHONPATH=$(CURDIR) $(PY) bench/lakehouse.py
 	PYTHONPATH=$(CURDIR) $(PY) bench/pruning.py
 	PYTHONPATH=$(CURDIR) $(PY) bench/layout.py
 	PYTHONPATH=$(CURDIR) $(PY) bench/json_parsers.py

@@ -35,8 +35,9 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_FAILURE
 
 
-# Errors that name their input are the message; a traceback would only bury it.
-_NAMED_INPUT_ERRORS = (SettingsError, NoSuchTableError, NoSuchNamespaceError)
+# Errors that name their input (a setting, an argument, a table) are the message; a traceback in
+# the log would only bury it.
+_NAMED_INPUT_ERRORS = (SettingsError, ValueError, LookupError, NoSuchTableError, NoSuchNamespaceError)
 
 
 def _parser() -> argparse.ArgumentParser:

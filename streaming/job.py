@@ -59,12 +59,11 @@ from streaming.partition import (
     MergeTask,
     PartitionTask,
     Tally,
-    files_under,
     plan_merge,
     prepare_worker_process,
     range_count,
 )
-from streaming.storage import data_location
+from streaming.storage import data_location, delete_folder
 from streaming.writer import (
     DATA_FILE_RECORD_DDL,
     DataFileRecord,
@@ -314,9 +313,8 @@ class BatchProcessor:
 
 
 def _clear_folder(location: str, io) -> None:
-    """Delete the files under a staging folder (never referenced by the table)."""
-    for path in files_under(location, io):
-        io.delete(path)
+    """Delete a staging folder and its files (never referenced by the table)."""
+    delete_folder(io, location)
 
 
 def _collect_with_task_count(spark: SparkSession, frame: DataFrame) -> list:

@@ -280,7 +280,8 @@ def stage_run(sorted_batches: Iterator[pa.RecordBatch], staging: str, io: FileIO
     table = pa.Table.from_batches(list(sorted_batches))
     path = f"{staging.rstrip('/')}/{uuid.uuid4().hex}.arrow"
     slices = []
-    with io.new_output(path).create(overwrite=False) as out, pa.ipc.new_file(out, table.schema) as ipc:
+    # A fresh name: no need to ask the store first whether it exists (a HEAD and a LIST on S3).
+    with io.new_output(path).create(overwrite=True) as out, pa.ipc.new_file(out, table.schema) as ipc:
         for index, batch in enumerate(table.to_batches(max_chunksize=SLICE_ROWS)):
             ipc.write_batch(batch)
             keys = batch.column(HILBERT)

@@ -65,6 +65,16 @@ def list_files(io: FileIO, location: str) -> list[StoredFile]:
                    for info in infos if info.type == pafs.FileType.File), key=lambda f: f.uri)
 
 
+def delete_folder(io: FileIO, location: str) -> None:
+    """Delete a folder and everything below it, if it is there. One call: deleting its files one by
+    one leaves an object store's empty folder marker behind for each (pyarrow writes one back
+    after every delete, so that the folder still "exists"), two per staged batch, forever."""
+    filesystem, root = filesystem_of(io, location)
+    if filesystem.get_file_info(root.rstrip("/")).type == pafs.FileType.NotFound:
+        return
+    filesystem.delete_dir(root.rstrip("/"))
+
+
 def read_bytes(io: FileIO, uri: str) -> bytes:
     with io.new_input(uri).open() as stream:
         return stream.read()

@@ -104,7 +104,8 @@ def catalog_of(env: dict[str, str]):
 
 def kafka_client(env: dict[str, str]) -> dict:
     """kafka-python options of the service's broker connection (SASL_SSL on the lakehouse shape)."""
-    return {"bootstrap_servers": env["GEOINGEST_BOOTSTRAP_SERVERS"], **client_config(load_settings(env=env).kafka)}
+    return {"bootstrap_servers": env["GEOINGEST_BOOTSTRAP_SERVERS"],
+            **client_config(load_settings(env=env).kafka, client=KafkaConsumer)}
 
 
 def checkpoint_dir(env: dict[str, str]) -> Path:

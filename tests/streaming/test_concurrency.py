@@ -1,4 +1,4 @@
-"""Several writer processes commit to one table at once, on SQLite and on PostgreSQL.
+"""Several writer processes commit to one table at once, on SQLite, on PostgreSQL and on a REST catalog.
 
 Each writer is a real process with its own catalog connection, as a job's driver would be. It
 decodes its own GeoJSON points, writes them as GeoParquet data files, waits at a barrier with the
@@ -39,6 +39,9 @@ from streaming.commit import (
 from streaming.contract import Contract, load_contract
 from streaming.decode import HILBERT, REJECT_REASON, Decoder
 from streaming.writer import DataFileRecord, GeoParquetWriter
+from app.rest_catalog import LocalRestCatalog
+from tests.conftest import CACHE_DIR
+from tests.lakehouse import WAREHOUSE_BUCKET
 from tests.postgres import postgres_server_info, postgres_uri  # noqa: F401  (fixtures)
 
 pytestmark = pytest.mark.integration
@@ -195,12 +198,21 @@ def expected_ids(writer_id: str, batch_ids, rows: int) -> set[str]:
 
 
 # -- fixtures ------------------------------------------------------------------------------------------
-@pytest.fixture(params=["sqlite", "postgres"])
+@pytest.fixture(params=["sqlite", "postgres", "rest"])
 def catalog_config(request, tmp_path: Path) -> tuple[str, dict[str, str]]:
-    """(catalog name, properties) of a fresh catalog: the embedded SQLite one, or one on PostgreSQL."""
+    """(catalog name, properties) of a fresh catalog: the embedded SQLite one, one on PostgreSQL, or
+    Iceberg's REST catalog server with the table in a bucket (the lakehouse shape)."""
     warehouse = f"file://{tmp_path / 'warehouse'}"
     if request.param == "sqlite":
         return "conc", {"type": "sql", "uri": f"sqlite:///{tmp_path / 'catalog.db'}", "warehouse": warehouse}
+    if request.param == "rest":
+        store = request.getfixturevalue("object_store")
+        # A server of its own: every test here makes the same table.
+        catalog = LocalRestCatalog(tmp_path / "rest-catalog", CACHE_DIR,
+                                   f"s3://{WAREHOUSE_BUCKET}/conc-{uuid.uuid4().hex[:8]}", store.io_properties())
+        catalog.start()
+        request.addfinalizer(catalog.stop)
+        return "conc", catalog.catalog_properties()
     uri = request.getfixturevalue("postgres_uri")
     # One server per session: each test gets its own catalog name, hence its own rows.
     return f"conc_{uuid.uuid4().hex[:10]}", {"type": "sql", "uri": uri, "warehouse": warehouse}
@@ -212,8 +224,9 @@ def new_table(catalog_name: str, catalog_props: dict[str, str], properties: dict
     assert created
     with table.transaction() as tx:
         tx.set_properties(properties)
-    expected_dialect = "sqlite" if catalog_props["uri"].startswith("sqlite") else "postgresql"
-    assert catalog.engine.dialect.name == expected_dialect
+    if catalog_props["type"] == "sql":
+        expected_dialect = "sqlite" if catalog_props["uri"].startswith("sqlite") else "postgresql"
+        assert catalog.engine.dialect.name == expected_dialect
     return table
 
 
