@@ -85,10 +85,6 @@ def write_bytes(io: FileIO, uri: str, data: bytes) -> None:
         stream.write(data)
 
 
-def exists(io: FileIO, uri: str) -> bool:
-    return io.new_input(uri).exists()
-
-
 def _uri_prefix(location: str, root: str) -> str:
     """What turns a path of the filesystem back into a URI like `location`: "s3://" for
     s3://bucket/..., "file://" for file:///..., nothing for a plain local path."""
