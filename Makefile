@@ -6,7 +6,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 INSTALLED := $(VENV)/.installed
 
-.PHONY: setup demo demo-lakehouse test bench fuzz clean
+.PHONY: setup demo demo-lakehouse check test bench fuzz clean
 
 $(INSTALLED): pyproject.toml
 	@$(PYTHON) -c 'import sys; assert sys.version_info[:2] == (3, 11), f"geoingest needs Python 3.11, {sys.executable} is {sys.version.split()[0]}"'
@@ -25,8 +25,14 @@ demo: setup
 demo-lakehouse: setup
 	$(VENV)/bin/geoingest demo --lakehouse
 
-test: setup
+test: setup check
 	$(PY) -m pytest
+
+# Lint, format and types, as configured in pyproject.toml.
+check: setup
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
 
 bench: setup
 	$(PY) -m pip install --quiet --editable ".[test,bench]"

@@ -130,8 +130,10 @@ class LocalBroker:
         return {
             "security.protocol": "SASL_SSL",
             "sasl.mechanism": SCRAM_MECHANISM,
-            "sasl.jaas.config": (f'{_SCRAM_LOGIN_MODULE} required username="{_jaas_quoted(self.user)}" '
-                                 f'password="{_jaas_quoted(secret)}";'),
+            "sasl.jaas.config": (
+                f'{_SCRAM_LOGIN_MODULE} required username="{_jaas_quoted(self.user)}" '
+                f'password="{_jaas_quoted(secret)}";'
+            ),
             "ssl.truststore.type": "PEM",
             "ssl.truststore.location": str(self.ca_file),
         }
@@ -142,8 +144,12 @@ class LocalBroker:
         """Download Kafka and its dependencies once into the shared cache; returns the libs dir."""
         binding = ":".join(_LOG4J_SLF4J_BINDING)
         try:
-            jars = resolve([f"org.apache.kafka:kafka_2.13:{self.version}", binding], self.cache_dir,
-                           f"kafka-{self.version}", progress=progress)
+            jars = resolve(
+                [f"org.apache.kafka:kafka_2.13:{self.version}", binding],
+                self.cache_dir,
+                f"kafka-{self.version}",
+                progress=progress,
+            )
         except ResolveError as exc:
             raise BrokerError(str(exc)) from exc
         return jars[0].parent
@@ -167,9 +173,11 @@ class LocalBroker:
         self.controller_port = self.controller_port or self._persisted_controller_port() or free_port()
         ports = [port for port in (self.port, self.controller_port, self.secure_port) if port is not None]
         if len(set(ports)) < len(ports):
-            raise BrokerError(f"Cannot start Kafka broker in {self.home}: its listeners need distinct ports, "
-                              f"got port={self.port}, controller_port={self.controller_port}, "
-                              f"secure_port={self.secure_port}")
+            raise BrokerError(
+                f"Cannot start Kafka broker in {self.home}: its listeners need distinct ports, "
+                f"got port={self.port}, controller_port={self.controller_port}, "
+                f"secure_port={self.secure_port}"
+            )
         for port in ports:
             if not port_is_free(port):
                 raise BrokerError(f"Cannot start Kafka broker in {self.home}: port {_HOST}:{port} is already in use")
@@ -218,9 +226,15 @@ class LocalBroker:
             # Written into the bootstrap metadata: the user exists before any client can connect.
             scram = ["--add-scram", f"{SCRAM_MECHANISM}=[name={self.user},password={self.password}]"]
         command = self._java_command(
-            libs, "kafka.tools.StorageTool",
+            libs,
+            "kafka.tools.StorageTool",
             # `--cluster-id=`: a base64url id may start with '-', which argparse would take for a flag.
-            "format", f"--cluster-id={cluster_id}", "-c", str(self.properties_file), "--standalone", *scram,
+            "format",
+            f"--cluster-id={cluster_id}",
+            "-c",
+            str(self.properties_file),
+            "--standalone",
+            *scram,
         )
         result = subprocess.run(command, capture_output=True, text=True, cwd=self.home)
         if result.returncode != 0:
@@ -234,9 +248,17 @@ class LocalBroker:
     def _add_scram_user(self, libs: Path) -> None:
         """Add the SCRAM user to a running broker whose storage was formatted without it."""
         command = self._java_command(
-            libs, "kafka.admin.ConfigCommand", "--bootstrap-server", self.bootstrap,
-            "--alter", "--entity-type", "users", "--entity-name", self.user,
-            "--add-config", f"{SCRAM_MECHANISM}=[password={self.password}]",
+            libs,
+            "kafka.admin.ConfigCommand",
+            "--bootstrap-server",
+            self.bootstrap,
+            "--alter",
+            "--entity-type",
+            "users",
+            "--entity-name",
+            self.user,
+            "--add-config",
+            f"{SCRAM_MECHANISM}=[password={self.password}]",
         )
         result = subprocess.run(command, capture_output=True, text=True, cwd=self.home)
         if result.returncode != 0:
@@ -295,11 +317,14 @@ class LocalBroker:
         return [
             str(java_executable(self.cache_dir)),
             *trust_store_options(),
-            "-Xmx1g", "-Xms256m",
+            "-Xmx1g",
+            "-Xms256m",
             "-Djava.awt.headless=true",
             f"-Dlog4j2.configurationFile={self.log4j_config_file}",
-            "-cp", f"{libs}/*",
-            main_class, *args,
+            "-cp",
+            f"{libs}/*",
+            main_class,
+            *args,
         ]
 
     def _write_configs(self) -> None:
@@ -312,8 +337,7 @@ class LocalBroker:
             # Brokers and the controller keep talking PLAINTEXT; only clients use SASL_SSL.
             secure = {
                 "sasl.enabled.mechanisms": SCRAM_MECHANISM,
-                f"listener.name.sasl_ssl.{SCRAM_MECHANISM.lower()}.sasl.jaas.config":
-                    f"{_SCRAM_LOGIN_MODULE} required;",
+                f"listener.name.sasl_ssl.{SCRAM_MECHANISM.lower()}.sasl.jaas.config": f"{_SCRAM_LOGIN_MODULE} required;",
                 **self._tls_settings(),
             }
         settings = {
@@ -438,15 +462,66 @@ def _make_pem_certificates(openssl: str, folder: Path) -> None:
     config = folder / "openssl.cnf"
     config.write_text(_OPENSSL_CONFIG)
     common = ["-config", str(config), "-nodes", "-newkey", "rsa:2048"]
-    _run_tool([openssl, "req", "-x509", *common, "-sha256", "-days", str(_CERT_DAYS), "-extensions", "ca",
-               "-subj", "/CN=geoingest local Kafka CA", "-keyout", str(folder / "ca-key.pem"),
-               "-out", str(folder / "ca.pem")], folder)
-    _run_tool([openssl, "req", "-new", *common, "-subj", "/CN=localhost",
-               "-keyout", str(folder / "broker-key.pem"), "-out", str(folder / "broker.csr")], folder)
-    _run_tool([openssl, "x509", "-req", "-in", str(folder / "broker.csr"), "-CA", str(folder / "ca.pem"),
-               "-CAkey", str(folder / "ca-key.pem"), "-set_serial", f"0x{secrets.token_hex(16)}", "-sha256",
-               "-days", str(_CERT_DAYS), "-extfile", str(config), "-extensions", "broker",
-               "-out", str(folder / "broker.pem")], folder)
+    _run_tool(
+        [
+            openssl,
+            "req",
+            "-x509",
+            *common,
+            "-sha256",
+            "-days",
+            str(_CERT_DAYS),
+            "-extensions",
+            "ca",
+            "-subj",
+            "/CN=geoingest local Kafka CA",
+            "-keyout",
+            str(folder / "ca-key.pem"),
+            "-out",
+            str(folder / "ca.pem"),
+        ],
+        folder,
+    )
+    _run_tool(
+        [
+            openssl,
+            "req",
+            "-new",
+            *common,
+            "-subj",
+            "/CN=localhost",
+            "-keyout",
+            str(folder / "broker-key.pem"),
+            "-out",
+            str(folder / "broker.csr"),
+        ],
+        folder,
+    )
+    _run_tool(
+        [
+            openssl,
+            "x509",
+            "-req",
+            "-in",
+            str(folder / "broker.csr"),
+            "-CA",
+            str(folder / "ca.pem"),
+            "-CAkey",
+            str(folder / "ca-key.pem"),
+            "-set_serial",
+            f"0x{secrets.token_hex(16)}",
+            "-sha256",
+            "-days",
+            str(_CERT_DAYS),
+            "-extfile",
+            str(config),
+            "-extensions",
+            "broker",
+            "-out",
+            str(folder / "broker.pem"),
+        ],
+        folder,
+    )
     (folder / "broker-chain.pem").write_text((folder / "broker.pem").read_text() + (folder / "ca.pem").read_text())
     (folder / "broker-key.pem").chmod(0o600)
     # Nothing needs to sign again: the CA's key does not outlive this.
@@ -468,23 +543,68 @@ def _make_pkcs12_certificates(java: Path, folder: Path) -> None:
     ca_store = ["-keystore", str(folder / "ca.p12"), *from_env]
     broker_store = ["-keystore", str(folder / "broker.p12"), *from_env]
     key = ["-keyalg", "RSA", "-keysize", "2048", "-validity", str(_CERT_DAYS)]
-    _run_tool([*keytool, "-genkeypair", "-alias", "ca", *key, "-dname", "CN=geoingest local Kafka CA",
-               "-ext", "bc:c=ca:true", "-ext", "ku:c=keyCertSign,cRLSign", *ca_store], folder, env)
-    _run_tool([*keytool, "-exportcert", "-rfc", "-alias", "ca", "-file", str(folder / "ca.pem"), *ca_store],
-              folder, env)
-    _run_tool([*keytool, "-genkeypair", "-alias", "broker", *key, "-dname", "CN=localhost", *broker_store],
-              folder, env)
-    _run_tool([*keytool, "-certreq", "-alias", "broker", "-file", str(folder / "broker.csr"), *broker_store],
-              folder, env)
-    _run_tool([*keytool, "-gencert", "-alias", "ca", "-rfc", "-validity", str(_CERT_DAYS),
-               "-infile", str(folder / "broker.csr"), "-outfile", str(folder / "broker.pem"),
-               "-ext", "bc:c=ca:false", "-ext", "ku:c=digitalSignature,keyEncipherment", "-ext", "eku=serverAuth",
-               "-ext", f"san=ip:{_HOST},dns:localhost", *ca_store], folder, env)
+    _run_tool(
+        [
+            *keytool,
+            "-genkeypair",
+            "-alias",
+            "ca",
+            *key,
+            "-dname",
+            "CN=geoingest local Kafka CA",
+            "-ext",
+            "bc:c=ca:true",
+            "-ext",
+            "ku:c=keyCertSign,cRLSign",
+            *ca_store,
+        ],
+        folder,
+        env,
+    )
+    _run_tool(
+        [*keytool, "-exportcert", "-rfc", "-alias", "ca", "-file", str(folder / "ca.pem"), *ca_store], folder, env
+    )
+    _run_tool([*keytool, "-genkeypair", "-alias", "broker", *key, "-dname", "CN=localhost", *broker_store], folder, env)
+    _run_tool(
+        [*keytool, "-certreq", "-alias", "broker", "-file", str(folder / "broker.csr"), *broker_store], folder, env
+    )
+    _run_tool(
+        [
+            *keytool,
+            "-gencert",
+            "-alias",
+            "ca",
+            "-rfc",
+            "-validity",
+            str(_CERT_DAYS),
+            "-infile",
+            str(folder / "broker.csr"),
+            "-outfile",
+            str(folder / "broker.pem"),
+            "-ext",
+            "bc:c=ca:false",
+            "-ext",
+            "ku:c=digitalSignature,keyEncipherment",
+            "-ext",
+            "eku=serverAuth",
+            "-ext",
+            f"san=ip:{_HOST},dns:localhost",
+            *ca_store,
+        ],
+        folder,
+        env,
+    )
     # The CA's certificate first, so that keytool can chain the signed reply to it.
-    _run_tool([*keytool, "-importcert", "-noprompt", "-alias", "ca", "-file", str(folder / "ca.pem"),
-               *broker_store], folder, env)
-    _run_tool([*keytool, "-importcert", "-noprompt", "-alias", "broker", "-file", str(folder / "broker.pem"),
-               *broker_store], folder, env)
+    _run_tool(
+        [*keytool, "-importcert", "-noprompt", "-alias", "ca", "-file", str(folder / "ca.pem"), *broker_store],
+        folder,
+        env,
+    )
+    _run_tool(
+        [*keytool, "-importcert", "-noprompt", "-alias", "broker", "-file", str(folder / "broker.pem"), *broker_store],
+        folder,
+        env,
+    )
     (folder / "broker.p12").chmod(0o600)
     for name in ("ca.p12", "broker.csr", "broker.pem"):
         (folder / name).unlink()
@@ -493,5 +613,7 @@ def _make_pkcs12_certificates(java: Path, folder: Path) -> None:
 def _run_tool(command: list[str], cwd: Path, env: dict[str, str] | None = None) -> None:
     result = subprocess.run(command, capture_output=True, text=True, cwd=cwd, env=env)
     if result.returncode != 0:
-        raise BrokerError(f"Making the Kafka broker's certificates in {cwd} failed (exit {result.returncode}): "
-                          f"{shlex.join(command)}\n{tail(result.stdout + result.stderr)}")
+        raise BrokerError(
+            f"Making the Kafka broker's certificates in {cwd} failed (exit {result.returncode}): "
+            f"{shlex.join(command)}\n{tail(result.stdout + result.stderr)}"
+        )

@@ -56,22 +56,34 @@ def _parser() -> argparse.ArgumentParser:
     table.add_argument("--contract", help="table contract (JSON)")
     table.add_argument("--table", help="table name, for describe, orphans and maintain")
     table.add_argument("--delete", action="store_true", help="orphans: delete them too")
-    table.add_argument("--min-age-minutes", type=float, default=60.0,
-                       help="orphans: only files at least this old (younger ones may be committing)")
-    table.add_argument("--compact", action="store_true",
-                       help="maintain: rewrite small files along the Hilbert curve, merge manifests")
+    table.add_argument(
+        "--min-age-minutes",
+        type=float,
+        default=60.0,
+        help="orphans: only files at least this old (younger ones may be committing)",
+    )
+    table.add_argument(
+        "--compact", action="store_true", help="maintain: rewrite small files along the Hilbert curve, merge manifests"
+    )
     table.add_argument("--expire", action="store_true", help="maintain: expire old snapshots and their files")
     table.add_argument("--orphans", action="store_true", help="maintain: delete files nothing references")
     table.add_argument("--dry-run", action="store_true", help="maintain: say what would be done, change nothing")
-    table.add_argument("--every", type=float, metavar="SECONDS",
-                       help="maintain: run again every SECONDS until stopped (metrics on metrics_port)")
+    table.add_argument(
+        "--every",
+        type=float,
+        metavar="SECONDS",
+        help="maintain: run again every SECONDS until stopped (metrics on metrics_port)",
+    )
     table.set_defaults(handler=_table)
 
     run = commands.add_parser("run", help="run the ingest service")
     run.add_argument("--contract", required=True, help="table contract (JSON)")
     run.add_argument("--until-idle", action="store_true", help="drain what the topic holds, then exit")
-    run.add_argument("--resume-from-table", action="store_true",
-                     help="with a lost checkpoint, start after the Kafka offsets recorded in the table")
+    run.add_argument(
+        "--resume-from-table",
+        action="store_true",
+        help="with a lost checkpoint, start after the Kafka offsets recorded in the table",
+    )
     run.set_defaults(handler=_run)
 
     query = commands.add_parser("query", help="features that intersect, lie within or contain a geometry")
@@ -83,11 +95,18 @@ def _parser() -> argparse.ArgumentParser:
     predicate.add_argument("--contains", metavar="WKT", help="features that contain the geometry")
     when = query.add_mutually_exclusive_group()
     when.add_argument("--snapshot", type=int, metavar="ID", help="read this snapshot")
-    when.add_argument("--as-of", metavar="TIMESTAMP",
-                      help="read the snapshot current then: ISO 8601 (no zone: UTC) or epoch milliseconds")
+    when.add_argument(
+        "--as-of",
+        metavar="TIMESTAMP",
+        help="read the snapshot current then: ISO 8601 (no zone: UTC) or epoch milliseconds",
+    )
     query.add_argument("--limit", type=int)
-    query.add_argument("--format", choices=["geojson", "count", "geoparquet"], default="geojson",
-                       help="GeoJSON lines, a count, or a GeoParquet 1.1 file (needs --output)")
+    query.add_argument(
+        "--format",
+        choices=["geojson", "count", "geoparquet"],
+        default="geojson",
+        help="GeoJSON lines, a count, or a GeoParquet 1.1 file (needs --output)",
+    )
     query.add_argument("--output", metavar="FILE", help="write there instead of stdout")
     query.set_defaults(handler=_query)
 
@@ -103,8 +122,11 @@ def _parser() -> argparse.ArgumentParser:
     demo = commands.add_parser("demo", help="broker, table, 200k sample events, ingest, summary")
     demo.add_argument("--events", type=int, default=200_000)
     demo.add_argument("--home", help="the demo's folder (wiped first; default .demo or .demo-lakehouse)")
-    demo.add_argument("--lakehouse", action="store_true",
-                      help="on an S3-compatible store, a REST catalog, a Spark cluster and a SASL_SSL broker")
+    demo.add_argument(
+        "--lakehouse",
+        action="store_true",
+        help="on an S3-compatible store, a REST catalog, a Spark cluster and a SASL_SSL broker",
+    )
     demo.set_defaults(handler=_demo)
     return parser
 
@@ -150,8 +172,11 @@ def _table(args, settings: Settings) -> int:
         if args.delete:
             delete_files(table, [o.path for o in orphans])
         for orphan in orphans:
-            print(json.dumps({"path": orphan.path, "bytes": orphan.size, "age_s": round(orphan.age_s),
-                              "deleted": args.delete}))
+            print(
+                json.dumps(
+                    {"path": orphan.path, "bytes": orphan.size, "age_s": round(orphan.age_s), "deleted": args.delete}
+                )
+            )
         return 0
     print(json.dumps(describe(table), indent=2))
     return 0
@@ -177,8 +202,11 @@ def _maintain(args, settings: Settings, name: str) -> int:
         raise ValueError(f"--every {args.every:g}: must be a positive number of seconds")
     registry = CollectorRegistry()
     runner = MaintenanceRunner(settings, name, MaintenanceMetrics(registry, name))
-    server = serve(registry, Health(max_silence_s=float("inf"), query_active=True), settings.metrics_port) \
-        if settings.metrics_port else None
+    server = (
+        serve(registry, Health(max_silence_s=float("inf"), query_active=True), settings.metrics_port)
+        if settings.metrics_port
+        else None
+    )
     try:
         while True:
             report = runner.run_once(steps, dry_run=args.dry_run)
@@ -204,8 +232,9 @@ class _ProgressBars:
 
         bar = self.bars.get(step)
         if bar is None:
-            bar = self.bars[step] = tqdm(total=total, desc=step, unit=unit, unit_scale=unit == "B",
-                                         file=sys.stderr, disable=None, leave=True)
+            bar = self.bars[step] = tqdm(
+                total=total, desc=step, unit=unit, unit_scale=unit == "B", file=sys.stderr, disable=None, leave=True
+            )
         bar.update(advance)
 
     def __exit__(self, *exc) -> None:
@@ -218,11 +247,21 @@ def _run(args, settings: Settings) -> int:
     from streaming.contract import load_contract
 
     configure_logging()
-    totals = run(settings, load_contract(args.contract), until_idle=args.until_idle,
-                 resume_from_table=args.resume_from_table)
-    print(json.dumps({"batches": totals.batches, "consumed": totals.consumed,
-                      "committed_rows": totals.committed_rows, "rejected": totals.rejected,
-                      "files": totals.files, "commits": totals.commits}))
+    totals = run(
+        settings, load_contract(args.contract), until_idle=args.until_idle, resume_from_table=args.resume_from_table
+    )
+    print(
+        json.dumps(
+            {
+                "batches": totals.batches,
+                "consumed": totals.consumed,
+                "committed_rows": totals.committed_rows,
+                "rejected": totals.rejected,
+                "files": totals.files,
+                "commits": totals.commits,
+            }
+        )
+    )
     return 0
 
 
@@ -287,8 +326,13 @@ def _inspect(args, settings: Settings) -> int:
         summary["plot"] = args.plot
     if args.files:
         summary["file_extents"] = [
-            {"path": f.path, "rows": f.record_count, "bytes": f.file_size_in_bytes,
-             "bbox": list(f.bbox) if f.bbox else None, "hilbert_key": f.hilbert_key}
+            {
+                "path": f.path,
+                "rows": f.record_count,
+                "bytes": f.file_size_in_bytes,
+                "bbox": list(f.bbox) if f.bbox else None,
+                "hilbert_key": f.hilbert_key,
+            }
             for f in layout.files
         ]
     print(json.dumps(summary, indent=2))

@@ -51,14 +51,21 @@ def run_demo(settings: Settings, home: Path, events: int, lakehouse: bool = Fals
     else:
         broker = LocalBroker(home / "broker", Path(settings.cache_dir), port=free_port())
         settings = dataclasses.replace(
-            settings, bootstrap_servers=broker.bootstrap,
-            catalog={"type": "sql", "uri": f"sqlite:///{home / 'catalog.db'}",
-                     "warehouse": f"file://{home / 'warehouse'}"})
+            settings,
+            bootstrap_servers=broker.bootstrap,
+            catalog={
+                "type": "sql",
+                "uri": f"sqlite:///{home / 'catalog.db'}",
+                "warehouse": f"file://{home / 'warehouse'}",
+            },
+        )
     say = lambda text: print(text, file=sys.stderr, flush=True)  # noqa: E731
     try:
         if stack is not None:
-            say("1/6 starting the lakehouse: object store, REST catalog, Spark cluster, secured Kafka broker "
-                "(first run fetches their jars from Maven Central)")
+            say(
+                "1/6 starting the lakehouse: object store, REST catalog, Spark cluster, secured Kafka broker "
+                "(first run fetches their jars from Maven Central)"
+            )
             stack.start(say=lambda text: say(f"    {text}"))
         else:
             say("1/6 starting the local Kafka broker (first run fetches its jars from Maven Central)")
@@ -97,8 +104,10 @@ def run_demo(settings: Settings, home: Path, events: int, lakehouse: bool = Fals
         print(f"  row groups     {s.row_groups_scanned} of {s.row_groups_total} scanned")
         print(f"  rows read      {s.rows_read:,} of {totals.committed_rows:,}")
         if stack is not None:
-            print(f"\ncatalog {stack.catalog.uri}, warehouse {table.location()} "
-                  f"(bucket folder {stack.store.data_dir / WAREHOUSE_BUCKET}), table {contract.table}")
+            print(
+                f"\ncatalog {stack.catalog.uri}, warehouse {table.location()} "
+                f"(bucket folder {stack.store.data_dir / WAREHOUSE_BUCKET}), table {contract.table}"
+            )
         else:
             print(f"\ncatalog {home / 'catalog.db'}, warehouse {home / 'warehouse'}, table {contract.table}")
         return 0

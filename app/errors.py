@@ -15,8 +15,15 @@ EXIT_FAILURE = 2
 EXIT_INTERRUPTED = 130
 
 _RAISED_LINE = re.compile(r"^\s*(?:[\w.]+\.)?(\w*(?:Error|Exception|Failed|Exhausted|GaveUp)): (.+)$")
-_WRAPPERS = ("Py4JJavaError", "StreamingQueryException", "PythonException", "SparkException",
-             "ExecutionException", "UncheckedExecutionException", "CapturedException")
+_WRAPPERS = (
+    "Py4JJavaError",
+    "StreamingQueryException",
+    "PythonException",
+    "SparkException",
+    "ExecutionException",
+    "UncheckedExecutionException",
+    "CapturedException",
+)
 
 
 def innermost(exc: BaseException) -> BaseException:

@@ -39,11 +39,11 @@ def java_home(cache_dir: Path) -> Path:
     script = (
         "#!/bin/sh\n"
         f"# Launches {real_java} without {_DROPPED_FLAG} (see app/java.py).\n"
-        'for arg do\n'
-        '  shift\n'
+        "for arg do\n"
+        "  shift\n"
         f'  [ "$arg" = "{_DROPPED_FLAG}" ] && continue\n'
         '  set -- "$@" "$arg"\n'
-        'done\n'
+        "done\n"
         f'exec "{real_java}" "$@"\n'
     )
     if not launcher.exists() or launcher.read_text() != script:

@@ -39,8 +39,9 @@ class Lakehouse:
     def in_folder(cls, home: Path, cache_dir: Path, cores: int = 2, executor_memory: str = "2g") -> Lakehouse:
         home = Path(home).absolute()
         store = LocalObjectStore(home / "object-store", cache_dir)
-        catalog = LocalRestCatalog(home / "rest-catalog", cache_dir, f"s3://{WAREHOUSE_BUCKET}/lakehouse",
-                                   store.io_properties())
+        catalog = LocalRestCatalog(
+            home / "rest-catalog", cache_dir, f"s3://{WAREHOUSE_BUCKET}/lakehouse", store.io_properties()
+        )
         cluster = LocalSparkCluster(home / "spark-cluster", cache_dir, cores=cores, memory=executor_memory)
         broker = LocalBroker(home / "broker", cache_dir, port=free_port(), secure_port=free_port())
         return cls(store, catalog, cluster, broker)

@@ -98,8 +98,14 @@ class DetachedProcess:
             return None
         return pid if self._is_ours(pid) else None
 
-    def start(self, command: Sequence[str], ready: Callable[[], bool], timeout: float,
-              env: Mapping[str, str] | None = None, cwd: Path | None = None) -> int:
+    def start(
+        self,
+        command: Sequence[str],
+        ready: Callable[[], bool],
+        timeout: float,
+        env: Mapping[str, str] | None = None,
+        cwd: Path | None = None,
+    ) -> int:
         """Start `command` detached (unless it runs already) and wait until `ready()` is true."""
         running = self.pid()
         if running is not None:
@@ -109,8 +115,12 @@ class DetachedProcess:
         self.home.mkdir(parents=True, exist_ok=True)
         with open(self.out_file, "ab") as out:
             process = subprocess.Popen(
-                list(command), stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                cwd=cwd or self.home, env=None if env is None else dict(env),
+                list(command),
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                cwd=cwd or self.home,
+                env=None if env is None else dict(env),
                 start_new_session=True,  # own session: Ctrl-C or exit of the caller leaves it running
             )
         self.pid_file.write_text(f"{process.pid}\n")
@@ -132,12 +142,15 @@ class DetachedProcess:
             raise LocalProcessError(f"{self.name} in {self.home} is not running")
         self.wait_until_ready(pid, None, ready, time.monotonic() + timeout)
 
-    def wait_until_ready(self, pid: int, process: subprocess.Popen | None, ready: Callable[[], bool],
-                         deadline: float) -> None:
+    def wait_until_ready(
+        self, pid: int, process: subprocess.Popen | None, ready: Callable[[], bool], deadline: float
+    ) -> None:
         while True:
             if process is not None and process.poll() is not None:
-                raise LocalProcessError(f"{self.name} exited with code {process.returncode} during startup "
-                                        f"(home {self.home}); {self.log_tail()}")
+                raise LocalProcessError(
+                    f"{self.name} exited with code {process.returncode} during startup "
+                    f"(home {self.home}); {self.log_tail()}"
+                )
             if process is None and not self._is_ours(pid):
                 raise LocalProcessError(f"{self.name} pid {pid} died during startup; {self.log_tail()}")
             if ready():
@@ -177,8 +190,11 @@ class DetachedProcess:
         self._signal(signal.SIGCONT)
 
     def log_tail(self) -> str:
-        parts = [f"last lines of {path}:\n{tail(path.read_text(errors='replace'))}"
-                 for path in self.logs if path.exists() and path.stat().st_size]
+        parts = [
+            f"last lines of {path}:\n{tail(path.read_text(errors='replace'))}"
+            for path in self.logs
+            if path.exists() and path.stat().st_size
+        ]
         return "\n".join(parts) or f"no output in {', '.join(str(p) for p in self.logs)}"
 
     def _signal(self, sig: signal.Signals) -> None:

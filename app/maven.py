@@ -39,8 +39,9 @@ class ResolveError(RuntimeError):
     """Maven coordinates could not be resolved."""
 
 
-def resolve(coordinates: Sequence[str], cache_dir: Path, name: str,
-            progress: Callable[[str], None] | None = None) -> list[Path]:
+def resolve(
+    coordinates: Sequence[str], cache_dir: Path, name: str, progress: Callable[[str], None] | None = None
+) -> list[Path]:
     """The jars of `coordinates` ("group:artifact:version") and their dependencies, downloaded
     once into <cache_dir>/jars/<name>/; returns their paths, sorted.
 
@@ -62,18 +63,26 @@ def resolve(coordinates: Sequence[str], cache_dir: Path, name: str,
         command = [
             str(java_executable(Path(cache_dir))),
             *trust_store_options(),
-            "-jar", str(ivy_jar()),
-            "-settings", str(staging / "ivysettings.xml"),
-            "-ivy", str(staging / "ivy.xml"),
-            "-confs", "default",
-            "-retrieve", str(staging / "jars" / "[organisation]_[artifact]-[revision](-[classifier]).[ext]"),
-            "-cache", str(Path(cache_dir).resolve() / "ivy-cache"),
+            "-jar",
+            str(ivy_jar()),
+            "-settings",
+            str(staging / "ivysettings.xml"),
+            "-ivy",
+            str(staging / "ivy.xml"),
+            "-confs",
+            "default",
+            "-retrieve",
+            str(staging / "jars" / "[organisation]_[artifact]-[revision](-[classifier]).[ext]"),
+            "-cache",
+            str(Path(cache_dir).resolve() / "ivy-cache"),
         ]
         result = subprocess.run(command, capture_output=True, text=True)
         if result.returncode != 0 or not any((staging / "jars").glob("*.jar")):
             tail = "\n".join((result.stdout + result.stderr).splitlines()[-40:])
-            raise ResolveError(f"Ivy could not resolve {', '.join(coordinates)} from Maven Central "
-                               f"(exit {result.returncode}): {shlex.join(command)}\n{tail}")
+            raise ResolveError(
+                f"Ivy could not resolve {', '.join(coordinates)} from Maven Central "
+                f"(exit {result.returncode}): {shlex.join(command)}\n{tail}"
+            )
         try:
             (staging / "jars").rename(target)
         except OSError:
@@ -126,7 +135,8 @@ def _ivy_module(name: str, coordinates: Sequence[str]) -> str:
                 f'    <dependency org="{org}" name="{artifact}" rev="{revision}" conf="default->default" '
                 f'transitive="false">\n'
                 f'      <artifact name="{artifact}" type="jar" ext="jar" m:classifier="{parts[3]}"/>\n'
-                f'    </dependency>')
+                f"    </dependency>"
+            )
     body = "\n".join(lines)
     return f"""<ivy-module version="2.0" xmlns:m="http://ant.apache.org/ivy/maven">
   <info organisation="geoingest" module="{name}"/>

@@ -31,37 +31,65 @@ class IngestMetrics:
         t = ("table",)
         tt = ("topic", "table")
         self.events_consumed = Counter("geoingest_events_consumed", "Kafka records consumed", tt, registry=registry)
-        self.events_committed = Counter("geoingest_events_committed", "Rows committed to the table", tt,
-                                        registry=registry)
-        self.events_rejected = Counter("geoingest_events_rejected", "Records rejected, by reason code",
-                                       (*tt, "reason"), registry=registry)
+        self.events_committed = Counter(
+            "geoingest_events_committed", "Rows committed to the table", tt, registry=registry
+        )
+        self.events_rejected = Counter(
+            "geoingest_events_rejected", "Records rejected, by reason code", (*tt, "reason"), registry=registry
+        )
         self.batches = Counter("geoingest_batches", "Micro-batches processed", t, registry=registry)
-        self.batch_duration = Histogram("geoingest_batch_duration_seconds", "Micro-batch wall time", t,
-                                        buckets=_SECONDS, registry=registry)
+        self.batch_duration = Histogram(
+            "geoingest_batch_duration_seconds", "Micro-batch wall time", t, buckets=_SECONDS, registry=registry
+        )
         self.files_written = Counter("geoingest_files_written", "Data files written", t, registry=registry)
         self.bytes_written = Counter("geoingest_bytes_written", "Bytes of data files written", t, registry=registry)
-        self.rows_per_file = Histogram("geoingest_rows_per_file", "Rows in each data file written", t,
-                                       buckets=_ROWS, registry=registry)
-        self.commits = Counter("geoingest_commits", "Commits by outcome (committed, skipped_replay, failed)",
-                               (*t, "outcome"), registry=registry)
-        self.commit_conflicts = Counter("geoingest_commit_conflicts", "Commit attempts refused as conflicts", t,
-                                        registry=registry)
-        self.commit_retries = Histogram("geoingest_commit_retries", "Retries a commit needed", t,
-                                        buckets=_RETRIES, registry=registry)
-        self.commit_duration = Histogram("geoingest_commit_duration_seconds", "Commit wall time, retries included",
-                                         t, buckets=_SECONDS, registry=registry)
-        self.last_snapshot_id = Gauge("geoingest_last_snapshot_id", "Id of the last snapshot committed", t,
-                                      registry=registry)
-        self.last_commit_timestamp = Gauge("geoingest_last_commit_timestamp_seconds",
-                                           "Unix time of the last commit", t, registry=registry)
-        self.freshness = Histogram("geoingest_freshness_seconds",
-                                   "Event timestamp to commit, per topic-partition of a batch (oldest event)",
-                                   t, buckets=_FRESHNESS, registry=registry)
-        self.kafka_lag = Gauge("geoingest_kafka_lag", "Offsets behind the latest, per topic-partition",
-                               ("topic", "partition", "table"), registry=registry)
-        self.last_progress = Gauge("geoingest_last_progress_timestamp_seconds",
-                                   "Unix time of the last batch or idle poll of the streaming query", t,
-                                   registry=registry)
+        self.rows_per_file = Histogram(
+            "geoingest_rows_per_file", "Rows in each data file written", t, buckets=_ROWS, registry=registry
+        )
+        self.commits = Counter(
+            "geoingest_commits",
+            "Commits by outcome (committed, skipped_replay, failed)",
+            (*t, "outcome"),
+            registry=registry,
+        )
+        self.commit_conflicts = Counter(
+            "geoingest_commit_conflicts", "Commit attempts refused as conflicts", t, registry=registry
+        )
+        self.commit_retries = Histogram(
+            "geoingest_commit_retries", "Retries a commit needed", t, buckets=_RETRIES, registry=registry
+        )
+        self.commit_duration = Histogram(
+            "geoingest_commit_duration_seconds",
+            "Commit wall time, retries included",
+            t,
+            buckets=_SECONDS,
+            registry=registry,
+        )
+        self.last_snapshot_id = Gauge(
+            "geoingest_last_snapshot_id", "Id of the last snapshot committed", t, registry=registry
+        )
+        self.last_commit_timestamp = Gauge(
+            "geoingest_last_commit_timestamp_seconds", "Unix time of the last commit", t, registry=registry
+        )
+        self.freshness = Histogram(
+            "geoingest_freshness_seconds",
+            "Event timestamp to commit, per topic-partition of a batch (oldest event)",
+            t,
+            buckets=_FRESHNESS,
+            registry=registry,
+        )
+        self.kafka_lag = Gauge(
+            "geoingest_kafka_lag",
+            "Offsets behind the latest, per topic-partition",
+            ("topic", "partition", "table"),
+            registry=registry,
+        )
+        self.last_progress = Gauge(
+            "geoingest_last_progress_timestamp_seconds",
+            "Unix time of the last batch or idle poll of the streaming query",
+            t,
+            registry=registry,
+        )
 
     def observe_batch(self, report: BatchReport) -> None:
         table, topic = self.table, self.topic
@@ -114,34 +142,70 @@ class MaintenanceMetrics:
         self.registry = registry
         self.table = table
         t = ("table",)
-        self.runs = Counter("geoingest_maintenance_runs", "Maintenance runs by outcome (completed, gave_up: a "
-                            "commit lost every retry to concurrent commits, failed)", (*t, "outcome"),
-                            registry=registry)
-        self.duration = Histogram("geoingest_maintenance_duration_seconds", "Maintenance wall time, by step",
-                                  (*t, "step"), buckets=_SECONDS, registry=registry)
-        self.files_rewritten = Counter("geoingest_maintenance_files_rewritten", "Small data files compacted away",
-                                       t, registry=registry)
-        self.bytes_rewritten = Counter("geoingest_maintenance_bytes_rewritten", "Bytes of data files compacted away",
-                                       t, registry=registry)
-        self.files_written = Counter("geoingest_maintenance_files_written", "Data files written by compaction", t,
-                                     registry=registry)
-        self.bytes_written = Counter("geoingest_maintenance_bytes_written", "Bytes of data files written by "
-                                     "compaction", t, registry=registry)
-        self.conflicts = Counter("geoingest_maintenance_conflicts", "Maintenance commits refused as conflicts "
-                                 "(then retried on a fresh table)", t, registry=registry)
-        self.bins_abandoned = Counter("geoingest_maintenance_bins_abandoned", "Compaction bins given up because "
-                                      "their files were replaced meanwhile", t, registry=registry)
-        self.snapshots_expired = Counter("geoingest_maintenance_snapshots_expired", "Snapshots expired", t,
-                                         registry=registry)
-        self.files_deleted = Counter("geoingest_maintenance_files_deleted", "Files deleted: only referenced by "
-                                     "expired snapshots (expired), or by nothing (orphan)", (*t, "reason"),
-                                     registry=registry)
-        self.data_manifests = Gauge("geoingest_table_data_manifests", "Data manifests of the current snapshot, "
-                                    "after the last maintenance run", t, registry=registry)
-        self.snapshots = Gauge("geoingest_table_snapshots", "Snapshots in the table metadata, after the last "
-                               "maintenance run", t, registry=registry)
-        self.last_run = Gauge("geoingest_maintenance_last_run_timestamp_seconds", "Unix time of the last "
-                              "completed maintenance run", t, registry=registry)
+        self.runs = Counter(
+            "geoingest_maintenance_runs",
+            "Maintenance runs by outcome (completed, gave_up: a commit lost every retry to concurrent commits, failed)",
+            (*t, "outcome"),
+            registry=registry,
+        )
+        self.duration = Histogram(
+            "geoingest_maintenance_duration_seconds",
+            "Maintenance wall time, by step",
+            (*t, "step"),
+            buckets=_SECONDS,
+            registry=registry,
+        )
+        self.files_rewritten = Counter(
+            "geoingest_maintenance_files_rewritten", "Small data files compacted away", t, registry=registry
+        )
+        self.bytes_rewritten = Counter(
+            "geoingest_maintenance_bytes_rewritten", "Bytes of data files compacted away", t, registry=registry
+        )
+        self.files_written = Counter(
+            "geoingest_maintenance_files_written", "Data files written by compaction", t, registry=registry
+        )
+        self.bytes_written = Counter(
+            "geoingest_maintenance_bytes_written", "Bytes of data files written by compaction", t, registry=registry
+        )
+        self.conflicts = Counter(
+            "geoingest_maintenance_conflicts",
+            "Maintenance commits refused as conflicts (then retried on a fresh table)",
+            t,
+            registry=registry,
+        )
+        self.bins_abandoned = Counter(
+            "geoingest_maintenance_bins_abandoned",
+            "Compaction bins given up because their files were replaced meanwhile",
+            t,
+            registry=registry,
+        )
+        self.snapshots_expired = Counter(
+            "geoingest_maintenance_snapshots_expired", "Snapshots expired", t, registry=registry
+        )
+        self.files_deleted = Counter(
+            "geoingest_maintenance_files_deleted",
+            "Files deleted: only referenced by expired snapshots (expired), or by nothing (orphan)",
+            (*t, "reason"),
+            registry=registry,
+        )
+        self.data_manifests = Gauge(
+            "geoingest_table_data_manifests",
+            "Data manifests of the current snapshot, after the last maintenance run",
+            t,
+            registry=registry,
+        )
+        self.snapshots = Gauge(
+            "geoingest_table_snapshots",
+            "Snapshots in the table metadata, after the last maintenance run",
+            t,
+            registry=registry,
+        )
+        self.last_run = Gauge(
+            "geoingest_maintenance_last_run_timestamp_seconds",
+            "Unix time of the last completed maintenance run",
+            t,
+            registry=registry,
+        )
         for outcome in self.OUTCOMES:
             self.runs.labels(table, outcome)
 

@@ -110,14 +110,17 @@ class LocalObjectStore:
         if self.running():
             persisted = self._persisted_port()
             if persisted != self.port:
-                raise ObjectStoreError(f"The object store in {self.home} already runs on port {persisted}, "
-                                       f"not on the port {self.port} asked for")
+                raise ObjectStoreError(
+                    f"The object store in {self.home} already runs on port {persisted}, "
+                    f"not on the port {self.port} asked for"
+                )
             self._wait_until_ready(timeout)
             return
         jars = self.ensure_jars()
         if not port_is_free(self.port):
-            raise ObjectStoreError(f"Cannot start the object store in {self.home}: "
-                                   f"port {HOST}:{self.port} is already in use")
+            raise ObjectStoreError(
+                f"Cannot start the object store in {self.home}: port {HOST}:{self.port} is already in use"
+            )
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self._write_configs()
         self.request_log_file.unlink(missing_ok=True)  # the last run's requests are not this one's
@@ -127,8 +130,10 @@ class LocalObjectStore:
             "-Xmx1g",
             "-Djava.awt.headless=true",
             f"-Dlogback.configurationFile={self.logback_file}",
-            "-jar", str(jars[0]),
-            "--properties", str(self.config_file),
+            "-jar",
+            str(jars[0]),
+            "--properties",
+            str(self.config_file),
         ]
         self._start_process(command, timeout)
 
@@ -167,32 +172,42 @@ class LocalObjectStore:
     def create_bucket(self, name: str) -> None:
         """Create bucket `name` unless it exists."""
         if not _BUCKET_NAME.fullmatch(name) or ".." in name:
-            raise ObjectStoreError(f"Bucket name {name!r}: expected 3-63 lowercase letters, digits, '.' or '-', "
-                                   "starting and ending with a letter or digit")
+            raise ObjectStoreError(
+                f"Bucket name {name!r}: expected 3-63 lowercase letters, digits, '.' or '-', "
+                "starting and ending with a letter or digit"
+            )
         from pyarrow import fs as pafs  # imported here: only bucket creation needs it
 
         filesystem = pafs.S3FileSystem(
-            endpoint_override=self.endpoint, access_key=self.access_key, secret_key=self.secret_key,
-            region=self.region, scheme="http", allow_bucket_creation=True,
-            connect_timeout=5, request_timeout=30,
+            endpoint_override=self.endpoint,
+            access_key=self.access_key,
+            secret_key=self.secret_key,
+            region=self.region,
+            scheme="http",
+            allow_bucket_creation=True,
+            connect_timeout=5,
+            request_timeout=30,
         )
         try:
             filesystem.create_dir(name)
             created = filesystem.get_file_info(name).type == pafs.FileType.Directory
         except OSError as exc:
-            raise ObjectStoreError(f"Cannot create bucket {name!r} at {self.endpoint} "
-                                   f"(access key {self.access_key!r}): {exc}") from exc
+            raise ObjectStoreError(
+                f"Cannot create bucket {name!r} at {self.endpoint} (access key {self.access_key!r}): {exc}"
+            ) from exc
         if not created:
-            raise ObjectStoreError(f"Bucket {name!r} is missing at {self.endpoint} after its creation; "
-                                   f"{self._process.log_tail()}")
+            raise ObjectStoreError(
+                f"Bucket {name!r} is missing at {self.endpoint} after its creation; {self._process.log_tail()}"
+            )
 
     def request_counts(self) -> dict[str, int]:
         """The requests the store received since it started, by kind: PUT, GET (of an object),
         HEAD, LIST (a GET of a bucket or of the bucket list), DELETE, POST (multipart uploads,
         multi-object deletes), and any other method by its name."""
         if not self.request_log_file.exists():
-            raise ObjectStoreError(f"No request log {self.request_log_file}: the object store in {self.home} "
-                                   "has not been started")
+            raise ObjectStoreError(
+                f"No request log {self.request_log_file}: the object store in {self.home} has not been started"
+            )
         text = self.request_log_file.read_bytes().decode(errors="replace")
         counts: Counter[str] = Counter({kind: 0 for kind in REQUEST_KINDS})
         for line in text.splitlines():
@@ -200,8 +215,10 @@ class LocalObjectStore:
                 continue  # the same logger's other messages
             match = _REQUEST_LINE.search(line)
             if match is None:
-                raise ObjectStoreError(f"Cannot read the request line {line!r} in {self.request_log_file}: "
-                                       f"S3Proxy {self.version} logs requests in a form this module does not know")
+                raise ObjectStoreError(
+                    f"Cannot read the request line {line!r} in {self.request_log_file}: "
+                    f"S3Proxy {self.version} logs requests in a form this module does not know"
+                )
             counts[_kind(*match.groups())] += 1
         return dict(counts)
 
@@ -211,15 +228,17 @@ class LocalObjectStore:
         try:
             self._process.start(command, self._answers_s3, timeout)
         except LocalProcessError as exc:
-            raise ObjectStoreError(f"The object store at {self.endpoint} (home {self.home}) did not start: "
-                                   f"{exc}") from exc
+            raise ObjectStoreError(
+                f"The object store at {self.endpoint} (home {self.home}) did not start: {exc}"
+            ) from exc
 
     def _wait_until_ready(self, timeout: float) -> None:
         try:
             self._process.wait_while_running(self._answers_s3, timeout)
         except LocalProcessError as exc:
-            raise ObjectStoreError(f"The object store at {self.endpoint} (home {self.home}) does not answer: "
-                                   f"{exc}") from exc
+            raise ObjectStoreError(
+                f"The object store at {self.endpoint} (home {self.home}) does not answer: {exc}"
+            ) from exc
 
     def _answers_s3(self) -> bool:
         # S3Proxy's handler answers /healthz itself, once its backend is open, before it logs a

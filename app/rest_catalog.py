@@ -105,8 +105,14 @@ class RestCatalogError(RuntimeError):
 
 
 class LocalRestCatalog:
-    def __init__(self, home: Path, cache_dir: Path, warehouse: str, io_properties: dict[str, str] | None = None,
-                 port: int | None = None) -> None:
+    def __init__(
+        self,
+        home: Path,
+        cache_dir: Path,
+        warehouse: str,
+        io_properties: dict[str, str] | None = None,
+        port: int | None = None,
+    ) -> None:
         self.home = Path(home).resolve()
         self.cache_dir = Path(cache_dir).resolve()
         self.warehouse = warehouse
@@ -137,8 +143,13 @@ class LocalRestCatalog:
         }
         if self.warehouse.startswith("s3://"):
             properties["io-impl"] = _S3_FILE_IO
-            properties.update({java_name: self.io_properties[name] for name, java_name in _S3_PROPERTIES.items()
-                               if name in self.io_properties})
+            properties.update(
+                {
+                    java_name: self.io_properties[name]
+                    for name, java_name in _S3_PROPERTIES.items()
+                    if name in self.io_properties
+                }
+            )
         return properties
 
     # -- jars ---------------------------------------------------------------------------------
@@ -148,8 +159,9 @@ class LocalRestCatalog:
         try:
             return [
                 *resolve(_SERVER_COORDINATES, self.cache_dir, f"iceberg-rest-{ICEBERG_VERSION}", progress=progress),
-                *resolve(_SERVLET_COORDINATES, self.cache_dir, f"iceberg-rest-{ICEBERG_VERSION}-servlet",
-                         progress=progress),
+                *resolve(
+                    _SERVLET_COORDINATES, self.cache_dir, f"iceberg-rest-{ICEBERG_VERSION}-servlet", progress=progress
+                ),
             ]
         except ResolveError as exc:
             raise RestCatalogError(str(exc)) from exc
@@ -164,14 +176,17 @@ class LocalRestCatalog:
         if self.running():
             persisted = self._persisted_port()
             if persisted != self.port:
-                raise RestCatalogError(f"The REST catalog in {self.home} already runs on port {persisted}, "
-                                       f"not on the port {self.port} asked for")
+                raise RestCatalogError(
+                    f"The REST catalog in {self.home} already runs on port {persisted}, "
+                    f"not on the port {self.port} asked for"
+                )
             self._wait_until_ready(timeout)
             return
         jars = self.ensure_jars()
         if not port_is_free(self.port):
-            raise RestCatalogError(f"Cannot start the REST catalog in {self.home}: "
-                                   f"port {HOST}:{self.port} is already in use")
+            raise RestCatalogError(
+                f"Cannot start the REST catalog in {self.home}: port {HOST}:{self.port} is already in use"
+            )
         self.home.mkdir(parents=True, exist_ok=True)
         self._write_config()
         command = [
@@ -186,8 +201,10 @@ class LocalRestCatalog:
             "-Daws.disableEc2Metadata=true",
             "-Dorg.slf4j.simpleLogger.showDateTime=true",
             "-Dorg.slf4j.simpleLogger.dateTimeFormat=yyyy-MM-dd HH:mm:ss.SSS",
-            "-cp", os.pathsep.join(str(jar) for jar in jars),
-            _LAUNCHER_CLASS, str(self.config_file),
+            "-cp",
+            os.pathsep.join(str(jar) for jar in jars),
+            _LAUNCHER_CLASS,
+            str(self.config_file),
         ]
         env = {key: os.environ[key] for key in _PASSED_THROUGH if key in os.environ}
         try:
@@ -224,8 +241,7 @@ class LocalRestCatalog:
         try:
             self._process.wait_while_running(self._answers_config, timeout)
         except LocalProcessError as exc:
-            raise RestCatalogError(f"The REST catalog at {self.uri} (home {self.home}) does not answer: "
-                                   f"{exc}") from exc
+            raise RestCatalogError(f"The REST catalog at {self.uri} (home {self.home}) does not answer: {exc}") from exc
 
     def _answers_config(self) -> bool:
         config = get_json(self.port, "/v1/config")
@@ -243,8 +259,10 @@ class LocalRestCatalog:
 
     def _write_config(self) -> None:
         indent = " " * 28
-        entries = "\n".join(f"{indent}<Entry><Item>{escape(key)}</Item><Item>{escape(value)}</Item></Entry>"
-                            for key, value in self.server_properties().items())
+        entries = "\n".join(
+            f"{indent}<Entry><Item>{escape(key)}</Item><Item>{escape(value)}</Item></Entry>"
+            for key, value in self.server_properties().items()
+        )
         text = f"""<?xml version="1.0"?>
 <!DOCTYPE Configure PUBLIC "-//Jetty//Configure//EN" "https://jetty.org/configure_10_0.dtd">
 <!-- Written by app/rest_catalog.py on every start; edit LocalRestCatalog instead.
@@ -312,7 +330,7 @@ class LocalRestCatalog:
 
 def _check_warehouse(warehouse: str, io_properties: Mapping[str, str]) -> None:
     if warehouse.startswith("s3://"):
-        if not warehouse[len("s3://"):].split("/", 1)[0]:
+        if not warehouse[len("s3://") :].split("/", 1)[0]:
             raise RestCatalogError(f"Warehouse {warehouse!r} names no bucket")
         missing = [name for name in _REQUIRED_S3_PROPERTIES if not io_properties.get(name)]
         if missing:

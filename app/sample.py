@@ -267,8 +267,11 @@ def _zones(rng: np.random.Generator, lon: np.ndarray, lat: np.ndarray) -> list[b
     angle = ring_direction[ring] * 2 * math.pi * step / ring_vertices[ring]
     distance_km = ring_radius_km[ring] * rng.uniform(0.75, 1.25, len(ring))
     x_lon, y_lat = _offset(
-        lon[ring_polygon][ring], lat[ring_polygon][ring],
-        distance_km * np.cos(angle), distance_km * np.sin(angle), wrap=False,
+        lon[ring_polygon][ring],
+        lat[ring_polygon][ring],
+        distance_km * np.cos(angle),
+        distance_km * np.sin(angle),
+        wrap=False,
     )
     rings = shapely.linearrings(*_web_mercator(x_lon, y_lat), indices=ring)
     polygons = shapely.set_srid(shapely.polygons(rings, indices=ring_polygon), 3857)
@@ -300,8 +303,11 @@ def _sites(rng: np.random.Generator, lon: np.ndarray, lat: np.ndarray) -> list[b
     corner_north = np.array([-1.0, -1.0, 1.0, 1.0]) * half_depth_km[:, None]
     cos, sin = np.cos(rotation)[:, None], np.sin(rotation)[:, None]
     x, y = _offset(
-        lon[footprints][:, None], lat[footprints][:, None],
-        corner_east * cos - corner_north * sin, corner_east * sin + corner_north * cos, wrap=False,
+        lon[footprints][:, None],
+        lat[footprints][:, None],
+        corner_east * cos - corner_north * sin,
+        corner_east * sin + corner_north * cos,
+        wrap=False,
     )
     rectangles = shapely.polygons(np.stack([x, y], axis=-1))
     geometries = np.empty(count, dtype=object)
@@ -352,21 +358,24 @@ def produce(
     first_error: str | None = None
     try:
         # The workers are forked before the progress bar exists: tqdm starts a monitor thread.
-        with _batch_sender(bootstrap, topic, workers) as send_batches, tqdm(
-            total=total, unit="ev", unit_scale=True, desc=topic, disable=not progress
-        ) as bar:
+        with (
+            _batch_sender(bootstrap, topic, workers) as send_batches,
+            tqdm(total=total, unit="ev", unit_scale=True, desc=topic, disable=not progress) as bar,
+        ):
             for batch_sent, batch_acknowledged, error in send_batches(_batches(events)):
                 sent, acknowledged = sent + batch_sent, acknowledged + batch_acknowledged
                 first_error = first_error or error
                 bar.update(batch_sent)
     except KafkaError as error:
-        raise ProduceError(
-            f"Producing to topic {topic!r} on Kafka broker {bootstrap} failed: {error!r}"
-        ) from error
+        raise ProduceError(f"Producing to topic {topic!r} on Kafka broker {bootstrap} failed: {error!r}") from error
     if acknowledged < sent:
         log.warning(
             "%d of %d events were not acknowledged by %s (topic %s); first error: %s",
-            sent - acknowledged, sent, bootstrap, topic, first_error,
+            sent - acknowledged,
+            sent,
+            bootstrap,
+            topic,
+            first_error,
         )
     return acknowledged
 
@@ -494,9 +503,7 @@ def _create_topic_if_missing(bootstrap: str, topic: str, partitions: int) -> Non
             ),
         )
     except KafkaError as error:
-        raise ProduceError(
-            f"Kafka broker at {bootstrap} is unreachable ({error}); is it running?"
-        ) from error
+        raise ProduceError(f"Kafka broker at {bootstrap} is unreachable ({error}); is it running?") from error
     try:
         if topic not in admin.list_topics():
             # NewTopic objects: kafka-python 3.x also takes a dict, but 2.2 (allowed too) does not.
@@ -504,9 +511,7 @@ def _create_topic_if_missing(bootstrap: str, topic: str, partitions: int) -> Non
     except TopicAlreadyExistsError:
         pass  # created concurrently: fine
     except KafkaError as error:
-        raise ProduceError(
-            f"Could not create topic {topic!r} on Kafka broker {bootstrap}: {error}"
-        ) from error
+        raise ProduceError(f"Could not create topic {topic!r} on Kafka broker {bootstrap}: {error}") from error
     finally:
         admin.close()
 

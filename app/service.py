@@ -21,11 +21,11 @@ from app.spark import spark_session
 from streaming.catalog import load_contract_table, open_catalog
 from streaming.checkpoint import checkpoint_has_progress, writer_id_for_checkpoint
 from streaming.commit import resume_offsets
-from streaming.kafka_admin import ensure_topic, partitions_of
 from streaming.contract import Contract
 from streaming.dead_letter import DeadLetterConfig
 from streaming.decode import DecodeOptions
 from streaming.job import BatchProcessor, BatchReport, JobConfig, start_query
+from streaming.kafka_admin import ensure_topic, partitions_of
 from streaming.maintenance import (
     MaintenanceGaveUp,
     MaintenancePolicy,
@@ -75,8 +75,11 @@ def job_config(settings: Settings, contract: Contract, table: Table) -> JobConfi
         clustering=settings.clustering,
         merge_in_task_max_rows=settings.merge_in_task_max_rows,
         kafka_options=dict(settings.kafka),
-        decode=DecodeOptions(max_message_bytes=settings.max_message_bytes, max_vertices=settings.max_vertices,
-                             max_nesting=settings.max_nesting),
+        decode=DecodeOptions(
+            max_message_bytes=settings.max_message_bytes,
+            max_vertices=settings.max_vertices,
+            max_nesting=settings.max_nesting,
+        ),
         dead_letter=dead_letter_config(settings, table),
         hold_after_commit_file=settings.hold_after_commit_file,
     )
@@ -102,8 +105,9 @@ class MaintenanceRunner:
     (`start`). Its own catalog connection, so it never shares a table object with the committer.
     A failed run is logged and counted, never raised into ingest (unless `raise_errors`)."""
 
-    def __init__(self, settings: Settings, table_name: str, metrics: MaintenanceMetrics | None = None,
-                 raise_errors: bool = False):
+    def __init__(
+        self, settings: Settings, table_name: str, metrics: MaintenanceMetrics | None = None, raise_errors: bool = False
+    ):
         if settings.maintenance_mode not in MAINTENANCE_MODES:
             raise ValueError(f"maintenance_mode: {settings.maintenance_mode!r} is not one of {list(MAINTENANCE_MODES)}")
         self.settings = settings
@@ -117,15 +121,20 @@ class MaintenanceRunner:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
-    def run_once(self, steps: tuple[str, ...] | None = None, dry_run: bool = False,
-                 progress: Progress | None = None) -> MaintenanceReport | None:
+    def run_once(
+        self, steps: tuple[str, ...] | None = None, dry_run: bool = False, progress: Progress | None = None
+    ) -> MaintenanceReport | None:
         self._last_run = time.monotonic()
         try:
             if self._table is None:
                 self._table = open_catalog(self.settings.catalog_name, self.settings.catalog).load_table(
-                    self.table_name)
-            report = (maintain(self._table, self.policy, steps or self.steps, dry_run=dry_run, progress=progress)
-                      if progress else maintain(self._table, self.policy, steps or self.steps, dry_run=dry_run))
+                    self.table_name
+                )
+            report = (
+                maintain(self._table, self.policy, steps or self.steps, dry_run=dry_run, progress=progress)
+                if progress
+                else maintain(self._table, self.policy, steps or self.steps, dry_run=dry_run)
+            )
         except MaintenanceGaveUp as exc:
             log.warning("maintenance gave up", extra={"summary": {"table": self.table_name, "error": str(exc)}})
             if self.metrics:
@@ -134,8 +143,11 @@ class MaintenanceRunner:
                 raise
             return None
         except Exception as exc:
-            log.error("maintenance failed", exc_info=True, extra={"summary": {"table": self.table_name,
-                                                                              "error": str(exc)[:500]}})
+            log.error(
+                "maintenance failed",
+                exc_info=True,
+                extra={"summary": {"table": self.table_name, "error": str(exc)[:500]}},
+            )
             if self.metrics:
                 self.metrics.observe_failure("failed")
             if self.raise_errors:
@@ -173,10 +185,15 @@ def start_spark(settings: Settings) -> SparkSession:
     return spark_session(settings.spark_master, settings.cache_dir, settings.driver_memory, settings.spark)
 
 
-def run(settings: Settings, contract: Contract, until_idle: bool,
-        observers: tuple[Callable[[BatchReport], None], ...] = (),
-        spark: SparkSession | None = None, registry: CollectorRegistry | None = None,
-        resume_from_table: bool = False) -> RunTotals:
+def run(
+    settings: Settings,
+    contract: Contract,
+    until_idle: bool,
+    observers: tuple[Callable[[BatchReport], None], ...] = (),
+    spark: SparkSession | None = None,
+    registry: CollectorRegistry | None = None,
+    resume_from_table: bool = False,
+) -> RunTotals:
     """Run the ingest. With until_idle, drain what the topic holds and return; otherwise run until
     SIGTERM or SIGINT, then stop after the batch in progress.
 
@@ -200,14 +217,28 @@ def run(settings: Settings, contract: Contract, until_idle: bool,
         spark = spark or start_spark(settings)
         config = job_config(settings, contract, table)
         if config.dead_letter is not None:
-            ensure_topic(settings.bootstrap_servers, config.dead_letter.topic, settings.kafka,
-                         topic_config=config.dead_letter.topic_config())
+            ensure_topic(
+                settings.bootstrap_servers,
+                config.dead_letter.topic,
+                settings.kafka,
+                topic_config=config.dead_letter.topic_config(),
+            )
         if resume_from_table:
             config = _resume_from_table(config, table, settings)
-        log.info("starting", extra={"settings": {**settings.shown(), "table": contract.table,
-                                                  "writer_id": config.writer_id, "until_idle": until_idle}})
-        processor = BatchProcessor(spark, table, contract, config,
-                                   observers=(totals.observe, metrics.observe_batch, *observers))
+        log.info(
+            "starting",
+            extra={
+                "settings": {
+                    **settings.shown(),
+                    "table": contract.table,
+                    "writer_id": config.writer_id,
+                    "until_idle": until_idle,
+                }
+            },
+        )
+        processor = BatchProcessor(
+            spark, table, contract, config, observers=(totals.observe, metrics.observe_batch, *observers)
+        )
         query = start_query(spark, processor, until_idle=until_idle, trigger_interval=settings.trigger_interval)
         _supervise(query, processor, metrics, health, stop_on_signal=not until_idle)
     finally:
@@ -221,8 +252,10 @@ def run(settings: Settings, contract: Contract, until_idle: bool,
 
 def _resume_from_table(config: JobConfig, table, settings: Settings) -> JobConfig:
     if checkpoint_has_progress(config.checkpoint_location):
-        log.info("checkpoint has progress; it decides where to start",
-                 extra={"summary": {"checkpoint": config.checkpoint_location}})
+        log.info(
+            "checkpoint has progress; it decides where to start",
+            extra={"summary": {"checkpoint": config.checkpoint_location}},
+        )
         return config
     partitions = partitions_of(settings.bootstrap_servers, settings.topic, settings.kafka)
     starting = resume_offsets(table, settings.topic, partitions)
@@ -230,15 +263,16 @@ def _resume_from_table(config: JobConfig, table, settings: Settings) -> JobConfi
     return dataclasses.replace(config, starting_offsets=starting)
 
 
-def _supervise(query, processor: BatchProcessor, metrics: IngestMetrics, health: Health,
-               stop_on_signal: bool) -> None:
+def _supervise(query, processor: BatchProcessor, metrics: IngestMetrics, health: Health, stop_on_signal: bool) -> None:
     """Wait for the query, feeding health and lag from its progress; stop it cleanly on a signal."""
 
     stop_requested = threading.Event()
     if stop_on_signal and threading.current_thread() is threading.main_thread():
+
         def request_stop(signum, _frame):
             log.info("stop requested", extra={"summary": {"signal": signal.Signals(signum).name}})
             stop_requested.set()
+
         signal.signal(signal.SIGTERM, request_stop)
         signal.signal(signal.SIGINT, request_stop)
 

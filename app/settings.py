@@ -40,11 +40,13 @@ class Settings:
     kafka: dict[str, str] = field(default_factory=dict)
     # Iceberg catalog (pyiceberg properties)
     catalog_name: str = "geoingest"
-    catalog: dict[str, str] = field(default_factory=lambda: {
-        "type": "sql",
-        "uri": f"sqlite:///{Path('.demo/catalog.db').absolute()}",
-        "warehouse": f"file://{Path('.demo/warehouse').absolute()}",
-    })
+    catalog: dict[str, str] = field(
+        default_factory=lambda: {
+            "type": "sql",
+            "uri": f"sqlite:///{Path('.demo/catalog.db').absolute()}",
+            "warehouse": f"file://{Path('.demo/warehouse').absolute()}",
+        }
+    )
     # Streaming
     checkpoint_location: str = field(default_factory=lambda: str(Path(".demo/checkpoints").absolute()))
     writer_id: str = ""  # default: made once and kept in the checkpoint location
@@ -121,8 +123,9 @@ class SettingsError(ValueError):
     pass
 
 
-def load_settings(config_file: str | Path | None = None, env: dict[str, str] | None = None,
-                  **overrides: Any) -> Settings:
+def load_settings(
+    config_file: str | Path | None = None, env: dict[str, str] | None = None, **overrides: Any
+) -> Settings:
     env = dict(os.environ if env is None else env)
     values: dict[str, Any] = {}
     config_file = config_file or env.get(f"{ENV_PREFIX}CONFIG")

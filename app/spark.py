@@ -36,8 +36,12 @@ def kafka_connector_jars(cache_dir: Path) -> list[Path]:
     shipped = {artifact_name(Path(p).name) for p in glob.glob(os.path.join(spark_home(), "jars", "*.jar"))}
     if "spark-sql-kafka-0-10_2.13" in shipped:
         return []
-    jars = resolve([kafka_connector_package()], cache_dir, f"spark-sql-kafka-{pyspark.__version__}",
-                   progress=lambda message: print(message, file=sys.stderr))
+    jars = resolve(
+        [kafka_connector_package()],
+        cache_dir,
+        f"spark-sql-kafka-{pyspark.__version__}",
+        progress=lambda message: print(message, file=sys.stderr),
+    )
     return without_spark_jars(jars)
 
 
@@ -84,13 +88,20 @@ def _refuse_another_master(master: str) -> None:
     # process holds one SparkContext at a time.
     active = SparkContext._active_spark_context
     if active is not None and active.master != master:
-        raise RuntimeError(f"a Spark session on {active.master} is active in this process; stop it "
-                           f"before starting one on {master} (a process holds one SparkContext at a time)")
+        raise RuntimeError(
+            f"a Spark session on {active.master} is active in this process; stop it "
+            f"before starting one on {master} (a process holds one SparkContext at a time)"
+        )
 
 
-def spark_session(master: str, cache_dir: str, driver_memory: str = "2g",
-                  extra_conf: dict[str, str] | None = None, app_name: str = "geoingest",
-                  extra_jars: list[Path] | None = None) -> SparkSession:
+def spark_session(
+    master: str,
+    cache_dir: str,
+    driver_memory: str = "2g",
+    extra_conf: dict[str, str] | None = None,
+    app_name: str = "geoingest",
+    extra_jars: list[Path] | None = None,
+) -> SparkSession:
     cache = Path(cache_dir)
     cache.mkdir(parents=True, exist_ok=True)
     os.environ["JAVA_HOME"] = str(java_home(cache))

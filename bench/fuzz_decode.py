@@ -51,8 +51,7 @@ def _check(decoder, records) -> None:
     from streaming.decode import Reason
     from tests.streaming.test_decode import kafka_batch
 
-    batch = kafka_batch([v for _, v, _ in records], keys=[k for k, _, _ in records],
-                        headers=[h for _, _, h in records])
+    batch = kafka_batch([v for _, v, _ in records], keys=[k for k, _, _ in records], headers=[h for _, _, h in records])
     out = decoder.decode(batch)
     if out.num_rows != len(records):
         raise AssertionError(f"{len(records)} records in, {out.num_rows} rows out")
@@ -105,15 +104,26 @@ def _atheris_main(fmt: str, runs: int, seeds: str, artifacts: str) -> None:
     def one_input(data: bytes) -> None:
         _check(decoder, [unpack_record(data) if fmt == "key_headers" else (b"k", data, [])])
 
-    atheris.Setup([sys.argv[0], f"-runs={runs}", f"-artifact_prefix={artifacts}/", "-max_len=65536",
-                   "-rss_limit_mb=4096", "-timeout=60", "-print_final_stats=1", seeds], one_input)
+    atheris.Setup(
+        [
+            sys.argv[0],
+            f"-runs={runs}",
+            f"-artifact_prefix={artifacts}/",
+            "-max_len=65536",
+            "-rss_limit_mb=4096",
+            "-timeout=60",
+            "-print_final_stats=1",
+            seeds,
+        ],
+        one_input,
+    )
     atheris.Fuzz()
 
 
 def seed_values(fmt: str, count: int = 40) -> list[bytes]:
-    from tests.fuzz_inputs import geojson_value, pack_record, record, seed_feature, seed_geometries
-
     import shapely
+
+    from tests.fuzz_inputs import geojson_value, pack_record, record, seed_feature, seed_geometries
 
     rng = random.Random(7)
     if fmt == "geojson":
@@ -121,8 +131,11 @@ def seed_values(fmt: str, count: int = 40) -> list[bytes]:
     if fmt == "wkb":
         return [shapely.to_wkb(g, output_dimension=4, byte_order=b) for g in seed_geometries() for b in (0, 1)]
     if fmt == "ewkb":
-        return [shapely.to_wkb(shapely.set_srid(g, s), include_srid=True, output_dimension=4)
-                for g in seed_geometries() for s in (4326, 3857, 2154)]
+        return [
+            shapely.to_wkb(shapely.set_srid(g, s), include_srid=True, output_dimension=4)
+            for g in seed_geometries()
+            for s in (4326, 3857, 2154)
+        ]
     return [pack_record(*record(fmt, rng)) for _ in range(count)]
 
 
@@ -134,18 +147,33 @@ def run_atheris(fmt: str, runs: int) -> dict:
         for value in seed_values(fmt) + saved:
             (Path(seeds) / _digest(value)).write_bytes(value)
         started = time.monotonic()
-        proc = subprocess.run([sys.executable, __file__, "--atheris-child", fmt, str(runs), seeds, artifacts],
-                              capture_output=True, text=True, cwd=ROOT)
+        proc = subprocess.run(
+            [sys.executable, __file__, "--atheris-child", fmt, str(runs), seeds, artifacts],
+            capture_output=True,
+            text=True,
+            cwd=ROOT,
+        )
         seconds = time.monotonic() - started
-        found = [(p.name.split("-", 1)[0], p.read_bytes()) for p in sorted(Path(artifacts).iterdir())
-                 if p.name.startswith(("crash-", "timeout-", "oom-"))]
+        found = [
+            (p.name.split("-", 1)[0], p.read_bytes())
+            for p in sorted(Path(artifacts).iterdir())
+            if p.name.startswith(("crash-", "timeout-", "oom-"))
+        ]
     new, again = _save_crashes(fmt, found)
     executed = _stat(proc.stderr, r"stat::number_of_executed_units:\s*(\d+)")
     coverage = _stat(proc.stderr, r"\bcov: (\d+)")
     if proc.returncode != 0 and not found:
         raise SystemExit(f"atheris run of {fmt} failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
-    return {"engine": "atheris", "format": fmt, "inputs": executed, "seconds": round(seconds, 1),
-            "edges_covered": coverage, "crashes": new, "known_crashes": again, "exit": proc.returncode}
+    return {
+        "engine": "atheris",
+        "format": fmt,
+        "inputs": executed,
+        "seconds": round(seconds, 1),
+        "edges_covered": coverage,
+        "crashes": new,
+        "known_crashes": again,
+        "exit": proc.returncode,
+    }
 
 
 def _stat(stderr: str, pattern: str) -> int | None:
@@ -177,8 +205,16 @@ def _isolate(fmt: str, seed: int) -> list[bytes]:
     culprits = []
     for key, value, headers in _batch_records(fmt, seed):
         with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
-            json.dump([[None if key is None else key.hex(), None if value is None else value.hex(),
-                        [[k, None if v is None else v.hex()] for k, v in headers]]], f)
+            json.dump(
+                [
+                    [
+                        None if key is None else key.hex(),
+                        None if value is None else value.hex(),
+                        [[k, None if v is None else v.hex()] for k, v in headers],
+                    ]
+                ],
+                f,
+            )
         proc = subprocess.run([sys.executable, __file__, "--check-child", f.name], capture_output=True, cwd=ROOT)
         Path(f.name).unlink()
         if proc.returncode != 0:
@@ -200,14 +236,26 @@ def run_structured(fmt: str, inputs: int) -> dict:
                 failed.append(seed)
     seconds = time.monotonic() - started
     new, again = _save_crashes(fmt, [("crash", value) for seed in failed for value in _isolate(fmt, seed)])
-    return {"engine": "structured", "format": fmt, "inputs": len(seeds) * BATCH, "seconds": round(seconds, 1),
-            "failed_batches": len(failed), "crashes": new, "known_crashes": again}
+    return {
+        "engine": "structured",
+        "format": fmt,
+        "inputs": len(seeds) * BATCH,
+        "seconds": round(seconds, 1),
+        "failed_batches": len(failed),
+        "crashes": new,
+        "known_crashes": again,
+    }
 
 
 def _check_child(path: str) -> None:
-    records = [(None if k is None else bytes.fromhex(k), None if v is None else bytes.fromhex(v),
-                [(hk, None if hv is None else bytes.fromhex(hv)) for hk, hv in h])
-               for k, v, h in json.loads(Path(path).read_text())]
+    records = [
+        (
+            None if k is None else bytes.fromhex(k),
+            None if v is None else bytes.fromhex(v),
+            [(hk, None if hv is None else bytes.fromhex(hv)) for hk, hv in h],
+        )
+        for k, v, h in json.loads(Path(path).read_text())
+    ]
     _check(_decoder(), records)
 
 
@@ -232,9 +280,12 @@ def main() -> None:
         for engine in args.engines.split(","):
             result = ENGINES[engine](fmt, args.inputs)
             runs.append(result)
-            print(f"{result['format']:12s} {result['engine']:10s} {result['inputs'] or 0:>8} inputs "
-                  f"{result['seconds']:>7} s  new crashing inputs: {len(result['crashes'])}, "
-                  f"saved ones crashing again: {len(result['known_crashes'])}", flush=True)
+            print(
+                f"{result['format']:12s} {result['engine']:10s} {result['inputs'] or 0:>8} inputs "
+                f"{result['seconds']:>7} s  new crashing inputs: {len(result['crashes'])}, "
+                f"saved ones crashing again: {len(result['known_crashes'])}",
+                flush=True,
+            )
     args.results.parent.mkdir(parents=True, exist_ok=True)
     args.results.write_text(json.dumps({"inputs_per_format_and_engine": args.inputs, "runs": runs}, indent=2) + "\n")
     crashing = sorted({c for r in runs for c in r["crashes"] + r["known_crashes"]})

@@ -62,12 +62,12 @@ for path in (ROOT, ROOT / "bench"):  # run as a script: app/, streaming/ and ben
 import numpy as np  # noqa: E402
 import pyarrow as pa  # noqa: E402
 import shapely  # noqa: E402
+from cities import city_points  # noqa: E402
+from memory import PeakMemory  # noqa: E402
 
 from app.broker import LocalBroker, free_port  # noqa: E402
 from app.sample import SampleEvent, produce  # noqa: E402
 from app.settings import load_settings  # noqa: E402
-from cities import city_points  # noqa: E402
-from memory import PeakMemory  # noqa: E402
 from streaming.contract import load_contract  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
@@ -77,8 +77,11 @@ CORES = 2
 DRIVER_MEMORY = "4g"
 FORMATS = {"geojson-points": "geojson", "wkb-points": "wkb", "wkb-polygons": "wkb"}
 # The README's windows (Paris, Sydney, New York) and this many random ones
-NAMED_WINDOWS = {"paris": (2.2, 48.8, 2.5, 48.9), "sydney": (149.41, -34.77, 153.01, -32.97),
-                 "new-york": (-74.3, 40.5, -73.7, 40.9)}
+NAMED_WINDOWS = {
+    "paris": (2.2, 48.8, 2.5, 48.9),
+    "sydney": (149.41, -34.77, 153.01, -32.97),
+    "new-york": (-74.3, 40.5, -73.7, 40.9),
+}
 RANDOM_WINDOWS = 30
 RANDOM_WINDOW_AREA = 0.001  # of the data extent
 
@@ -106,9 +109,13 @@ def make_events(dataset: str, n: int) -> list[SampleEvent]:
     x, y = city_points(n, seed=5, jitter_deg=0.05, bounds=(-179.9, -84.9, 179.9, 84.9))
     ids = [f"e{i}" for i in range(n)]
     if dataset == "geojson-points":
-        values = [('{"type":"Feature","id":"%s","geometry":{"type":"Point","coordinates":[%.6f,%.6f]},'
-                   '"properties":{"kind":"ping","speed":%.1f}}' % (i, a, b, s)).encode()
-                  for i, a, b, s in zip(ids, x, y, np.arange(n) % 120)]
+        values = [
+            (
+                '{"type":"Feature","id":"%s","geometry":{"type":"Point","coordinates":[%.6f,%.6f]},'
+                '"properties":{"kind":"ping","speed":%.1f}}' % (i, a, b, s)
+            ).encode()
+            for i, a, b, s in zip(ids, x, y, np.arange(n) % 120)
+        ]
     elif dataset == "wkb-points":
         values = list(shapely.to_wkb(shapely.points(x, y)))
     elif dataset == "wkb-polygons":
@@ -128,23 +135,44 @@ def windows_for(dataset_events: int) -> dict[str, tuple[float, float, float, flo
     centred on data points (the same for every stack of a run)."""
     x, y = city_points(dataset_events, seed=5, jitter_deg=0.05, bounds=(-179.9, -84.9, 179.9, 84.9))
     rng = np.random.default_rng(17)
-    side_x = (x.max() - x.min()) * RANDOM_WINDOW_AREA ** 0.5
-    side_y = (y.max() - y.min()) * RANDOM_WINDOW_AREA ** 0.5
+    side_x = (x.max() - x.min()) * RANDOM_WINDOW_AREA**0.5
+    side_y = (y.max() - y.min()) * RANDOM_WINDOW_AREA**0.5
     out = dict(NAMED_WINDOWS)
     for i, at in enumerate(rng.choice(len(x), RANDOM_WINDOWS, replace=False)):
-        out[f"random-{i}"] = (float(x[at] - side_x / 2), float(y[at] - side_y / 2),
-                              float(x[at] + side_x / 2), float(y[at] + side_y / 2))
+        out[f"random-{i}"] = (
+            float(x[at] - side_x / 2),
+            float(y[at] - side_y / 2),
+            float(x[at] + side_x / 2),
+            float(y[at] + side_y / 2),
+        )
     return out
 
 
 # -- geoingest, in a process of its own -------------------------------------------------------------
-def run_geoingest(bootstrap: str, topic: str, events: int, per_batch: int, clustering: str, trigger: str,
-                  workdir: Path, windows: dict, warmup_topic: str) -> dict:
+def run_geoingest(
+    bootstrap: str,
+    topic: str,
+    events: int,
+    per_batch: int,
+    clustering: str,
+    trigger: str,
+    workdir: Path,
+    windows: dict,
+    warmup_topic: str,
+) -> dict:
     """The service (`geoingest run`, not --until-idle) over `topic` in a fresh process, stopped by
     SIGTERM once every event is committed; returns its figures and its peak memory."""
-    spec = {"bootstrap": bootstrap, "topic": topic, "events": events, "per_batch": per_batch,
-            "clustering": clustering, "trigger": trigger, "workdir": str(workdir), "windows": windows,
-            "warmup_topic": warmup_topic}
+    spec = {
+        "bootstrap": bootstrap,
+        "topic": topic,
+        "events": events,
+        "per_batch": per_batch,
+        "clustering": clustering,
+        "trigger": trigger,
+        "workdir": str(workdir),
+        "windows": windows,
+        "warmup_topic": warmup_topic,
+    }
     return run_child(spec, workdir, f"geoingest on {topic} ({clustering}, batches of {per_batch})")
 
 
@@ -153,8 +181,13 @@ def run_child(spec: dict, workdir: Path, what: str) -> dict:
     workdir.mkdir(parents=True, exist_ok=True)
     (workdir / "spec.json").write_text(json.dumps(spec))
     log = open(workdir / "child.log", "wb")
-    process = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "--child", str(workdir / "spec.json")],
-                               stdout=log, stderr=subprocess.STDOUT, cwd=str(ROOT), start_new_session=True)
+    process = subprocess.Popen(
+        [sys.executable, str(Path(__file__).resolve()), "--child", str(workdir / "spec.json")],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        cwd=str(ROOT),
+        start_new_session=True,
+    )
     with PeakMemory(process.pid) as memory:
         try:
             process.wait(timeout=3600)
@@ -201,10 +234,17 @@ def kafka_source_child(spec: dict) -> dict:
                 done.set()
 
         started, busy_at_start = time.monotonic(), busy_cpu_seconds()
-        query = (spark.readStream.format("kafka").options(**kafka_source_options(spec["bootstrap"], topic, cores))
-                 .option("startingOffsets", "earliest").option("maxOffsetsPerTrigger", str(spec["per_batch"]))
-                 .load().writeStream.foreachBatch(count).trigger(**trigger)
-                 .option("checkpointLocation", str(workdir / f"checkpoint-{topic}")).start())
+        query = (
+            spark.readStream.format("kafka")
+            .options(**kafka_source_options(spec["bootstrap"], topic, cores))
+            .option("startingOffsets", "earliest")
+            .option("maxOffsetsPerTrigger", str(spec["per_batch"]))
+            .load()
+            .writeStream.foreachBatch(count)
+            .trigger(**trigger)
+            .option("checkpointLocation", str(workdir / f"checkpoint-{topic}"))
+            .start()
+        )
         while not done.wait(0.05):
             if not query.isActive:
                 raise RuntimeError(f"the Kafka source query on {topic} stopped: {query.exception()}")
@@ -216,8 +256,11 @@ def kafka_source_child(spec: dict) -> dict:
     seconds, busy, counted = drain(spec["topic"], spec["events"], {"processingTime": spec["trigger"]})
     if counted != spec["events"]:
         raise RuntimeError(f"the Kafka source read {counted} of {spec['events']} events")
-    return {"seconds": round(seconds, 2), "events_per_s": round(spec["events"] / seconds),
-            "cores_busy": round(busy / seconds, 2)}
+    return {
+        "seconds": round(seconds, 2),
+        "events_per_s": round(spec["events"] / seconds),
+        "cores_busy": round(busy / seconds, 2),
+    }
 
 
 def busy_cpu_seconds() -> float:
@@ -239,11 +282,18 @@ def geoingest_child(spec: dict) -> dict:
     configure_logging("WARNING")
     workdir = Path(spec["workdir"])
     settings = load_settings(
-        env={}, bootstrap_servers=spec["bootstrap"], topic=spec["topic"], metrics_port=0,
+        env={},
+        bootstrap_servers=spec["bootstrap"],
+        topic=spec["topic"],
+        metrics_port=0,
         catalog={"type": "sql", "uri": f"sqlite:///{workdir}/catalog.db", "warehouse": f"file://{workdir}/warehouse"},
-        checkpoint_location=str(workdir / "checkpoints"), max_offsets_per_trigger=spec["per_batch"],
-        clustering=spec["clustering"], trigger_interval=spec["trigger"], spark_master=MASTER,
-        driver_memory=DRIVER_MEMORY)
+        checkpoint_location=str(workdir / "checkpoints"),
+        max_offsets_per_trigger=spec["per_batch"],
+        clustering=spec["clustering"],
+        trigger_interval=spec["trigger"],
+        spark_master=MASTER,
+        driver_memory=DRIVER_MEMORY,
+    )
     contract = load_contract(CONTRACT)
     catalog = open_catalog(settings.catalog_name, settings.catalog)
     table, _ = create_table(catalog, contract)
@@ -270,12 +320,18 @@ def geoingest_child(spec: dict) -> dict:
     elapsed = done_at[0] - started
     table.refresh()
     committed = _rows_in(table)
-    stages = {k: round(sum(r.seconds.get(k, 0.0) for r in reports), 2)
-              for k in ("ingest", "merge", "read_decode", "dead_letter", "cluster_write", "commit", "total")}
+    stages = {
+        k: round(sum(r.seconds.get(k, 0.0) for r in reports), 2)
+        for k in ("ingest", "merge", "read_decode", "dead_letter", "cluster_write", "commit", "total")
+    }
     return {
-        "batches": len(reports), "consumed": sum(r.consumed for r in reports), "committed_rows": committed,
-        "files": sum(len(r.files) for r in reports), "seconds": round(elapsed, 2),
-        "events_per_s": round(spec["events"] / elapsed), "session_start_s": round(session_s, 2),
+        "batches": len(reports),
+        "consumed": sum(r.consumed for r in reports),
+        "committed_rows": committed,
+        "files": sum(len(r.files) for r in reports),
+        "seconds": round(elapsed, 2),
+        "events_per_s": round(spec["events"] / elapsed),
+        "session_start_s": round(session_s, 2),
         "warmup_s": round(warmup_s, 2),
         "stage_seconds": {k: v for k, v in stages.items() if v},
         "pruning": pruning(table, spec["windows"], query_bbox),
@@ -290,17 +346,23 @@ def pruning(table, windows: dict, query_bbox) -> dict:
     for name, window in windows.items():
         stats = query_bbox(table, tuple(window)).stats
         fraction = stats.rows_matched / rows
-        ideal = (fraction ** 0.5 + groups ** -0.5) ** 2 * groups
-        per_window[name] = {"files": stats.files_scanned, "files_total": stats.files_total,
-                            "row_groups": stats.row_groups_scanned, "row_groups_total": groups,
-                            "ideal_row_groups": round(ideal, 2), "rows_matched": stats.rows_matched}
+        ideal = (fraction**0.5 + groups**-0.5) ** 2 * groups
+        per_window[name] = {
+            "files": stats.files_scanned,
+            "files_total": stats.files_total,
+            "row_groups": stats.row_groups_scanned,
+            "row_groups_total": groups,
+            "ideal_row_groups": round(ideal, 2),
+            "rows_matched": stats.rows_matched,
+        }
     random = [w for n, w in per_window.items() if n.startswith("random-")]
     return {
         "windows": per_window,
         "random_mean_files": round(float(np.mean([w["files"] for w in random])), 2),
         "random_mean_row_groups": round(float(np.mean([w["row_groups"] for w in random])), 2),
-        "random_row_groups_vs_ideal": round(float(np.mean([w["row_groups"] for w in random])
-                                                  / np.mean([w["ideal_row_groups"] for w in random])), 2),
+        "random_row_groups_vs_ideal": round(
+            float(np.mean([w["row_groups"] for w in random]) / np.mean([w["ideal_row_groups"] for w in random])), 2
+        ),
     }
 
 
@@ -323,21 +385,24 @@ def limit_chain(events: list[SampleEvent], processes: int, workdir: Path) -> dic
     """The partition task over the events in memory, split across `processes` forked processes:
     what geoingest could do on these cores if reading Kafka and moving rows cost nothing."""
     n = len(events)
-    source = pa.table({
-        "key": pa.array([e.key for e in events], pa.binary()),
-        "value": pa.array([e.value for e in events], pa.binary()),
-        "topic": pa.array(["bench"] * n, pa.string()),
-        "partition": pa.array(np.arange(n) % processes, pa.int32()),
-        "offset": pa.array(np.arange(n, dtype=np.int64)),
-        "timestamp": pa.array(np.zeros(n, np.int64), pa.timestamp("us", tz="UTC")),
-        "headers": pa.array(["[]"] * n, pa.string()),  # as the job sends them (see streaming/job.py)
-    })
-    shares = [source.slice(i * n // processes, (i + 1) * n // processes - i * n // processes)
-              for i in range(processes)]
+    source = pa.table(
+        {
+            "key": pa.array([e.key for e in events], pa.binary()),
+            "value": pa.array([e.value for e in events], pa.binary()),
+            "topic": pa.array(["bench"] * n, pa.string()),
+            "partition": pa.array(np.arange(n) % processes, pa.int32()),
+            "offset": pa.array(np.arange(n, dtype=np.int64)),
+            "timestamp": pa.array(np.zeros(n, np.int64), pa.timestamp("us", tz="UTC")),
+            "headers": pa.array(["[]"] * n, pa.string()),  # as the job sends them (see streaming/job.py)
+        }
+    )
+    shares = [source.slice(i * n // processes, (i + 1) * n // processes - i * n // processes) for i in range(processes)]
     context = mp.get_context("fork")
     ready = context.Barrier(processes + 1)
-    workers = [context.Process(target=_limit_worker, args=(share, workdir / f"limit-{i}", ready))
-               for i, share in enumerate(shares)]
+    workers = [
+        context.Process(target=_limit_worker, args=(share, workdir / f"limit-{i}", ready))
+        for i, share in enumerate(shares)
+    ]
     for worker in workers:
         worker.start()
     ready.wait()
@@ -355,8 +420,7 @@ def _limit_worker(share: pa.Table, folder: Path, ready) -> None:
     from streaming.partition import FileSettings, PartitionTask
 
     folder.mkdir(parents=True, exist_ok=True)
-    task = PartitionTask(load_contract(CONTRACT), DecodeOptions(),
-                         FileSettings({}, {}, f"file://{folder}", "limit"))
+    task = PartitionTask(load_contract(CONTRACT), DecodeOptions(), FileSettings({}, {}, f"file://{folder}", "limit"))
     batches = share.to_batches(max_chunksize=20_000)  # Spark's arrow.maxRecordsPerBatch
     task(batches[:1]).__next__()  # imports and caches, as a warm Python worker has them
     ready.wait()
@@ -371,12 +435,19 @@ def main() -> None:
     parser.add_argument("--datasets", default="geojson-points,wkb-points,wkb-polygons")
     parser.add_argument("--batch-sizes", default="1000000,40000")
     parser.add_argument("--stacks", default="plain,batch,task,shuffle")
-    parser.add_argument("--trigger", default="0 seconds", help='processing-time interval of every stack')
-    parser.add_argument("--warmup-events", type=int, default=100_000,
-                        help="events each stack drains from a warm-up topic before it is measured")
-    parser.add_argument("--repeats", type=int, default=2,
-                        help="runs of the plain stack and of geoingest (batch) each, alternating; the faster "
-                             "of each is compared")
+    parser.add_argument("--trigger", default="0 seconds", help="processing-time interval of every stack")
+    parser.add_argument(
+        "--warmup-events",
+        type=int,
+        default=100_000,
+        help="events each stack drains from a warm-up topic before it is measured",
+    )
+    parser.add_argument(
+        "--repeats",
+        type=int,
+        default=2,
+        help="runs of the plain stack and of geoingest (batch) each, alternating; the faster of each is compared",
+    )
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -394,14 +465,20 @@ def main() -> None:
     broker = LocalBroker(tmp / "broker", Path(cache_dir), port=free_port())
     broker.ensure_jars()
     broker.start()
-    report: dict = {"events": args.events, "cores": CORES, "master": MASTER, "trigger": args.trigger,
-                    "batch_sizes": batch_sizes, "datasets": {}}
+    report: dict = {
+        "events": args.events,
+        "cores": CORES,
+        "master": MASTER,
+        "trigger": args.trigger,
+        "batch_sizes": batch_sizes,
+        "datasets": {},
+    }
     try:
         for dataset in args.datasets.split(","):
             events = make_events(dataset, args.events)
             produce(broker.bootstrap, dataset, events, total=len(events), progress=False)
             warmup_topic = f"{dataset}-warmup"
-            produce(broker.bootstrap, warmup_topic, events[:args.warmup_events], progress=False)
+            produce(broker.bootstrap, warmup_topic, events[: args.warmup_events], progress=False)
             windows = windows_for(args.events)
             result: dict = {"runs": {}}
             for per_batch in batch_sizes:
@@ -410,13 +487,31 @@ def main() -> None:
                         label = f"{stack}-{per_batch}"
                         workdir = tmp / dataset / f"{label}-{repeat}"
                         if stack == "plain":
-                            run = run_plain_stack(broker.bootstrap, dataset, FORMATS[dataset], args.events,
-                                                  per_batch, trigger=args.trigger, workdir=workdir,
-                                                  cache_dir=cache_dir, master=MASTER, driver_memory=DRIVER_MEMORY,
-                                                  warmup_topic=warmup_topic)
+                            run = run_plain_stack(
+                                broker.bootstrap,
+                                dataset,
+                                FORMATS[dataset],
+                                args.events,
+                                per_batch,
+                                trigger=args.trigger,
+                                workdir=workdir,
+                                cache_dir=cache_dir,
+                                master=MASTER,
+                                driver_memory=DRIVER_MEMORY,
+                                warmup_topic=warmup_topic,
+                            )
                         else:
-                            run = run_geoingest(broker.bootstrap, dataset, args.events, per_batch, stack,
-                                                args.trigger, workdir, windows, warmup_topic)
+                            run = run_geoingest(
+                                broker.bootstrap,
+                                dataset,
+                                args.events,
+                                per_batch,
+                                stack,
+                                args.trigger,
+                                workdir,
+                                windows,
+                                warmup_topic,
+                            )
                         print(dataset, label, json.dumps({k: v for k, v in run.items() if k != "pruning"}), flush=True)
                         result["runs"][label] = faster(result["runs"].get(label), run)
             result["limit_chain"] = limit_chain(events, CORES, tmp / dataset)
@@ -427,11 +522,20 @@ def main() -> None:
                 for repeat in range(args.repeats):
                     source_dir = tmp / dataset / f"kafka-source-{per_batch}-{repeat}"
                     run = run_child(
-                        {"kafka_source_only": True, "bootstrap": broker.bootstrap, "topic": dataset,
-                         "events": args.events, "per_batch": per_batch, "trigger": args.trigger,
-                         "warmup_topic": warmup_topic, "warmup_events": args.warmup_events,
-                         "workdir": str(source_dir)},
-                        source_dir, f"the Kafka source alone on {dataset} (batches of {per_batch})")
+                        {
+                            "kafka_source_only": True,
+                            "bootstrap": broker.bootstrap,
+                            "topic": dataset,
+                            "events": args.events,
+                            "per_batch": per_batch,
+                            "trigger": args.trigger,
+                            "warmup_topic": warmup_topic,
+                            "warmup_events": args.warmup_events,
+                            "workdir": str(source_dir),
+                        },
+                        source_dir,
+                        f"the Kafka source alone on {dataset} (batches of {per_batch})",
+                    )
                     print(dataset, f"Kafka source-{per_batch}", json.dumps(run), flush=True)
                     result["kafka_source"][str(per_batch)] = faster(result["kafka_source"].get(str(per_batch)), run)
             result["ratios"] = ratios(result, batch_sizes)
@@ -477,63 +581,98 @@ def source_ceilings(source: float, limit: float) -> dict:
     where the limit chain does `limit`. No job outruns its source: source / limit. And when reading
     alone keeps the cores busy (kafka_source's cores_busy), the limit chain's work on top takes the
     same cores for its own time: at best one event per 1/source + 1/limit seconds, source / (source + limit)."""
-    return {"source_vs_limit_chain": round(source / limit, 2),
-            "source_then_chain_vs_limit_chain": round(source / (source + limit), 2)}
+    return {
+        "source_vs_limit_chain": round(source / limit, 2),
+        "source_then_chain_vs_limit_chain": round(source / (source + limit), 2),
+    }
 
 
 def write_results(report: dict) -> None:
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "ingest.json").write_text(json.dumps(report, indent=2))
-    lines = [f"Ingest, {report['events']:,} events per dataset, Spark {report['master']} on {report['cores']} cores, "
-             f"processing-time trigger {report['trigger']!r}, events/s from query start to the last commit", "",
-             "| dataset | events per batch | plain stack | geoingest | geoingest / plain | each run, plain / geoingest "
-             "| geoingest, task | geoingest, shuffle | limit chain (2 processes) | geoingest / limit chain "
-             "| Kafka source alone | geoingest / Kafka source |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        f"Ingest, {report['events']:,} events per dataset, Spark {report['master']} on {report['cores']} cores, "
+        f"processing-time trigger {report['trigger']!r}, events/s from query start to the last commit",
+        "",
+        "| dataset | events per batch | plain stack | geoingest | geoingest / plain | each run, plain / geoingest "
+        "| geoingest, task | geoingest, shuffle | limit chain (2 processes) | geoingest / limit chain "
+        "| Kafka source alone | geoingest / Kafka source |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for name, r in report["datasets"].items():
         for per_batch in report["batch_sizes"]:
-            runs = r["runs"]
-            rate = lambda label: f"{runs[label]['events_per_s']:,}" if label in runs else "-"  # noqa: E731
-            each = lambda label: ", ".join(f"{e:,}" for e in runs.get(label, {}).get("events_per_s_each", []))  # noqa: E731
+
+            def rate(label: str, runs: dict = r["runs"]) -> str:
+                return f"{runs[label]['events_per_s']:,}" if label in runs else "-"
+
+            def each(label: str, runs: dict = r["runs"]) -> str:
+                return ", ".join(f"{e:,}" for e in runs.get(label, {}).get("events_per_s_each", []))
+
             q = r["ratios"].get(str(per_batch), {})
-            lines.append(f"| {name} | {per_batch:,} | {rate(f'plain-{per_batch}')} | {rate(f'batch-{per_batch}')} | "
-                         f"{q.get('batch_vs_plain')} | {each(f'plain-{per_batch}')} / {each(f'batch-{per_batch}')} | "
-                         f"{rate(f'task-{per_batch}')} | {rate(f'shuffle-{per_batch}')} | "
-                         f"{r['limit_chain']['events_per_s']:,} | {q.get('batch_vs_limit_chain')} | "
-                         f"{r['kafka_source'][str(per_batch)]['events_per_s']:,} | {q.get('batch_vs_kafka_source')} |")
-    lines += ["", "What Spark's Kafka source leaves for geoingest / limit chain on these cores: no job outruns its "
-              "source (source / limit chain), and when reading alone keeps the cores busy the chain's work "
-              "comes on top of it (source / (source + limit chain)):", "",
-              f"| dataset | events per batch | Kafka source alone | cores busy (of {report['cores']}) | limit chain "
-              "| source / limit chain | source / (source + limit chain) | geoingest / limit chain |",
-              "|---|---|---|---|---|---|---|---|"]
+            lines.append(
+                f"| {name} | {per_batch:,} | {rate(f'plain-{per_batch}')} | {rate(f'batch-{per_batch}')} | "
+                f"{q.get('batch_vs_plain')} | {each(f'plain-{per_batch}')} / {each(f'batch-{per_batch}')} | "
+                f"{rate(f'task-{per_batch}')} | {rate(f'shuffle-{per_batch}')} | "
+                f"{r['limit_chain']['events_per_s']:,} | {q.get('batch_vs_limit_chain')} | "
+                f"{r['kafka_source'][str(per_batch)]['events_per_s']:,} | {q.get('batch_vs_kafka_source')} |"
+            )
+    lines += [
+        "",
+        "What Spark's Kafka source leaves for geoingest / limit chain on these cores: no job outruns its "
+        "source (source / limit chain), and when reading alone keeps the cores busy the chain's work "
+        "comes on top of it (source / (source + limit chain)):",
+        "",
+        f"| dataset | events per batch | Kafka source alone | cores busy (of {report['cores']}) | limit chain "
+        "| source / limit chain | source / (source + limit chain) | geoingest / limit chain |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for name, r in report["datasets"].items():
         for per_batch in report["batch_sizes"]:
             source = r["kafka_source"][str(per_batch)]
             q = r["ratios"].get(str(per_batch), {})
-            lines.append(f"| {name} | {per_batch:,} | {source['events_per_s']:,} | {source.get('cores_busy', '-')} | "
-                         f"{r['limit_chain']['events_per_s']:,} | {q.get('source_vs_limit_chain')} | "
-                         f"{q.get('source_then_chain_vs_limit_chain')} | {q.get('batch_vs_limit_chain')} |")
-    lines += ["", "Where the time goes (seconds summed over the batches of one run):", "",
-              "| dataset | run | batches | stages |", "|---|---|---|---|"]
+            lines.append(
+                f"| {name} | {per_batch:,} | {source['events_per_s']:,} | {source.get('cores_busy', '-')} | "
+                f"{r['limit_chain']['events_per_s']:,} | {q.get('source_vs_limit_chain')} | "
+                f"{q.get('source_then_chain_vs_limit_chain')} | {q.get('batch_vs_limit_chain')} |"
+            )
+    lines += [
+        "",
+        "Where the time goes (seconds summed over the batches of one run):",
+        "",
+        "| dataset | run | batches | stages |",
+        "|---|---|---|---|",
+    ]
     for name, r in report["datasets"].items():
         for label, run in r["runs"].items():
-            lines.append(f"| {name} | {label} | {run.get('batches')} | "
-                         f"{', '.join(f'{k} {v}' for k, v in run.get('stage_seconds', {}).items())} |")
-    lines += ["", "Pruning of the tables written: random windows of 0.1 % of the extent (mean) and Paris:", "",
-              "| dataset | run | files | row groups read | vs model ideal | Paris files | Paris row groups |",
-              "|---|---|---|---|---|---|---|"]
+            lines.append(
+                f"| {name} | {label} | {run.get('batches')} | "
+                f"{', '.join(f'{k} {v}' for k, v in run.get('stage_seconds', {}).items())} |"
+            )
+    lines += [
+        "",
+        "Pruning of the tables written: random windows of 0.1 % of the extent (mean) and Paris:",
+        "",
+        "| dataset | run | files | row groups read | vs model ideal | Paris files | Paris row groups |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for name, r in report["datasets"].items():
         for label, run in r["runs"].items():
             p = run.get("pruning")
             if not p:
                 continue
             paris = p["windows"]["paris"]
-            lines.append(f"| {name} | {label} | {p['random_mean_files']} | {p['random_mean_row_groups']} | "
-                         f"{p['random_row_groups_vs_ideal']}x | {paris['files']}/{paris['files_total']} | "
-                         f"{paris['row_groups']}/{paris['row_groups_total']} |")
-    lines += ["", "Peak memory (MB):", "", "| dataset | run | driver Python growth | JVM | Python workers |",
-              "|---|---|---|---|---|"]
+            lines.append(
+                f"| {name} | {label} | {p['random_mean_files']} | {p['random_mean_row_groups']} | "
+                f"{p['random_row_groups_vs_ideal']}x | {paris['files']}/{paris['files_total']} | "
+                f"{paris['row_groups']}/{paris['row_groups_total']} |"
+            )
+    lines += [
+        "",
+        "Peak memory (MB):",
+        "",
+        "| dataset | run | driver Python growth | JVM | Python workers |",
+        "|---|---|---|---|---|",
+    ]
     for name, r in report["datasets"].items():
         for label, run in r["runs"].items():
             m = run.get("memory_mb")

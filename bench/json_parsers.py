@@ -33,8 +33,8 @@ import numpy as np  # noqa: E402
 import pyarrow as pa  # noqa: E402
 import pyarrow.json as pa_json  # noqa: E402
 import shapely  # noqa: E402
-
 from cities import city_points  # noqa: E402
+
 from streaming.geojson import ndjson, read_geometries  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
@@ -46,10 +46,16 @@ def documents(kind: str, n: int) -> list[bytes]:
     if kind == "points":
         geometries = ['{"type":"Point","coordinates":[%.6f,%.6f]}' % (a, b) for a, b in zip(x, y)]
     else:
-        geometries = ['{"type":"Polygon","coordinates":[[%s]]}' % ",".join(
-            "[%.6f,%.6f]" % (a + dx, b + dy) for dx, dy in HEXAGON) for a, b in zip(x, y)]
-    return [('{"type":"Feature","id":"e%d","geometry":%s,"properties":{"kind":"ping","speed":%d}}'
-             % (i, g, i % 120)).encode() for i, g in enumerate(geometries)]
+        geometries = [
+            '{"type":"Polygon","coordinates":[[%s]]}' % ",".join("[%.6f,%.6f]" % (a + dx, b + dy) for dx, dy in HEXAGON)
+            for a, b in zip(x, y)
+        ]
+    return [
+        (
+            '{"type":"Feature","id":"e%d","geometry":%s,"properties":{"kind":"ping","speed":%d}}' % (i, g, i % 120)
+        ).encode()
+        for i, g in enumerate(geometries)
+    ]
 
 
 # -- per-record parsers -----------------------------------------------------------------------------
@@ -100,16 +106,32 @@ def measure(kind: str, n: int, repeats: int) -> list[dict]:
     types = np.full(n, "Point" if kind == "points" else "Polygon", dtype=object)
     rows = []
     for name, parse in per_record_parsers().items():
-        rows.append({"kind": kind, "parser": name,
-                     "parse_docs_per_s": best_rate(lambda: [parse(d) for d in docs], n, repeats),
-                     "geometries_docs_per_s": best_rate(
-                         lambda: geometries_from_objects([parse(d) for d in docs], kind), n, repeats)})
-    rows.append({"kind": kind, "parser": "GEOS (shapely.from_geojson, geometry member only)",
-                 "parse_docs_per_s": None,
-                 "geometries_docs_per_s": best_rate(lambda: shapely.from_geojson(geometry_members), n, repeats)})
-    rows.append({"kind": kind, "parser": "pyarrow JSON reader, whole block (streaming.geojson)",
-                 "parse_docs_per_s": best_rate(lambda: pa_json.read_json(pa.BufferReader(block)), n, repeats),
-                 "geometries_docs_per_s": best_rate(lambda: read_geometries(arrow_docs, types), n, repeats)})
+        rows.append(
+            {
+                "kind": kind,
+                "parser": name,
+                "parse_docs_per_s": best_rate(lambda parse=parse: [parse(d) for d in docs], n, repeats),
+                "geometries_docs_per_s": best_rate(
+                    lambda parse=parse: geometries_from_objects([parse(d) for d in docs], kind), n, repeats
+                ),
+            }
+        )
+    rows.append(
+        {
+            "kind": kind,
+            "parser": "GEOS (shapely.from_geojson, geometry member only)",
+            "parse_docs_per_s": None,
+            "geometries_docs_per_s": best_rate(lambda: shapely.from_geojson(geometry_members), n, repeats),
+        }
+    )
+    rows.append(
+        {
+            "kind": kind,
+            "parser": "pyarrow JSON reader, whole block (streaming.geojson)",
+            "parse_docs_per_s": best_rate(lambda: pa_json.read_json(pa.BufferReader(block)), n, repeats),
+            "geometries_docs_per_s": best_rate(lambda: read_geometries(arrow_docs, types), n, repeats),
+        }
+    )
     for row in rows:  # the geometries must be the same, whatever the parser
         assert row["geometries_docs_per_s"], row
     expected = shapely.from_geojson(geometry_members)
@@ -131,9 +153,12 @@ def main() -> None:
     report = {"documents": args.documents, "repeats": args.repeats, "cores": 1, "rows": rows}
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "json_parsers.json").write_text(json.dumps(report, indent=2))
-    lines = [f"GeoJSON Feature documents per second on one core, {args.documents:,} per kind, best of "
-             f"{args.repeats}", "",
-             "| kind | parser | parse only | to shapely geometries |", "|---|---|---|---|"]
+    lines = [
+        f"GeoJSON Feature documents per second on one core, {args.documents:,} per kind, best of {args.repeats}",
+        "",
+        "| kind | parser | parse only | to shapely geometries |",
+        "|---|---|---|---|",
+    ]
     for row in rows:
         parse = f"{row['parse_docs_per_s']:,}" if row["parse_docs_per_s"] else "-"
         lines.append(f"| {row['kind']} | {row['parser']} | {parse} | {row['geometries_docs_per_s']:,} |")

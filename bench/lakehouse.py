@@ -60,11 +60,6 @@ for path in (ROOT, ROOT / "bench"):  # run as a script: app/, streaming/ and ben
         sys.path.insert(0, str(path))
 
 import numpy as np  # noqa: E402
-
-from app.lakehouse import Lakehouse  # noqa: E402
-from app.object_store import _REQUEST_LINE, _REQUEST_PREFIX, REQUEST_KINDS, LocalObjectStore, _kind  # noqa: E402
-from app.sample import produce, sample_events  # noqa: E402
-from app.settings import load_settings  # noqa: E402
 from ingest import (  # noqa: E402
     CONTRACT,
     CORES,
@@ -77,6 +72,11 @@ from ingest import (  # noqa: E402
     faster,
     pruning,
 )
+
+from app.lakehouse import Lakehouse  # noqa: E402
+from app.object_store import _REQUEST_LINE, _REQUEST_PREFIX, REQUEST_KINDS, LocalObjectStore, _kind  # noqa: E402
+from app.sample import produce, sample_events  # noqa: E402
+from app.settings import load_settings  # noqa: E402
 from streaming.contract import load_contract  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
@@ -105,12 +105,16 @@ def sample_windows(events) -> dict[str, tuple[float, float, float, float]]:
             xy.append((x, y))
     x, y = np.asarray(xy).T
     rng = np.random.default_rng(17)
-    side_x = (x.max() - x.min()) * RANDOM_WINDOW_AREA ** 0.5
-    side_y = (y.max() - y.min()) * RANDOM_WINDOW_AREA ** 0.5
+    side_x = (x.max() - x.min()) * RANDOM_WINDOW_AREA**0.5
+    side_y = (y.max() - y.min()) * RANDOM_WINDOW_AREA**0.5
     out = dict(NAMED_WINDOWS)
     for i, at in enumerate(rng.choice(len(x), RANDOM_WINDOWS, replace=False)):
-        out[f"random-{i}"] = (float(x[at] - side_x / 2), float(y[at] - side_y / 2),
-                              float(x[at] + side_x / 2), float(y[at] + side_y / 2))
+        out[f"random-{i}"] = (
+            float(x[at] - side_x / 2),
+            float(y[at] - side_y / 2),
+            float(x[at] + side_x / 2),
+            float(y[at] + side_y / 2),
+        )
     return out
 
 
@@ -120,13 +124,18 @@ def store_state(store: LocalObjectStore) -> dict:
     the s3proxy process."""
     io = proc_io(store._process.pid())
     lines = store.request_log_file.read_bytes().decode(errors="replace").splitlines()
-    return {"requests": store.request_counts(), "log_lines": len(lines), "bucket_bytes": folder_bytes(store.data_dir),
-            "write_bytes": io["write_bytes"], "wchar": io["wchar"]}
+    return {
+        "requests": store.request_counts(),
+        "log_lines": len(lines),
+        "bucket_bytes": folder_bytes(store.data_dir),
+        "write_bytes": io["write_bytes"],
+        "wchar": io["wchar"],
+    }
 
 
 def store_spent(store: LocalObjectStore, before: dict, after: dict) -> dict:
     log = store.request_log_file.read_bytes().decode(errors="replace").splitlines()
-    lines = log[before["log_lines"]:after["log_lines"]]
+    lines = log[before["log_lines"] : after["log_lines"]]
     by_area: dict[str, dict[str, int]] = {}
     markers = 0
     for line in lines:
@@ -141,8 +150,9 @@ def store_spent(store: LocalObjectStore, before: dict, after: dict) -> dict:
         markers += kind == "PUT" and match.group(2).endswith("/")
     written = after["write_bytes"] - before["write_bytes"]
     return {
-        "requests": {k: after["requests"].get(k, 0) - before["requests"].get(k, 0)
-                     for k in {*REQUEST_KINDS, *after["requests"]}},
+        "requests": {
+            k: after["requests"].get(k, 0) - before["requests"].get(k, 0) for k in {*REQUEST_KINDS, *after["requests"]}
+        },
         "requests_by_area": by_area,
         "directory_marker_puts": markers,
         "bucket_growth_bytes": after["bucket_bytes"] - before["bucket_bytes"],
@@ -188,8 +198,7 @@ def run_child(spec: dict, workdir: Path, what: str) -> dict:
     (workdir / "spec.json").write_text(json.dumps(spec))
     with open(workdir / "child.log", "wb") as log:
         command = [sys.executable, str(Path(__file__).resolve()), "--child", str(workdir / "spec.json")]
-        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, cwd=str(ROOT),
-                                   start_new_session=True)
+        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, cwd=str(ROOT), start_new_session=True)
         try:
             process.wait(timeout=3600)
         finally:
@@ -211,9 +220,15 @@ def geoingest_child(spec: dict) -> dict:
     configure_logging("WARNING")
     workdir = Path(spec["workdir"])
     settings = load_settings(
-        env={}, topic=spec["topic"], metrics_port=0, checkpoint_location=str(workdir / "checkpoints"),
-        max_offsets_per_trigger=spec["per_batch"], clustering=spec["clustering"], trigger_interval=TRIGGER,
-        **spec["shape_settings"])
+        env={},
+        topic=spec["topic"],
+        metrics_port=0,
+        checkpoint_location=str(workdir / "checkpoints"),
+        max_offsets_per_trigger=spec["per_batch"],
+        clustering=spec["clustering"],
+        trigger_interval=TRIGGER,
+        **spec["shape_settings"],
+    )
     contract = dataclasses.replace(load_contract(CONTRACT), table=f"{spec['namespace']}.events")
     warm_contract = dataclasses.replace(contract, table=f"{spec['namespace']}.warmup")
     catalog = open_catalog(settings.catalog_name, settings.catalog)
@@ -246,14 +261,18 @@ def geoingest_child(spec: dict) -> dict:
 
     table.refresh()
     files = [task.file for task in table.scan().plan_files()]
-    stages = {k: round(sum(r.seconds.get(k, 0.0) for r in reports), 2)
-              for k in ("ingest", "merge", "commit", "total")}
+    stages = {k: round(sum(r.seconds.get(k, 0.0) for r in reports), 2) for k in ("ingest", "merge", "commit", "total")}
     result = {
-        "batches": len(reports), "consumed": sum(r.consumed for r in reports),
-        "committed_rows": _rows_in(table), "rejected": sum(sum(r.rejected.values()) for r in reports),
-        "files": len(files), "table_data_bytes": sum(f.file_size_in_bytes for f in files),
-        "seconds": round(elapsed, 2), "events_per_s": round(spec["events"] / elapsed),
-        "warmup_s": round(warmup_s, 2), "load_1min": [round(load_before, 2), round(load_after, 2)],
+        "batches": len(reports),
+        "consumed": sum(r.consumed for r in reports),
+        "committed_rows": _rows_in(table),
+        "rejected": sum(sum(r.rejected.values()) for r in reports),
+        "files": len(files),
+        "table_data_bytes": sum(f.file_size_in_bytes for f in files),
+        "seconds": round(elapsed, 2),
+        "events_per_s": round(spec["events"] / elapsed),
+        "warmup_s": round(warmup_s, 2),
+        "load_1min": [round(load_before, 2), round(load_after, 2)],
         "stage_seconds": {k: v for k, v in stages.items() if v},
         "object_store": spent,
         "pruning": pruning(table, spec["windows"], query_bbox),
@@ -265,9 +284,16 @@ def geoingest_child(spec: dict) -> dict:
 # -- the run ----------------------------------------------------------------------------------------
 def shape_settings(shape: str, workdir: Path, stack: Lakehouse) -> dict:
     if shape == "local":
-        return {"bootstrap_servers": stack.broker.bootstrap, "spark_master": MASTER, "driver_memory": DRIVER_MEMORY,
-                "catalog": {"type": "sql", "uri": f"sqlite:///{workdir}/catalog.db",
-                            "warehouse": f"file://{workdir}/warehouse"}}
+        return {
+            "bootstrap_servers": stack.broker.bootstrap,
+            "spark_master": MASTER,
+            "driver_memory": DRIVER_MEMORY,
+            "catalog": {
+                "type": "sql",
+                "uri": f"sqlite:///{workdir}/catalog.db",
+                "warehouse": f"file://{workdir}/warehouse",
+            },
+        }
     return {**stack.settings_values(), "driver_memory": LAKEHOUSE_DRIVER_MEMORY}
 
 
@@ -278,9 +304,11 @@ def per_batch_figures(run: dict) -> dict:
         return {}
     requests = {k: round(spent["requests"].get(k, 0) / batches, 1) for k in REQUEST_KINDS}
     return {
-        "requests": requests, "requests_total": round(sum(spent["requests"].values()) / batches, 1),
-        "requests_by_area": {area: round(sum(kinds.values()) / batches, 1)
-                             for area, kinds in sorted(spent["requests_by_area"].items())},
+        "requests": requests,
+        "requests_total": round(sum(spent["requests"].values()) / batches, 1),
+        "requests_by_area": {
+            area: round(sum(kinds.values()) / batches, 1) for area, kinds in sorted(spent["requests_by_area"].items())
+        },
         "directory_marker_puts": round(spent["directory_marker_puts"] / batches, 1),
         "uploaded_mb": round(spent["uploaded_bytes"] / batches / MB, 2),
         "bucket_growth_mb": round(spent["bucket_growth_bytes"] / batches / MB, 2),
@@ -300,22 +328,27 @@ def staging_costs(runs: dict, batch_sizes: list[int]) -> dict:
             figures = {
                 "events_per_s": [staged["events_per_s"], direct["events_per_s"]],
                 "time_ratio": round(direct["events_per_s"] / staged["events_per_s"], 2),
-                "row_groups_per_window": [staged["pruning"]["random_mean_row_groups"],
-                                          direct["pruning"]["random_mean_row_groups"]],
+                "row_groups_per_window": [
+                    staged["pruning"]["random_mean_row_groups"],
+                    direct["pruning"]["random_mean_row_groups"],
+                ],
                 "files_per_window": [staged["pruning"]["random_mean_files"], direct["pruning"]["random_mean_files"]],
-                "row_groups_ratio": round(direct["pruning"]["random_mean_row_groups"]
-                                          / staged["pruning"]["random_mean_row_groups"], 2),
+                "row_groups_ratio": round(
+                    direct["pruning"]["random_mean_row_groups"] / staged["pruning"]["random_mean_row_groups"], 2
+                ),
             }
             a, b = staged.get("per_batch", {}), direct.get("per_batch", {})
             if a and b:
-                figures.update({
-                    "requests_per_batch": [a["requests_total"], b["requests_total"]],
-                    "requests_ratio": round(a["requests_total"] / b["requests_total"], 2),
-                    "staging_requests_per_batch": a["requests_by_area"].get("staging", 0),
-                    "uploaded_mb_per_batch": [a["uploaded_mb"], b["uploaded_mb"]],
-                    "uploaded_ratio": round(a["uploaded_mb"] / b["uploaded_mb"], 2),
-                    "served_mb_per_batch": [a["served_mb"], b["served_mb"]],
-                })
+                figures.update(
+                    {
+                        "requests_per_batch": [a["requests_total"], b["requests_total"]],
+                        "requests_ratio": round(a["requests_total"] / b["requests_total"], 2),
+                        "staging_requests_per_batch": a["requests_by_area"].get("staging", 0),
+                        "uploaded_mb_per_batch": [a["uploaded_mb"], b["uploaded_mb"]],
+                        "uploaded_ratio": round(a["uploaded_mb"] / b["uploaded_mb"], 2),
+                        "served_mb_per_batch": [a["served_mb"], b["served_mb"]],
+                    }
+                )
             out[f"{shape}-{per_batch}"] = figures
     return out
 
@@ -330,23 +363,32 @@ def verdict(costs: dict, batch_sizes: list[int]) -> list[str]:
         if not c:
             continue
         e_staged, e_direct = c["events_per_s"]
-        text = (f"- {per_batch:,} events per batch: on the lakehouse, events/s with staging {e_staged:,} against "
-                f"{e_direct:,} without ({e_staged / e_direct:.2f}x)")
+        text = (
+            f"- {per_batch:,} events per batch: on the lakehouse, events/s with staging {e_staged:,} against "
+            f"{e_direct:,} without ({e_staged / e_direct:.2f}x)"
+        )
         if local:
             text += f"; on the local shape {local['events_per_s'][0] / local['events_per_s'][1]:.2f}x"
         if "requests_per_batch" in c:
             r_staged, r_direct = c["requests_per_batch"]
             u_staged, u_direct = c["uploaded_mb_per_batch"]
             s_staged, s_direct = c["served_mb_per_batch"]
-            text += (f". Per batch {r_staged:g} object-store requests against {r_direct:g} "
-                     f"({c['staging_requests_per_batch']:g} under staging/), {u_staged:g} MB uploaded against "
-                     f"{u_direct:g}, {s_staged:g} MB read back against {s_direct:g}")
+            text += (
+                f". Per batch {r_staged:g} object-store requests against {r_direct:g} "
+                f"({c['staging_requests_per_batch']:g} under staging/), {u_staged:g} MB uploaded against "
+                f"{u_direct:g}, {s_staged:g} MB read back against {s_direct:g}"
+            )
         g_staged, g_direct = c["row_groups_per_window"]
         worth = c["row_groups_ratio"] > c["time_ratio"]
-        text += (f". A 0.1 % window reads {g_staged:g} row groups with staging, {g_direct:g} without "
-                 f"({c['row_groups_ratio']:g}x) against {c['time_ratio']:g}x the ingest time: "
-                 + ("worth keeping, the reads it saves outweigh the ingest time it costs"
-                    if worth else "not worth it, it costs more ingest time than it saves reads"))
+        text += (
+            f". A 0.1 % window reads {g_staged:g} row groups with staging, {g_direct:g} without "
+            f"({c['row_groups_ratio']:g}x) against {c['time_ratio']:g}x the ingest time: "
+            + (
+                "worth keeping, the reads it saves outweigh the ingest time it costs"
+                if worth
+                else "not worth it, it costs more ingest time than it saves reads"
+            )
+        )
         lines.append(text + ".")
     return lines
 
@@ -357,10 +399,15 @@ def main() -> None:
     parser.add_argument("--batch-sizes", default="50000,10000")
     parser.add_argument("--clusterings", default="batch,task")
     parser.add_argument("--shapes", default="local,lakehouse")
-    parser.add_argument("--warmup-events", type=int, default=20_000,
-                        help="events each run drains from a warm-up topic before it is measured")
-    parser.add_argument("--repeats", type=int, default=2,
-                        help="runs of each configuration, alternating, the faster kept")
+    parser.add_argument(
+        "--warmup-events",
+        type=int,
+        default=20_000,
+        help="events each run drains from a warm-up topic before it is measured",
+    )
+    parser.add_argument(
+        "--repeats", type=int, default=2, help="runs of each configuration, alternating, the faster kept"
+    )
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -374,9 +421,17 @@ def main() -> None:
     tmp = Path(tempfile.mkdtemp(prefix="geoingest-bench-lakehouse-"))
     cache_dir = Path(load_settings(env={}).cache_dir)
     stack = Lakehouse.in_folder(tmp / "lakehouse", cache_dir, cores=CORES)
-    report: dict = {"events": args.events, "batch_sizes": batch_sizes, "warmup_events": args.warmup_events,
-                    "cores": CORES, "trigger": TRIGGER, "repeats": args.repeats, "machine_cores": os.cpu_count(),
-                    "load_1min_at_start": round(os.getloadavg()[0], 2), "runs": {}}
+    report: dict = {
+        "events": args.events,
+        "batch_sizes": batch_sizes,
+        "warmup_events": args.warmup_events,
+        "cores": CORES,
+        "trigger": TRIGGER,
+        "repeats": args.repeats,
+        "machine_cores": os.cpu_count(),
+        "load_1min_at_start": round(os.getloadavg()[0], 2),
+        "runs": {},
+    }
     try:
         stack.start(say=lambda text: print(text, flush=True))
         events = list(sample_events(args.events))
@@ -390,18 +445,30 @@ def main() -> None:
                     for clustering in clusterings:
                         label = f"{shape}-{clustering}-{per_batch}"
                         workdir = tmp / f"{label}-{repeat}"
-                        spec = {"topic": "events", "warmup_topic": "warmup", "events": args.events,
-                                "per_batch": per_batch, "clustering": clustering, "workdir": str(workdir),
-                                "windows": windows, "namespace": f"b_{shape}_{clustering}_{per_batch}_{repeat}",
-                                "shape_settings": shape_settings(shape, workdir, stack),
-                                "store_home": str(stack.store.home) if shape == "lakehouse" else None}
+                        spec = {
+                            "topic": "events",
+                            "warmup_topic": "warmup",
+                            "events": args.events,
+                            "per_batch": per_batch,
+                            "clustering": clustering,
+                            "workdir": str(workdir),
+                            "windows": windows,
+                            "namespace": f"b_{shape}_{clustering}_{per_batch}_{repeat}",
+                            "shape_settings": shape_settings(shape, workdir, stack),
+                            "store_home": str(stack.store.home) if shape == "lakehouse" else None,
+                        }
                         run = run_child(spec, workdir, f"geoingest, {label}")
                         if run["consumed"] != args.events or run["committed_rows"] + run["rejected"] != args.events:
-                            raise RuntimeError(f"{label}: {run['consumed']} of {args.events} events consumed, "
-                                               f"{run['committed_rows']} rows in the table, {run['rejected']} rejected")
+                            raise RuntimeError(
+                                f"{label}: {run['consumed']} of {args.events} events consumed, "
+                                f"{run['committed_rows']} rows in the table, {run['rejected']} rejected"
+                            )
                         run["per_batch"] = per_batch_figures(run)
-                        print(label, json.dumps({k: v for k, v in run.items() if k not in ("pruning", "object_store")}),
-                              flush=True)
+                        print(
+                            label,
+                            json.dumps({k: v for k, v in run.items() if k not in ("pruning", "object_store")}),
+                            flush=True,
+                        )
                         report["runs"][label] = faster(report["runs"].get(label), run)
     finally:
         stack.stop()
@@ -424,7 +491,8 @@ def write_results(report: dict) -> None:
         f"run(s) of each, the faster kept. {report['machine_cores']} cores shared by the driver, the executor, "
         f"the broker, s3proxy, the REST catalog and other work on the machine (1-minute load "
         f"{report['load_1min_at_start']} at the start, {report['load_1min_at_end']} at the end): compare within "
-        f"this run, not across runs.")
+        f"this run, not across runs."
+    )
     store_note = (
         "Object-store figures per micro-batch, counted around the timed run only (warm-up and queries left "
         "out). Requests from s3proxy's request log. MB uploaded: half of what s3proxy wrote to disk (pyarrow "
@@ -432,50 +500,90 @@ def write_results(report: dict) -> None:
         "slices deleted again included. MB bucket growth: what stays. MB served: what s3proxy wrote to its "
         "sockets (GET bodies, listings); both within about 0.1 MB per batch, since the kernel counts disk writes by "
         "the page. Windows: random windows of 0.1 % of the data extent, files and row "
-        "groups read by streaming.query, against the model ideal.")
+        "groups read by streaming.query, against the model ideal."
+    )
     kinds = REQUEST_KINDS
-    lines = [intro, "", store_note, "",
-             f"| shape | clustering | events per batch | batches | events/s | each run | files | {' | '.join(kinds)} "
-             "| requests | MB uploaded | MB bucket growth | MB served | files per window | row groups per window "
-             "| vs model ideal |",
-             "|---|---|---|---|---|---|---|" + "---|" * len(kinds) + "---|---|---|---|---|---|---|"]
+    lines = [
+        intro,
+        "",
+        store_note,
+        "",
+        f"| shape | clustering | events per batch | batches | events/s | each run | files | {' | '.join(kinds)} "
+        "| requests | MB uploaded | MB bucket growth | MB served | files per window | row groups per window "
+        "| vs model ideal |",
+        "|---|---|---|---|---|---|---|" + "---|" * len(kinds) + "---|---|---|---|---|---|---|",
+    ]
     for label, run in report["runs"].items():
         shape, clustering, per_batch = label.split("-")
         b, p = run.get("per_batch", {}), run["pruning"]
-        store = ([f"{b['requests'][k]:g}" for k in kinds]
-                 + [f"{b[k]:g}" for k in ("requests_total", "uploaded_mb", "bucket_growth_mb", "served_mb")]
-                 if b else ["-"] * (len(kinds) + 4))
-        lines.append(f"| {shape} | {clustering} | {int(per_batch):,} | {run['batches']} | {run['events_per_s']:,} | "
-                     f"{', '.join(f'{e:,}' for e in run['events_per_s_each'])} | {run['files']} | "
-                     + " | ".join(store) + f" | {p['random_mean_files']} | {p['random_mean_row_groups']} | "
-                     f"{p['random_row_groups_vs_ideal']}x |")
+        store = (
+            [f"{b['requests'][k]:g}" for k in kinds]
+            + [f"{b[k]:g}" for k in ("requests_total", "uploaded_mb", "bucket_growth_mb", "served_mb")]
+            if b
+            else ["-"] * (len(kinds) + 4)
+        )
+        lines.append(
+            f"| {shape} | {clustering} | {int(per_batch):,} | {run['batches']} | {run['events_per_s']:,} | "
+            f"{', '.join(f'{e:,}' for e in run['events_per_s_each'])} | {run['files']} | "
+            + " | ".join(store)
+            + f" | {p['random_mean_files']} | {p['random_mean_row_groups']} | "
+            f"{p['random_row_groups_vs_ideal']}x |"
+        )
     areas = [*AREAS, "other"]
-    lines += ["", "Object-store requests per batch by the part of the table they touch, and the empty directory "
-              "markers among the PUTs (pyarrow puts one back over the folder of every object it deletes):", "",
-              f"| run | {' | '.join(areas)} | directory markers |", "|---|" + "---|" * (len(areas) + 1)]
+    lines += [
+        "",
+        "Object-store requests per batch by the part of the table they touch, and the empty directory "
+        "markers among the PUTs (pyarrow puts one back over the folder of every object it deletes):",
+        "",
+        f"| run | {' | '.join(areas)} | directory markers |",
+        "|---|" + "---|" * (len(areas) + 1),
+    ]
     for label, run in report["runs"].items():
         b = run.get("per_batch")
         if b:
-            lines.append(f"| {label} | " + " | ".join(f"{b['requests_by_area'].get(a, 0):g}" for a in areas)
-                         + f" | {b['directory_marker_puts']:g} |")
-    lines += ["", "Staging (clustering \"batch\") against none (\"task\"), per batch:", "",
-              "| shape | events per batch | events/s batch / task | requests batch / task "
-              "| MB uploaded batch / task | MB served batch / task | row groups per window batch / task |",
-              "|---|---|---|---|---|---|---|"]
+            lines.append(
+                f"| {label} | "
+                + " | ".join(f"{b['requests_by_area'].get(a, 0):g}" for a in areas)
+                + f" | {b['directory_marker_puts']:g} |"
+            )
+    lines += [
+        "",
+        'Staging (clustering "batch") against none ("task"), per batch:',
+        "",
+        "| shape | events per batch | events/s batch / task | requests batch / task "
+        "| MB uploaded batch / task | MB served batch / task | row groups per window batch / task |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for key, c in report["staging"].items():
         shape, per_batch = key.split("-")
-        pairs = [_pair(c, name) for name in ("events_per_s", "requests_per_batch", "uploaded_mb_per_batch",
-                                             "served_mb_per_batch", "row_groups_per_window")]
+        pairs = [
+            _pair(c, name)
+            for name in (
+                "events_per_s",
+                "requests_per_batch",
+                "uploaded_mb_per_batch",
+                "served_mb_per_batch",
+                "row_groups_per_window",
+            )
+        ]
         lines.append(f"| {shape} | {int(per_batch):,} | " + " | ".join(pairs) + " |")
-    lines += ["", "Where the time goes (seconds summed over the batches of one run):", "",
-              "| run | batches | stages |", "|---|---|---|"]
+    lines += [
+        "",
+        "Where the time goes (seconds summed over the batches of one run):",
+        "",
+        "| run | batches | stages |",
+        "|---|---|---|",
+    ]
     for label, run in report["runs"].items():
-        lines.append(f"| {label} | {run['batches']} | "
-                     f"{', '.join(f'{k} {v}' for k, v in run.get('stage_seconds', {}).items())} |")
-    rule = ("Is staging worth keeping on an object store? Judged here as worth keeping where the row groups a "
-            "window reads without it, over those it reads with it, exceed the ingest time it costs (task's "
-            "events/s over batch's): ingest pays for staging once per batch, every query pays for the layout a "
-            "batch left until compaction (`geoingest table maintain --compact`) rewrites its files.")
+        lines.append(
+            f"| {label} | {run['batches']} | {', '.join(f'{k} {v}' for k, v in run.get('stage_seconds', {}).items())} |"
+        )
+    rule = (
+        "Is staging worth keeping on an object store? Judged here as worth keeping where the row groups a "
+        "window reads without it, over those it reads with it, exceed the ingest time it costs (task's "
+        "events/s over batch's): ingest pays for staging once per batch, every query pays for the layout a "
+        "batch left until compaction (`geoingest table maintain --compact`) rewrites its files."
+    )
     lines += ["", rule, "", *report["verdict"], "", f"Run time {report['run_seconds'] / 60:.1f} min."]
     (RESULTS / "lakehouse.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))

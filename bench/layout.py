@@ -21,8 +21,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import shapely
-
 from cities import city_points  # bench/cities.py, beside this script
+
 from streaming.catalog import create_table, open_catalog
 from streaming.commit import BatchCommit, Committer
 from streaming.contract import DEFAULT_TARGET_FILE_BYTES, load_contract
@@ -38,11 +38,16 @@ ROW_GROUP_SIZES = (4_096, 16_384, 65_536, 262_144)
 def skewed_wkb_points(n: int, seed: int = 1) -> pa.RecordBatch:
     x, y = city_points(n, seed, jitter_deg=0.05, bounds=(-180, -90, 180, 90))
     values = shapely.to_wkb(shapely.points(x, y))
-    return pa.RecordBatch.from_pydict({
-        "key": pa.array([f"e{i}".encode() for i in range(n)]), "value": pa.array(values, pa.binary()),
-        "topic": pa.array(["bench"] * n), "partition": pa.array(np.zeros(n, np.int32)),
-        "offset": pa.array(np.arange(n)), "timestamp": pa.array(np.zeros(n, np.int64), pa.timestamp("us")),
-    })
+    return pa.RecordBatch.from_pydict(
+        {
+            "key": pa.array([f"e{i}".encode() for i in range(n)]),
+            "value": pa.array(values, pa.binary()),
+            "topic": pa.array(["bench"] * n),
+            "partition": pa.array(np.zeros(n, np.int32)),
+            "offset": pa.array(np.arange(n)),
+            "timestamp": pa.array(np.zeros(n, np.int64), pa.timestamp("us")),
+        }
+    )
 
 
 def main() -> None:
@@ -56,11 +61,16 @@ def main() -> None:
     decoded = pa.Table.from_batches([Decoder(contract).decode(raw)])
     decoded = decoded.filter(pc.is_null(decoded.column(REJECT_REASON))).sort_by(HILBERT)
     bbox = decoded.column("bbox").combine_chunks()
-    data_extent = [pc.min(bbox.field("xmin")).as_py(), pc.min(bbox.field("ymin")).as_py(),
-                   pc.max(bbox.field("xmax")).as_py(), pc.max(bbox.field("ymax")).as_py()]
+    data_extent = [
+        pc.min(bbox.field("xmin")).as_py(),
+        pc.min(bbox.field("ymin")).as_py(),
+        pc.max(bbox.field("xmax")).as_py(),
+        pc.max(bbox.field("ymax")).as_py(),
+    ]
     rng = np.random.default_rng(5)
     centres = np.column_stack([bbox.field("xmin").to_numpy(), bbox.field("ymin").to_numpy()])[
-        rng.choice(decoded.num_rows, args.windows)]
+        rng.choice(decoded.num_rows, args.windows)
+    ]
     # 0.1 % of the data extent's area, as a square in degrees
     side = np.sqrt(0.001 * (data_extent[2] - data_extent[0]) * (data_extent[3] - data_extent[1]))
 
@@ -68,14 +78,17 @@ def main() -> None:
     for row_group_rows in ROW_GROUP_SIZES:
         with tempfile.TemporaryDirectory() as tmp:
             # The demo contract cuts small files to draw many; the default file size is what is measured.
-            clustering = dataclasses.replace(contract.clustering, row_group_rows=row_group_rows,
-                                             target_file_bytes=DEFAULT_TARGET_FILE_BYTES)
+            clustering = dataclasses.replace(
+                contract.clustering, row_group_rows=row_group_rows, target_file_bytes=DEFAULT_TARGET_FILE_BYTES
+            )
             variant = dataclasses.replace(contract, clustering=clustering)
-            catalog = open_catalog("bench", {"type": "sql", "uri": f"sqlite:///{tmp}/c.db",
-                                             "warehouse": f"file://{tmp}/wh"})
+            catalog = open_catalog(
+                "bench", {"type": "sql", "uri": f"sqlite:///{tmp}/c.db", "warehouse": f"file://{tmp}/wh"}
+            )
             table, _ = create_table(catalog, variant)
-            writer = GeoParquetWriter(variant, table.properties, table.io.properties,
-                                      f"{table.location()}/data", "bench")
+            writer = GeoParquetWriter(
+                variant, table.properties, table.io.properties, f"{table.location()}/data", "bench"
+            )
             started = time.perf_counter()
             files = tuple(writer.write(decoded.to_batches(max_chunksize=20_000)))
             write_s = time.perf_counter() - started
@@ -90,25 +103,37 @@ def main() -> None:
                 read += stats.rows_read
             query_ms = (time.perf_counter() - started) * 1000 / len(centres)
             size = sum(f.file_size_in_bytes for f in files)
-            rows.append({
-                "row_group_rows": row_group_rows,
-                "files": len(files),
-                "write_rows_per_s": round(decoded.num_rows / write_s),
-                "bytes_per_row": round(size / decoded.num_rows, 2),
-                "row_groups_scanned_per_window": round(scanned / len(centres), 2),
-                "rows_read_per_window": round(read / len(centres)),
-                "query_ms_per_window": round(query_ms, 1),
-            })
+            rows.append(
+                {
+                    "row_group_rows": row_group_rows,
+                    "files": len(files),
+                    "write_rows_per_s": round(decoded.num_rows / write_s),
+                    "bytes_per_row": round(size / decoded.num_rows, 2),
+                    "row_groups_scanned_per_window": round(scanned / len(centres), 2),
+                    "rows_read_per_window": round(read / len(centres)),
+                    "query_ms_per_window": round(query_ms, 1),
+                }
+            )
             print(rows[-1], flush=True)
 
     RESULTS.mkdir(parents=True, exist_ok=True)
-    report = {"points": decoded.num_rows, "windows": args.windows, "window_fraction_of_data_extent": 0.001,
-              "results": rows}
+    report = {
+        "points": decoded.num_rows,
+        "windows": args.windows,
+        "window_fraction_of_data_extent": 0.001,
+        "results": rows,
+    }
     (RESULTS / "layout.json").write_text(json.dumps(report, indent=2))
     header = list(rows[0])
-    lines = [f"Layout: {decoded.num_rows:,} skewed points, {args.windows} windows of 0.1 % of the data extent",
-             "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(f"{r[h]:,}" if isinstance(r[h], int) else str(r[h]) for h in header) + " |" for r in rows]
+    lines = [
+        f"Layout: {decoded.num_rows:,} skewed points, {args.windows} windows of 0.1 % of the data extent",
+        "",
+        "| " + " | ".join(header) + " |",
+        "|" + "---|" * len(header),
+    ]
+    lines += [
+        "| " + " | ".join(f"{r[h]:,}" if isinstance(r[h], int) else str(r[h]) for h in header) + " |" for r in rows
+    ]
     (RESULTS / "layout.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 

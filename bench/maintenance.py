@@ -61,14 +61,19 @@ CONTRACT = load_contract(ROOT / "schemas" / "demo_events.json")
 PARIS = (2.2, 48.8, 2.5, 48.9)
 # What the service would run between batches; ages 0 because the benchmark has no commit in
 # flight while it maintains, and it compresses a month into an hour.
-BENCH_POLICY = MaintenancePolicy(min_file_age_s=0, snapshot_max_age_s=0, keep_snapshots=20,
-                                 orphan_min_age_s=0, max_manifests=8)
+BENCH_POLICY = MaintenancePolicy(
+    min_file_age_s=0, snapshot_max_age_s=0, keep_snapshots=20, orphan_min_age_s=0, max_manifests=8
+)
 
 
 def bbox_filter(window):
     xmin, ymin, xmax, ymax = window
-    return And(LessThanOrEqual("bbox.xmin", xmax), GreaterThanOrEqual("bbox.xmax", xmin),
-               LessThanOrEqual("bbox.ymin", ymax), GreaterThanOrEqual("bbox.ymax", ymin))
+    return And(
+        LessThanOrEqual("bbox.xmin", xmax),
+        GreaterThanOrEqual("bbox.xmax", xmin),
+        LessThanOrEqual("bbox.ymin", ymax),
+        GreaterThanOrEqual("bbox.ymax", ymin),
+    )
 
 
 def plan_ms(table) -> float:
@@ -86,8 +91,9 @@ def metadata_bytes(table) -> int:
 
 
 # -- part 1 ---------------------------------------------------------------------------------------
-def commit_curve(props: dict, name: str, commits: int, rows: int, sample_every: int,
-                 maintain_every: int | None, label: str) -> dict:
+def commit_curve(
+    props: dict, name: str, commits: int, rows: int, sample_every: int, maintain_every: int | None, label: str
+) -> dict:
     catalog = open_catalog("bench", props)
     contract = dataclasses.replace(CONTRACT, table=f"bench.{name}")
     table, _ = create_table(catalog, contract)
@@ -105,20 +111,30 @@ def commit_curve(props: dict, name: str, commits: int, rows: int, sample_every: 
         done = batch_id + 1
         if maintain_every and done % maintain_every == 0:
             report = maintain(table, BENCH_POLICY)
-            maintenance_runs.append({"after_commit": done, "seconds": round(report.seconds, 3),
-                                     "files_rewritten": report.compaction.files_rewritten,
-                                     "files_written": report.compaction.files_written,
-                                     "snapshots_expired": report.expiry.snapshots_expired,
-                                     "files_deleted": report.expiry.files_deleted + report.orphans.deleted})
+            maintenance_runs.append(
+                {
+                    "after_commit": done,
+                    "seconds": round(report.seconds, 3),
+                    "files_rewritten": report.compaction.files_rewritten,
+                    "files_written": report.compaction.files_written,
+                    "snapshots_expired": report.expiry.snapshots_expired,
+                    "files_deleted": report.expiry.files_deleted + report.orphans.deleted,
+                }
+            )
             writer.committer.table.refresh()
         if done % sample_every == 0 or done == commits:
             table.refresh()
-            sample = {"commits": done, "commit_ms": round(statistics.fmean(window), 2),
-                      "commit_p50_ms": round(statistics.median(window), 2),
-                      "plan_ms": round(plan_ms(table), 2), "metadata_bytes": metadata_bytes(table),
-                      "snapshots": len(table.metadata.snapshots), "manifests": data_manifest_count(table),
-                      "files": sum(1 for _ in table.scan().plan_files()),
-                      "elapsed_s": round(time.monotonic() - started, 1)}
+            sample = {
+                "commits": done,
+                "commit_ms": round(statistics.fmean(window), 2),
+                "commit_p50_ms": round(statistics.median(window), 2),
+                "plan_ms": round(plan_ms(table), 2),
+                "metadata_bytes": metadata_bytes(table),
+                "snapshots": len(table.metadata.snapshots),
+                "manifests": data_manifest_count(table),
+                "files": sum(1 for _ in table.scan().plan_files()),
+                "elapsed_s": round(time.monotonic() - started, 1),
+            }
             samples.append(sample)
             window = []
             print(f"  {label}: {json.dumps(sample)}", flush=True)
@@ -131,8 +147,12 @@ def commit_curve(props: dict, name: str, commits: int, rows: int, sample_every: 
     first = [s for s in samples if s["commits"] <= 100]
     last = [s for s in samples if s["commits"] > samples[-1]["commits"] - 100]
     return {
-        "label": label, "commits": commits, "rows_per_commit": rows, "maintain_every": maintain_every,
-        "samples": samples, "maintenance_runs": maintenance_runs,
+        "label": label,
+        "commits": commits,
+        "rows_per_commit": rows,
+        "maintain_every": maintain_every,
+        "samples": samples,
+        "maintenance_runs": maintenance_runs,
         "first_100_commit_ms": round(statistics.fmean(all_commit_ms[:100]), 2),
         "last_100_commit_ms": round(statistics.fmean(all_commit_ms[-100:]), 2),
         # Medians too: the machine is shared, and a burst of other work skews a mean.
@@ -152,8 +172,9 @@ def commit_curve(props: dict, name: str, commits: int, rows: int, sample_every: 
 PAIRED_COMMITS = 100
 
 
-def paired_with_a_new_table(catalog, aged: BatchWriter, next_batch: int, rows: int, maintain_every: int | None,
-                            name: str) -> dict:
+def paired_with_a_new_table(
+    catalog, aged: BatchWriter, next_batch: int, rows: int, maintain_every: int | None, name: str
+) -> dict:
     """The aged table's next 100 commits against the first 100 of a new table, alternating one and
     the other, with a bbox scan planned on each every 10 commits: both under the same load of the
     shared machine, unlike the first 100 commits of the long run, made an hour earlier. The aged
@@ -193,27 +214,46 @@ def part_latency(args, tmp: Path) -> dict:
                 uri = stack.enter_context(postgres_server(durable=True)).uri
             props = {"type": "sql", "uri": uri, "warehouse": f"file://{tmp / catalog}"}
             print(f"{catalog}: {args.commits} commits with maintenance, {args.baseline_commits} without", flush=True)
-            with_ = commit_curve(props, f"with_{catalog}", args.commits, args.rows, args.sample_every,
-                                 args.maintain_every, f"{catalog} with maintenance")
-            without = commit_curve(props, f"without_{catalog}", args.baseline_commits, args.rows,
-                                   args.sample_every, None, f"{catalog} without maintenance")
+            with_ = commit_curve(
+                props,
+                f"with_{catalog}",
+                args.commits,
+                args.rows,
+                args.sample_every,
+                args.maintain_every,
+                f"{catalog} with maintenance",
+            )
+            without = commit_curve(
+                props,
+                f"without_{catalog}",
+                args.baseline_commits,
+                args.rows,
+                args.sample_every,
+                None,
+                f"{catalog} without maintenance",
+            )
             out[catalog] = {
-                "with_maintenance": with_, "without_maintenance": without,
+                "with_maintenance": with_,
+                "without_maintenance": without,
                 # The headline: the aged table against a new one, measured side by side.
                 "commit_p50_ratio_after_vs_first_100": with_["paired"]["commit_p50_ratio"],
                 "plan_p50_ratio_after_vs_first_100": with_["paired"]["plan_p50_ratio"],
                 "baseline_commit_p50_ratio_after_vs_first_100": without["paired"]["commit_p50_ratio"],
                 "baseline_plan_p50_ratio_after_vs_first_100": without["paired"]["plan_p50_ratio"],
                 "commit_ratio_last_vs_first_100": round(with_["last_100_commit_ms"] / with_["first_100_commit_ms"], 2),
-                "commit_p50_ratio_last_vs_first_100":
-                    round(with_["last_100_commit_p50_ms"] / with_["first_100_commit_p50_ms"], 2),
-                "baseline_commit_p50_ratio_last_vs_first_100":
-                    round(without["last_100_commit_p50_ms"] / without["first_100_commit_p50_ms"], 2),
+                "commit_p50_ratio_last_vs_first_100": round(
+                    with_["last_100_commit_p50_ms"] / with_["first_100_commit_p50_ms"], 2
+                ),
+                "baseline_commit_p50_ratio_last_vs_first_100": round(
+                    without["last_100_commit_p50_ms"] / without["first_100_commit_p50_ms"], 2
+                ),
                 "plan_ratio_last_vs_first_100": round(with_["last_100_plan_ms"] / with_["first_100_plan_ms"], 2),
-                "baseline_commit_ratio_last_vs_first_100":
-                    round(without["last_100_commit_ms"] / without["first_100_commit_ms"], 2),
-                "baseline_plan_ratio_last_vs_first_100":
-                    round(without["last_100_plan_ms"] / without["first_100_plan_ms"], 2),
+                "baseline_commit_ratio_last_vs_first_100": round(
+                    without["last_100_commit_ms"] / without["first_100_commit_ms"], 2
+                ),
+                "baseline_plan_ratio_last_vs_first_100": round(
+                    without["last_100_plan_ms"] / without["first_100_plan_ms"], 2
+                ),
             }
             print(json.dumps({k: v for k, v in out[catalog].items() if "ratio" in k}), flush=True)
     return out
@@ -223,22 +263,24 @@ def part_latency(args, tmp: Path) -> dict:
 def windows(lon: np.ndarray, lat: np.ndarray, n: int, share: float, seed: int) -> list[tuple]:
     """n windows of `share` of the data extent's area, centred on data points."""
     rng = np.random.default_rng(seed)
-    w = (lon.max() - lon.min()) * share ** 0.5
-    h = (lat.max() - lat.min()) * share ** 0.5
+    w = (lon.max() - lon.min()) * share**0.5
+    h = (lat.max() - lat.min()) * share**0.5
     picks = rng.choice(len(lon), size=n, replace=False)
-    return [(float(lon[i] - w / 2), float(lat[i] - h / 2), float(lon[i] + w / 2), float(lat[i] + h / 2))
-            for i in picks]
+    return [(float(lon[i] - w / 2), float(lat[i] - h / 2), float(lon[i] + w / 2), float(lat[i] + h / 2)) for i in picks]
 
 
 def read_per_window(table, boxes: list[tuple], snapshot_id: int | None = None) -> dict:
     stats = [query(table, Predicate.from_bbox(b), snapshot_id=snapshot_id).stats for b in boxes]
     paris = query(table, Predicate.from_bbox(PARIS), snapshot_id=snapshot_id).stats
-    return {"files_total": stats[0].files_total,
-            "files_read_per_window": round(statistics.fmean(s.files_scanned for s in stats), 3),
-            "row_groups_read_per_window": round(statistics.fmean(s.row_groups_scanned for s in stats), 3),
-            "rows_read_per_window": round(statistics.fmean(s.rows_read for s in stats), 1),
-            "paris_files_read": paris.files_scanned, "paris_row_groups_read": paris.row_groups_scanned,
-            "rows_matched_total": sum(s.rows_matched for s in stats)}
+    return {
+        "files_total": stats[0].files_total,
+        "files_read_per_window": round(statistics.fmean(s.files_scanned for s in stats), 3),
+        "row_groups_read_per_window": round(statistics.fmean(s.row_groups_scanned for s in stats), 3),
+        "rows_read_per_window": round(statistics.fmean(s.rows_read for s in stats), 1),
+        "paris_files_read": paris.files_scanned,
+        "paris_row_groups_read": paris.row_groups_scanned,
+        "rows_matched_total": sum(s.rows_matched for s in stats),
+    }
 
 
 def part_pruning(args, tmp: Path) -> dict:
@@ -266,30 +308,46 @@ def part_pruning(args, tmp: Path) -> dict:
     before_snapshot = small.current_snapshot().snapshot_id
     one = read_per_window(tables["one_batch"], boxes)
     before = read_per_window(small, boxes)
-    report = maintain(small, MaintenancePolicy(min_file_age_s=0, snapshot_max_age_s=3600, orphan_min_age_s=3600),
-                      steps=("compact",))
+    report = maintain(
+        small, MaintenancePolicy(min_file_age_s=0, snapshot_max_age_s=3600, orphan_min_age_s=3600), steps=("compact",)
+    )
     after = read_per_window(small, boxes)
     before_again = read_per_window(small, boxes, snapshot_id=before_snapshot)  # time travel still works
     assert before_again == before, (before_again, before)
     assert after["rows_matched_total"] == before["rows_matched_total"] == one["rows_matched_total"]
     DOCS.mkdir(exist_ok=True)
-    plot_file_extents(file_extents(small, snapshot_id=before_snapshot), DOCS / "maintenance-before.png",
-                      title=f"{args.events // args.batch_events} batches of {args.batch_events:,} events, "
-                            "before compaction")
-    plot_file_extents(file_extents(small), DOCS / "maintenance-after.png",
-                      title="the same table after `geoingest table maintain --compact`")
-    plot_file_extents(file_extents(tables["one_batch"]), DOCS / "maintenance-one-batch.png",
-                      title=f"the same {args.events:,} events written as one batch")
+    plot_file_extents(
+        file_extents(small, snapshot_id=before_snapshot),
+        DOCS / "maintenance-before.png",
+        title=f"{args.events // args.batch_events} batches of {args.batch_events:,} events, before compaction",
+    )
+    plot_file_extents(
+        file_extents(small),
+        DOCS / "maintenance-after.png",
+        title="the same table after `geoingest table maintain --compact`",
+    )
+    plot_file_extents(
+        file_extents(tables["one_batch"]),
+        DOCS / "maintenance-one-batch.png",
+        title=f"the same {args.events:,} events written as one batch",
+    )
     result = {
-        "events": args.events, "batch_events": args.batch_events, "windows": len(boxes), "window_share": 0.001,
-        "one_batch": one, "small_batches_before": before, "small_batches_after": after,
+        "events": args.events,
+        "batch_events": args.batch_events,
+        "windows": len(boxes),
+        "window_share": 0.001,
+        "one_batch": one,
+        "small_batches_before": before,
+        "small_batches_after": after,
         "compaction": report.compaction.__dict__,
         "files_ratio_after_vs_one_batch": round(after["files_read_per_window"] / one["files_read_per_window"], 3),
-        "row_groups_ratio_after_vs_one_batch":
-            round(after["row_groups_read_per_window"] / one["row_groups_read_per_window"], 3),
+        "row_groups_ratio_after_vs_one_batch": round(
+            after["row_groups_read_per_window"] / one["row_groups_read_per_window"], 3
+        ),
         "files_ratio_before_vs_one_batch": round(before["files_read_per_window"] / one["files_read_per_window"], 3),
-        "row_groups_ratio_before_vs_one_batch":
-            round(before["row_groups_read_per_window"] / one["row_groups_read_per_window"], 3),
+        "row_groups_ratio_before_vs_one_batch": round(
+            before["row_groups_read_per_window"] / one["row_groups_read_per_window"], 3
+        ),
     }
     print(json.dumps({k: v for k, v in result.items() if "ratio" in k}), flush=True)
     return result
@@ -303,7 +361,7 @@ def part_sort(rows: int = 2_000_000, repeats: int = 5) -> dict:
     rng = np.random.default_rng(3)
     out = {}
     for files in (2, 50, 500):
-        runs = np.concatenate([np.sort(rng.integers(0, 2 ** 32, rows // files)) for _ in range(files)])
+        runs = np.concatenate([np.sort(rng.integers(0, 2**32, rows // files)) for _ in range(files)])
         shuffled = rng.permutation(runs)
         times: dict[str, list[float]] = {}
         for _ in range(repeats):
@@ -325,8 +383,11 @@ def plot(latency: dict, path: Path) -> None:
     fig = Figure(figsize=(13, 4.2), layout="constrained")
     FigureCanvasAgg(fig)
     axes = fig.subplots(1, 3)
-    metrics = (("commit_ms", "commit latency (ms, mean per sample)"), ("plan_ms", "bbox scan planning (ms)"),
-               ("metadata_bytes", "metadata.json (KB)"))
+    metrics = (
+        ("commit_ms", "commit latency (ms, mean per sample)"),
+        ("plan_ms", "bbox scan planning (ms)"),
+        ("metadata_bytes", "metadata.json (KB)"),
+    )
     styles = {"sqlite": "tab:blue", "postgresql": "tab:orange"}
     for ax, (key, title) in zip(axes, metrics):
         for catalog, runs in latency.items():
@@ -334,37 +395,55 @@ def plot(latency: dict, path: Path) -> None:
                 samples = runs[run]["samples"]
                 x = [s["commits"] for s in samples]
                 y = [s[key] / (1024 if key == "metadata_bytes" else 1) for s in samples]
-                ax.plot(x, y, dash, color=styles.get(catalog, "k"), linewidth=1.1,
-                        label=f"{catalog}, {run.replace('_', ' ')}")
+                ax.plot(
+                    x,
+                    y,
+                    dash,
+                    color=styles.get(catalog, "k"),
+                    linewidth=1.1,
+                    label=f"{catalog}, {run.replace('_', ' ')}",
+                )
         ax.set_title(title)
         ax.set_xlabel("commits")
         ax.set_yscale("log")
         ax.grid(True, linewidth=0.3, alpha=0.5)
     axes[0].legend(fontsize=7)
-    fig.suptitle("One small commit after another: with maintenance every "
-                 f"{next(iter(latency.values()))['with_maintenance']['maintain_every']} commits, and without")
+    fig.suptitle(
+        "One small commit after another: with maintenance every "
+        f"{next(iter(latency.values()))['with_maintenance']['maintain_every']} commits, and without"
+    )
     fig.savefig(path, dpi=130)
 
 
 def markdown(results: dict) -> str:
     lines = ["# Table maintenance", ""]
     if "latency" in results:
-        lines += ["## After N commits against the first 100, side by side", "",
-                  "The aged table's next 100 commits alternate with the first 100 of a new table on the "
-                  "same catalog, and a bbox scan is planned on each every 10 commits, so that both are "
-                  "measured under the same load of the shared machine.", "",
-                  "| catalog | run | commits before | commit ms p50, aged / new | ratio | "
-                  "plan ms p50, aged / new | ratio |", "|---|---|---|---|---|---|---|"]
+        lines += [
+            "## After N commits against the first 100, side by side",
+            "",
+            "The aged table's next 100 commits alternate with the first 100 of a new table on the "
+            "same catalog, and a bbox scan is planned on each every 10 commits, so that both are "
+            "measured under the same load of the shared machine.",
+            "",
+            "| catalog | run | commits before | commit ms p50, aged / new | ratio | plan ms p50, aged / new | ratio |",
+            "|---|---|---|---|---|---|---|",
+        ]
         for catalog, runs in results["latency"].items():
             for run in ("with_maintenance", "without_maintenance"):
                 q = runs[run]["paired"]
-                lines.append(f"| {catalog} | {run.replace('_', ' ')} | {q['aged_commits']:,} | "
-                             f"{q['aged_commit_p50_ms']} / {q['new_commit_p50_ms']} | {q['commit_p50_ratio']}x | "
-                             f"{q['aged_plan_p50_ms']} / {q['new_plan_p50_ms']} | {q['plan_p50_ratio']}x |")
-        lines += ["", "## Commit latency, planning and metadata size against commits (one long run)", "",
-                  "| catalog | run | commits | commit ms, first 100 (mean / median) | last 100 | ratio (mean / median) | "
-                  "plan ms, first 100 | last 100 | ratio | max metadata.json KB | snapshots at end |",
-                  "|---|---|---|---|---|---|---|---|---|---|---|"]
+                lines.append(
+                    f"| {catalog} | {run.replace('_', ' ')} | {q['aged_commits']:,} | "
+                    f"{q['aged_commit_p50_ms']} / {q['new_commit_p50_ms']} | {q['commit_p50_ratio']}x | "
+                    f"{q['aged_plan_p50_ms']} / {q['new_plan_p50_ms']} | {q['plan_p50_ratio']}x |"
+                )
+        lines += [
+            "",
+            "## Commit latency, planning and metadata size against commits (one long run)",
+            "",
+            "| catalog | run | commits | commit ms, first 100 (mean / median) | last 100 | ratio (mean / median) | "
+            "plan ms, first 100 | last 100 | ratio | max metadata.json KB | snapshots at end |",
+            "|---|---|---|---|---|---|---|---|---|---|---|",
+        ]
         for catalog, runs in results["latency"].items():
             for run in ("with_maintenance", "without_maintenance"):
                 r = runs[run]
@@ -376,33 +455,53 @@ def markdown(results: dict) -> str:
                     f"{r['last_100_commit_p50_ms'] / r['first_100_commit_p50_ms']:.2f}x | "
                     f"{r['first_100_plan_ms']} | {r['last_100_plan_ms']} | "
                     f"{r['last_100_plan_ms'] / r['first_100_plan_ms']:.2f}x | "
-                    f"{r['max_metadata_bytes'] / 1024:.0f} | {r['samples'][-1]['snapshots']} |")
+                    f"{r['max_metadata_bytes'] / 1024:.0f} | {r['samples'][-1]['snapshots']} |"
+                )
         lines += ["", "![commit latency, planning, metadata size](maintenance.png)", ""]
     if "pruning" in results:
         p = results["pruning"]
-        lines += ["## Pruning after compaction", "",
-                  f"{p['events']:,} city points; {p['windows']} windows of 0.1 % of the data extent, and Paris.", "",
-                  "| table | files | files read per window | row groups read per window | rows read per window | "
-                  "Paris files | Paris row groups |", "|---|---|---|---|---|---|---|"]
-        for key, label in (("one_batch", "one batch"),
-                           ("small_batches_before", f"batches of {p['batch_events']:,}, before compaction"),
-                           ("small_batches_after", f"batches of {p['batch_events']:,}, after compaction")):
+        lines += [
+            "## Pruning after compaction",
+            "",
+            f"{p['events']:,} city points; {p['windows']} windows of 0.1 % of the data extent, and Paris.",
+            "",
+            "| table | files | files read per window | row groups read per window | rows read per window | "
+            "Paris files | Paris row groups |",
+            "|---|---|---|---|---|---|---|",
+        ]
+        for key, label in (
+            ("one_batch", "one batch"),
+            ("small_batches_before", f"batches of {p['batch_events']:,}, before compaction"),
+            ("small_batches_after", f"batches of {p['batch_events']:,}, after compaction"),
+        ):
             r = p[key]
-            lines.append(f"| {label} | {r['files_total']} | {r['files_read_per_window']} | "
-                         f"{r['row_groups_read_per_window']} | {r['rows_read_per_window']:,} | "
-                         f"{r['paris_files_read']} | {r['paris_row_groups_read']} |")
-        lines += ["", f"After compaction against one batch: {p['files_ratio_after_vs_one_batch']}x the files, "
-                      f"{p['row_groups_ratio_after_vs_one_batch']}x the row groups per window "
-                      f"(before: {p['files_ratio_before_vs_one_batch']}x, "
-                      f"{p['row_groups_ratio_before_vs_one_batch']}x).", ""]
+            lines.append(
+                f"| {label} | {r['files_total']} | {r['files_read_per_window']} | "
+                f"{r['row_groups_read_per_window']} | {r['rows_read_per_window']:,} | "
+                f"{r['paris_files_read']} | {r['paris_row_groups_read']} |"
+            )
+        lines += [
+            "",
+            f"After compaction against one batch: {p['files_ratio_after_vs_one_batch']}x the files, "
+            f"{p['row_groups_ratio_after_vs_one_batch']}x the row groups per window "
+            f"(before: {p['files_ratio_before_vs_one_batch']}x, "
+            f"{p['row_groups_ratio_before_vs_one_batch']}x).",
+            "",
+        ]
     if "sort" in results:
-        lines += ["## Merge or re-sort", "",
-                  f"argsort of {results['sort']['rows']:,} Hilbert keys made of k sorted files, ms (median):", "",
-                  "| files | sorted runs, stable (merge) | sorted runs, quicksort | random, stable | random, quicksort |",
-                  "|---|---|---|---|---|"]
+        lines += [
+            "## Merge or re-sort",
+            "",
+            f"argsort of {results['sort']['rows']:,} Hilbert keys made of k sorted files, ms (median):",
+            "",
+            "| files | sorted runs, stable (merge) | sorted runs, quicksort | random, stable | random, quicksort |",
+            "|---|---|---|---|---|",
+        ]
         for files, t in results["sort"]["files"].items():
-            lines.append(f"| {files} | {t['sorted_runs_stable_ms']} | {t['sorted_runs_quicksort_ms']} | "
-                         f"{t['random_stable_ms']} | {t['random_quicksort_ms']} |")
+            lines.append(
+                f"| {files} | {t['sorted_runs_stable_ms']} | {t['sorted_runs_quicksort_ms']} | "
+                f"{t['random_stable_ms']} | {t['random_quicksort_ms']} |"
+            )
         lines.append("")
     return "\n".join(lines) + "\n"
 
@@ -434,8 +533,9 @@ def main() -> None:
     results = json.loads(path.read_text()) if path.exists() else {}
     if latency is not None:
         results["latency"] = {**results.get("latency", {}), **latency}
-        results["latency_settings"] = {k: getattr(args, k) for k in
-                                       ("commits", "baseline_commits", "rows", "sample_every", "maintain_every")}
+        results["latency_settings"] = {
+            k: getattr(args, k) for k in ("commits", "baseline_commits", "rows", "sample_every", "maintain_every")
+        }
         results["policy"] = BENCH_POLICY.__dict__
         plot(results["latency"], RESULTS / "maintenance.png")
     if pruning is not None:

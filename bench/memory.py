@@ -28,8 +28,11 @@ class PeakMemory:
         self._thread.join()
 
     def figures(self) -> dict:
-        return {"driver_python_growth": round((self.driver_peak - self.driver_base) / 2**20),
-                "jvm": round(self.jvm / 2**20), "python_workers": round(self.workers / 2**20)}
+        return {
+            "driver_python_growth": round((self.driver_peak - self.driver_base) / 2**20),
+            "jvm": round(self.jvm / 2**20),
+            "python_workers": round(self.workers / 2**20),
+        }
 
     def _sample(self) -> None:
         while not self._stop.wait(0.1):

@@ -36,15 +36,16 @@ import tempfile
 import threading
 import time
 from dataclasses import asdict, dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # run as a script: app/ and streaming/ live at the project root
     sys.path.insert(0, str(ROOT))
 
-from app.maven import resolve, without_spark_jars  # noqa: E402
 from memory import PeakMemory  # noqa: E402  (bench/, the script's own folder)
+
+from app.maven import resolve, without_spark_jars  # noqa: E402
 
 SEDONA = "org.apache.sedona:sedona-spark-shaded-4.0_2.13:1.8.0"
 # The GeoTools build Sedona 1.8.0's setup docs pair with it (no function used here needs it,
@@ -72,21 +73,32 @@ PARSE = {
         "ST_GeomFromGeoJSON(CAST(value AS STRING)) AS geom",
         f"from_json(CAST(value AS STRING), '{_GEOJSON_FIELDS}') AS feature",
         "coalesce(feature.id, CAST(key AS STRING)) AS event_id",
-        "feature.properties.kind AS kind", "feature.properties.name AS name",
-        "feature.properties.speed AS speed", "feature.properties.population AS population",
+        "feature.properties.kind AS kind",
+        "feature.properties.name AS name",
+        "feature.properties.speed AS speed",
+        "feature.properties.population AS population",
         *_KAFKA_COLUMNS,
     ),
     "wkb": (
         "ST_GeomFromWKB(value) AS geom",
         "CAST(key AS STRING) AS event_id",
-        "CAST(NULL AS STRING) AS kind", "CAST(NULL AS STRING) AS name",
-        "CAST(NULL AS DOUBLE) AS speed", "CAST(NULL AS BIGINT) AS population",
+        "CAST(NULL AS STRING) AS kind",
+        "CAST(NULL AS STRING) AS name",
+        "CAST(NULL AS DOUBLE) AS speed",
+        "CAST(NULL AS BIGINT) AS population",
         *_KAFKA_COLUMNS,
     ),
 }
 # Computed before the sort, so the shuffle carries the written columns and not Sedona's geometry.
 OUTPUT = (
-    "event_id", "event_time", "kind", "name", "speed", "population", "source_partition", "source_offset",
+    "event_id",
+    "event_time",
+    "kind",
+    "name",
+    "speed",
+    "population",
+    "source_partition",
+    "source_offset",
     "ST_AsBinary(geom) AS geometry",
     "named_struct('xmin', ST_XMin(geom), 'ymin', ST_YMin(geom), 'xmax', ST_XMax(geom), 'ymax', ST_YMax(geom)) AS bbox",
     "ST_GeoHash(geom, 12) AS geohash",
@@ -118,15 +130,16 @@ class PlainStackRun:
 
 def plain_stack_jars(cache_dir: str | Path) -> list[Path]:
     """Sedona, GeoTools and Iceberg's Spark runtime from Maven Central, minus what Spark ships."""
-    jars = resolve(STACK_JARS, Path(cache_dir), JARS_FOLDER,
-                   progress=lambda message: print(message, file=sys.stderr, flush=True))
+    jars = resolve(
+        STACK_JARS, Path(cache_dir), JARS_FOLDER, progress=lambda message: print(message, file=sys.stderr, flush=True)
+    )
     return without_spark_jars(jars)
 
 
 def session_conf(warehouse: Path) -> dict[str, str]:
     return {
         "spark.sql.extensions": "org.apache.sedona.sql.SedonaSqlExtensions,"
-                                "org.apache.iceberg.spark.extensions.IcebergSparkSessionExtensions",
+        "org.apache.iceberg.spark.extensions.IcebergSparkSessionExtensions",
         # Sedona's docs add Kryo with its registrator for the RDD API; DataFrame shuffles use
         # Spark's own row format whatever spark.serializer says, so it is left at geoingest's.
         # A Hadoop catalog on a local folder: Iceberg's runtime jar holds it (the JDBC catalog
@@ -143,10 +156,20 @@ def table_name(topic: str, max_offsets_per_trigger: int) -> str:
 
 
 # -- the caller's side ----------------------------------------------------------------------------
-def run_plain_stack(bootstrap: str, topic: str, fmt: str, expected_events: int, max_offsets_per_trigger: int,
-                    trigger: str = "0 seconds", workdir: str | Path | None = None,
-                    cache_dir: str | Path | None = None, master: str = "local[2]", driver_memory: str = "4g",
-                    timeout_s: float = 3600.0, warmup_topic: str | None = None) -> dict:
+def run_plain_stack(
+    bootstrap: str,
+    topic: str,
+    fmt: str,
+    expected_events: int,
+    max_offsets_per_trigger: int,
+    trigger: str = "0 seconds",
+    workdir: str | Path | None = None,
+    cache_dir: str | Path | None = None,
+    master: str = "local[2]",
+    driver_memory: str = "4g",
+    timeout_s: float = 3600.0,
+    warmup_topic: str | None = None,
+) -> dict:
     """Run the plain stack over `topic` from the earliest offset in a fresh Python process and
     JVM, until `expected_events` are consumed and committed; returns its figures.
 
@@ -156,39 +179,58 @@ def run_plain_stack(bootstrap: str, topic: str, fmt: str, expected_events: int, 
     if fmt not in PARSE:
         raise ValueError(f"fmt: {fmt!r} is not one of {sorted(PARSE)}")
     if expected_events <= 0 or max_offsets_per_trigger <= 0:
-        raise ValueError(f"expected_events ({expected_events}) and max_offsets_per_trigger "
-                         f"({max_offsets_per_trigger}) must be positive")
+        raise ValueError(
+            f"expected_events ({expected_events}) and max_offsets_per_trigger "
+            f"({max_offsets_per_trigger}) must be positive"
+        )
     if cache_dir is None:
         from app.settings import load_settings
+
         cache_dir = load_settings(env={}).cache_dir
     plain_stack_jars(cache_dir)  # downloaded here once, so the child's time is the stack's own
     base = Path(workdir) if workdir is not None else Path(tempfile.gettempdir())
     base.mkdir(parents=True, exist_ok=True)
     prefix = f"plain-{re.sub(r'[^0-9A-Za-z_.-]', '_', topic)}-{max_offsets_per_trigger}-"
     run_dir = Path(tempfile.mkdtemp(prefix=prefix, dir=base))
-    spec = PlainStackRun(bootstrap, topic, fmt, expected_events, max_offsets_per_trigger, trigger, str(run_dir),
-                         str(cache_dir), master, driver_memory, timeout_s, warmup_topic)
+    spec = PlainStackRun(
+        bootstrap,
+        topic,
+        fmt,
+        expected_events,
+        max_offsets_per_trigger,
+        trigger,
+        str(run_dir),
+        str(cache_dir),
+        master,
+        driver_memory,
+        timeout_s,
+        warmup_topic,
+    )
     (run_dir / "spec.json").write_text(json.dumps(asdict(spec), indent=2))
     log_path = run_dir / "plain-stack.log"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
     with open(log_path, "wb") as log:
         # Its own session, so that its JVM and Python workers go with it if this caller gives up.
         command = [sys.executable, str(Path(__file__).resolve()), "--child", str(run_dir / "spec.json")]
-        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=str(ROOT),
-                                   start_new_session=True)
+        process = subprocess.Popen(
+            command, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=str(ROOT), start_new_session=True
+        )
         try:
             process.wait(timeout=timeout_s + 300)
         except subprocess.TimeoutExpired as error:
-            raise PlainStackError(f"plain stack on topic {topic!r} ran past {timeout_s + 300:.0f} s; "
-                                  f"log: {log_path}\n{_tail(log_path)}") from error
+            raise PlainStackError(
+                f"plain stack on topic {topic!r} ran past {timeout_s + 300:.0f} s; log: {log_path}\n{_tail(log_path)}"
+            ) from error
         finally:
             if process.poll() is None:
                 os.killpg(process.pid, signal.SIGKILL)
                 process.wait()
     result_path = run_dir / "result.json"
     if process.returncode != 0 or not result_path.exists():
-        raise PlainStackError(f"plain stack on topic {topic!r} (batches of {max_offsets_per_trigger}, trigger "
-                              f"{trigger!r}) exited with {process.returncode}; log: {log_path}\n{_tail(log_path)}")
+        raise PlainStackError(
+            f"plain stack on topic {topic!r} (batches of {max_offsets_per_trigger}, trigger "
+            f"{trigger!r}) exited with {process.returncode}; log: {log_path}\n{_tail(log_path)}"
+        )
     return json.loads(result_path.read_text())
 
 
@@ -207,8 +249,14 @@ def _child(spec: PlainStackRun) -> dict:
     jars = plain_stack_jars(spec.cache_dir)
 
     started = time.monotonic()
-    spark = spark_session(spec.master, spec.cache_dir, spec.driver_memory,
-                          extra_conf=session_conf(run_dir / "warehouse"), app_name="plain-stack", extra_jars=jars)
+    spark = spark_session(
+        spec.master,
+        spec.cache_dir,
+        spec.driver_memory,
+        extra_conf=session_conf(run_dir / "warehouse"),
+        app_name="plain-stack",
+        extra_jars=jars,
+    )
     session_start_s = time.monotonic() - started
     memory = PeakMemory(os.getpid())
 
@@ -220,9 +268,14 @@ def _child(spec: PlainStackRun) -> dict:
     # workers before its query: classes loaded and every stage run once, into a table of its own.
     write_events(_warmup_events(spark, spec.fmt), spec.fmt, f"{table}_warmup")
     if spec.warmup_topic:
-        warm = (_kafka_reader(spark, spec, spec.warmup_topic).load().writeStream
-                .foreachBatch(lambda batch, _: write_events(batch, spec.fmt, f"{table}_warmup"))
-                .option("checkpointLocation", str(run_dir / "warmup-checkpoint")).trigger(availableNow=True).start())
+        warm = (
+            _kafka_reader(spark, spec, spec.warmup_topic)
+            .load()
+            .writeStream.foreachBatch(lambda batch, _: write_events(batch, spec.fmt, f"{table}_warmup"))
+            .option("checkpointLocation", str(run_dir / "warmup-checkpoint"))
+            .trigger(availableNow=True)
+            .start()
+        )
         warm.awaitTermination()
         if warm.exception() is not None:
             raise PlainStackError(f"the warm-up on topic {spec.warmup_topic!r} failed: {warm.exception()}")
@@ -250,8 +303,11 @@ def _child(spec: PlainStackRun) -> dict:
                 report = event.progress
                 source = report.sources[0]
                 progress_by_batch[report.batchId] = {
-                    "batch_id": report.batchId, "rows": _offset_count(source.startOffset, source.endOffset),
-                    "num_input_rows": report.numInputRows, "duration_ms": dict(report.durationMs)}
+                    "batch_id": report.batchId,
+                    "rows": _offset_count(source.startOffset, source.endOffset),
+                    "num_input_rows": report.numInputRows,
+                    "duration_ms": dict(report.durationMs),
+                }
             except Exception as error:  # the listener bus only logs it: stop waiting instead
                 listener_errors.append(f"progress of batch {getattr(event.progress, 'batchId', '?')}: {error!r}")
                 consumed.set()
@@ -266,8 +322,13 @@ def _child(spec: PlainStackRun) -> dict:
             consumed.set()
 
     spark.streams.addListener(Progress())
-    writer = (_kafka_reader(spark, spec, spec.topic).load().writeStream.foreachBatch(write_batch)
-              .option("checkpointLocation", str(run_dir / "checkpoint")).queryName("plain-stack"))
+    writer = (
+        _kafka_reader(spark, spec, spec.topic)
+        .load()
+        .writeStream.foreachBatch(write_batch)
+        .option("checkpointLocation", str(run_dir / "checkpoint"))
+        .queryName("plain-stack")
+    )
     if spec.trigger == AVAILABLE_NOW:
         writer = writer.trigger(availableNow=True)
     else:
@@ -288,8 +349,9 @@ def _child(spec: PlainStackRun) -> dict:
         raise PlainStackError(f"topic {spec.topic!r}: unreadable query progress: {'; '.join(listener_errors)}")
     rows_in = sum(p["rows"] for p in progress)
     if not finished or (spec.trigger != AVAILABLE_NOW and rows_in < spec.expected_events):
-        raise PlainStackError(f"topic {spec.topic!r}: {rows_in} of {spec.expected_events} events consumed "
-                              f"within {spec.timeout_s:.0f} s")
+        raise PlainStackError(
+            f"topic {spec.topic!r}: {rows_in} of {spec.expected_events} events consumed within {spec.timeout_s:.0f} s"
+        )
 
     batches = [b for b in batches if any(p["batch_id"] == b["batch_id"] and p["rows"] for p in progress)]
     last_commit = max(b["ended"] for b in batches)
@@ -302,15 +364,26 @@ def _child(spec: PlainStackRun) -> dict:
     result = {
         "stack": f"Spark Kafka source + {SEDONA} + {ICEBERG}",
         "jars": [jar.name for jar in jars],
-        "topic": spec.topic, "format": spec.fmt, "trigger": spec.trigger,
-        "max_offsets_per_trigger": spec.max_offsets_per_trigger, "master": spec.master,
-        "driver_memory": spec.driver_memory, "table": table,
-        "expected_events": spec.expected_events, "consumed_events": rows_in, "committed_rows": committed_rows,
-        "batches": len(batches), "commits": len(snapshots), "files": sum(int(s.files or 0) for s in snapshots),
-        "seconds": round(seconds, 2), "events_per_s": round(rows_in / seconds),
-        "seconds_in_batches": round(in_batches, 2), "events_per_s_in_batches": round(rows_in / max(in_batches, 1e-9)),
+        "topic": spec.topic,
+        "format": spec.fmt,
+        "trigger": spec.trigger,
+        "max_offsets_per_trigger": spec.max_offsets_per_trigger,
+        "master": spec.master,
+        "driver_memory": spec.driver_memory,
+        "table": table,
+        "expected_events": spec.expected_events,
+        "consumed_events": rows_in,
+        "committed_rows": committed_rows,
+        "batches": len(batches),
+        "commits": len(snapshots),
+        "files": sum(int(s.files or 0) for s in snapshots),
+        "seconds": round(seconds, 2),
+        "events_per_s": round(rows_in / seconds),
+        "seconds_in_batches": round(in_batches, 2),
+        "events_per_s_in_batches": round(rows_in / max(in_batches, 1e-9)),
         "startup_s": round(min(b["began"] for b in batches) - query_started, 2),
-        "session_start_s": round(session_start_s, 2), "warmup_s": round(warmup_s, 2),
+        "session_start_s": round(session_start_s, 2),
+        "warmup_s": round(warmup_s, 2),
         "stage_seconds": _stage_seconds(spark, batches, progress),
         "jvm_peak_mb": memory.figures()["jvm"],
     }
@@ -322,11 +395,16 @@ def _kafka_reader(spark, spec: PlainStackRun, topic: str):
     """The Kafka source with geoingest's options (streaming/job.py), without the headers it never reads."""
     from streaming.job import kafka_source_options
 
-    options = {**kafka_source_options(spec.bootstrap, topic, spark.sparkContext.defaultParallelism),
-               "includeHeaders": "false"}
-    return (spark.readStream.format("kafka").options(**options)
-            .option("startingOffsets", "earliest")
-            .option("maxOffsetsPerTrigger", str(spec.max_offsets_per_trigger)))
+    options = {
+        **kafka_source_options(spec.bootstrap, topic, spark.sparkContext.defaultParallelism),
+        "includeHeaders": "false",
+    }
+    return (
+        spark.readStream.format("kafka")
+        .options(**options)
+        .option("startingOffsets", "earliest")
+        .option("maxOffsetsPerTrigger", str(spec.max_offsets_per_trigger))
+    )
 
 
 def write_events(events, fmt: str, table: str) -> None:
@@ -334,12 +412,15 @@ def write_events(events, fmt: str, table: str) -> None:
     WKB, sort by geohash, append (one Iceberg commit)."""
     # Only a null Kafka value gives a null geometry: Sedona's constructors raise on malformed
     # input (InferredExpressionException), which fails the batch and so the query.
-    (events.selectExpr(*PARSE[fmt])
-     .where("geom IS NOT NULL")
-     .selectExpr(*OUTPUT)
-     .orderBy("geohash")
-     .drop("geohash")
-     .writeTo(table).append())
+    (
+        events.selectExpr(*PARSE[fmt])
+        .where("geom IS NOT NULL")
+        .selectExpr(*OUTPUT)
+        .orderBy("geohash")
+        .drop("geohash")
+        .writeTo(table)
+        .append()
+    )
 
 
 def _warmup_events(spark, fmt: str, count: int = 64):
@@ -348,25 +429,33 @@ def _warmup_events(spark, fmt: str, count: int = 64):
     for i in range(count):
         lon, lat = 2.2 + i * 0.005, 48.8 + i * 0.002
         if fmt == "geojson":
-            value = ('{"type":"Feature","id":"w%d","geometry":{"type":"Point","coordinates":[%.6f,%.6f]},'
-                     '"properties":{"kind":"warmup","speed":1.0}}' % (i, lon, lat)).encode()
+            value = (
+                '{"type":"Feature","id":"w%d","geometry":{"type":"Point","coordinates":[%.6f,%.6f]},'
+                '"properties":{"kind":"warmup","speed":1.0}}' % (i, lon, lat)
+            ).encode()
         else:
             value = struct.pack("<BIdd", 1, 1, lon, lat)  # little-endian WKB Point
-        rows.append((f"w{i}".encode(), value, "warmup", i % 2, i, datetime.now(timezone.utc), 0))
-    return spark.createDataFrame(rows, "key BINARY, value BINARY, topic STRING, partition INT, offset BIGINT, "
-                                       "timestamp TIMESTAMP, timestampType INT")
+        rows.append((f"w{i}".encode(), value, "warmup", i % 2, i, datetime.now(UTC), 0))
+    return spark.createDataFrame(
+        rows,
+        "key BINARY, value BINARY, topic STRING, partition INT, offset BIGINT, timestamp TIMESTAMP, timestampType INT",
+    )
 
 
 def _offset_count(start: str | None, end: str | None) -> int:
     """Records between two Kafka source offsets ('{"topic": {"0": 12, ...}}'); a batch with no start
     offset began at the partitions' first offset, 0 on a topic whose records were never deleted."""
+
     def parsed(offsets: str | None) -> dict:
         # pyspark hands a missing offset over as the text "None".
         return json.loads(offsets) if offsets and offsets not in ("None", "null") else {}
 
     ends, starts = parsed(end), parsed(start)
-    return sum(offset - starts.get(topic, {}).get(partition, 0)
-               for topic, partitions in ends.items() for partition, offset in partitions.items())
+    return sum(
+        offset - starts.get(topic, {}).get(partition, 0)
+        for topic, partitions in ends.items()
+        for partition, offset in partitions.items()
+    )
 
 
 def _stage_seconds(spark, batches: list[dict], progress: list[dict]) -> dict:
@@ -385,22 +474,43 @@ def _stage_seconds(spark, batches: list[dict], progress: list[dict]) -> dict:
         stage = iterator.next()
         if not (stage.submissionTime().isDefined() and stage.completionTime().isDefined()):
             continue
-        stages.append({"began": stage.submissionTime().get().getTime() / 1000,
-                       "ended": stage.completionTime().get().getTime() / 1000,
-                       "shuffle_read": stage.shuffleReadRecords(), "shuffle_write": stage.shuffleWriteRecords()})
-    totals = dict.fromkeys(("plan", "read_parse_sample", "read_parse_shuffle", "sort_write", "commit", "other_in_batch",
-                            "trigger_overhead"), 0.0)
+        stages.append(
+            {
+                "began": stage.submissionTime().get().getTime() / 1000,
+                "ended": stage.completionTime().get().getTime() / 1000,
+                "shuffle_read": stage.shuffleReadRecords(),
+                "shuffle_write": stage.shuffleWriteRecords(),
+            }
+        )
+    totals = dict.fromkeys(
+        (
+            "plan",
+            "read_parse_sample",
+            "read_parse_shuffle",
+            "sort_write",
+            "commit",
+            "other_in_batch",
+            "trigger_overhead",
+        ),
+        0.0,
+    )
     for batch in batches:
         # Stage and batch times come from one clock; a millisecond of slack for the stage's rounding.
-        mine = sorted((s for s in stages if batch["began"] - 0.001 <= s["began"] <= batch["ended"]),
-                      key=lambda s: s["began"])
+        mine = sorted(
+            (s for s in stages if batch["began"] - 0.001 <= s["began"] <= batch["ended"]), key=lambda s: s["began"]
+        )
         wall = batch["ended"] - batch["began"]
         if not mine:
             totals["other_in_batch"] += wall
             continue
         for stage in mine:
-            kind = ("sort_write" if stage["shuffle_read"] else
-                    "read_parse_shuffle" if stage["shuffle_write"] else "read_parse_sample")
+            kind = (
+                "sort_write"
+                if stage["shuffle_read"]
+                else "read_parse_shuffle"
+                if stage["shuffle_write"]
+                else "read_parse_sample"
+            )
             totals[kind] += stage["ended"] - stage["began"]
         totals["plan"] += mine[0]["began"] - batch["began"]
         totals["commit"] += batch["ended"] - max(s["ended"] for s in mine)
@@ -408,7 +518,9 @@ def _stage_seconds(spark, batches: list[dict], progress: list[dict]) -> dict:
     totals["other_in_batch"] += max(0.0, sum(b["ended"] - b["began"] for b in batches) - in_stages)
     totals["trigger_overhead"] = sum(
         (p["duration_ms"].get("triggerExecution", 0) - p["duration_ms"].get("addBatch", 0)) / 1000
-        for p in progress if p["rows"])
+        for p in progress
+        if p["rows"]
+    )
     totals["read_parse"] = totals["read_parse_sample"] + totals["read_parse_shuffle"]
     totals["sort_write_commit"] = totals["sort_write"] + totals["commit"]
     return {k: round(v, 2) for k, v in totals.items()}
@@ -419,8 +531,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--events", type=int, default=400_000)
-    parser.add_argument("--datasets", default="geojson-points,wkb-points,wkb-polygons",
-                        help=f"comma separated, of {', '.join(DATASET_FORMATS)}")
+    parser.add_argument(
+        "--datasets",
+        default="geojson-points,wkb-points,wkb-polygons",
+        help=f"comma separated, of {', '.join(DATASET_FORMATS)}",
+    )
     parser.add_argument("--batch-sizes", default="1000000,40000", help="maxOffsetsPerTrigger values, comma separated")
     parser.add_argument("--trigger", default="0 seconds", help=f"a processingTime interval or {AVAILABLE_NOW}")
     parser.add_argument("--master", default="local[2]")
@@ -434,10 +549,11 @@ def main() -> None:
         (Path(spec.run_dir) / "result.json").write_text(json.dumps(result, indent=2))
         return
 
+    from ingest import make_events  # bench/ingest.py, beside this script
+
     from app.broker import LocalBroker, free_port
     from app.sample import produce
     from app.settings import load_settings
-    from ingest import make_events  # bench/ingest.py, beside this script
 
     datasets = args.datasets.split(",")
     unknown = [d for d in datasets if d not in DATASET_FORMATS]
@@ -462,9 +578,18 @@ def main() -> None:
             produce(broker.bootstrap, dataset, events, total=len(events), progress=False)
             del events
             for size in batch_sizes:
-                result = run_plain_stack(broker.bootstrap, dataset, DATASET_FORMATS[dataset], args.events, size,
-                                         trigger=args.trigger, workdir=workdir, cache_dir=cache_dir,
-                                         master=args.master, driver_memory=args.driver_memory)
+                result = run_plain_stack(
+                    broker.bootstrap,
+                    dataset,
+                    DATASET_FORMATS[dataset],
+                    args.events,
+                    size,
+                    trigger=args.trigger,
+                    workdir=workdir,
+                    cache_dir=cache_dir,
+                    master=args.master,
+                    driver_memory=args.driver_memory,
+                )
                 result["dataset"] = dataset
                 report["results"].append(result)
                 print(json.dumps(result), file=sys.stderr, flush=True)

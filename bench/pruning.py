@@ -28,8 +28,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import shapely
-
 from cities import city_points  # bench/cities.py, beside this script
+
 from streaming.catalog import create_table, open_catalog
 from streaming.commit import BatchCommit, Committer
 from streaming.contract import load_contract
@@ -90,8 +90,9 @@ class Layout:
 
 
 def write_ordered(table_rows: pa.Table, order: np.ndarray, contract, workdir: Path, name: str):
-    catalog = open_catalog(name, {"type": "sql", "uri": f"sqlite:///{workdir / name}.db",
-                                  "warehouse": f"file://{workdir / name}"})
+    catalog = open_catalog(
+        name, {"type": "sql", "uri": f"sqlite:///{workdir / name}.db", "warehouse": f"file://{workdir / name}"}
+    )
     table, _ = create_table(catalog, contract)
     writer = GeoParquetWriter(contract, table.properties, table.io.properties, f"{table.location()}/data", name)
     ordered = table_rows.take(pa.array(order))
@@ -119,8 +120,12 @@ def layout_of(files) -> Layout:
 def read_fractions(layout: Layout, windows: np.ndarray) -> dict[str, np.ndarray]:
     """Per window: fraction of files, row groups and bytes whose statistics overlap it."""
     s = layout.stats
-    hit = ((s[None, :, 0] <= windows[:, None, 2]) & (s[None, :, 2] >= windows[:, None, 0])
-           & (s[None, :, 1] <= windows[:, None, 3]) & (s[None, :, 3] >= windows[:, None, 1]))
+    hit = (
+        (s[None, :, 0] <= windows[:, None, 2])
+        & (s[None, :, 2] >= windows[:, None, 0])
+        & (s[None, :, 1] <= windows[:, None, 3])
+        & (s[None, :, 3] >= windows[:, None, 1])
+    )
     files_hit = np.zeros((len(windows), len(layout.files)), dtype=bool)
     for f in range(len(layout.files)):
         files_hit[:, f] = hit[:, layout.file_of_group == f].any(axis=1)
@@ -139,8 +144,10 @@ def main() -> None:
     args = parser.parse_args()
 
     contract = load_contract(ROOT / "schemas" / "demo_events.json")
-    contract = dataclasses.replace(contract, clustering=dataclasses.replace(
-        contract.clustering, row_group_rows=ROW_GROUP_ROWS, target_file_bytes=1))  # cut by rows below
+    contract = dataclasses.replace(
+        contract,
+        clustering=dataclasses.replace(contract.clustering, row_group_rows=ROW_GROUP_ROWS, target_file_bytes=1),
+    )  # cut by rows below
     x, y = city_points(args.points, seed=3, jitter_deg=0.08, bounds=(-180, -89.9, 180, 89.9))
     geoms = shapely.points(x, y)
     polygons = real_polygons()
@@ -148,15 +155,20 @@ def main() -> None:
         geoms = np.concatenate([geoms, polygons])
     n = len(geoms)
     print(f"{n:,} geometries ({polygons.size:,} real polygons)", flush=True)
-    raw = pa.table({
-        "key": pa.array(np.char.add("e", np.arange(n).astype(str)).astype(object), pa.string()).cast(pa.binary()),
-        "value": pa.array(shapely.to_wkb(geoms), pa.binary()),
-        "topic": pa.array(np.full(n, "bench", dtype=object), pa.string()),
-        "partition": pa.array(np.zeros(n, np.int32)), "offset": pa.array(np.arange(n, dtype=np.int64)),
-        "timestamp": pa.array(np.zeros(n, np.int64), pa.timestamp("us")),
-    })
+    raw = pa.table(
+        {
+            "key": pa.array(np.char.add("e", np.arange(n).astype(str)).astype(object), pa.string()).cast(pa.binary()),
+            "value": pa.array(shapely.to_wkb(geoms), pa.binary()),
+            "topic": pa.array(np.full(n, "bench", dtype=object), pa.string()),
+            "partition": pa.array(np.zeros(n, np.int32)),
+            "offset": pa.array(np.arange(n, dtype=np.int64)),
+            "timestamp": pa.array(np.zeros(n, np.int64), pa.timestamp("us")),
+        }
+    )
     decoder = Decoder(contract)
-    decoded = pa.concat_tables(pa.Table.from_batches([decoder.decode(b)]) for b in raw.to_batches(max_chunksize=200_000))
+    decoded = pa.concat_tables(
+        pa.Table.from_batches([decoder.decode(b)]) for b in raw.to_batches(max_chunksize=200_000)
+    )
     decoded = decoded.filter(pc.is_null(decoded.column(REJECT_REASON)))
     bbox = decoded.column("bbox").combine_chunks()
     bounds = np.column_stack([bbox.field(f).to_numpy() for f in ("xmin", "ymin", "xmax", "ymax")])
@@ -169,19 +181,29 @@ def main() -> None:
     windows = {}
     for fraction in WINDOW_FRACTIONS:
         half = np.sqrt(fraction * extent_area) / 2
-        windows[fraction] = np.column_stack([centres[:, 0] - half, centres[:, 1] - half,
-                                             centres[:, 0] + half, centres[:, 1] + half])
+        windows[fraction] = np.column_stack(
+            [centres[:, 0] - half, centres[:, 1] - half, centres[:, 0] + half, centres[:, 1] + half]
+        )
 
-    results: dict = {"geometries": n, "row_group_rows": ROW_GROUP_ROWS, "file_rows": FILE_ROWS,
-                     "windows_per_size": args.windows, "orderings": {}}
+    results: dict = {
+        "geometries": n,
+        "row_group_rows": ROW_GROUP_ROWS,
+        "file_rows": FILE_ROWS,
+        "windows_per_size": args.windows,
+        "orderings": {},
+    }
     with tempfile.TemporaryDirectory() as tmp:
         workdir = Path(tmp)
         tables = {}
         for name, key in keys.items():
             started = time.perf_counter()
             order = np.argsort(key, kind="stable")
-            contract_files = dataclasses.replace(contract, clustering=dataclasses.replace(
-                contract.clustering, target_file_bytes=_bytes_for_rows(decoded, FILE_ROWS)))
+            contract_files = dataclasses.replace(
+                contract,
+                clustering=dataclasses.replace(
+                    contract.clustering, target_file_bytes=_bytes_for_rows(decoded, FILE_ROWS)
+                ),
+            )
             table, files = write_ordered(decoded, order, contract_files, workdir, name.replace("-", "_"))
             tables[name] = table
             layout = layout_of(files)
@@ -198,8 +220,12 @@ def main() -> None:
                     "ideal_row_groups": float(ideal.mean()),
                     "row_groups_vs_ideal": float(read["row_groups"].mean() / ideal.mean()),
                 }
-            results["orderings"][name] = {"files": len(layout.files), "row_groups": groups,
-                                          "write_s": round(time.perf_counter() - started, 1), "windows": per_size}
+            results["orderings"][name] = {
+                "files": len(layout.files),
+                "row_groups": groups,
+                "write_s": round(time.perf_counter() - started, 1),
+                "windows": per_size,
+            }
             print(name, json.dumps(results["orderings"][name]), flush=True)
 
         results["latency_ms"] = query_latency(tables["hilbert"], windows[0.001][: args.latency_windows])
@@ -215,8 +241,12 @@ def _bytes_for_rows(decoded: pa.Table, rows: int) -> int:
     """A target file size that cuts files at about `rows` rows (the writer cuts by bytes)."""
     sample = decoded.slice(0, min(len(decoded), 200_000))
     sink = pa.BufferOutputStream()
-    pq.write_table(sample.select([c for c in sample.column_names if not c.startswith("_")]), sink,
-                   compression="zstd", row_group_size=ROW_GROUP_ROWS)
+    pq.write_table(
+        sample.select([c for c in sample.column_names if not c.startswith("_")]),
+        sink,
+        compression="zstd",
+        row_group_size=ROW_GROUP_ROWS,
+    )
     return int(sink.getvalue().size / sample.num_rows * rows * 0.97)
 
 
@@ -252,28 +282,38 @@ def query_latency(table, windows: np.ndarray) -> dict:
         ).fetchone()[0]
         duck.append(time.perf_counter() - started)
         assert count == duck_count, (w, count, duck_count)
-    return {"geoingest_query_median_ms": round(1000 * float(np.median(ours)), 1),
-            "duckdb_spatial_median_ms": round(1000 * float(np.median(duck)), 1),
-            "windows": len(windows)}
+    return {
+        "geoingest_query_median_ms": round(1000 * float(np.median(ours)), 1),
+        "duckdb_spatial_median_ms": round(1000 * float(np.median(duck)), 1),
+        "windows": len(windows),
+    }
 
 
 def write_results(results: dict) -> None:
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "pruning.json").write_text(json.dumps(results, indent=2))
-    lines = [f"Pruning: {results['geometries']:,} geometries, row groups of {results['row_group_rows']:,} rows, "
-             f"files of {results['file_rows'] // results['row_group_rows']} row groups, "
-             f"{results['windows_per_size']} windows per size", "",
-             "| ordering | window | files read | row groups read | bytes read | model ideal | vs ideal |",
-             "|---|---|---|---|---|---|---|"]
+    lines = [
+        f"Pruning: {results['geometries']:,} geometries, row groups of {results['row_group_rows']:,} rows, "
+        f"files of {results['file_rows'] // results['row_group_rows']} row groups, "
+        f"{results['windows_per_size']} windows per size",
+        "",
+        "| ordering | window | files read | row groups read | bytes read | model ideal | vs ideal |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for name, data in results["orderings"].items():
         for fraction, w in data["windows"].items():
-            lines.append(f"| {name} | {float(fraction) * 100:g} % | {w['files']:.4f} | {w['row_groups']:.4f} | "
-                         f"{w['bytes']:.4f} | {w['ideal_row_groups']:.4f} | {w['row_groups_vs_ideal']:.2f}x |")
+            lines.append(
+                f"| {name} | {float(fraction) * 100:g} % | {w['files']:.4f} | {w['row_groups']:.4f} | "
+                f"{w['bytes']:.4f} | {w['ideal_row_groups']:.4f} | {w['row_groups_vs_ideal']:.2f}x |"
+            )
     lat = results["latency_ms"]
-    lines += ["", f"Hilbert reads {results['hilbert_vs_arrival_row_groups']['0.001']}x fewer row groups than "
-              f"arrival order for 0.1 % windows.",
-              f"Query latency over {lat['windows']} windows of 0.1 %: geoingest query "
-              f"{lat['geoingest_query_median_ms']} ms median, DuckDB spatial scan {lat['duckdb_spatial_median_ms']} ms."]
+    lines += [
+        "",
+        f"Hilbert reads {results['hilbert_vs_arrival_row_groups']['0.001']}x fewer row groups than "
+        f"arrival order for 0.1 % windows.",
+        f"Query latency over {lat['windows']} windows of 0.1 %: geoingest query "
+        f"{lat['geoingest_query_median_ms']} ms median, DuckDB spatial scan {lat['duckdb_spatial_median_ms']} ms.",
+    ]
     (RESULTS / "pruning.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     plot(results)

@@ -89,9 +89,13 @@ class MetricsScraper(threading.Thread):
                 for sample in family.samples:
                     if sample.name == "geoingest_commits_total":
                         sums[f"commits_{sample.labels['outcome']}"] += sample.value
-                    elif sample.name in ("geoingest_commit_conflicts_total", "geoingest_commit_retries_sum",
-                                         "geoingest_batches_total", "geoingest_events_consumed_total",
-                                         "geoingest_events_committed_total"):
+                    elif sample.name in (
+                        "geoingest_commit_conflicts_total",
+                        "geoingest_commit_retries_sum",
+                        "geoingest_batches_total",
+                        "geoingest_events_consumed_total",
+                        "geoingest_events_committed_total",
+                    ):
                         sums[sample.name.removeprefix("geoingest_")] += sample.value
         return dict(sums)
 
@@ -173,14 +177,22 @@ def main() -> None:
     try:
         topic = f"reliability-{uuid.uuid4().hex[:8]}"
         started = time.monotonic()
-        env, events = prepare(broker.bootstrap, topic, work, args.events,
-                              GEOINGEST_MAX_OFFSETS_PER_TRIGGER=str(args.max_offsets_per_trigger))
+        env, events = prepare(
+            broker.bootstrap,
+            topic,
+            work,
+            args.events,
+            GEOINGEST_MAX_OFFSETS_PER_TRIGGER=str(args.max_offsets_per_trigger),
+        )
         seconds["produce"] = time.monotonic() - started
         started = time.monotonic()
         valid, rejected = expected_outcome(events)
         seconds["expected"] = time.monotonic() - started
-        print(f"{len(events):,} events produced in {seconds['produce']:.0f} s; "
-              f"{len(valid):,} valid, {len(rejected):,} rejected by the decoder", flush=True)
+        print(
+            f"{len(events):,} events produced in {seconds['produce']:.0f} s; "
+            f"{len(valid):,} valid, {len(rejected):,} rejected by the decoder",
+            flush=True,
+        )
 
         hold_kills = {k for k in range(args.kills) if k % args.hold_every == args.hold_every - 1}
         # as many aimed at a batch writing its data files (their files become orphans)
@@ -191,9 +203,19 @@ def main() -> None:
         scraper = MetricsScraper(chaos)
         scraper.start()
         started = time.monotonic()
-        run_chaos(env, logs, args.kills, random.Random(args.seed), hold_kills, write_kills, batch_s=batch_s,
-                  step_timeout_s=600, result=chaos, serve_metrics=True,
-                  progress=lambda message: print(f"[{time.monotonic() - started:6.0f} s] {message}", flush=True))
+        run_chaos(
+            env,
+            logs,
+            args.kills,
+            random.Random(args.seed),
+            hold_kills,
+            write_kills,
+            batch_s=batch_s,
+            step_timeout_s=600,
+            result=chaos,
+            serve_metrics=True,
+            progress=lambda message: print(f"[{time.monotonic() - started:6.0f} s] {message}", flush=True),
+        )
         seconds["chaos"] = time.monotonic() - started
         scraper.stopped.set()
         scraper.join()
@@ -211,15 +233,25 @@ def main() -> None:
 
     logged = Counter(b.get("commit") for s in chaos.services for b in s.batches())
     logged["failed"] = sum(1 for s in chaos.services for line in s.log() if line.get("msg") == "commit failed")
-    unavailable_retries = sum(1 for s in chaos.services for line in s.log()
-                              if line.get("msg") == "catalog unavailable, retrying the commit")
-    clean = (verdict.lost == verdict.duplicated == verdict.unexpected == 0 and not verdict.offset_problems
-             and verdict.duplicate_identities == 0)
+    unavailable_retries = sum(
+        1 for s in chaos.services for line in s.log() if line.get("msg") == "catalog unavailable, retrying the commit"
+    )
+    clean = (
+        verdict.lost == verdict.duplicated == verdict.unexpected == 0
+        and not verdict.offset_problems
+        and verdict.duplicate_identities == 0
+    )
     report = {
-        "parameters": {"events": args.events, "kills": args.kills, "hold_kills": len(hold_kills),
-                       "write_kills": len(write_kills),
-                       "max_offsets_per_trigger": args.max_offsets_per_trigger, "seed": args.seed,
-                       "trigger_interval": env["GEOINGEST_TRIGGER_INTERVAL"], "spark_master": env["GEOINGEST_SPARK_MASTER"]},
+        "parameters": {
+            "events": args.events,
+            "kills": args.kills,
+            "hold_kills": len(hold_kills),
+            "write_kills": len(write_kills),
+            "max_offsets_per_trigger": args.max_offsets_per_trigger,
+            "seed": args.seed,
+            "trigger_interval": env["GEOINGEST_TRIGGER_INTERVAL"],
+            "spark_master": env["GEOINGEST_SPARK_MASTER"],
+        },
         "environment": {"cores": os.cpu_count(), "cache_dir": str(CACHE_DIR)},
         "kills_survived": len(chaos.kills) if clean else 0,
         "service_starts": len(chaos.services),
@@ -232,8 +264,12 @@ def main() -> None:
         "commits_logged": dict(logged),
         "commits": scraper.totals(),
         "catalog_unavailable_retries": unavailable_retries,
-        "orphans": {"files": len(orphans), "bytes": sum(o["bytes"] for o in orphans), "deleted": len(deleted),
-                    "table_intact_after_delete": intact},
+        "orphans": {
+            "files": len(orphans),
+            "bytes": sum(o["bytes"] for o in orphans),
+            "deleted": len(deleted),
+            "table_intact_after_delete": intact,
+        },
         "final_drain": chaos.final_summary,
         "seconds": {k: round(v, 1) for k, v in seconds.items()},
         "workdir": str(work),

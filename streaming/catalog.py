@@ -80,8 +80,7 @@ def load_contract_table(catalog: Catalog, contract: Contract) -> Table:
         table = catalog.load_table(contract.table)
     except NoSuchTableError:
         raise NoSuchTableError(
-            f"table {contract.table} does not exist; create it with "
-            f"'geoingest table create --contract <file>'"
+            f"table {contract.table} does not exist; create it with 'geoingest table create --contract <file>'"
         ) from None
     check_table_matches(table, contract)
     return table
@@ -93,8 +92,7 @@ def check_table_matches(table: Table, contract: Contract) -> None:
     actual = table.schema()
     if actual.as_struct() != expected.as_struct():
         raise TableMismatch(
-            f"table {contract.table}: its schema differs from the contract's.\n"
-            f"table:    {actual}\ncontract: {expected}"
+            f"table {contract.table}: its schema differs from the contract's.\ntable:    {actual}\ncontract: {expected}"
         )
     props = table.properties
     for key, value in contract.table_properties().items():
@@ -127,7 +125,9 @@ def describe(table: Table) -> dict[str, Any]:
             "extent": [float(v) for v in props.get("geo.hilbert.extent", "").split(",") if v],
         },
         "snapshots": len(table.metadata.snapshots),
-        "current_snapshot": None if snapshot is None else {
+        "current_snapshot": None
+        if snapshot is None
+        else {
             "id": snapshot.snapshot_id,
             "timestamp_ms": snapshot.timestamp_ms,
             "summary": dict(snapshot.summary.additional_properties) if snapshot.summary else {},

@@ -33,7 +33,8 @@ def checkpoint_path(checkpoint_location: str) -> Path:
             raise CheckpointLocationError(
                 f"checkpoint_location {checkpoint_location!r}: Spark's checkpoint must be a local path or a "
                 f"mounted volume of the driver (the chart's checkpoint PVC), not {scheme}://; table, staging "
-                "and dead-letter files go to the object store through the catalog's FileIO")
+                "and dead-letter files go to the object store through the catalog's FileIO"
+            )
         checkpoint_location = checkpoint_location.removeprefix("file://").removeprefix("file:")
     return Path(checkpoint_location)
 

@@ -42,9 +42,18 @@ log = logging.getLogger("geoingest.commit")
 # (SQLite file gone or locked, PostgreSQL down), network failures of the REST catalog (refused,
 # reset, timed out: requests' own exceptions, which are not the built-in ones) and its answers
 # that it is overloaded, failing or unsure whether the commit landed (5xx, 429).
-CATALOG_UNAVAILABLE = (OperationalError, InterfaceError, ConnectionError, TimeoutError,
-                       requests.ConnectionError, requests.Timeout, ServiceUnavailableError, ServerError,
-                       TooManyRequestsError, CommitStateUnknownException)
+CATALOG_UNAVAILABLE = (
+    OperationalError,
+    InterfaceError,
+    ConnectionError,
+    TimeoutError,
+    requests.ConnectionError,
+    requests.Timeout,
+    ServiceUnavailableError,
+    ServerError,
+    TooManyRequestsError,
+    CommitStateUnknownException,
+)
 
 WRITER_ID = "geoingest.writer-id"
 BATCH_ID = "geoingest.batch-id"
@@ -200,8 +209,11 @@ def history_carrier(snapshots: list[Snapshot]) -> Snapshot | None:
 def writer_histories(snapshots: list[Snapshot]) -> dict[str, WriterHistory]:
     """Every writer's history: the newest carried one, plus the batches of the snapshots at hand."""
     carrier = history_carrier(snapshots)
-    histories = ({w: WriterHistory.from_json(h) for w, h in json.loads(_properties(carrier)[WRITERS]).items()}
-                 if carrier is not None else {})
+    histories = (
+        {w: WriterHistory.from_json(h) for w, h in json.loads(_properties(carrier)[WRITERS]).items()}
+        if carrier is not None
+        else {}
+    )
     for snapshot in sorted(snapshots, key=lambda s: s.sequence_number or 0):
         props = _properties(snapshot)
         writer, batch = props.get(WRITER_ID), props.get(BATCH_ID)
@@ -215,8 +227,7 @@ def writer_histories(snapshots: list[Snapshot]) -> dict[str, WriterHistory]:
 
 def writer_histories_json(snapshots: list[Snapshot]) -> str:
     """The `geoingest.writers` value a maintenance snapshot committed on top of `snapshots` carries."""
-    return json.dumps({w: h.to_json() for w, h in sorted(writer_histories(snapshots).items())},
-                      separators=(",", ":"))
+    return json.dumps({w: h.to_json() for w, h in sorted(writer_histories(snapshots).items())}, separators=(",", ":"))
 
 
 def committed_snapshot(table: Table, writer_id: str, batch_id: int) -> Snapshot | None:
@@ -295,8 +306,7 @@ class Committer:
                         # files cannot be compared, and keeping ours is the side that loses nothing.
                         ours = attempt > 1
                     status = "committed" if ours else "skipped_replay"
-                    return CommitOutcome(status, existing.snapshot_id, attempt, conflicts,
-                                         time.monotonic() - started)
+                    return CommitOutcome(status, existing.snapshot_id, attempt, conflicts, time.monotonic() - started)
                 snapshot_id = self._append(batch)
                 return CommitOutcome("committed", snapshot_id, attempt, conflicts, time.monotonic() - started)
             except CommitFailedException as exc:
@@ -312,17 +322,28 @@ class Committer:
                 if elapsed_ms > timeout_ms:
                     raise self._exhausted(batch, attempt, conflicts, elapsed_ms, exc, True) from exc
                 policy = RetryPolicy.from_table_properties(self.table.properties)
-                log.warning("catalog unavailable, retrying the commit",
-                            extra={"batch": {"batch_id": batch.batch_id, "attempt": attempt, "error": str(exc)[:300]}})
+                log.warning(
+                    "catalog unavailable, retrying the commit",
+                    extra={"batch": {"batch_id": batch.batch_id, "attempt": attempt, "error": str(exc)[:300]}},
+                )
                 self.sleep(policy.wait_ms(unavailable, self.rng) / 1000)
 
-    def _exhausted(self, batch: BatchCommit, attempts: int, conflicts: int, elapsed_ms: float,
-                   exc: Exception, outcome_unknown: bool) -> CommitRetriesExhausted:
+    def _exhausted(
+        self,
+        batch: BatchCommit,
+        attempts: int,
+        conflicts: int,
+        elapsed_ms: float,
+        exc: Exception,
+        outcome_unknown: bool,
+    ) -> CommitRetriesExhausted:
         return CommitRetriesExhausted(
             f"batch {batch.batch_id} of writer {batch.writer_id} could not be committed to "
             f"{'.'.join(self.table.name())}: {attempts} attempt(s) in {elapsed_ms:.0f} ms, "
             f"{conflicts} conflict(s); last error: {exc}",
-            attempts=attempts, conflicts=conflicts, outcome_unknown=outcome_unknown,
+            attempts=attempts,
+            conflicts=conflicts,
+            outcome_unknown=outcome_unknown,
         )
 
     def _append(self, batch: BatchCommit) -> int:

@@ -130,15 +130,10 @@ class Contract:
     # cost milliseconds to build, and every task's decoder and writer ask for them.
     @cached_property
     def iceberg_schema(self) -> Schema:
-        fields = [
-            NestedField(c.id, c.name, c.iceberg_type, required=c.required) for c in self.columns
-        ]
+        fields = [NestedField(c.id, c.name, c.iceberg_type, required=c.required) for c in self.columns]
         fields.append(NestedField(self.geometry.id, self.geometry.name, BinaryType(), required=True))
         bbox = StructType(
-            *(
-                NestedField(fid, name, DoubleType(), required=True)
-                for name, fid in self.bbox_field_ids.items()
-            )
+            *(NestedField(fid, name, DoubleType(), required=True) for name, fid in self.bbox_field_ids.items())
         )
         fields.append(NestedField(self.bbox_id, self.bbox_name, bbox, required=True))
         return Schema(*fields)
@@ -278,8 +273,7 @@ def _parse_column(raw: Any, where: str) -> Column:
                 f"{where}.from[{j}]: {src!r} is not an event field "
                 "(id, properties.<name>, kafka.key|timestamp|topic|partition|offset, kafka.headers.<name>)"
             )
-    return Column(id=_require(raw, "id", int, f"{where}."), name=name, type=ctype,
-                  required=required, sources=sources)
+    return Column(id=_require(raw, "id", int, f"{where}."), name=name, type=ctype, required=required, sources=sources)
 
 
 def _is_source(src: str) -> bool:

@@ -35,8 +35,7 @@ def valid_area(epsg: int) -> tuple[float, float, float, float]:
     xmin, ymin, xmax, ymax = crs_area_of_use(epsg)
     if known_crs(epsg).is_geographic:
         # Geographic areas of use are the whole globe or a part of it; never cut inside it.
-        return (max(xmin - 1e-9, -180.0), max(ymin - 1e-9, -90.0),
-                min(xmax + 1e-9, 180.0), min(ymax + 1e-9, 90.0))
+        return (max(xmin - 1e-9, -180.0), max(ymin - 1e-9, -90.0), min(xmax + 1e-9, 180.0), min(ymax + 1e-9, 90.0))
     pad_x = (xmax - xmin) * 1e-6
     pad_y = (ymax - ymin) * 1e-6
     return (xmin - pad_x, ymin - pad_y, xmax + pad_x, ymax + pad_y)
@@ -54,9 +53,7 @@ def reproject(geoms: np.ndarray, src_epsg: int, dst_epsg: int) -> np.ndarray:
     has_z = shapely.has_z(geoms)
     for mask, include_z in ((has_z, True), (~has_z, False)):
         if mask.any():
-            out[mask] = shapely.transform(
-                geoms[mask], lambda c: _transform_coords(tr, c), include_z=include_z
-            )
+            out[mask] = shapely.transform(geoms[mask], lambda c: _transform_coords(tr, c), include_z=include_z)
     return out
 
 

@@ -85,8 +85,11 @@ class DeadLetterFailed(RuntimeError):
 
 
 def record_bytes(key: bytes | None, value: bytes | None, headers: list[dict] | None) -> int:
-    return len(key or b"") + len(value or b"") + sum(
-        len(h["key"].encode("utf-8")) + len(h["value"] or b"") for h in headers or ())
+    return (
+        len(key or b"")
+        + len(value or b"")
+        + sum(len(h["key"].encode("utf-8")) + len(h["value"] or b"") for h in headers or ())
+    )
 
 
 class DeadLetterWriter:
@@ -97,8 +100,9 @@ class DeadLetterWriter:
         from kafka.errors import KafkaError
 
         self.config = config
-        options = _typed_producer_options({k: v for k, v in client_config(config.kafka_options).items()
-                                           if k in KafkaProducer.DEFAULT_CONFIG})
+        options = _typed_producer_options(
+            {k: v for k, v in client_config(config.kafka_options).items() if k in KafkaProducer.DEFAULT_CONFIG}
+        )
         options.update(
             bootstrap_servers=config.bootstrap_servers,
             acks="all",
@@ -116,13 +120,16 @@ class DeadLetterWriter:
         while True:
             remaining_ms = int((deadline - time.monotonic()) * 1000)
             try:
-                self._producer = KafkaProducer(**{**options, "bootstrap_timeout_ms": max(1000, min(attempt_ms,
-                                                                                              remaining_ms))})
+                self._producer = KafkaProducer(
+                    **{**options, "bootstrap_timeout_ms": max(1000, min(attempt_ms, remaining_ms))}
+                )
                 break
             except KafkaError as exc:
                 if time.monotonic() + 1 >= deadline:
-                    raise DeadLetterFailed(f"no producer for the dead-letter topic {config.topic!r} at "
-                                           f"{config.bootstrap_servers}: {type(exc).__name__}: {exc}") from exc
+                    raise DeadLetterFailed(
+                        f"no producer for the dead-letter topic {config.topic!r} at "
+                        f"{config.bootstrap_servers}: {type(exc).__name__}: {exc}"
+                    ) from exc
                 time.sleep(1)
 
     def send(self, decoded: pa.RecordBatch) -> int:
@@ -144,7 +151,8 @@ class DeadLetterWriter:
                 row = self._row(rejected, i)
                 raise DeadLetterFailed(
                     f"the rejected record {_where(row)} ({row[REJECT_REASON]}) could not be written to the "
-                    f"dead-letter topic {self.config.topic!r}: {type(error).__name__}: {error}")
+                    f"dead-letter topic {self.config.topic!r}: {type(error).__name__}: {error}"
+                )
         return len(pending)
 
     def close(self) -> None:
@@ -162,14 +170,18 @@ class DeadLetterWriter:
         try:
             if spill or size > self.config.max_record_bytes or not _writable_as_it_was(row):
                 uri = self._spill(row)
-                headers = _added_headers(row) + [(PAYLOAD_URI_HEADER, uri.encode()),
-                                                 (PAYLOAD_BYTES_HEADER, str(size).encode())]
+                headers = _added_headers(row) + [
+                    (PAYLOAD_URI_HEADER, uri.encode()),
+                    (PAYLOAD_BYTES_HEADER, str(size).encode()),
+                ]
                 return self._producer.send(self.config.topic, key=None, value=b"", headers=headers)
             headers = [(h["key"], h["value"]) for h in row[RAW_HEADERS] or ()] + _added_headers(row)
             return self._producer.send(self.config.topic, key=row[RAW_KEY], value=row[RAW_VALUE], headers=headers)
         except KafkaError as exc:  # raised by send itself: no metadata for the topic in time, buffer full
-            raise DeadLetterFailed(f"the rejected record {_where(row)} ({row[REJECT_REASON]}) could not be sent to "
-                                   f"the dead-letter topic {self.config.topic!r}: {type(exc).__name__}: {exc}") from exc
+            raise DeadLetterFailed(
+                f"the rejected record {_where(row)} ({row[REJECT_REASON]}) could not be sent to "
+                f"the dead-letter topic {self.config.topic!r}: {type(exc).__name__}: {exc}"
+            ) from exc
 
     def _flush(self, rejected: pa.RecordBatch, pending: list) -> None:
         from kafka.errors import KafkaError
@@ -179,25 +191,33 @@ class DeadLetterWriter:
         except KafkaError as exc:
             first = self._row(rejected, pending[0][0]) if pending else None
             where = f" (from {_where(first)} on)" if first else ""
-            raise DeadLetterFailed(f"the dead-letter topic {self.config.topic!r} did not take the rejected "
-                                   f"records{where}: {type(exc).__name__}: {exc}") from exc
+            raise DeadLetterFailed(
+                f"the dead-letter topic {self.config.topic!r} did not take the rejected "
+                f"records{where}: {type(exc).__name__}: {exc}"
+            ) from exc
 
     def _spill(self, row: dict) -> str:
         if not self.config.spill_location:
-            raise DeadLetterFailed(f"the rejected record {_where(row)} ({row[REJECT_REASON]}) must be stored beside "
-                                   f"the dead-letter topic {self.config.topic!r}, and no spill location is set")
-        uri = (f"{self.config.spill_location.rstrip('/')}/{row[SOURCE_TOPIC]}/{row[SOURCE_PARTITION]}/"
-               f"{row[SOURCE_OFFSET]}.arrow")
-        table = pa.Table.from_pylist([{"key": row[RAW_KEY], "value": row[RAW_VALUE], "headers": row[RAW_HEADERS]}],
-                                     schema=SPILL_SCHEMA)
+            raise DeadLetterFailed(
+                f"the rejected record {_where(row)} ({row[REJECT_REASON]}) must be stored beside "
+                f"the dead-letter topic {self.config.topic!r}, and no spill location is set"
+            )
+        uri = (
+            f"{self.config.spill_location.rstrip('/')}/{row[SOURCE_TOPIC]}/{row[SOURCE_PARTITION]}/"
+            f"{row[SOURCE_OFFSET]}.arrow"
+        )
+        table = pa.Table.from_pylist(
+            [{"key": row[RAW_KEY], "value": row[RAW_VALUE], "headers": row[RAW_HEADERS]}], schema=SPILL_SCHEMA
+        )
         sink = io.BytesIO()
         with pa.ipc.new_file(sink, SPILL_SCHEMA) as writer:
             writer.write_table(table)
         try:
             write_bytes(file_io(self.config.io_properties, uri), uri, sink.getvalue())
         except (OSError, ValueError) as exc:  # what pyarrow's file systems raise (ValueError: an unknown scheme)
-            raise DeadLetterFailed(f"the rejected record {_where(row)} ({row[REJECT_REASON]}) could not be stored at "
-                                   f"{uri}: {exc}") from exc
+            raise DeadLetterFailed(
+                f"the rejected record {_where(row)} ({row[REJECT_REASON]}) could not be stored at {uri}: {exc}"
+            ) from exc
         return uri
 
 
@@ -271,6 +291,7 @@ def dead_letter_fn(config: DeadLetterConfig):
             if writer is not None:
                 writer.close()
         yield pa.RecordBatch.from_pydict({"sent": [sent]}, schema=pa.schema([("sent", pa.int64())]))
+
     return send
 
 

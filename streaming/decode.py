@@ -31,10 +31,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.json as pa_json
 import shapely
-
-from streaming.contract import Column, Contract
 from pyproj.exceptions import CRSError, ProjError
 
+from streaming.contract import Column, Contract
 from streaming.crs import UnknownSrid, known_crs, reproject, transformer, valid_area
 from streaming.geojson import ndjson, read_geometries
 from streaming.hilbert import hilbert_keys_of_bounds
@@ -86,13 +85,26 @@ RAW_HEADERS = "_raw_headers"
 HEADERS_TYPE = pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())]))
 _GEOJSON_SRID = 4326  # RFC 7946: GeoJSON coordinates are always WGS 84 lon/lat
 _TYPE_NAMES = {
-    0: "Point", 1: "LineString", 2: "LinearRing", 3: "Polygon", 4: "MultiPoint",
-    5: "MultiLineString", 6: "MultiPolygon", 7: "GeometryCollection",
+    0: "Point",
+    1: "LineString",
+    2: "LinearRing",
+    3: "Polygon",
+    4: "MultiPoint",
+    5: "MultiLineString",
+    6: "MultiPolygon",
+    7: "GeometryCollection",
 }
 _TYPE_NAME_BY_ID = np.array([*_TYPE_NAMES.values(), "Unknown"], dtype=object)
 _JSON_WHITESPACE = (0x20, 0x09, 0x0D, 0x0A)
-GEOJSON_GEOMETRY_TYPES = ("Point", "LineString", "Polygon", "MultiPoint", "MultiLineString", "MultiPolygon",
-                          "GeometryCollection")
+GEOJSON_GEOMETRY_TYPES = (
+    "Point",
+    "LineString",
+    "Polygon",
+    "MultiPoint",
+    "MultiLineString",
+    "MultiPolygon",
+    "GeometryCollection",
+)
 # WKB types made of other geometries: Multi*, GeometryCollection, CompoundCurve, CurvePolygon,
 # MultiCurve, MultiSurface, PolyhedralSurface, TIN.
 _WKB_CONTAINER_TYPES = (4, 5, 6, 7, 9, 10, 11, 12, 15, 16)
@@ -187,8 +199,10 @@ class Decoder:
         try:
             return self._decode(batch)
         except Exception as exc:  # noqa: BLE001 - isolate the record behind a defect, keep the stream going
-            log.warning("decoder failed on a batch; isolating the record", extra={"summary": {
-                "rows": batch.num_rows, "error": f"{type(exc).__name__}: {exc}"[:500]}})
+            log.warning(
+                "decoder failed on a batch; isolating the record",
+                extra={"summary": {"rows": batch.num_rows, "error": f"{type(exc).__name__}: {exc}"[:500]}},
+            )
             return self._decode_isolating(batch, exc)
 
     def _decode_isolating(self, batch: pa.RecordBatch, exc: Exception) -> pa.RecordBatch:
@@ -209,8 +223,14 @@ class Decoder:
         rejects = _Rejects(1)
         rejects.add(np.array([0]), Reason.DECODE_FAILED, detail)
         columns = {col.name: pa.nulls(1, self._data_schema.field(col.name).type) for col in self.contract.columns}
-        return self._assemble(batch, columns, np.full(1, None, dtype=object), rejects, np.full(1, None, dtype=object),
-                              np.full((1, 2), np.nan))
+        return self._assemble(
+            batch,
+            columns,
+            np.full(1, None, dtype=object),
+            rejects,
+            np.full(1, None, dtype=object),
+            np.full((1, 2), np.nan),
+        )
 
     def _decode(self, batch: pa.RecordBatch) -> pa.RecordBatch:
         n = batch.num_rows
@@ -221,17 +241,26 @@ class Decoder:
         rejects.add(lengths < 0, Reason.NULL_VALUE, "the Kafka record has a null value")
         sizes = _record_bytes(batch)
         too_big = rejects.ok & (sizes > self.options.max_message_bytes)
-        rejects.add(too_big, Reason.MESSAGE_TOO_LARGE,
-                    [f"record of {int(b)} bytes (key + value + headers) exceeds "
-                     f"max_message_bytes={self.options.max_message_bytes}" for b in sizes[too_big]])
+        rejects.add(
+            too_big,
+            Reason.MESSAGE_TOO_LARGE,
+            [
+                f"record of {int(b)} bytes (key + value + headers) exceeds "
+                f"max_message_bytes={self.options.max_message_bytes}"
+                for b in sizes[too_big]
+            ],
+        )
 
         first = _first_significant_byte(values, rejects.ok)
         is_json = first == ord("{")
         is_wkb = (first == 0) | (first == 1)
         unknown = rejects.ok & ~is_json & ~is_wkb
         rejects.add(unknown & (first == ord("[")), Reason.NOT_A_FEATURE, "a JSON array is not a GeoJSON Feature")
-        rejects.add(unknown, Reason.UNKNOWN_FORMAT,
-                    "value is neither a JSON object nor WKB (first byte is not '{', 0x00 or 0x01)")
+        rejects.add(
+            unknown,
+            Reason.UNKNOWN_FORMAT,
+            "value is neither a JSON object nor WKB (first byte is not '{', 0x00 or 0x01)",
+        )
 
         geoms = np.full(n, None, dtype=object)
         # The stored WKB of a geometry already written out (a WKB input read as it is), else None.
@@ -262,15 +291,17 @@ class Decoder:
         return self._assemble(batch, columns, geoms, rejects, wkb, points_xy)
 
     # -- formats -------------------------------------------------------------------------------
-    def _decode_geojson(self, values: pa.Array, rows: np.ndarray, geoms: np.ndarray,
-                        rejects: _Rejects, n: int) -> tuple[pa.Array, dict[str, pa.Array]]:
+    def _decode_geojson(
+        self, values: pa.Array, rows: np.ndarray, geoms: np.ndarray, rejects: _Rejects, n: int
+    ) -> tuple[pa.Array, dict[str, pa.Array]]:
         no_ids = pa.nulls(n, pa.string())
         no_properties = {k: pa.nulls(n, t) for k, t in self._property_types.items()}
         docs = values.take(pa.array(rows))
         # Every object GEOS recurses into has a "type" member, so a document with few of them
         # cannot nest deeply; the rare one with many is checked exactly before GEOS sees it.
-        many_types = pc.greater(pc.count_substring(docs.cast(pa.binary()), '"type"'),
-                                self.options.max_nesting).to_numpy(zero_copy_only=False)
+        many_types = pc.greater(
+            pc.count_substring(docs.cast(pa.binary()), '"type"'), self.options.max_nesting
+        ).to_numpy(zero_copy_only=False)
         for local in np.flatnonzero(many_types):
             problem = _geojson_nesting_problem(docs[int(local)].as_py(), self.options.max_nesting)
             if problem is not None:
@@ -294,31 +325,49 @@ class Decoder:
         bad_rows[list(parsed.errors)] = True
         not_feature = pc.fill_null(pc.not_equal(parsed.types, "Feature"), True).to_numpy(zero_copy_only=False)
         not_feature &= ~bad_rows
-        rejects.add(rows[not_feature], Reason.NOT_A_FEATURE,
-                    [f"type is {_shown(t)}, expected 'Feature'" for t in
-                     parsed.types.filter(pa.array(not_feature)).to_pylist()])
+        rejects.add(
+            rows[not_feature],
+            Reason.NOT_A_FEATURE,
+            [
+                f"type is {_shown(t)}, expected 'Feature'"
+                for t in parsed.types.filter(pa.array(not_feature)).to_pylist()
+            ],
+        )
         bad_rows |= not_feature
         # GEOS would read a Feature (or worse) in the geometry member as its inner geometry.
         geometry_types = parsed.geometry_types
-        named_otherwise = pc.and_(pc.is_valid(geometry_types),
-                                  pc.invert(pc.is_in(geometry_types, pa.array(GEOJSON_GEOMETRY_TYPES))))
+        named_otherwise = pc.and_(
+            pc.is_valid(geometry_types), pc.invert(pc.is_in(geometry_types, pa.array(GEOJSON_GEOMETRY_TYPES)))
+        )
         not_geometry = named_otherwise.to_numpy(zero_copy_only=False) & ~bad_rows
-        rejects.add(rows[not_geometry], Reason.INVALID_GEOJSON_GEOMETRY,
-                    [f"geometry: type {_shown(t)} is not a GeoJSON geometry type" for t in
-                     geometry_types.filter(pa.array(not_geometry)).to_pylist()])
+        rejects.add(
+            rows[not_geometry],
+            Reason.INVALID_GEOJSON_GEOMETRY,
+            [
+                f"geometry: type {_shown(t)} is not a GeoJSON geometry type"
+                for t in geometry_types.filter(pa.array(not_geometry)).to_pylist()
+            ],
+        )
         bad_rows |= not_geometry
         # pyarrow's reader takes NaN and Infinity, which are no JSON numbers (one by one they are refused too).
         for name, column in parsed.properties.items():
             if pa.types.is_floating(column.type):
                 odd = ~pc.fill_null(pc.is_finite(column), True).to_numpy(zero_copy_only=False) & ~bad_rows
-                rejects.add(rows[odd], Reason.PROPERTY_TYPE_MISMATCH,
-                            [f"properties.{name}: {v} is not a finite number"
-                             for v in column.filter(pa.array(odd)).to_pylist()])
+                rejects.add(
+                    rows[odd],
+                    Reason.PROPERTY_TYPE_MISMATCH,
+                    [
+                        f"properties.{name}: {v} is not a finite number"
+                        for v in column.filter(pa.array(odd)).to_pylist()
+                    ],
+                )
                 bad_rows |= odd
 
         local_usable = np.flatnonzero(~bad_rows)
-        fast, read = read_geometries(flat.take(pa.array(local_usable)),
-                                     geometry_types.take(pa.array(local_usable)).to_numpy(zero_copy_only=False))
+        fast, read = read_geometries(
+            flat.take(pa.array(local_usable)),
+            geometry_types.take(pa.array(local_usable)).to_numpy(zero_copy_only=False),
+        )
         geoms[rows[local_usable[read]]] = fast[read]
         # What the fast reader leaves (other shapes, anything not plainly well formed) GEOS reads.
         rest = local_usable[~read]
@@ -338,8 +387,16 @@ class Decoder:
         properties = {name: _scatter(arr, rows, n) for name, arr in parsed.properties.items()}
         return feature_ids, properties
 
-    def _decode_wkb(self, values: pa.Array, rows: np.ndarray, geoms: np.ndarray,
-                    srids: np.ndarray, rejects: _Rejects, wkb: np.ndarray, points_xy: np.ndarray) -> None:
+    def _decode_wkb(
+        self,
+        values: pa.Array,
+        rows: np.ndarray,
+        geoms: np.ndarray,
+        srids: np.ndarray,
+        rejects: _Rejects,
+        wkb: np.ndarray,
+        points_xy: np.ndarray,
+    ) -> None:
         taken = values.take(pa.array(rows)).cast(pa.binary())
         codes, little = _wkb_header_codes(taken)
         max_nesting = self.options.max_nesting
@@ -348,7 +405,8 @@ class Decoder:
         # deeper than GEOS safely goes (9 bytes a level) is walked first, without recursion; the
         # nesting of the others is checked on what GEOS read of them.
         unsafe = pc.greater(pc.binary_length(taken), 9 * (max(max_nesting, _GEOS_SAFE_NESTING) + 1)).to_numpy(
-            zero_copy_only=False)
+            zero_copy_only=False
+        )
         for local in np.flatnonzero(np.isin(_wkb_base_type(codes), _WKB_CONTAINER_TYPES) & unsafe):
             deepest, _, _ = _walk_wkb(taken[int(local)].as_py(), max_nesting)
             if deepest > max_nesting:
@@ -363,8 +421,10 @@ class Decoder:
         decoded = np.full(rows.size, None, dtype=object)
         curved = np.zeros(rows.size, dtype=bool)
         decoded[~plain], curved[~plain] = _read_wkb(blobs[~plain])
-        curves_not_allowed = (f"a curve (CircularString, CompoundCurve, CurvePolygon, MultiCurve or MultiSurface) "
-                              f"is not one of {list(self.contract.geometry.types)}")
+        curves_not_allowed = (
+            f"a curve (CircularString, CompoundCurve, CurvePolygon, MultiCurve or MultiSurface) "
+            f"is not one of {list(self.contract.geometry.types)}"
+        )
         rejects.add(rows[curved], Reason.GEOMETRY_TYPE_NOT_ALLOWED, curves_not_allowed)
         bad = np.equal(decoded, None) & ~plain
         for local in np.flatnonzero(bad & ~curved):
@@ -396,8 +456,9 @@ class Decoder:
         # value written back otherwise (parts in another byte order, an SRID of 0) is walked to
         # tell a different spelling of WKB from a value that is not WKB.
         exact = np.ones(parsed.size, dtype=bool)
-        exact[~as_sent] = _written_back_exactly(taken.take(pa.array(read)), written, decoded[read], codes[read],
-                                                little[read])
+        exact[~as_sent] = _written_back_exactly(
+            taken.take(pa.array(read)), written, decoded[read], codes[read], little[read]
+        )
         for local in parsed[~exact]:
             _, problem, _ = _walk_wkb(blobs[local], _UNLIMITED)
             if problem is not None:
@@ -407,25 +468,32 @@ class Decoder:
         geoms[rows[good]] = decoded[good]
         has_srid = (codes[good] & _EWKB_SRID_FLAG) != 0
         if has_srid.any() and "ewkb" not in self.contract.formats:
-            rejects.add(rows[good][has_srid], Reason.FORMAT_NOT_ACCEPTED,
-                        "EWKB (WKB with an SRID) is not accepted by this table")
+            rejects.add(
+                rows[good][has_srid],
+                Reason.FORMAT_NOT_ACCEPTED,
+                "EWKB (WKB with an SRID) is not accepted by this table",
+            )
         if (~has_srid).any() and "wkb" not in self.contract.formats:
-            rejects.add(rows[good][~has_srid], Reason.FORMAT_NOT_ACCEPTED,
-                        "WKB without an SRID is not accepted by this table")
+            rejects.add(
+                rows[good][~has_srid], Reason.FORMAT_NOT_ACCEPTED, "WKB without an SRID is not accepted by this table"
+            )
         # Plain WKB carries no CRS: it is taken to be in the table CRS. An EWKB SRID is honoured,
         # 0 too (PostGIS's "unknown", which no EPSG code is).
         srids[rows[good]] = np.where(has_srid, shapely.get_srid(decoded[good]), self._table_epsg)
 
     # -- geometry checks -----------------------------------------------------------------------
-    def _validate_geometry(self, geoms: np.ndarray, srids: np.ndarray, rejects: _Rejects,
-                           points_xy: np.ndarray) -> None:
+    def _validate_geometry(
+        self, geoms: np.ndarray, srids: np.ndarray, rejects: _Rejects, points_xy: np.ndarray
+    ) -> None:
         spec = self.contract.geometry
         plain = ~np.isnan(points_xy[:, 0])
         # A plain point is a finite XY Point in the table CRS: only the contract's types,
         # dimensions and vertex limit can refuse it.
         points = np.flatnonzero(rejects.ok & plain)
         if "Point" not in spec.types:
-            rejects.add(points, Reason.GEOMETRY_TYPE_NOT_ALLOWED, f"geometry type Point is not one of {list(spec.types)}")
+            rejects.add(
+                points, Reason.GEOMETRY_TYPE_NOT_ALLOWED, f"geometry type Point is not one of {list(spec.types)}"
+            )
         if "XY" not in spec.dimensions:
             rejects.add(points, Reason.DIMENSION_NOT_ALLOWED, f"dimensions XY are not one of {list(spec.dimensions)}")
         if self.options.max_vertices < 1:
@@ -436,19 +504,29 @@ class Decoder:
 
         type_names = _type_names(shapely.get_type_id(g))
         wrong_type = ~np.isin(type_names, spec.types)
-        rejects.add(live[wrong_type], Reason.GEOMETRY_TYPE_NOT_ALLOWED,
-                    [f"geometry type {t} is not one of {list(spec.types)}" for t in type_names[wrong_type]])
+        rejects.add(
+            live[wrong_type],
+            Reason.GEOMETRY_TYPE_NOT_ALLOWED,
+            [f"geometry type {t} is not one of {list(spec.types)}" for t in type_names[wrong_type]],
+        )
 
         dims = np.array(["XY", "XYZ", "XYM", "XYZM"], dtype=object)[
-            shapely.has_z(g).astype(int) + 2 * shapely.has_m(g).astype(int)]
+            shapely.has_z(g).astype(int) + 2 * shapely.has_m(g).astype(int)
+        ]
         wrong_dims = ~np.isin(dims, spec.dimensions)
-        rejects.add(live[wrong_dims], Reason.DIMENSION_NOT_ALLOWED,
-                    [f"dimensions {d} are not one of {list(spec.dimensions)}" for d in dims[wrong_dims]])
+        rejects.add(
+            live[wrong_dims],
+            Reason.DIMENSION_NOT_ALLOWED,
+            [f"dimensions {d} are not one of {list(spec.dimensions)}" for d in dims[wrong_dims]],
+        )
 
         vertices = shapely.get_num_coordinates(g)
         too_many = vertices > self.options.max_vertices
-        rejects.add(live[too_many], Reason.TOO_MANY_VERTICES,
-                    [f"{v} vertices exceed max_vertices={self.options.max_vertices}" for v in vertices[too_many]])
+        rejects.add(
+            live[too_many],
+            Reason.TOO_MANY_VERTICES,
+            [f"{v} vertices exceed max_vertices={self.options.max_vertices}" for v in vertices[too_many]],
+        )
 
         coords, index = shapely.get_coordinates(g, include_z=True, return_index=True)
         z_expected = shapely.has_z(g)[index]
@@ -464,8 +542,11 @@ class Decoder:
                 rejects.add(live[srids[live] == srid], Reason.UNKNOWN_SRID, str(exc))
                 continue
             if not (crs.is_geographic or crs.is_projected):
-                rejects.add(live[srids[live] == srid], Reason.UNKNOWN_SRID,
-                            f"SRID {srid} is EPSG:{srid} ({crs.name}), not a horizontal geographic or projected CRS")
+                rejects.add(
+                    live[srids[live] == srid],
+                    Reason.UNKNOWN_SRID,
+                    f"SRID {srid} is EPSG:{srid} ({crs.name}), not a horizontal geographic or projected CRS",
+                )
 
     def _to_table_crs(self, geoms: np.ndarray, srids: np.ndarray, rejects: _Rejects, wkb: np.ndarray) -> np.ndarray:
         out = geoms.copy()
@@ -475,15 +556,21 @@ class Decoder:
                 continue
             rows = np.flatnonzero(live & (srids == srid))
             has_m = shapely.has_m(geoms[rows])
-            rejects.add(rows[has_m], Reason.REPROJECTION_FAILED,
-                        f"geometries with M cannot be reprojected from EPSG:{srid}; send them in EPSG:{self._table_epsg}")
+            rejects.add(
+                rows[has_m],
+                Reason.REPROJECTION_FAILED,
+                f"geometries with M cannot be reprojected from EPSG:{srid}; send them in EPSG:{self._table_epsg}",
+            )
             rows = rows[~has_m]
             try:
                 area = valid_area(int(srid))
                 transformer(int(srid), self._table_epsg)
             except (ValueError, ProjError, CRSError) as exc:
-                rejects.add(rows, Reason.REPROJECTION_FAILED,
-                            f"no transformation from EPSG:{srid} to EPSG:{self._table_epsg}: {exc}")
+                rejects.add(
+                    rows,
+                    Reason.REPROJECTION_FAILED,
+                    f"no transformation from EPSG:{srid} to EPSG:{self._table_epsg}: {exc}",
+                )
                 continue
             # PROJ extrapolates far outside a CRS's area and lands somewhere plausible but wrong.
             xmin, ymin, xmax, ymax = area
@@ -491,32 +578,52 @@ class Decoder:
                 xmin, xmax = -180.0, 180.0
             slack_x, slack_y = (xmax - xmin) / 2, (ymax - ymin) / 2
             b = shapely.bounds(geoms[rows])
-            far = ((b[:, 0] < xmin - slack_x) | (b[:, 2] > xmax + slack_x)
-                   | (b[:, 1] < ymin - slack_y) | (b[:, 3] > ymax + slack_y))
-            rejects.add(rows[far], Reason.OUTSIDE_CRS_AREA,
-                        [f"bounds ({r[0]:.6g}, {r[1]:.6g}, {r[2]:.6g}, {r[3]:.6g}) lie far outside the area "
-                         f"of EPSG:{srid} ({xmin:.6g}, {ymin:.6g}, {xmax:.6g}, {ymax:.6g})" for r in b[far]])
+            far = (
+                (b[:, 0] < xmin - slack_x)
+                | (b[:, 2] > xmax + slack_x)
+                | (b[:, 1] < ymin - slack_y)
+                | (b[:, 3] > ymax + slack_y)
+            )
+            rejects.add(
+                rows[far],
+                Reason.OUTSIDE_CRS_AREA,
+                [
+                    f"bounds ({r[0]:.6g}, {r[1]:.6g}, {r[2]:.6g}, {r[3]:.6g}) lie far outside the area "
+                    f"of EPSG:{srid} ({xmin:.6g}, {ymin:.6g}, {xmax:.6g}, {ymax:.6g})"
+                    for r in b[far]
+                ],
+            )
             rows = rows[~far]
             moved = reproject(geoms[rows], int(srid), self._table_epsg)
             bounds = shapely.bounds(moved)
             failed = ~np.all(np.isfinite(bounds), axis=1)
-            rejects.add(rows[failed], Reason.REPROJECTION_FAILED,
-                        f"PROJ could not transform the coordinates from EPSG:{srid} to EPSG:{self._table_epsg}")
+            rejects.add(
+                rows[failed],
+                Reason.REPROJECTION_FAILED,
+                f"PROJ could not transform the coordinates from EPSG:{srid} to EPSG:{self._table_epsg}",
+            )
             out[rows] = moved
             wkb[rows] = None
         return out
 
-    def _check_area_and_shape(self, geoms: np.ndarray, rejects: _Rejects, wkb: np.ndarray,
-                              points_xy: np.ndarray) -> None:
+    def _check_area_and_shape(
+        self, geoms: np.ndarray, rejects: _Rejects, wkb: np.ndarray, points_xy: np.ndarray
+    ) -> None:
         live = np.flatnonzero(rejects.ok)
         b = _bounds(geoms[live], points_xy[live])
         xmin, ymin, xmax, ymax = self._area
         if xmin > xmax:  # a geographic area across the antimeridian: any longitude may be in it
             xmin, xmax = -180.0, 180.0
         outside = (b[:, 0] < xmin) | (b[:, 1] < ymin) | (b[:, 2] > xmax) | (b[:, 3] > ymax)
-        rejects.add(live[outside], Reason.OUTSIDE_CRS_AREA,
-                    [f"bounds ({r[0]:.6g}, {r[1]:.6g}, {r[2]:.6g}, {r[3]:.6g}) leave the valid area of "
-                     f"EPSG:{self._table_epsg} ({xmin:.6g}, {ymin:.6g}, {xmax:.6g}, {ymax:.6g})" for r in b[outside]])
+        rejects.add(
+            live[outside],
+            Reason.OUTSIDE_CRS_AREA,
+            [
+                f"bounds ({r[0]:.6g}, {r[1]:.6g}, {r[2]:.6g}, {r[3]:.6g}) leave the valid area of "
+                f"EPSG:{self._table_epsg} ({xmin:.6g}, {ymin:.6g}, {xmax:.6g}, {ymax:.6g})"
+                for r in b[outside]
+            ],
+        )
 
         live = np.flatnonzero(rejects.ok)
         polygonal = np.isin(shapely.get_type_id(geoms[live]), (3, 6))
@@ -536,13 +643,19 @@ class Decoder:
         fits = np.isin(repaired_types, self.contract.geometry.types) & ~shapely.is_empty(repaired)
         geoms[invalid[fits]] = repaired[fits]
         wkb[invalid[fits]] = None
-        rejects.add(invalid[~fits], Reason.INVALID_POLYGON,
-                    [f"invalid polygon ({r}); its repair is a {t}, which the table does not allow"
-                     for r, t in zip(reasons[~fits], repaired_types[~fits])])
+        rejects.add(
+            invalid[~fits],
+            Reason.INVALID_POLYGON,
+            [
+                f"invalid polygon ({r}); its repair is a {t}, which the table does not allow"
+                for r, t in zip(reasons[~fits], repaired_types[~fits])
+            ],
+        )
 
     # -- columns -------------------------------------------------------------------------------
-    def _map_columns(self, batch: pa.RecordBatch, feature_ids: pa.Array,
-                     properties: dict[str, pa.Array], rejects: _Rejects) -> dict[str, pa.Array]:
+    def _map_columns(
+        self, batch: pa.RecordBatch, feature_ids: pa.Array, properties: dict[str, pa.Array], rejects: _Rejects
+    ) -> dict[str, pa.Array]:
         columns: dict[str, pa.Array] = {}
         for col in self.contract.columns:
             target = self._data_schema.field(col.name).type
@@ -553,14 +666,25 @@ class Decoder:
                 merged = candidate if merged is None else pc.coalesce(merged, candidate)
             if col.required:
                 missing = rejects.ok & pc.is_null(merged).to_numpy(zero_copy_only=False)
-                rejects.add(missing, Reason.MISSING_REQUIRED_FIELD,
-                            f"{col.name}: required, but none of {list(col.sources)} is set")
+                rejects.add(
+                    missing,
+                    Reason.MISSING_REQUIRED_FIELD,
+                    f"{col.name}: required, but none of {list(col.sources)} is set",
+                )
             columns[col.name] = merged
         return columns
 
-    def _source_array(self, batch: pa.RecordBatch, src: str, feature_ids: pa.Array,
-                      properties: dict[str, pa.Array], col: Column, target: pa.DataType,
-                      rejects: _Rejects, wanted: pa.Array | None) -> pa.Array:
+    def _source_array(
+        self,
+        batch: pa.RecordBatch,
+        src: str,
+        feature_ids: pa.Array,
+        properties: dict[str, pa.Array],
+        col: Column,
+        target: pa.DataType,
+        rejects: _Rejects,
+        wanted: pa.Array | None,
+    ) -> pa.Array:
         """Values of one source as the column's type, for the rows in `wanted` (all if None)."""
         if src.startswith("properties."):
             return properties[src.removeprefix("properties.")]
@@ -578,8 +702,15 @@ class Decoder:
             raw = pc.if_else(wanted, raw, pa.nulls(len(raw), raw.type))
         return _cast_or_reject(raw, target, f"{col.name} (from {src})", rejects)
 
-    def _assemble(self, batch: pa.RecordBatch, columns: dict[str, pa.Array], geoms: np.ndarray,
-                  rejects: _Rejects, wkb: np.ndarray, points_xy: np.ndarray) -> pa.RecordBatch:
+    def _assemble(
+        self,
+        batch: pa.RecordBatch,
+        columns: dict[str, pa.Array],
+        geoms: np.ndarray,
+        rejects: _Rejects,
+        wkb: np.ndarray,
+        points_xy: np.ndarray,
+    ) -> pa.RecordBatch:
         ok = rejects.ok
         n = batch.num_rows
         keep = np.where(ok, geoms, None)
@@ -591,8 +722,9 @@ class Decoder:
         keys = np.zeros(n, dtype=np.int64)
         if ok.any():
             b = bounds[ok]
-            keys[ok] = hilbert_keys_of_bounds(b[:, 0], b[:, 1], b[:, 2], b[:, 3], extent,
-                                              self.contract.clustering.hilbert_bits)
+            keys[ok] = hilbert_keys_of_bounds(
+                b[:, 0], b[:, 1], b[:, 2], b[:, 3], extent, self.contract.clustering.hilbert_bits
+            )
         valid_mask = pa.array(~ok)  # arrow masks mark nulls
         bbox = pa.StructArray.from_arrays(
             [pa.array(bounds[:, i], pa.float64(), mask=~ok) for i in range(4)],
@@ -611,8 +743,11 @@ class Decoder:
         out[REJECT_DETAIL] = pa.array(rejects.detail, pa.string())
         # The raw record is kept for rejects only (their dead letters).
         rejected = pa.array(ok)
-        for name, source, raw_type in ((RAW_KEY, "key", pa.binary()), (RAW_VALUE, "value", pa.binary()),
-                                       (RAW_HEADERS, "headers", HEADERS_TYPE)):
+        for name, source, raw_type in (
+            (RAW_KEY, "key", pa.binary()),
+            (RAW_VALUE, "value", pa.binary()),
+            (RAW_HEADERS, "headers", HEADERS_TYPE),
+        ):
             if ok.all() or source not in batch.schema.names:
                 out[name] = pa.nulls(n, raw_type)
             else:
@@ -705,8 +840,9 @@ class _FeatureParser:
         )
 
     def _schema(self, id_type: pa.DataType) -> pa.Schema:
-        return pa.schema([("type", pa.string()), ("id", id_type), ("properties", self._props),
-                          ("geometry", _GEOMETRY_MEMBER)])
+        return pa.schema(
+            [("type", pa.string()), ("id", id_type), ("properties", self._props), ("geometry", _GEOMETRY_MEMBER)]
+        )
 
     def _empty(self, n: int) -> pa.Table:
         schema = self._schema(pa.string())
@@ -762,12 +898,13 @@ class _FeatureParser:
             errors[position] = (Reason.PROPERTY_TYPE_MISMATCH, f"id: {fid} is not a finite number")
             return empty
         geometry = doc.get("geometry")
-        if geometry is not None and not (isinstance(geometry, dict)
-                                         and geometry.get("type") in GEOJSON_GEOMETRY_TYPES):
-            what = (f"type {_shown(geometry.get('type'))}" if isinstance(geometry, dict)
-                    else f"a JSON {type(geometry).__name__}")
-            errors[position] = (Reason.INVALID_GEOJSON_GEOMETRY,
-                                f"geometry: {what} is not a GeoJSON geometry object")
+        if geometry is not None and not (isinstance(geometry, dict) and geometry.get("type") in GEOJSON_GEOMETRY_TYPES):
+            what = (
+                f"type {_shown(geometry.get('type'))}"
+                if isinstance(geometry, dict)
+                else f"a JSON {type(geometry).__name__}"
+            )
+            errors[position] = (Reason.INVALID_GEOJSON_GEOMETRY, f"geometry: {what} is not a GeoJSON geometry object")
             return empty
         props = doc.get("properties")
         if props is not None and not isinstance(props, dict):
@@ -779,19 +916,27 @@ class _FeatureParser:
             try:
                 values[name] = _coerce_property(value, arrow_type)
             except (TypeError, ValueError, OverflowError, pa.ArrowInvalid):
-                errors[position] = (Reason.PROPERTY_TYPE_MISMATCH,
-                                    f"properties.{name}: {_shown(value)} is not a {arrow_type}")
+                errors[position] = (
+                    Reason.PROPERTY_TYPE_MISMATCH,
+                    f"properties.{name}: {_shown(value)} is not a {arrow_type}",
+                )
                 return empty
         if isinstance(fid, int):
             fid = str(fid)
         elif isinstance(fid, float):
             fid = str(int(fid)) if fid.is_integer() else repr(fid)
         if not all(_is_unicode(v) for v in (fid, *values.values())):
-            errors[position] = (Reason.MALFORMED_JSON, "value holds a string that is not valid Unicode "
-                                                       "(an escaped lone surrogate)")
+            errors[position] = (
+                Reason.MALFORMED_JSON,
+                "value holds a string that is not valid Unicode (an escaped lone surrogate)",
+            )
             return empty
-        return {"type": "Feature", "id": fid, "properties": values,
-                "geometry": None if geometry is None else {"type": geometry["type"]}}
+        return {
+            "type": "Feature",
+            "id": fid,
+            "properties": values,
+            "geometry": None if geometry is None else {"type": geometry["type"]},
+        }
 
 
 def _shown(value: Any) -> str:
@@ -838,14 +983,18 @@ def _coerce_property(value: Any, arrow_type: pa.DataType) -> Any:
             raise TypeError
         # pyarrow's reader takes other spellings than datetime.fromisoformat and casts: ask it.
         line = pa.py_buffer(json.dumps({"v": value}).encode() + b"\n")
-        read = pa_json.read_json(pa.BufferReader(line), parse_options=pa_json.ParseOptions(
-            explicit_schema=pa.schema([("v", arrow_type)])), read_options=pa_json.ReadOptions(use_threads=False))
+        read = pa_json.read_json(
+            pa.BufferReader(line),
+            parse_options=pa_json.ParseOptions(explicit_schema=pa.schema([("v", arrow_type)])),
+            read_options=pa_json.ReadOptions(use_threads=False),
+        )
         return read.column("v")[0].as_py()
     raise TypeError
 
 
-def _diagnose_geojson_geometry(raw: bytes, property_types: dict[str, pa.DataType]
-                               ) -> tuple[shapely.Geometry | None, Reason | None, str | None]:
+def _diagnose_geojson_geometry(
+    raw: bytes, property_types: dict[str, pa.DataType]
+) -> tuple[shapely.Geometry | None, Reason | None, str | None]:
     """Why GEOS refused a Feature; or its geometry, when the refusal was about something else."""
     doc, problem = _load_json(raw)
     if problem is not None:
@@ -858,8 +1007,9 @@ def _diagnose_geojson_geometry(raw: bytes, property_types: dict[str, pa.DataType
         return None, Reason.NESTING_TOO_DEEP, "geometry: nested too deeply to read"
 
 
-def _diagnose_feature(doc: dict, property_types: dict[str, pa.DataType]
-                      ) -> tuple[shapely.Geometry | None, Reason | None, str | None]:
+def _diagnose_feature(
+    doc: dict, property_types: dict[str, pa.DataType]
+) -> tuple[shapely.Geometry | None, Reason | None, str | None]:
     if "geometry" not in doc or doc["geometry"] is None:
         return None, Reason.MISSING_GEOMETRY, "geometry: missing or null"
     properties = doc.get("properties") if isinstance(doc.get("properties"), dict) else {}
@@ -876,7 +1026,11 @@ def _diagnose_feature(doc: dict, property_types: dict[str, pa.DataType]
             return None, Reason.NON_FINITE_COORDINATES, "geometry.coordinates: a coordinate is not a finite number"
         depth = _position_size(coords)
         if depth is not None and depth > 3:
-            return None, Reason.DIMENSION_NOT_ALLOWED, f"geometry.coordinates: positions of {depth} values; GeoJSON allows 2 or 3"
+            return (
+                None,
+                Reason.DIMENSION_NOT_ALLOWED,
+                f"geometry.coordinates: positions of {depth} values; GeoJSON allows 2 or 3",
+            )
     text = json.dumps(geometry)
     with np.errstate(all="ignore"):
         alone = shapely.from_geojson(text, on_invalid="ignore")
@@ -916,8 +1070,10 @@ def _geojson_nesting_problem(raw: bytes, max_nesting: int) -> tuple[Reason, str]
         if not isinstance(node, dict):
             continue
         if depth > max_nesting:
-            return (Reason.NESTING_TOO_DEEP,
-                    f"geometry: objects nested more than max_nesting={max_nesting} levels deep")
+            return (
+                Reason.NESTING_TOO_DEEP,
+                f"geometry: objects nested more than max_nesting={max_nesting} levels deep",
+            )
         children = node.get("geometries")
         stack.extend((child, depth + 1) for child in (children if isinstance(children, list) else ()))
         stack.append((node.get("geometry"), depth + 1))
@@ -945,11 +1101,18 @@ def _wkb_header_codes(values: pa.Array) -> tuple[np.ndarray, np.ndarray]:
     n = len(values)
     offsets, data = _offsets_and_bytes(values)
     starts = offsets[:-1]
-    has_header = (np.diff(offsets) >= 5) & np.isin(data[np.minimum(starts, max(data.size - 1, 0))], (0, 1)) \
-        if data.size else np.zeros(n, dtype=bool)
+    has_header = (
+        (np.diff(offsets) >= 5) & np.isin(data[np.minimum(starts, max(data.size - 1, 0))], (0, 1))
+        if data.size
+        else np.zeros(n, dtype=bool)
+    )
     codes = np.zeros(n, dtype=np.int64)
     at = starts[has_header]
-    word = np.stack([data[at + 1 + i] for i in range(4)], axis=1).astype(np.int64) if at.size else np.zeros((0, 4), np.int64)
+    word = (
+        np.stack([data[at + 1 + i] for i in range(4)], axis=1).astype(np.int64)
+        if at.size
+        else np.zeros((0, 4), np.int64)
+    )
     little = np.zeros(n, dtype=bool)
     little[has_header] = data[at] == 1
     weights = np.array([1, 1 << 8, 1 << 16, 1 << 24], dtype=np.int64)
@@ -1001,8 +1164,9 @@ def _plain_points(values: pa.Array, codes: np.ndarray, little: np.ndarray) -> tu
     return plain, xy[finite]
 
 
-def _written_back_exactly(sent: pa.Array, written: np.ndarray, geoms: np.ndarray, codes: np.ndarray,
-                          little: np.ndarray) -> np.ndarray:
+def _written_back_exactly(
+    sent: pa.Array, written: np.ndarray, geoms: np.ndarray, codes: np.ndarray, little: np.ndarray
+) -> np.ndarray:
     """Whether each value is byte for byte what GEOS writes of its geometry in the value's own byte
     order and flavour. `written` is the stored form (ISO, little-endian), which most values are."""
     exact = np.zeros(len(sent), dtype=bool)
@@ -1010,17 +1174,23 @@ def _written_back_exactly(sent: pa.Array, written: np.ndarray, geoms: np.ndarray
     with_srid = (codes & _EWKB_SRID_FLAG) != 0
     for is_little in (True, False):
         for is_extended in (False, True):
-            for has_srid in ((False, True) if is_extended else (False,)):
+            for has_srid in (False, True) if is_extended else (False,):
                 group = np.flatnonzero((little == is_little) & (extended == is_extended) & (with_srid == has_srid))
                 if group.size == 0:
                     continue
                 if is_little and not is_extended:
                     expected = written[group]
                 else:
-                    expected = shapely.to_wkb(geoms[group], output_dimension=4, byte_order=int(is_little),
-                                              flavor="extended" if is_extended else "iso", include_srid=has_srid)
-                exact[group] = pc.fill_null(pc.equal(sent.take(pa.array(group)), pa.array(expected, pa.binary())),
-                                            False).to_numpy(zero_copy_only=False)
+                    expected = shapely.to_wkb(
+                        geoms[group],
+                        output_dimension=4,
+                        byte_order=int(is_little),
+                        flavor="extended" if is_extended else "iso",
+                        include_srid=has_srid,
+                    )
+                exact[group] = pc.fill_null(
+                    pc.equal(sent.take(pa.array(group)), pa.array(expected, pa.binary())), False
+                ).to_numpy(zero_copy_only=False)
     return exact
 
 
@@ -1135,7 +1305,8 @@ def _walk_wkb(blob: bytes, max_depth: int) -> tuple[int, str | None, bool]:
 
 def _unreadable_wkb(blob: bytes, problem: str | None) -> str:
     return f"value is not readable WKB ({len(blob)} bytes, starting {blob[:9].hex()})" + (
-        f": {problem}" if problem else "")
+        f": {problem}" if problem else ""
+    )
 
 
 def _type_word_problem(code: int, at: int) -> str | None:
@@ -1156,7 +1327,7 @@ def _type_word_problem(code: int, at: int) -> str | None:
 # -- Arrow helpers -------------------------------------------------------------------------------
 def _offsets_and_bytes(values: pa.Array) -> tuple[np.ndarray, np.ndarray]:
     """A binary array's n + 1 value offsets and its data bytes, as numpy views (no copy)."""
-    offsets = np.frombuffer(values.buffers()[1], dtype=np.int32)[values.offset:values.offset + len(values) + 1]
+    offsets = np.frombuffer(values.buffers()[1], dtype=np.int32)[values.offset : values.offset + len(values) + 1]
     data_buffer = values.buffers()[2]
     data = np.frombuffer(data_buffer, dtype=np.uint8) if data_buffer is not None else np.zeros(0, np.uint8)
     return offsets, data
@@ -1189,10 +1360,13 @@ def _record_bytes(batch: pa.RecordBatch) -> np.ndarray:
         headers = batch.column("headers")
         flat = pc.list_flatten(headers)
         if len(flat):
-            each = pc.add(pc.fill_null(pc.binary_length(pc.struct_field(flat, "key")), 0),
-                          pc.fill_null(pc.binary_length(pc.struct_field(flat, "value")), 0))
-            size += np.bincount(pc.list_parent_indices(headers).to_numpy(), weights=each.to_numpy(),
-                                minlength=n).astype(np.int64)
+            each = pc.add(
+                pc.fill_null(pc.binary_length(pc.struct_field(flat, "key")), 0),
+                pc.fill_null(pc.binary_length(pc.struct_field(flat, "value")), 0),
+            )
+            size += np.bincount(
+                pc.list_parent_indices(headers).to_numpy(), weights=each.to_numpy(), minlength=n
+            ).astype(np.int64)
     return size
 
 
@@ -1216,10 +1390,11 @@ def _raw_control_characters(docs: pa.Array) -> list[tuple[int, str]]:
     breaks = np.flatnonzero(pc.match_substring_regex(docs, "[\r\n]").to_numpy(zero_copy_only=False))
     if breaks.size == 0:
         return []
-    inside = pc.match_substring_regex(docs.take(pa.array(breaks)), _LINE_BREAK_IN_STRING).to_numpy(
-        zero_copy_only=False)
-    return [(int(local), "value has a raw line break inside a JSON string (JSON escapes it as \\n or \\r)")
-            for local in breaks[inside]]
+    inside = pc.match_substring_regex(docs.take(pa.array(breaks)), _LINE_BREAK_IN_STRING).to_numpy(zero_copy_only=False)
+    return [
+        (int(local), "value has a raw line break inside a JSON string (JSON escapes it as \\n or \\r)")
+        for local in breaks[inside]
+    ]
 
 
 def _invalid_utf8(values: pa.Array) -> np.ndarray:
@@ -1250,10 +1425,15 @@ def _scatter(partial: pa.Array, rows: np.ndarray, n: int) -> pa.Array:
 def _normalized(batch: pa.RecordBatch | pa.Table) -> pa.RecordBatch:
     """One record batch, its headers as a list of structs."""
     if isinstance(batch, pa.Table):
-        batch = batch.combine_chunks().to_batches()[0] if batch.num_rows else pa.RecordBatch.from_pylist([], schema=batch.schema)
+        batch = (
+            batch.combine_chunks().to_batches()[0]
+            if batch.num_rows
+            else pa.RecordBatch.from_pylist([], schema=batch.schema)
+        )
     if "headers" in batch.schema.names and pa.types.is_string(batch.schema.field("headers").type):
-        batch = batch.set_column(batch.schema.get_field_index("headers"), "headers",
-                                 headers_from_json(batch.column("headers")))
+        batch = batch.set_column(
+            batch.schema.get_field_index("headers"), "headers", headers_from_json(batch.column("headers"))
+        )
     return batch
 
 
@@ -1269,17 +1449,23 @@ def headers_from_json(headers: pa.Array) -> pa.Array:
     if not has_any.any():
         return pc.if_else(pc.is_null(headers), pa.nulls(n, HEADERS_TYPE), pa.array([[]] * n, HEADERS_TYPE))
     rows = np.flatnonzero(has_any)
-    lines = pc.binary_join_element_wise("{\"h\":", headers.take(pa.array(rows)), "}", "")
+    lines = pc.binary_join_element_wise('{"h":', headers.take(pa.array(rows)), "}", "")
     text = pa.py_buffer("\n".join(lines.to_pylist()).encode())
-    parsed = pa_json.read_json(pa.BufferReader(text), read_options=pa_json.ReadOptions(
-        use_threads=False, block_size=max(text.size + 1, 1 << 20)), parse_options=pa_json.ParseOptions(
-        explicit_schema=pa.schema([("h", pa.list_(pa.struct([("key", pa.string()), ("value", pa.string())])))])))
+    parsed = pa_json.read_json(
+        pa.BufferReader(text),
+        read_options=pa_json.ReadOptions(use_threads=False, block_size=max(text.size + 1, 1 << 20)),
+        parse_options=pa_json.ParseOptions(
+            explicit_schema=pa.schema([("h", pa.list_(pa.struct([("key", pa.string()), ("value", pa.string())])))])
+        ),
+    )
     lists = parsed.column("h").combine_chunks()
     flat = pc.list_flatten(lists)
-    values = pa.array([None if v is None else base64.b64decode(v) for v in flat.field("value").to_pylist()],
-                      pa.binary())
-    decoded = pa.ListArray.from_arrays(lists.offsets, pa.StructArray.from_arrays(
-        [flat.field("key"), values], fields=list(HEADERS_TYPE.value_type)))
+    values = pa.array(
+        [None if v is None else base64.b64decode(v) for v in flat.field("value").to_pylist()], pa.binary()
+    )
+    decoded = pa.ListArray.from_arrays(
+        lists.offsets, pa.StructArray.from_arrays([flat.field("key"), values], fields=list(HEADERS_TYPE.value_type))
+    )
     empty = pc.if_else(pc.is_null(headers), pa.nulls(n, HEADERS_TYPE), pa.array([[]] * n, HEADERS_TYPE))
     return _scatter_into(empty, decoded, rows)
 
@@ -1322,10 +1508,10 @@ def _cast_or_reject(raw: pa.Array, target: pa.DataType, label: str, rejects: _Re
         return raw.cast(target)
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
         if pa.types.is_binary(raw.type):
-            return _cast_each(raw.to_pylist(), target, label, rejects,
-                              lambda b: pa.scalar(b.decode("utf-8")).cast(target).as_py())
-        return _cast_each(raw.to_pylist(), target, label, rejects,
-                          lambda v: pa.scalar(v).cast(target).as_py())
+            return _cast_each(
+                raw.to_pylist(), target, label, rejects, lambda b: pa.scalar(b.decode("utf-8")).cast(target).as_py()
+            )
+        return _cast_each(raw.to_pylist(), target, label, rejects, lambda v: pa.scalar(v).cast(target).as_py())
 
 
 def _cast_each(values: list, target: pa.DataType, label: str, rejects: _Rejects, convert) -> pa.Array:

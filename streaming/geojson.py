@@ -79,9 +79,11 @@ def _parse_coordinates(docs: pa.Array, levels: int) -> tuple[pa.ListArray | None
             return None, keep
         data = ndjson(block)
         try:
-            table = pa_json.read_json(pa.BufferReader(data), parse_options=options,
-                                      read_options=pa_json.ReadOptions(use_threads=False,
-                                                                       block_size=max(data.size + 1, 1 << 20)))
+            table = pa_json.read_json(
+                pa.BufferReader(data),
+                parse_options=options,
+                read_options=pa_json.ReadOptions(use_threads=False, block_size=max(data.size + 1, 1 << 20)),
+            )
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
             where = _ROW_IN_ERROR.search(str(exc))
             if where is None or int(where.group(1)) >= len(block):
@@ -95,8 +97,9 @@ def _parse_coordinates(docs: pa.Array, levels: int) -> tuple[pa.ListArray | None
     return None, keep
 
 
-def _build(coordinates: pa.ListArray, layout: tuple[GeometryType, int, tuple[int, ...]],
-           closed_rings: bool) -> tuple[np.ndarray, np.ndarray]:
+def _build(
+    coordinates: pa.ListArray, layout: tuple[GeometryType, int, tuple[int, ...]], closed_rings: bool
+) -> tuple[np.ndarray, np.ndarray]:
     """Geometries of one type from their coordinate lists, and which rows were plainly well formed."""
     kind, levels, fewest = layout
     n = len(coordinates)
@@ -129,8 +132,7 @@ def _build(coordinates: pa.ListArray, layout: tuple[GeometryType, int, tuple[int
     for dim in (2, 3):
         rows = np.flatnonzero(ok & (widest == dim))
         if rows.size:
-            geoms[rows] = _ragged(coordinates.take(pa.array(rows)) if rows.size < n else coordinates, kind,
-                                  levels, dim)
+            geoms[rows] = _ragged(coordinates.take(pa.array(rows)) if rows.size < n else coordinates, kind, levels, dim)
     return geoms, ok & (geoms != None)  # noqa: E711 - elementwise
 
 
@@ -154,7 +156,7 @@ def ndjson(docs: pa.Array) -> pa.Buffer:
     data = lines.buffers()[2]
     if data is None:
         return pa.py_buffer(b"")
-    return data[offsets[lines.offset]:offsets[lines.offset + len(lines)]]
+    return data[offsets[lines.offset] : offsets[lines.offset + len(lines)]]
 
 
 def _lengths(lists: pa.Array) -> np.ndarray:

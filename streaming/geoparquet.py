@@ -17,8 +17,7 @@ def projjson(epsg: int) -> dict:
     return CRS.from_epsg(epsg).to_json_dict()
 
 
-def geo_metadata(contract: Contract, geometry_types: list[str],
-                 bbox: tuple[float, float, float, float]) -> dict:
+def geo_metadata(contract: Contract, geometry_types: list[str], bbox: tuple[float, float, float, float]) -> dict:
     """The `geo` key of a data file: one primary WKB column, covered by the bbox struct column."""
     g = contract.geometry
     return {
@@ -38,6 +37,5 @@ def geo_metadata(contract: Contract, geometry_types: list[str],
     }
 
 
-def geo_metadata_bytes(contract: Contract, geometry_types: list[str],
-                       bbox: tuple[float, float, float, float]) -> bytes:
+def geo_metadata_bytes(contract: Contract, geometry_types: list[str], bbox: tuple[float, float, float, float]) -> bytes:
     return json.dumps(geo_metadata(contract, geometry_types, bbox), separators=(",", ":")).encode()

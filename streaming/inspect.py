@@ -86,13 +86,15 @@ class TableLayout:
             # Sum of the file areas over the data extent's area: 1 would tile it exactly once;
             # much more means that a window opens many files.
             "file_area_over_extent": round(float(areas.sum()) / extent_area, 4) if extent_area > 0 else None,
-            "median_file_area_share": (round(float(np.median(areas)) / extent_area, 6)
-                                       if extent_area > 0 and len(areas) else None),
+            "median_file_area_share": (
+                round(float(np.median(areas)) / extent_area, 6) if extent_area > 0 and len(areas) else None
+            ),
         }
 
 
-def file_extents(table: Table, snapshot_id: int | None = None,
-                 as_of: str | int | datetime | None = None) -> TableLayout:
+def file_extents(
+    table: Table, snapshot_id: int | None = None, as_of: str | int | datetime | None = None
+) -> TableLayout:
     """The data files of the current snapshot (or `snapshot_id`, or the one current at `as_of`)."""
     snapshot = resolve_snapshot(table, snapshot_id, as_of)
     bits, extent = _hilbert_properties(table)
@@ -118,8 +120,7 @@ def file_extents(table: Table, snapshot_id: int | None = None,
     if with_bounds:
         b = np.array([r[3] for r in with_bounds])
         keys = hilbert_keys_of_bounds(b[:, 0], b[:, 1], b[:, 2], b[:, 3], extent, bits).tolist()
-    files = [FileExtent(path, count, size, bbox, key)
-             for (path, count, size, bbox), key in zip(with_bounds, keys)]
+    files = [FileExtent(path, count, size, bbox, key) for (path, count, size, bbox), key in zip(with_bounds, keys)]
     files.sort(key=lambda f: (f.hilbert_key, f.path))
     files += [FileExtent(path, count, size, None, None) for path, count, size, bbox in rows if bbox is None]
     return TableLayout(name, snapshot.snapshot_id, bits, extent, tuple(files))
@@ -130,8 +131,12 @@ def file_bbox(data_file, bbox_ids: dict[str, int]) -> BBox | None:
     xmin, ymin, xmax, ymax); None for a file without such bounds or with bounds that are not finite."""
     lower, upper = data_file.lower_bounds or {}, data_file.upper_bounds or {}
     try:
-        bbox = (from_bytes(DoubleType(), lower[bbox_ids["xmin"]]), from_bytes(DoubleType(), lower[bbox_ids["ymin"]]),
-                from_bytes(DoubleType(), upper[bbox_ids["xmax"]]), from_bytes(DoubleType(), upper[bbox_ids["ymax"]]))
+        bbox = (
+            from_bytes(DoubleType(), lower[bbox_ids["xmin"]]),
+            from_bytes(DoubleType(), lower[bbox_ids["ymin"]]),
+            from_bytes(DoubleType(), upper[bbox_ids["xmax"]]),
+            from_bytes(DoubleType(), upper[bbox_ids["ymax"]]),
+        )
     except KeyError:
         return None
     return bbox if all(math.isfinite(v) for v in bbox) else None
@@ -144,16 +149,19 @@ def _hilbert_properties(table: Table) -> tuple[int, BBox]:
         bits = int(bits_text)
         extent = tuple(float(v) for v in extent_text.split(","))
     except ValueError:
-        raise QueryError(f"table properties {HILBERT_BITS_PROPERTY}={bits_text!r} / "
-                         f"{HILBERT_EXTENT_PROPERTY}={extent_text!r} are not a number / four numbers") from None
+        raise QueryError(
+            f"table properties {HILBERT_BITS_PROPERTY}={bits_text!r} / "
+            f"{HILBERT_EXTENT_PROPERTY}={extent_text!r} are not a number / four numbers"
+        ) from None
     if not 1 <= bits <= 31 or len(extent) != 4 or not (extent[0] < extent[2] and extent[1] < extent[3]):
-        raise QueryError(f"table properties {HILBERT_BITS_PROPERTY}={bits_text!r} / "
-                         f"{HILBERT_EXTENT_PROPERTY}={extent_text!r} do not describe a Hilbert grid")
+        raise QueryError(
+            f"table properties {HILBERT_BITS_PROPERTY}={bits_text!r} / "
+            f"{HILBERT_EXTENT_PROPERTY}={extent_text!r} do not describe a Hilbert grid"
+        )
     return bits, extent
 
 
-def plot_file_extents(layout: TableLayout, path: str | Path, title: str | None = None,
-                      dpi: int = 150) -> Path:
+def plot_file_extents(layout: TableLayout, path: str | Path, title: str | None = None, dpi: int = 150) -> Path:
     """Draw the file extents over the data extent, coloured by Hilbert order, as a PNG."""
     # The Agg canvas on a bare Figure: no pyplot, so no global state and no display needed.
     from matplotlib import colormaps
@@ -182,22 +190,41 @@ def plot_file_extents(layout: TableLayout, path: str | Path, title: str | None =
     for i in order:
         xmin, ymin, xmax, ymax = drawn[i].bbox
         # A file of one point (or of points on one line) still gets a visible outline.
-        rectangles.append(Rectangle((xmin, ymin), max(xmax - xmin, width * 1e-3),
-                                    max(ymax - ymin, height * 1e-3)))
+        rectangles.append(Rectangle((xmin, ymin), max(xmax - xmin, width * 1e-3), max(ymax - ymin, height * 1e-3)))
         colours.append(cmap(norm(i)))
     if rectangles:
-        ax.add_collection(PatchCollection(rectangles, facecolors=[(*c[:3], 0.18) for c in colours],
-                                          edgecolors=colours, linewidths=0.9))
+        ax.add_collection(
+            PatchCollection(
+                rectangles, facecolors=[(*c[:3], 0.18) for c in colours], edgecolors=colours, linewidths=0.9
+            )
+        )
         centres = np.array([((f.bbox[0] + f.bbox[2]) / 2, (f.bbox[1] + f.bbox[3]) / 2) for f in drawn])
         ax.plot(centres[:, 0], centres[:, 1], color="0.35", linewidth=0.6, alpha=0.7, zorder=3)
-        ax.scatter(centres[:, 0], centres[:, 1], c=[cmap(norm(i)) for i in range(len(drawn))],
-                   s=10, zorder=4, edgecolors="0.2", linewidths=0.3)
+        ax.scatter(
+            centres[:, 0],
+            centres[:, 1],
+            c=[cmap(norm(i)) for i in range(len(drawn))],
+            s=10,
+            zorder=4,
+            edgecolors="0.2",
+            linewidths=0.3,
+        )
         mappable = ScalarMappable(norm=norm, cmap=cmap)
         bar = fig.colorbar(mappable, ax=ax, shrink=0.85, pad=0.01)
         bar.set_label("Hilbert order of the file centre (0 = first)")
     if extent:
-        ax.add_patch(Rectangle((extent[0], extent[1]), width, height, fill=False, edgecolor="crimson",
-                               linewidth=1.4, linestyle="--", zorder=5))
+        ax.add_patch(
+            Rectangle(
+                (extent[0], extent[1]),
+                width,
+                height,
+                fill=False,
+                edgecolor="crimson",
+                linewidth=1.4,
+                linestyle="--",
+                zorder=5,
+            )
+        )
 
     margin_x, margin_y = width * 0.03 or 1.0, height * 0.03 or 1.0
     ax.set_xlim(frame[0] - margin_x, frame[2] + margin_x)
@@ -211,8 +238,7 @@ def plot_file_extents(layout: TableLayout, path: str | Path, title: str | None =
         Patch(facecolor=(*cmap(0.5)[:3], 0.18), edgecolor=cmap(0.5), label=f"{len(drawn):,} data files"),
         Line2D([], [], color="none", label=f"{layout.record_count:,} rows"),
         Line2D([], [], color="crimson", linestyle="--", label="data extent"),
-        Line2D([], [], color="0.35", marker="o", markersize=3, linewidth=0.6,
-               label="file centres in Hilbert order"),
+        Line2D([], [], color="0.35", marker="o", markersize=3, linewidth=0.6, label="file centres in Hilbert order"),
         Line2D([], [], color="none", label=f"snapshot {snapshot}"),
     ]
     missing = len(layout.files) - len(drawn)

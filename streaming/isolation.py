@@ -45,10 +45,14 @@ class IsolatedDecoder:
         except BrokenProcessPool:
             self._pool = None
         if batch.num_rows == 1:
-            log.warning("a record crashed the decoder; dead-lettered as decode_failed",
-                        extra={"summary": {"record": _where(batch)}})
-            return self._decoder.failed(batch, "the decoder crashed on this record (its process died): a defect "
-                                               "in native code met by this input")
+            log.warning(
+                "a record crashed the decoder; dead-lettered as decode_failed",
+                extra={"summary": {"record": _where(batch)}},
+            )
+            return self._decoder.failed(
+                batch,
+                "the decoder crashed on this record (its process died): a defect in native code met by this input",
+            )
         half = batch.num_rows // 2
         parts = [self.decode(batch.slice(0, half)), self.decode(batch.slice(half))]
         return pa.Table.from_batches(parts, schema=self._decoder.schema).combine_chunks().to_batches()[0]
@@ -61,8 +65,12 @@ class IsolatedDecoder:
     def _child(self) -> ProcessPoolExecutor:
         if self._pool is None:
             # spawn, not fork: the worker holds Arrow's thread pools and the JVM's socket
-            self._pool = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"),
-                                             initializer=_start_child, initargs=(self._contract, self._options))
+            self._pool = ProcessPoolExecutor(
+                1,
+                mp_context=multiprocessing.get_context("spawn"),
+                initializer=_start_child,
+                initargs=(self._contract, self._options),
+            )
         return self._pool
 
 

@@ -36,7 +36,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import from_arrow_schema
 from pyspark.sql.streaming import StreamingQuery
 
-from streaming.commit import BatchCommit, CommitOutcome, Committer, CommitRetriesExhausted, Offsets
+from streaming.commit import BatchCommit, CommitOutcome, CommitRetriesExhausted, Committer, Offsets
 from streaming.contract import Contract
 from streaming.dead_letter import DeadLetterConfig, DeadLetterFailed, send_dead_letters
 from streaming.decode import (
@@ -125,8 +125,14 @@ class BatchReport:
 class BatchProcessor:
     """The foreachBatch function: one micro-batch in, one commit out."""
 
-    def __init__(self, spark: SparkSession, table: Table, contract: Contract, config: JobConfig,
-                 observers: tuple[Callable[[BatchReport], None], ...] = ()):
+    def __init__(
+        self,
+        spark: SparkSession,
+        table: Table,
+        contract: Contract,
+        config: JobConfig,
+        observers: tuple[Callable[[BatchReport], None], ...] = (),
+    ):
         if config.clustering not in CLUSTERING_MODES:
             raise ValueError(f"clustering: {config.clustering!r} is not one of {list(CLUSTERING_MODES)}")
         self.spark = spark
@@ -154,8 +160,10 @@ class BatchProcessor:
                 raise
             # A record crashed native code in the decoder, and would on every replay: decode this
             # batch again with each part in a child process, which finds and rejects the record.
-            log.warning("a Python worker crashed on this batch; decoding it again in isolation",
-                        extra={"batch": {"batch_id": batch_id}})
+            log.warning(
+                "a Python worker crashed on this batch; decoding it again in isolation",
+                extra={"batch": {"batch_id": batch_id}},
+            )
             timings = {}
             results = self._clustered(batch, batch_id, timings, isolate_decoder=True)
         offsets, consumed, rejected, oldest = _summarise(results.tallies)
@@ -163,10 +171,15 @@ class BatchProcessor:
 
         step = time.monotonic()
         try:
-            outcome = self.committer.commit(BatchCommit(
-                writer_id=self.config.writer_id, batch_id=batch_id, offsets=offsets, files=files,
-                rejected=sum(rejected.values()),
-            ))
+            outcome = self.committer.commit(
+                BatchCommit(
+                    writer_id=self.config.writer_id,
+                    batch_id=batch_id,
+                    offsets=offsets,
+                    files=files,
+                    rejected=sum(rejected.values()),
+                )
+            )
         except CommitRetriesExhausted as exc:
             # Refused for sure: the files are garbage. After an attempt without an answer the batch
             # may have landed, so they stay (a restart's replay check settles it; if it did not
@@ -182,15 +195,17 @@ class BatchProcessor:
             self._discard(files)
         timings["commit"] = time.monotonic() - step
         timings["total"] = time.monotonic() - started
-        report = BatchReport(batch_id, consumed, sum(f.record_count for f in files), rejected, files,
-                             offsets, outcome, timings, oldest)
+        report = BatchReport(
+            batch_id, consumed, sum(f.record_count for f in files), rejected, files, offsets, outcome, timings, oldest
+        )
         log.info("batch", extra={"batch": _log_fields(report)})
         self._notify(report)
         if self.config.hold_after_commit_file and outcome.status == "committed":
             _hold(self.config.hold_after_commit_file, batch_id)
 
-    def _clustered(self, batch: DataFrame, batch_id: int, timings: dict[str, float],
-                   isolate_decoder: bool) -> BatchResults:
+    def _clustered(
+        self, batch: DataFrame, batch_id: int, timings: dict[str, float], isolate_decoder: bool
+    ) -> BatchResults:
         try:
             if self.config.clustering == "shuffle":
                 return self._shuffled(batch, batch_id, timings, isolate_decoder)
@@ -201,19 +216,32 @@ class BatchProcessor:
                 log.error("dead letter failed", extra={"batch": {"batch_id": batch_id, "error": self.fatal_error}})
             raise
 
-    def _one_pass(self, batch: DataFrame, batch_id: int, timings: dict[str, float],
-                  isolate_decoder: bool) -> BatchResults:
+    def _one_pass(
+        self, batch: DataFrame, batch_id: int, timings: dict[str, float], isolate_decoder: bool
+    ) -> BatchResults:
         step = time.monotonic()
         staging = self._staging(batch_id) if self.config.clustering == "batch" else None
         if staging is not None:
             _clear_folder(staging, self.table.io)  # runs of an attempt that died
         last_merge = None
         if staging is not None and self.config.merge_in_task_max_rows > 0:
-            last_merge = LastTaskMerge(_stage_position, self._parallelism, self.config.rows_per_partition,
-                                       self.config.merge_in_task_max_rows, threads=self._parallelism)
-        task = PartitionTask(self.contract, self.config.decode, self._file_settings(batch_id),
-                             self.config.dead_letter, self.config.rows_per_partition, isolate_decoder, staging,
-                             last_merge)
+            last_merge = LastTaskMerge(
+                _stage_position,
+                self._parallelism,
+                self.config.rows_per_partition,
+                self.config.merge_in_task_max_rows,
+                threads=self._parallelism,
+            )
+        task = PartitionTask(
+            self.contract,
+            self.config.decode,
+            self._file_settings(batch_id),
+            self.config.dead_letter,
+            self.config.rows_per_partition,
+            isolate_decoder,
+            staging,
+            last_merge,
+        )
         # At most one task per core (coalesce never adds partitions): fewer, longer runs (and, with
         # clustering "task", fewer files covering the same places).
         source = _source_columns(batch).coalesce(self._parallelism)
@@ -231,8 +259,11 @@ class BatchProcessor:
             ranges = plan_merge(results.slices, range_count(valid, self._parallelism, self.config.rows_per_partition))
             if ranges:
                 merge = MergeTask(self.contract, self._file_settings(batch_id), tuple(ranges))
-                merged_rows = (self.spark.range(0, len(ranges), 1, len(ranges))
-                               .mapInArrow(merge, self._spark_result_schema).collect())
+                merged_rows = (
+                    self.spark.range(0, len(ranges), 1, len(ranges))
+                    .mapInArrow(merge, self._spark_result_schema)
+                    .collect()
+                )
                 results.files = BatchResults.from_rows(merged_rows).files
         _clear_folder(staging, self.table.io)
         results.slices, results.merged = [], {}
@@ -254,20 +285,32 @@ class BatchProcessor:
     def _staging(self, batch_id: int) -> str:
         return f"{self.table.location().rstrip('/')}/staging/{self.config.writer_id}-b{batch_id:09d}"
 
-    def _shuffled(self, batch: DataFrame, batch_id: int, timings: dict[str, float],
-                  isolate_decoder: bool) -> BatchResults:
+    def _shuffled(
+        self, batch: DataFrame, batch_id: int, timings: dict[str, float], isolate_decoder: bool
+    ) -> BatchResults:
         started = time.monotonic()
-        decoded = _source_columns(batch).mapInArrow(_decode_fn(self.contract, self.config.decode, isolate_decoder),
-                                                    self._spark_decoded_schema)
+        decoded = _source_columns(batch).mapInArrow(
+            _decode_fn(self.contract, self.config.decode, isolate_decoder), self._spark_decoded_schema
+        )
         decoded = decoded.persist(StorageLevel.MEMORY_AND_DISK)
         try:
             tallies = [
-                Tally(r[SOURCE_TOPIC], r[SOURCE_PARTITION], r[REJECT_REASON], r["first"], r["last"], r["n"],
-                      r["oldest_ms"])
+                Tally(
+                    r[SOURCE_TOPIC],
+                    r[SOURCE_PARTITION],
+                    r[REJECT_REASON],
+                    r["first"],
+                    r["last"],
+                    r["n"],
+                    r["oldest_ms"],
+                )
                 for r in decoded.groupBy(SOURCE_TOPIC, SOURCE_PARTITION, REJECT_REASON)
-                .agg(F.min(SOURCE_OFFSET).alias("first"), F.max(SOURCE_OFFSET).alias("last"),
-                     F.count(F.lit(1)).alias("n"),
-                     (F.unix_micros(F.min(SOURCE_TIMESTAMP)) / 1000).cast("long").alias("oldest_ms"))
+                .agg(
+                    F.min(SOURCE_OFFSET).alias("first"),
+                    F.max(SOURCE_OFFSET).alias("last"),
+                    F.count(F.lit(1)).alias("n"),
+                    (F.unix_micros(F.min(SOURCE_TIMESTAMP)) / 1000).cast("long").alias("oldest_ms"),
+                )
                 .collect()
             ]
             timings["read_decode"] = time.monotonic() - started
@@ -285,7 +328,9 @@ class BatchProcessor:
                 valid_rows = decoded.where(F.col(REJECT_REASON).isNull())
                 clustered = valid_rows.repartitionByRange(partitions, HILBERT).sortWithinPartitions(HILBERT)
                 write = _write_fn(self.contract, self._file_settings(batch_id))
-                files = [DataFileRecord.from_row(r) for r in clustered.mapInArrow(write, DATA_FILE_RECORD_DDL).collect()]
+                files = [
+                    DataFileRecord.from_row(r) for r in clustered.mapInArrow(write, DATA_FILE_RECORD_DDL).collect()
+                ]
             timings["cluster_write"] = time.monotonic() - step
         finally:
             decoded.unpersist()
@@ -304,8 +349,9 @@ class BatchProcessor:
             try:
                 self.table.io.delete(record.path)
             except OSError as exc:  # left for `geoingest table orphans`
-                log.warning("could not delete an uncommitted file",
-                            extra={"batch": {"path": record.path, "error": str(exc)}})
+                log.warning(
+                    "could not delete an uncommitted file", extra={"batch": {"path": record.path, "error": str(exc)}}
+                )
 
     def _notify(self, report: BatchReport) -> None:
         for observe in self.observers:
@@ -391,17 +437,20 @@ def _decode_fn(contract: Contract, options: DecodeOptions, isolate_decoder: bool
         finally:
             if isinstance(decoder, IsolatedDecoder):
                 decoder.close()
+
     return decode
 
 
 def _write_fn(contract: Contract, files: FileSettings):
     def write(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         prepare_worker_process()
-        writer = GeoParquetWriter(contract, files.table_properties, files.io_properties, files.data_location,
-                                  files.file_prefix)
+        writer = GeoParquetWriter(
+            contract, files.table_properties, files.io_properties, files.data_location, files.file_prefix
+        )
         records = list(writer.write(batches))
         if records:
             yield records_to_arrow(records)
+
     return write
 
 
@@ -419,16 +468,24 @@ def _log_fields(report: BatchReport) -> dict:
 
 
 def kafka_stream(spark: SparkSession, config: JobConfig) -> DataFrame:
-    options = kafka_source_options(config.bootstrap_servers, config.topic,
-                                   config.parallelism or spark.sparkContext.defaultParallelism, config.kafka_options)
-    return (spark.readStream.format("kafka").options(**options)
-            .option("startingOffsets", config.starting_offsets)
-            .option("maxOffsetsPerTrigger", str(config.max_offsets_per_trigger))
-            .load())
+    options = kafka_source_options(
+        config.bootstrap_servers,
+        config.topic,
+        config.parallelism or spark.sparkContext.defaultParallelism,
+        config.kafka_options,
+    )
+    return (
+        spark.readStream.format("kafka")
+        .options(**options)
+        .option("startingOffsets", config.starting_offsets)
+        .option("maxOffsetsPerTrigger", str(config.max_offsets_per_trigger))
+        .load()
+    )
 
 
-def kafka_source_options(bootstrap_servers: str, topic: str, parallelism: int,
-                         kafka_options: dict[str, str] | None = None) -> dict[str, str]:
+def kafka_source_options(
+    bootstrap_servers: str, topic: str, parallelism: int, kafka_options: dict[str, str] | None = None
+) -> dict[str, str]:
     """Spark's Kafka source options for reading `topic` as the job does (the benchmark's stacks
     read it the same way); `kafka_options` (consumer settings) override FAST_FETCH."""
     options = {
@@ -458,8 +515,9 @@ FAST_FETCH = {
 }
 
 
-def start_query(spark: SparkSession, processor: BatchProcessor, until_idle: bool,
-                trigger_interval: str = "10 seconds") -> StreamingQuery:
+def start_query(
+    spark: SparkSession, processor: BatchProcessor, until_idle: bool, trigger_interval: str = "10 seconds"
+) -> StreamingQuery:
     writer = (
         kafka_stream(spark, processor.config)
         .writeStream.foreachBatch(processor)

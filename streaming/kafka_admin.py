@@ -25,12 +25,24 @@ _JAVA_SASL_MECHANISM = "GSSAPI"
 _JAVA_STORE_TYPE = "JKS"
 
 # Options read below (and those only the Java client has a use for): never passed on by name.
-_TRANSLATED = frozenset({
-    "security.protocol", "sasl.mechanism", "sasl.jaas.config",
-    "ssl.truststore.type", "ssl.truststore.location", "ssl.truststore.certificates", "ssl.truststore.password",
-    "ssl.keystore.type", "ssl.keystore.location", "ssl.keystore.certificate.chain", "ssl.keystore.key",
-    "ssl.keystore.password", "ssl.key.password", "ssl.endpoint.identification.algorithm",
-})
+_TRANSLATED = frozenset(
+    {
+        "security.protocol",
+        "sasl.mechanism",
+        "sasl.jaas.config",
+        "ssl.truststore.type",
+        "ssl.truststore.location",
+        "ssl.truststore.certificates",
+        "ssl.truststore.password",
+        "ssl.keystore.type",
+        "ssl.keystore.location",
+        "ssl.keystore.certificate.chain",
+        "ssl.keystore.key",
+        "ssl.keystore.password",
+        "ssl.key.password",
+        "ssl.endpoint.identification.algorithm",
+    }
+)
 
 
 def client_config(kafka_options: Mapping[str, str], client: type | None = None) -> dict[str, object]:
@@ -57,7 +69,7 @@ def client_config(kafka_options: Mapping[str, str], client: type | None = None) 
 
 def _known_options(client: type | None) -> set[str]:
     clients = (client,) if client is not None else _KAFKA_PYTHON_CLIENTS
-    return set().union(*(getattr(c, "DEFAULT_CONFIG") for c in clients))
+    return set().union(*(c.DEFAULT_CONFIG for c in clients))
 
 
 # Shared options whose "unset" the Java client spells as a value and kafka-python as None.
@@ -105,17 +117,21 @@ def _security_config(options: Mapping[str, str]) -> dict[str, object]:
 def _tls_config(options: Mapping[str, str]) -> dict[str, object]:
     config: dict[str, object] = {}
     if "ssl.truststore.certificates" in options:
-        raise ValueError("kafka option ssl.truststore.certificates: kafka-python reads CA certificates from a file "
-                         "only; put them in a PEM file and set ssl.truststore.location to it "
-                         "(with ssl.truststore.type=PEM)")
+        raise ValueError(
+            "kafka option ssl.truststore.certificates: kafka-python reads CA certificates from a file "
+            "only; put them in a PEM file and set ssl.truststore.location to it "
+            "(with ssl.truststore.type=PEM)"
+        )
     if "ssl.truststore.location" in options:
         _require_pem(options, "truststore")
         config["ssl_cafile"] = options["ssl.truststore.location"]
     for inline in ("ssl.keystore.certificate.chain", "ssl.keystore.key"):
         if inline in options:
-            raise ValueError(f"kafka option {inline}: kafka-python reads a client certificate and key from a file "
-                             "only; put the key and the certificate chain in one PEM file and set "
-                             "ssl.keystore.location to it (with ssl.keystore.type=PEM)")
+            raise ValueError(
+                f"kafka option {inline}: kafka-python reads a client certificate and key from a file "
+                "only; put the key and the certificate chain in one PEM file and set "
+                "ssl.keystore.location to it (with ssl.keystore.type=PEM)"
+            )
     if "ssl.keystore.location" in options:
         _require_pem(options, "keystore")
         # The Java client's PEM keystore file holds the key and the chain, as Python's ssl takes a certfile.
@@ -125,8 +141,10 @@ def _tls_config(options: Mapping[str, str]) -> dict[str, object]:
     if "ssl.endpoint.identification.algorithm" in options:
         algorithm = options["ssl.endpoint.identification.algorithm"].strip()
         if algorithm.lower() not in ("", "https"):
-            raise ValueError(f"kafka option ssl.endpoint.identification.algorithm={algorithm!r}: kafka-python knows "
-                             "only https (check the broker's host name) and the empty value (do not check it)")
+            raise ValueError(
+                f"kafka option ssl.endpoint.identification.algorithm={algorithm!r}: kafka-python knows "
+                "only https (check the broker's host name) and the empty value (do not check it)"
+            )
         config["ssl_check_hostname"] = bool(algorithm)
     return config
 
@@ -134,19 +152,24 @@ def _tls_config(options: Mapping[str, str]) -> dict[str, object]:
 def _require_pem(options: Mapping[str, str], store: str) -> None:
     store_type = options.get(f"ssl.{store}.type", _JAVA_STORE_TYPE).strip()  # the Java client's "PEM" is case-sensitive
     if store_type != "PEM":
-        raise ValueError(f"kafka option ssl.{store}.location: a {store_type} {store} (ssl.{store}.type"
-                         f"{'' if f'ssl.{store}.type' in options else ', the Java default'}) cannot be read by "
-                         f"kafka-python; convert it to a PEM file and set ssl.{store}.type=PEM, which the Java "
-                         "client reads as well")
+        raise ValueError(
+            f"kafka option ssl.{store}.location: a {store_type} {store} (ssl.{store}.type"
+            f"{'' if f'ssl.{store}.type' in options else ', the Java default'}) cannot be read by "
+            f"kafka-python; convert it to a PEM file and set ssl.{store}.type=PEM, which the Java "
+            "client reads as well"
+        )
 
 
 # A JAAS configuration as the Java client parses it (java.io.StreamTokenizer): words, quoted
 # strings with backslash escapes, '=' and ';'.
-_JAAS_TOKEN = re.compile(r"""\s*(?:
+_JAAS_TOKEN = re.compile(
+    r"""\s*(?:
       (?P<word>[A-Za-z_$\-\x80-\uffff][\w.$\-\x80-\uffff]*)
     | (?P<quoted>"(?:[^"\\]|\\.)*"|'(?:[^'\\]|\\.)*')
     | (?P<punct>[=;])
-    )""", re.VERBOSE | re.DOTALL)
+    )""",
+    re.VERBOSE | re.DOTALL,
+)
 _JAAS_ESCAPES = {"a": "\a", "b": "\b", "f": "\f", "n": "\n", "r": "\r", "t": "\t", "v": "\v"}
 _JAAS_FLAGS = ("required", "requisite", "sufficient", "optional")
 _PASSWORD_MODULES = ("plain.PlainLoginModule", "scram.ScramLoginModule")
@@ -163,8 +186,10 @@ def _jaas_credentials(jaas: str) -> dict[str, str]:
         return {"sasl_plain_username": options["username"], "sasl_plain_password": options["password"]}
     if module.endswith(_KERBEROS_MODULE):
         return {}  # kafka-python's GSSAPI logs in with the process's Kerberos credentials, not with JAAS options
-    raise ValueError(f"kafka option sasl.jaas.config: kafka-python cannot log in with {module}; it takes a username "
-                     "and password from PlainLoginModule or ScramLoginModule, or Kerberos credentials (GSSAPI)")
+    raise ValueError(
+        f"kafka option sasl.jaas.config: kafka-python cannot log in with {module}; it takes a username "
+        "and password from PlainLoginModule or ScramLoginModule, or Kerberos credentials (GSSAPI)"
+    )
 
 
 def _parse_jaas(jaas: str) -> tuple[str, dict[str, str]]:
@@ -173,16 +198,24 @@ def _parse_jaas(jaas: str) -> tuple[str, dict[str, str]]:
     def take(kind: str, what: str) -> str:
         if not tokens or tokens[0][0] != kind:
             # Words and quoted values are not shown: one may be the password.
-            found = ("the end" if not tokens else repr(tokens[0][1]) if tokens[0][0] == "punct"
-                     else "a word" if tokens[0][0] == "word" else "a quoted value")
+            found = (
+                "the end"
+                if not tokens
+                else repr(tokens[0][1])
+                if tokens[0][0] == "punct"
+                else "a word"
+                if tokens[0][0] == "word"
+                else "a quoted value"
+            )
             raise ValueError(f"kafka option sasl.jaas.config: expected {what}, found {found}")
         return tokens.pop(0)[1]
 
     module = take("word", "a login module class")
     flag = take("word", f"a control flag ({', '.join(_JAAS_FLAGS)}) after {module}")
     if flag.lower() not in _JAAS_FLAGS:
-        raise ValueError(f"kafka option sasl.jaas.config: the word after {module} is not a control flag "
-                         f"({', '.join(_JAAS_FLAGS)})")
+        raise ValueError(
+            f"kafka option sasl.jaas.config: the word after {module} is not a control flag ({', '.join(_JAAS_FLAGS)})"
+        )
     options: dict[str, str] = {}
     while tokens and tokens[0] != ("punct", ";"):
         name = take("word", "an option name or ';'")
@@ -193,8 +226,9 @@ def _parse_jaas(jaas: str) -> tuple[str, dict[str, str]]:
             take("quoted", f"a value for {name}")
     take("punct", "';' at the end of the login module")
     if tokens:
-        raise ValueError("kafka option sasl.jaas.config: a client takes exactly one login module, "
-                         f"found more after {module}")
+        raise ValueError(
+            f"kafka option sasl.jaas.config: a client takes exactly one login module, found more after {module}"
+        )
     return module, options
 
 
@@ -205,8 +239,10 @@ def _jaas_tokens(jaas: str) -> list[tuple[str, str]]:
         match = _JAAS_TOKEN.match(jaas, position)
         if match is None:
             # Only the position: the text may hold the password.
-            raise ValueError(f"kafka option sasl.jaas.config: unexpected character at position "
-                             f"{len(jaas) - len(jaas[position:].lstrip()) + 1}")
+            raise ValueError(
+                f"kafka option sasl.jaas.config: unexpected character at position "
+                f"{len(jaas) - len(jaas[position:].lstrip()) + 1}"
+            )
         kind = match.lastgroup or ""
         text = match.group(kind)
         tokens.append((kind, _unquote(text) if kind == "quoted" else text))
@@ -235,8 +271,13 @@ def _unquote(quoted: str) -> str:
     return "".join(out)
 
 
-def ensure_topic(bootstrap_servers: str, topic: str, kafka_options: dict[str, str], partitions: int = 1,
-                 topic_config: dict[str, str] | None = None) -> None:
+def ensure_topic(
+    bootstrap_servers: str,
+    topic: str,
+    kafka_options: dict[str, str],
+    partitions: int = 1,
+    topic_config: dict[str, str] | None = None,
+) -> None:
     """Create the topic if it is missing. Where the client lacks the rights, the broker's
     auto-creation or an operator must make it: that is logged, not fatal."""
     config = client_config(kafka_options, KafkaAdminClient)
@@ -247,8 +288,9 @@ def ensure_topic(bootstrap_servers: str, topic: str, kafka_options: dict[str, st
         return
     try:
         if topic not in admin.list_topics():
-            admin.create_topics([NewTopic(topic, num_partitions=partitions, replication_factor=-1,
-                                          topic_configs=topic_config or {})])
+            admin.create_topics(
+                [NewTopic(topic, num_partitions=partitions, replication_factor=-1, topic_configs=topic_config or {})]
+            )
     except TopicAlreadyExistsError:
         pass
     except KafkaError as exc:

@@ -66,8 +66,8 @@ from streaming.contract import BBOX_FIELDS, Contract
 from streaming.hilbert import hilbert_keys_of_bounds
 from streaming.inspect import file_bbox
 from streaming.orphans import Orphan, delete_files, find_orphans
-from streaming.storage import data_location
 from streaming.query import table_contract
+from streaming.storage import data_location
 from streaming.writer import DataFileRecord, GeoParquetWriter
 
 log = logging.getLogger("geoingest.maintenance")
@@ -112,8 +112,13 @@ class MaintenancePolicy:
     @classmethod
     def from_settings(cls, settings) -> MaintenancePolicy:
         """The policy the `maintenance_*` settings describe (app/settings.py)."""
-        return cls(**{f.name: getattr(settings, f"maintenance_{f.name}") for f in dataclasses.fields(cls)
-                      if hasattr(settings, f"maintenance_{f.name}")})
+        return cls(
+            **{
+                f.name: getattr(settings, f"maintenance_{f.name}")
+                for f in dataclasses.fields(cls)
+                if hasattr(settings, f"maintenance_{f.name}")
+            }
+        )
 
     def __post_init__(self) -> None:
         for name in ("small_file_bytes", "min_file_age_s", "snapshot_max_age_s", "orphan_min_age_s"):
@@ -166,14 +171,19 @@ class Bin:
         return self.files[0].hilbert_key, self.files[-1].hilbert_key
 
 
-def compaction_candidates(files: Iterable[LiveFile], small_file_bytes: int, min_age_ms: int,
-                          now_ms: int) -> list[LiveFile]:
+def compaction_candidates(
+    files: Iterable[LiveFile], small_file_bytes: int, min_age_ms: int, now_ms: int
+) -> list[LiveFile]:
     """Files worth rewriting: small, old enough, and with bounds (so they can be placed on the curve).
 
     A file whose adding snapshot has expired is older than any snapshot still kept, so old enough."""
-    return [f for f in files
-            if f.file_size_in_bytes < small_file_bytes and f.hilbert_key is not None
-            and (f.added_ms is None or now_ms - f.added_ms >= min_age_ms)]
+    return [
+        f
+        for f in files
+        if f.file_size_in_bytes < small_file_bytes
+        and f.hilbert_key is not None
+        and (f.added_ms is None or now_ms - f.added_ms >= min_age_ms)
+    ]
 
 
 def plan_bins(candidates: Sequence[LiveFile], max_bin_bytes: int, min_files: int) -> list[Bin]:
@@ -214,8 +224,9 @@ class ExpiryPlan:
     uncovered: tuple[int, ...]
 
 
-def plan_expiry(snapshots: Sequence[SnapshotFacts], protected: set[int], now_ms: int, max_age_ms: int,
-                keep: int) -> ExpiryPlan:
+def plan_expiry(
+    snapshots: Sequence[SnapshotFacts], protected: set[int], now_ms: int, max_age_ms: int, keep: int
+) -> ExpiryPlan:
     """Snapshots older than `max_age_ms`, except the newest `keep` and the `protected` ones (branch
     and tag heads), that a carried history covers (committed before the newest carrier, which
     itself stays); the rest of the old ones are `uncovered`."""
@@ -225,8 +236,11 @@ def plan_expiry(snapshots: Sequence[SnapshotFacts], protected: set[int], now_ms:
     carriers = [s for s in ordered if s.carries_history]
     covered_before = carriers[-1].sequence_number if carriers else None
     expire = tuple(s.snapshot_id for s in old if covered_before is not None and s.sequence_number < covered_before)
-    uncovered = tuple(s.snapshot_id for s in old if s.snapshot_id not in expire
-                      and not (carriers and s.snapshot_id == carriers[-1].snapshot_id))
+    uncovered = tuple(
+        s.snapshot_id
+        for s in old
+        if s.snapshot_id not in expire and not (carriers and s.snapshot_id == carriers[-1].snapshot_id)
+    )
     return ExpiryPlan(expire, uncovered)
 
 
@@ -290,9 +304,17 @@ class MaintenanceReport:
     def to_json(self) -> dict:
         def plain(report):
             return None if report is None else dict(report.__dict__)
-        return {"table": self.table, "dry_run": self.dry_run, "compaction": plain(self.compaction),
-                "manifests": plain(self.manifests), "expiry": plain(self.expiry),
-                "orphans": plain(self.orphans), "conflicts": self.conflicts, "seconds": round(self.seconds, 3)}
+
+        return {
+            "table": self.table,
+            "dry_run": self.dry_run,
+            "compaction": plain(self.compaction),
+            "manifests": plain(self.manifests),
+            "expiry": plain(self.expiry),
+            "orphans": plain(self.orphans),
+            "conflicts": self.conflicts,
+            "seconds": round(self.seconds, 3),
+        }
 
 
 class MaintenanceGaveUp(RuntimeError):
@@ -319,13 +341,24 @@ def live_files(table: Table, contract: Contract) -> list[tuple[LiveFile, DataFil
         for entry in manifest.fetch_manifest_entry(table.io, discard_deleted=True):
             f = entry.data_file
             bounds.append(file_bbox(f, ids))
-            out.append((LiveFile(f.file_path, int(f.file_size_in_bytes), int(f.record_count), None,
-                                 added_ms.get(entry.snapshot_id)), f))
+            out.append(
+                (
+                    LiveFile(
+                        f.file_path,
+                        int(f.file_size_in_bytes),
+                        int(f.record_count),
+                        None,
+                        added_ms.get(entry.snapshot_id),
+                    ),
+                    f,
+                )
+            )
     placed = [i for i, b in enumerate(bounds) if b is not None]
     if placed:
         b = np.array([bounds[i] for i in placed])
-        keys = hilbert_keys_of_bounds(b[:, 0], b[:, 1], b[:, 2], b[:, 3], contract.clustering.extent,
-                                      contract.clustering.hilbert_bits)
+        keys = hilbert_keys_of_bounds(
+            b[:, 0], b[:, 1], b[:, 2], b[:, 3], contract.clustering.extent, contract.clustering.hilbert_bits
+        )
         for i, key in zip(placed, keys.tolist()):
             live, data_file = out[i]
             out[i] = (LiveFile(live.path, live.file_size_in_bytes, live.record_count, key, live.added_ms), data_file)
@@ -340,8 +373,15 @@ def data_manifest_count(table: Table) -> int:
 
 
 def _snapshot_facts(snapshots: Iterable[Snapshot]) -> list[SnapshotFacts]:
-    return [SnapshotFacts(s.snapshot_id, s.sequence_number or 0, s.timestamp_ms,
-                          bool(s.summary and WRITERS in s.summary.additional_properties)) for s in snapshots]
+    return [
+        SnapshotFacts(
+            s.snapshot_id,
+            s.sequence_number or 0,
+            s.timestamp_ms,
+            bool(s.summary and WRITERS in s.summary.additional_properties),
+        )
+        for s in snapshots
+    ]
 
 
 def _protected_ids(table: Table) -> set[int]:
@@ -389,9 +429,13 @@ class _Retrier:
                 if conflicts > policy.num_retries or elapsed_ms > policy.total_timeout_ms:
                     raise MaintenanceGaveUp(
                         f"{what} of {'.'.join(self.table.name())} gave up after {conflicts} conflict(s) in "
-                        f"{elapsed_ms:.0f} ms; last error: {exc}", conflicts) from exc
-                log.info("maintenance commit conflicted, retrying on a fresh table",
-                         extra={"summary": {"step": what, "conflicts": conflicts, "error": str(exc)[:300]}})
+                        f"{elapsed_ms:.0f} ms; last error: {exc}",
+                        conflicts,
+                    ) from exc
+                log.info(
+                    "maintenance commit conflicted, retrying on a fresh table",
+                    extra={"summary": {"step": what, "conflicts": conflicts, "error": str(exc)[:300]}},
+                )
                 self.sleep(policy.wait_ms(conflicts, self.rng) / 1000)
 
 
@@ -420,8 +464,7 @@ def _delete_quietly(table: Table, paths: Iterable[str]) -> None:
 
 
 # -- compaction ---------------------------------------------------------------------------------
-def rewrite_bin(table: Table, contract: Contract, bin_: Bin, progress: Progress = _no_progress
-                ) -> list[DataFileRecord]:
+def rewrite_bin(table: Table, contract: Contract, bin_: Bin, progress: Progress = _no_progress) -> list[DataFileRecord]:
     """The bin's rows, Hilbert-sorted again, written as new data files like ingest writes them."""
     names = contract.arrow_schema.names
     parts: list[pa.Table] = []
@@ -429,24 +472,39 @@ def rewrite_bin(table: Table, contract: Contract, bin_: Bin, progress: Progress 
         with table.io.new_input(f.path).open() as stream:
             rows = pq.read_table(stream, columns=names)
         if rows.num_rows != f.record_count:
-            raise RuntimeError(f"data file {f.path} holds {rows.num_rows} rows, its manifest entry says "
-                               f"{f.record_count}; not compacting it")
+            raise RuntimeError(
+                f"data file {f.path} holds {rows.num_rows} rows, its manifest entry says "
+                f"{f.record_count}; not compacting it"
+            )
         parts.append(rows.select(names))
         progress("compact: read", f.file_size_in_bytes, bin_.bytes, "B")
     rows = pa.concat_tables(parts, promote_options="permissive").combine_chunks()
     bbox = rows.column(contract.bbox_name).chunk(0) if rows.num_rows else None
-    keys = hilbert_keys_of_bounds(*(bbox.field(n).to_numpy() for n in BBOX_FIELDS), contract.clustering.extent,
-                                  contract.clustering.hilbert_bits) if bbox is not None else np.zeros(0, np.int64)
+    keys = (
+        hilbert_keys_of_bounds(
+            *(bbox.field(n).to_numpy() for n in BBOX_FIELDS),
+            contract.clustering.extent,
+            contract.clustering.hilbert_bits,
+        )
+        if bbox is not None
+        else np.zeros(0, np.int64)
+    )
     # Re-sorted, not merged: see the module docstring. The order of equal keys does not matter here.
     ordered = rows.take(pa.array(np.argsort(keys, kind="quicksort")))
-    writer = GeoParquetWriter(contract, dict(table.properties), dict(table.io.properties),
-                              data_location(table),
-                              f"{COMPACTION_FILE_PREFIX}-{uuid.uuid4().hex[:12]}")
+    writer = GeoParquetWriter(
+        contract,
+        dict(table.properties),
+        dict(table.io.properties),
+        data_location(table),
+        f"{COMPACTION_FILE_PREFIX}-{uuid.uuid4().hex[:12]}",
+    )
     written = list(writer.write(ordered.to_batches(max_chunksize=contract.clustering.row_group_rows)))
     if sum(r.record_count for r in written) != bin_.records:
         _delete_quietly(table, [r.path for r in written])
-        raise RuntimeError(f"compaction of {len(bin_.files)} files wrote {sum(r.record_count for r in written)} "
-                           f"rows for {bin_.records}; nothing replaced")
+        raise RuntimeError(
+            f"compaction of {len(bin_.files)} files wrote {sum(r.record_count for r in written)} "
+            f"rows for {bin_.records}; nothing replaced"
+        )
     return written
 
 
@@ -456,8 +514,14 @@ class _Rewrite:
     outputs: list[DataFileRecord]
 
 
-def compact(table: Table, policy: MaintenancePolicy, dry_run: bool = False, progress: Progress = _no_progress,
-            now_ms: int | None = None, retrier: _Retrier | None = None) -> CompactionReport:
+def compact(
+    table: Table,
+    policy: MaintenancePolicy,
+    dry_run: bool = False,
+    progress: Progress = _no_progress,
+    now_ms: int | None = None,
+    retrier: _Retrier | None = None,
+) -> CompactionReport:
     """Rewrite the small, old files of the current snapshot into large Hilbert-clustered ones and
     replace them in one overwrite snapshot (see the module docstring for concurrency)."""
     started = time.monotonic()
@@ -469,15 +533,26 @@ def compact(table: Table, policy: MaintenancePolicy, dry_run: bool = False, prog
     candidates = compaction_candidates(files, small, int(policy.min_file_age_s * 1000), now_ms)
     bins = plan_bins(candidates, policy.max_bin_bytes, policy.min_files_per_bin)
     if dry_run or not bins:
-        return CompactionReport(len(candidates), len(bins), sum(len(b.files) for b in bins),
-                                sum(b.bytes for b in bins), 0, 0, sum(b.records for b in bins), 0, 0, None,
-                                time.monotonic() - started)
+        return CompactionReport(
+            len(candidates),
+            len(bins),
+            sum(len(b.files) for b in bins),
+            sum(b.bytes for b in bins),
+            0,
+            0,
+            sum(b.records for b in bins),
+            0,
+            0,
+            None,
+            time.monotonic() - started,
+        )
 
     rewrites: list[_Rewrite] = []
     total = sum(b.bytes for b in bins)
 
     def overall(step: str, advance: int, _bin_total: int, unit: str) -> None:
         progress(step, advance, total, unit)
+
     try:
         for bin_ in bins:
             rewrites.append(_Rewrite(tuple(f.path for f in bin_.files), rewrite_bin(table, contract, bin_, overall)))
@@ -520,16 +595,24 @@ def compact(table: Table, policy: MaintenancePolicy, dry_run: bool = False, prog
     kept = [b for b in bins if tuple(f.path for f in b.files) in {rw.sources for rw in rewrites}]
     outputs = [r for rw in rewrites for r in rw.outputs]
     return CompactionReport(
-        candidates=len(candidates), bins=len(bins), files_rewritten=sum(len(b.files) for b in kept),
-        bytes_rewritten=sum(b.bytes for b in kept), files_written=len(outputs),
-        bytes_written=sum(r.file_size_in_bytes for r in outputs), rows=sum(b.records for b in kept),
-        bins_abandoned=len(abandoned), conflicts=conflicts, snapshot_id=snapshot_id,
-        seconds=time.monotonic() - started)
+        candidates=len(candidates),
+        bins=len(bins),
+        files_rewritten=sum(len(b.files) for b in kept),
+        bytes_rewritten=sum(b.bytes for b in kept),
+        files_written=len(outputs),
+        bytes_written=sum(r.file_size_in_bytes for r in outputs),
+        rows=sum(b.records for b in kept),
+        bins_abandoned=len(abandoned),
+        conflicts=conflicts,
+        snapshot_id=snapshot_id,
+        seconds=time.monotonic() - started,
+    )
 
 
 # -- manifests ----------------------------------------------------------------------------------
-def merge_manifests(table: Table, policy: MaintenancePolicy, force: bool = False, dry_run: bool = False,
-                    retrier: _Retrier | None = None) -> ManifestReport:
+def merge_manifests(
+    table: Table, policy: MaintenancePolicy, force: bool = False, dry_run: bool = False, retrier: _Retrier | None = None
+) -> ManifestReport:
     """Merge the current snapshot's data manifests when there are more than `max_manifests` (or
     always, with `force`: the snapshot it commits also carries the writer histories expiry needs)."""
     started = time.monotonic()
@@ -540,8 +623,11 @@ def merge_manifests(table: Table, policy: MaintenancePolicy, force: bool = False
 
     # Merging is pyiceberg's merge append with no new files; its knobs are table properties, set
     # on this commit's view only so ingest's fast appends stay as they are.
-    merging = {"commit.manifest-merge.enabled": "true", "commit.manifest.min-count-to-merge": "2",
-               "commit.manifest.target-size-bytes": str(policy.manifest_target_bytes)}
+    merging = {
+        "commit.manifest-merge.enabled": "true",
+        "commit.manifest.min-count-to-merge": "2",
+        "commit.manifest.target-size-bytes": str(policy.manifest_target_bytes),
+    }
 
     def attempt() -> int:
         table.refresh()
@@ -556,9 +642,14 @@ def merge_manifests(table: Table, policy: MaintenancePolicy, force: bool = False
 
 
 # -- expiry -------------------------------------------------------------------------------------
-def expire_snapshots(table: Table, policy: MaintenancePolicy, dry_run: bool = False,
-                     progress: Progress = _no_progress, now_ms: int | None = None,
-                     retrier: _Retrier | None = None) -> ExpiryReport:
+def expire_snapshots(
+    table: Table,
+    policy: MaintenancePolicy,
+    dry_run: bool = False,
+    progress: Progress = _no_progress,
+    now_ms: int | None = None,
+    retrier: _Retrier | None = None,
+) -> ExpiryReport:
     """Expire old snapshots (keeping what the replay check needs, see plan_expiry), then delete the
     files that only the expired snapshots referenced."""
     started = time.monotonic()
@@ -568,8 +659,9 @@ def expire_snapshots(table: Table, policy: MaintenancePolicy, dry_run: bool = Fa
 
     def plan() -> ExpiryPlan:
         table.refresh()
-        return plan_expiry(_snapshot_facts(table.metadata.snapshots), _protected_ids(table), now_ms, max_age_ms,
-                           policy.keep_snapshots)
+        return plan_expiry(
+            _snapshot_facts(table.metadata.snapshots), _protected_ids(table), now_ms, max_age_ms, policy.keep_snapshots
+        )
 
     expiry = plan()
     before = len(table.metadata.snapshots)
@@ -612,8 +704,9 @@ def expire_snapshots(table: Table, policy: MaintenancePolicy, dry_run: bool = Fa
 
 
 # -- orphans ------------------------------------------------------------------------------------
-def delete_orphans(table: Table, policy: MaintenancePolicy, dry_run: bool = False,
-                   progress: Progress = _no_progress) -> tuple[OrphanReport, list[Orphan]]:
+def delete_orphans(
+    table: Table, policy: MaintenancePolicy, dry_run: bool = False, progress: Progress = _no_progress
+) -> tuple[OrphanReport, list[Orphan]]:
     """Files under the table location (data and metadata) that nothing references, older than
     `orphan_min_age_s`; deleted unless `dry_run`."""
     started = time.monotonic()
@@ -623,15 +716,22 @@ def delete_orphans(table: Table, policy: MaintenancePolicy, dry_run: bool = Fals
         for orphan in orphans:
             delete_files(table, [orphan.path])
             progress("orphans: delete", 1, len(orphans), "files")
-    report = OrphanReport(len(orphans), 0 if dry_run else len(orphans), sum(o.size for o in orphans),
-                          time.monotonic() - started)
+    report = OrphanReport(
+        len(orphans), 0 if dry_run else len(orphans), sum(o.size for o in orphans), time.monotonic() - started
+    )
     return report, orphans
 
 
 # -- all of it ----------------------------------------------------------------------------------
-def maintain(table: Table, policy: MaintenancePolicy, steps: Iterable[str] = STEPS, dry_run: bool = False,
-             progress: Progress = _no_progress, now_ms: int | None = None,
-             sleep: Callable[[float], None] = time.sleep) -> MaintenanceReport:
+def maintain(
+    table: Table,
+    policy: MaintenancePolicy,
+    steps: Iterable[str] = STEPS,
+    dry_run: bool = False,
+    progress: Progress = _no_progress,
+    now_ms: int | None = None,
+    sleep: Callable[[float], None] = time.sleep,
+) -> MaintenanceReport:
     """Run the chosen steps in order: compact (then merge manifests), expire, delete orphans."""
     steps = tuple(steps)
     unknown = [s for s in steps if s not in STEPS]
@@ -647,8 +747,8 @@ def maintain(table: Table, policy: MaintenancePolicy, steps: Iterable[str] = STE
         expiry = expire_snapshots(table, policy, dry_run=dry_run, progress=progress, now_ms=now_ms, retrier=retrier)
     if "orphans" in steps:
         orphans, _ = delete_orphans(table, policy, dry_run=dry_run, progress=progress)
-    report = MaintenanceReport(".".join(table.name()), dry_run, compaction, manifests, expiry, orphans,
-                               time.monotonic() - started)
+    report = MaintenanceReport(
+        ".".join(table.name()), dry_run, compaction, manifests, expiry, orphans, time.monotonic() - started
+    )
     log.info("maintenance", extra={"summary": report.to_json()})
     return report
-

@@ -22,15 +22,14 @@ this code.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
-
 import gc
 import json
 import math
 import os
 import uuid
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 
 import numpy as np
 import pyarrow as pa
@@ -64,12 +63,23 @@ SLICE_ROWS = 8192
 # reason, null for the valid rows: topic .. oldest_ms), a file row (one per data file written: the
 # DataFileRecord columns, and merged_by: the task whose merge of the whole batch wrote it) or a
 # slice row (one per slice of a staged run: path, slice, key_lo, key_hi, n).
-RESULT_SCHEMA = pa.schema([
-    ("kind", pa.string()), ("topic", pa.string()), ("partition", pa.int32()), ("reason", pa.string()),
-    ("first", pa.int64()), ("last", pa.int64()), ("n", pa.int64()), ("oldest_ms", pa.int64()),
-    *RECORD_SCHEMA,
-    ("slice", pa.int32()), ("key_lo", pa.int64()), ("key_hi", pa.int64()), ("merged_by", pa.int32()),
-])
+RESULT_SCHEMA = pa.schema(
+    [
+        ("kind", pa.string()),
+        ("topic", pa.string()),
+        ("partition", pa.int32()),
+        ("reason", pa.string()),
+        ("first", pa.int64()),
+        ("last", pa.int64()),
+        ("n", pa.int64()),
+        ("oldest_ms", pa.int64()),
+        *RECORD_SCHEMA,
+        ("slice", pa.int32()),
+        ("key_lo", pa.int64()),
+        ("key_hi", pa.int64()),
+        ("merged_by", pa.int32()),
+    ]
+)
 
 
 @dataclass(frozen=True)
@@ -146,11 +156,17 @@ class PartitionTask:
     def __call__(self, batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         """The mapInArrow function: Kafka source batches in, tally and file (or slice) rows out."""
         prepare_worker_process()
-        decoder = IsolatedDecoder(self.contract, self.decode) if self.isolate_decoder else Decoder(self.contract,
-                                                                                                   self.decode)
+        decoder = (
+            IsolatedDecoder(self.contract, self.decode) if self.isolate_decoder else Decoder(self.contract, self.decode)
+        )
         keep = [*self.contract.arrow_schema.names, HILBERT]
-        writer = GeoParquetWriter(self.contract, self.files.table_properties, self.files.io_properties,
-                                  self.files.data_location, self.files.file_prefix)
+        writer = GeoParquetWriter(
+            self.contract,
+            self.files.table_properties,
+            self.files.io_properties,
+            self.files.data_location,
+            self.files.file_prefix,
+        )
         tallies: list[pa.Table] = []
         run: list[pa.RecordBatch] = []
         run_rows = 0
@@ -210,8 +226,13 @@ class MergeTask:
 
     def __call__(self, batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         prepare_worker_process()
-        writer = GeoParquetWriter(self.contract, self.files.table_properties, self.files.io_properties,
-                                  self.files.data_location, self.files.file_prefix)
+        writer = GeoParquetWriter(
+            self.contract,
+            self.files.table_properties,
+            self.files.io_properties,
+            self.files.data_location,
+            self.files.file_prefix,
+        )
         records: list[DataFileRecord] = []
         for batch in batches:
             records += write_ranges((self.ranges[number] for number in batch.column(0).to_pylist()), writer)
@@ -243,29 +264,44 @@ def prepare_worker_process() -> None:
 
 def tally_table(decoded: pa.RecordBatch) -> pa.Table:
     """Offset range, count and oldest timestamp per (topic, partition, reason) of a decoded batch."""
-    table = pa.table({
-        "topic": decoded.column(SOURCE_TOPIC), "partition": decoded.column(SOURCE_PARTITION),
-        "reason": decoded.column(REJECT_REASON), "offset": decoded.column(SOURCE_OFFSET),
-        "timestamp": decoded.column(SOURCE_TIMESTAMP).cast(pa.int64()),
-    })
+    table = pa.table(
+        {
+            "topic": decoded.column(SOURCE_TOPIC),
+            "partition": decoded.column(SOURCE_PARTITION),
+            "reason": decoded.column(REJECT_REASON),
+            "offset": decoded.column(SOURCE_OFFSET),
+            "timestamp": decoded.column(SOURCE_TIMESTAMP).cast(pa.int64()),
+        }
+    )
     grouped = table.group_by(["topic", "partition", "reason"], use_threads=False).aggregate(
-        [("offset", "min"), ("offset", "max"), ("offset", "count"), ("timestamp", "min")])
-    return pa.table({
-        "topic": grouped.column("topic"), "partition": grouped.column("partition"),
-        "reason": grouped.column("reason"), "first": grouped.column("offset_min"),
-        "last": grouped.column("offset_max"), "n": grouped.column("offset_count"),
-        # microseconds (Spark's timestamp unit) to the milliseconds Kafka speaks
-        "oldest_ms": pc.divide(grouped.column("timestamp_min"), 1000),
-    })
+        [("offset", "min"), ("offset", "max"), ("offset", "count"), ("timestamp", "min")]
+    )
+    return pa.table(
+        {
+            "topic": grouped.column("topic"),
+            "partition": grouped.column("partition"),
+            "reason": grouped.column("reason"),
+            "first": grouped.column("offset_min"),
+            "last": grouped.column("offset_max"),
+            "n": grouped.column("offset_count"),
+            # microseconds (Spark's timestamp unit) to the milliseconds Kafka speaks
+            "oldest_ms": pc.divide(grouped.column("timestamp_min"), 1000),
+        }
+    )
 
 
 def merge_tallies(tables: list[pa.Table]) -> list[Tally]:
     if not tables:
         return []
-    grouped = pa.concat_tables(tables).group_by(["topic", "partition", "reason"], use_threads=False).aggregate(
-        [("first", "min"), ("last", "max"), ("n", "sum"), ("oldest_ms", "min")])
-    return [Tally(r["topic"], r["partition"], r["reason"], r["first_min"], r["last_max"], r["n_sum"],
-                  r["oldest_ms_min"]) for r in grouped.to_pylist()]
+    grouped = (
+        pa.concat_tables(tables)
+        .group_by(["topic", "partition", "reason"], use_threads=False)
+        .aggregate([("first", "min"), ("last", "max"), ("n", "sum"), ("oldest_ms", "min")])
+    )
+    return [
+        Tally(r["topic"], r["partition"], r["reason"], r["first_min"], r["last_max"], r["n_sum"], r["oldest_ms_min"])
+        for r in grouped.to_pylist()
+    ]
 
 
 def hilbert_sorted(run: list[pa.RecordBatch] | pa.Table) -> Iterator[pa.RecordBatch]:
@@ -310,8 +346,9 @@ def plan_merge(slices: list[Slice], ranges: int) -> list[MergeRange]:
     bounds = [None, *cuts, None]
     plan = []
     for lo, hi in zip(bounds[:-1], bounds[1:]):
-        needed = tuple((s.path, s.index) for s in slices
-                       if (lo is None or s.key_hi >= lo) and (hi is None or s.key_lo < hi))
+        needed = tuple(
+            (s.path, s.index) for s in slices if (lo is None or s.key_hi >= lo) and (hi is None or s.key_lo < hi)
+        )
         if needed:
             plan.append(MergeRange(lo, hi, needed))
     return plan
@@ -320,6 +357,7 @@ def plan_merge(slices: list[Slice], ranges: int) -> list[MergeRange]:
 def write_ranges(ranges: Iterable[MergeRange], writer: GeoParquetWriter, threads: int = 1) -> list[DataFileRecord]:
     """The files of merge ranges, each range's rows merged from their staged slices, `threads`
     ranges at a time (in range order either way)."""
+
     def write(merge: MergeRange) -> list[DataFileRecord]:
         rows = merged_range(merge, writer.io)
         return list(writer.write(iter(rows.to_batches()))) if rows.num_rows else []
@@ -354,8 +392,9 @@ def merged_range(merge: MergeRange, io: FileIO) -> pa.Table:
     return table.take(pa.array(np.argsort(table.column(HILBERT).to_numpy(), kind="stable")))
 
 
-def merge_if_last(own: list[Slice], number: int, tasks: int, staging: str, plan: LastTaskMerge,
-                  writer: GeoParquetWriter) -> list[DataFileRecord] | None:
+def merge_if_last(
+    own: list[Slice], number: int, tasks: int, staging: str, plan: LastTaskMerge, writer: GeoParquetWriter
+) -> list[DataFileRecord] | None:
     """Leave this task's slices in a marker; if every task of the stage has left one and the batch
     is small, merge the whole batch and return its files, else None (the merge job does it).
     The last marker written is complete when its task lists the others, so at least one task
@@ -377,8 +416,9 @@ def merge_if_last(own: list[Slice], number: int, tasks: int, staging: str, plan:
     rows = sum(s.rows for s in slices)
     if rows > plan.max_rows:
         return None
-    return write_ranges(plan_merge(slices, range_count(rows, plan.min_ranges, plan.rows_per_range)), writer,
-                        plan.threads)
+    return write_ranges(
+        plan_merge(slices, range_count(rows, plan.min_ranges, plan.rows_per_range)), writer, plan.threads
+    )
 
 
 def files_under(location: str, io: FileIO) -> list[str]:
@@ -386,13 +426,27 @@ def files_under(location: str, io: FileIO) -> list[str]:
     return [stored.uri for stored in list_files(io, location)]
 
 
-def results_batch(tallies: list[Tally], records: list[DataFileRecord],
-                  slices: Sequence[Slice] = (), merged_by: int | None = None) -> pa.RecordBatch:
-    rows = [{"kind": TALLY, "topic": t.topic, "partition": t.partition, "reason": t.reason, "first": t.first,
-             "last": t.last, "n": t.n, "oldest_ms": t.oldest_ms} for t in tallies]
+def results_batch(
+    tallies: list[Tally], records: list[DataFileRecord], slices: Sequence[Slice] = (), merged_by: int | None = None
+) -> pa.RecordBatch:
+    rows = [
+        {
+            "kind": TALLY,
+            "topic": t.topic,
+            "partition": t.partition,
+            "reason": t.reason,
+            "first": t.first,
+            "last": t.last,
+            "n": t.n,
+            "oldest_ms": t.oldest_ms,
+        }
+        for t in tallies
+    ]
     rows += [{"kind": FILE, **r.to_row(), "merged_by": merged_by} for r in records]
-    rows += [{"kind": SLICE, "path": s.path, "slice": s.index, "key_lo": s.key_lo, "key_hi": s.key_hi, "n": s.rows}
-             for s in slices]
+    rows += [
+        {"kind": SLICE, "path": s.path, "slice": s.index, "key_lo": s.key_lo, "key_hi": s.key_hi, "n": s.rows}
+        for s in slices
+    ]
     return pa.RecordBatch.from_pylist(rows, schema=RESULT_SCHEMA)
 
 
@@ -411,8 +465,17 @@ class BatchResults:
         out = cls()
         for row in rows:
             if row["kind"] == TALLY:
-                out.tallies.append(Tally(row["topic"], row["partition"], row["reason"], row["first"], row["last"],
-                                         row["n"], row["oldest_ms"]))
+                out.tallies.append(
+                    Tally(
+                        row["topic"],
+                        row["partition"],
+                        row["reason"],
+                        row["first"],
+                        row["last"],
+                        row["n"],
+                        row["oldest_ms"],
+                    )
+                )
             elif row["kind"] == SLICE:
                 out.slices.append(Slice(row["path"], row["slice"], row["key_lo"], row["key_hi"], row["n"]))
             elif row["merged_by"] is not None:

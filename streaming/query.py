@@ -141,8 +141,7 @@ class Predicate:
             # geometry within Q => bbox within Q's bbox. The overlap conditions follow from these
             # for any bbox with xmin <= xmax, but stated they also bound the other end of each
             # column's range, which is what min/max statistics can test.
-            return [(_XMIN, ">=", qxmin), (_XMAX, "<=", qxmax), (_YMIN, ">=", qymin), (_YMAX, "<=", qymax),
-                    *overlaps]
+            return [(_XMIN, ">=", qxmin), (_XMAX, "<=", qxmax), (_YMIN, ">=", qymin), (_YMAX, "<=", qymax), *overlaps]
         # geometry contains Q => Q within geometry => Q's bbox within the row's bbox.
         return [(_XMIN, "<=", qxmin), (_XMAX, ">=", qxmax), (_YMIN, "<=", qymin), (_YMAX, ">=", qymax)]
 
@@ -222,8 +221,9 @@ def parse_as_of(value: str | int | datetime) -> int:
     return math.floor(moment.timestamp() * 1000)
 
 
-def resolve_snapshot(table: Table, snapshot_id: int | None = None,
-                     as_of: str | int | datetime | None = None) -> Snapshot | None:
+def resolve_snapshot(
+    table: Table, snapshot_id: int | None = None, as_of: str | int | datetime | None = None
+) -> Snapshot | None:
     """The snapshot to read: `snapshot_id`, the one current at `as_of`, or the current one."""
     name = ".".join(table.name())
     if snapshot_id is not None and as_of is not None:
@@ -233,18 +233,22 @@ def resolve_snapshot(table: Table, snapshot_id: int | None = None,
         if snapshot is None:
             known = [s.snapshot_id for s in table.snapshots()]
             listed = ", ".join(str(s) for s in known[-5:]) + (", ..." if len(known) > 5 else "")
-            raise ValueError(f"snapshot {snapshot_id}: table {name} has no such snapshot"
-                             + (f" (latest: {listed})" if known else " (it has no snapshots)"))
+            raise ValueError(
+                f"snapshot {snapshot_id}: table {name} has no such snapshot"
+                + (f" (latest: {listed})" if known else " (it has no snapshots)")
+            )
         return snapshot
     if as_of is not None:
         timestamp_ms = parse_as_of(as_of)
         snapshot = table.snapshot_as_of_timestamp(timestamp_ms)
         if snapshot is None:
             history = table.history()
-            first = (f"; its first snapshot was committed at {_iso(history[0].timestamp_ms)}"
-                     if history else "; it has no snapshots")
-            raise ValueError(f"as-of {as_of!r}: table {name} has no snapshot at or before "
-                             f"{_iso(timestamp_ms)}{first}")
+            first = (
+                f"; its first snapshot was committed at {_iso(history[0].timestamp_ms)}"
+                if history
+                else "; it has no snapshots"
+            )
+            raise ValueError(f"as-of {as_of!r}: table {name} has no snapshot at or before {_iso(timestamp_ms)}{first}")
         return snapshot
     return table.current_snapshot()
 
@@ -262,14 +266,24 @@ def _schema_of(table: Table, snapshot: Snapshot | None) -> Schema:
 
 
 # -- the query ------------------------------------------------------------------------------------
-def query_bbox(table: Table, bbox: BBox, limit: int | None = None,
-               snapshot_id: int | None = None, as_of: str | int | datetime | None = None) -> QueryResult:
+def query_bbox(
+    table: Table,
+    bbox: BBox,
+    limit: int | None = None,
+    snapshot_id: int | None = None,
+    as_of: str | int | datetime | None = None,
+) -> QueryResult:
     """Rows whose geometry intersects `bbox` (table CRS, edges included), at most `limit` of them."""
     return query(table, Predicate.from_bbox(bbox), limit=limit, snapshot_id=snapshot_id, as_of=as_of)
 
 
-def query(table: Table, predicate: Predicate, limit: int | None = None,
-          snapshot_id: int | None = None, as_of: str | int | datetime | None = None) -> QueryResult:
+def query(
+    table: Table,
+    predicate: Predicate,
+    limit: int | None = None,
+    snapshot_id: int | None = None,
+    as_of: str | int | datetime | None = None,
+) -> QueryResult:
     """Rows whose geometry meets `predicate`, at most `limit` of them, read from the current
     snapshot, snapshot `snapshot_id`, or the snapshot current at `as_of` (see parse_as_of)."""
     if not isinstance(predicate, Predicate):
@@ -289,9 +303,11 @@ def query(table: Table, predicate: Predicate, limit: int | None = None,
         return QueryResult(result_schema.empty_table(), QueryStats(files_total, 0, 0, 0, 0, 0, snapshot.snapshot_id))
 
     conditions = predicate.bbox_conditions()
-    tasks = list(table.scan(
-        row_filter=_manifest_filter(covering_column, conditions), snapshot_id=snapshot.snapshot_id
-    ).plan_files())
+    tasks = list(
+        table.scan(
+            row_filter=_manifest_filter(covering_column, conditions), snapshot_id=snapshot.snapshot_id
+        ).plan_files()
+    )
     for task in tasks:
         _refuse_deletes(task)
     shape = None
@@ -332,8 +348,9 @@ def query(table: Table, predicate: Predicate, limit: int | None = None,
                     matches.append(_conform(hits, result_schema))
 
     result = pa.concat_tables(matches) if matches else result_schema.empty_table()
-    stats = QueryStats(files_total, files_scanned, row_groups_total, row_groups_scanned, rows_read,
-                       rows_matched, snapshot.snapshot_id)
+    stats = QueryStats(
+        files_total, files_scanned, row_groups_total, row_groups_scanned, rows_read, rows_matched, snapshot.snapshot_id
+    )
     return QueryResult(result, stats)
 
 
@@ -395,8 +412,12 @@ def _refuse_deletes(task: FileScanTask) -> None:
         )
 
 
-def _row_groups_that_may_match(metadata: pq.FileMetaData, covering_paths: list[str],
-                               conditions: list[Condition], shape: shapely.Geometry | None = None) -> list[int]:
+def _row_groups_that_may_match(
+    metadata: pq.FileMetaData,
+    covering_paths: list[str],
+    conditions: list[Condition],
+    shape: shapely.Geometry | None = None,
+) -> list[int]:
     """Indices of the row groups whose bbox.* statistics do not rule out a match.
 
     The statistics are the min and max of each of the four columns, so a condition "xmin <= v"
@@ -423,8 +444,11 @@ def _row_groups_that_may_match(metadata: pq.FileMetaData, covering_paths: list[s
         may_match &= (minima[:, k] <= value) if op == "<=" else (maxima[:, k] >= value)
     groups = np.flatnonzero(may_match).tolist()
     if shape is not None:
-        groups = [g for g in groups if _mbr_may_touch(minima[g, _XMIN], minima[g, _YMIN],
-                                                      maxima[g, _XMAX], maxima[g, _YMAX], shape)]
+        groups = [
+            g
+            for g in groups
+            if _mbr_may_touch(minima[g, _XMIN], minima[g, _YMIN], maxima[g, _XMAX], maxima[g, _YMAX], shape)
+        ]
     return groups
 
 
@@ -439,8 +463,9 @@ def _window_geometry(bbox: BBox) -> shapely.Geometry:
     return shapely.box(xmin, ymin, xmax, ymax)
 
 
-def _exact_matches(rows: pa.Table, geometry_column: str, covering_column: str, predicate: Predicate,
-                   conditions: list[Condition]) -> pa.Table:
+def _exact_matches(
+    rows: pa.Table, geometry_column: str, covering_column: str, predicate: Predicate, conditions: list[Condition]
+) -> pa.Table:
     # The bbox conditions are a cheap necessary test (exact for points and intersects with a
     # box), so GEOS only sees the rows they leave.
     covering = rows.column(covering_column)
@@ -499,8 +524,10 @@ def write_geoparquet(result: QueryResult, contract: Contract, where: str | Path 
     if rows.num_rows:
         covering = rows.column(contract.bbox_name)
         bbox = (
-            pc.min(pc.struct_field(covering, "xmin")).as_py(), pc.min(pc.struct_field(covering, "ymin")).as_py(),
-            pc.max(pc.struct_field(covering, "xmax")).as_py(), pc.max(pc.struct_field(covering, "ymax")).as_py(),
+            pc.min(pc.struct_field(covering, "xmin")).as_py(),
+            pc.min(pc.struct_field(covering, "ymin")).as_py(),
+            pc.max(pc.struct_field(covering, "xmax")).as_py(),
+            pc.max(pc.struct_field(covering, "ymax")).as_py(),
         )
         metadata = geo_metadata(contract, types, bbox)
     else:
@@ -508,8 +535,13 @@ def write_geoparquet(result: QueryResult, contract: Contract, where: str | Path 
         del metadata["columns"][g]["bbox"]  # optional in GeoParquet; there is nothing to bound
     schema_metadata = dict(rows.schema.metadata or {})
     schema_metadata[b"geo"] = json.dumps(metadata, separators=(",", ":")).encode()
-    pq.write_table(rows.replace_schema_metadata(schema_metadata), where, compression="zstd",
-                   row_group_size=contract.clustering.row_group_rows, write_statistics=True)
+    pq.write_table(
+        rows.replace_schema_metadata(schema_metadata),
+        where,
+        compression="zstd",
+        row_group_size=contract.clustering.row_group_rows,
+        write_statistics=True,
+    )
     return metadata
 
 
@@ -522,9 +554,7 @@ def to_geojson_lines(result: QueryResult, geometry_column: str) -> Iterator[str]
         raise ValueError(f"geometry column {geometry_column!r} is not in the result ({table.column_names})")
     property_names = [n for n in table.column_names if n != geometry_column]
     for batch in table.to_batches(max_chunksize=4096):
-        geometries = shapely.to_geojson(
-            shapely.from_wkb(batch.column(geometry_column).to_numpy(zero_copy_only=False))
-        )
+        geometries = shapely.to_geojson(shapely.from_wkb(batch.column(geometry_column).to_numpy(zero_copy_only=False)))
         columns = {name: _json_ready(batch.column(name)).to_pylist() for name in property_names}
         ids = columns.get(ID_COLUMN)
         for i, geometry in enumerate(geometries.tolist()):
@@ -532,8 +562,10 @@ def to_geojson_lines(result: QueryResult, geometry_column: str) -> Iterator[str]
             head = '{"type":"Feature",'
             if ids is not None and ids[i] is not None:
                 head += f'"id":{json.dumps(ids[i])},'
-            yield (f'{head}"geometry":{geometry},"properties":'
-                   f'{json.dumps(properties, default=_json_default, allow_nan=False, separators=(",", ":"))}}}')
+            yield (
+                f'{head}"geometry":{geometry},"properties":'
+                f"{json.dumps(properties, default=_json_default, allow_nan=False, separators=(',', ':'))}}}"
+            )
 
 
 def _json_ready(column: pa.Array) -> pa.Array:

@@ -41,8 +41,10 @@ def filesystem_of(io: FileIO, location: str) -> tuple[pafs.FileSystem, str]:
         return io.fs_by_scheme(scheme, netloc), path
     get_fs = getattr(io, "get_fs", None)  # pyiceberg's FsspecFileIO
     if get_fs is None:
-        raise ValueError(f"{type(io).__name__} cannot list {location}: set py-io-impl to "
-                         "pyiceberg.io.pyarrow.PyArrowFileIO or pyiceberg.io.fsspec.FsspecFileIO")
+        raise ValueError(
+            f"{type(io).__name__} cannot list {location}: set py-io-impl to "
+            "pyiceberg.io.pyarrow.PyArrowFileIO or pyiceberg.io.fsspec.FsspecFileIO"
+        )
     from pyarrow.fs import FSSpecHandler, PyFileSystem
 
     return PyFileSystem(FSSpecHandler(get_fs(scheme))), path
@@ -60,9 +62,14 @@ def list_files(io: FileIO, location: str) -> list[StoredFile]:
     filesystem, root = filesystem_of(io, location)
     prefix = _uri_prefix(location, root)
     infos = filesystem.get_file_info(pafs.FileSelector(root.rstrip("/"), recursive=True, allow_not_found=True))
-    return sorted((StoredFile(f"{prefix}{info.path}", info.size or 0,
-                              info.mtime.timestamp() if info.mtime else None)
-                   for info in infos if info.type == pafs.FileType.File), key=lambda f: f.uri)
+    return sorted(
+        (
+            StoredFile(f"{prefix}{info.path}", info.size or 0, info.mtime.timestamp() if info.mtime else None)
+            for info in infos
+            if info.type == pafs.FileType.File
+        ),
+        key=lambda f: f.uri,
+    )
 
 
 def delete_folder(io: FileIO, location: str) -> None:

@@ -6,8 +6,13 @@ import numpy as np
 import pyarrow as pa
 
 _BASE_NAMES = {
-    1: "Point", 2: "LineString", 3: "Polygon", 4: "MultiPoint",
-    5: "MultiLineString", 6: "MultiPolygon", 7: "GeometryCollection",
+    1: "Point",
+    2: "LineString",
+    3: "Polygon",
+    4: "MultiPoint",
+    5: "MultiLineString",
+    6: "MultiPolygon",
+    7: "GeometryCollection",
 }
 
 
@@ -21,7 +26,7 @@ def wkb_type_codes(wkb: pa.Array | pa.ChunkedArray) -> np.ndarray:
     n = len(wkb)
     if n == 0:
         return np.zeros(0, dtype=np.int64)
-    starts = np.frombuffer(wkb.buffers()[1], dtype=np.int32)[wkb.offset:wkb.offset + n]
+    starts = np.frombuffer(wkb.buffers()[1], dtype=np.int32)[wkb.offset : wkb.offset + n]
     data = np.frombuffer(wkb.buffers()[2], dtype=np.uint8)
     code_bytes = np.stack([data[starts + 1 + i] for i in range(4)], axis=1).astype(np.int64)
     little = data[starts] == 1

@@ -88,11 +88,18 @@ def records_to_arrow(records: list[DataFileRecord]) -> pa.RecordBatch:
     return pa.RecordBatch.from_pylist([r.to_row() for r in records], schema=RECORD_SCHEMA)
 
 
-RECORD_SCHEMA = pa.schema([
-    ("path", pa.string()), ("file_size_in_bytes", pa.int64()), ("record_count", pa.int64()),
-    ("xmin", pa.float64()), ("ymin", pa.float64()), ("xmax", pa.float64()), ("ymax", pa.float64()),
-    ("metrics", pa.string()),
-])
+RECORD_SCHEMA = pa.schema(
+    [
+        ("path", pa.string()),
+        ("file_size_in_bytes", pa.int64()),
+        ("record_count", pa.int64()),
+        ("xmin", pa.float64()),
+        ("ymin", pa.float64()),
+        ("xmax", pa.float64()),
+        ("ymax", pa.float64()),
+        ("metrics", pa.string()),
+    ]
+)
 
 
 def parquet_write_options(table_properties: dict[str, str]) -> dict:
@@ -117,8 +124,14 @@ class GeoParquetWriter:
     """Cuts a stream of sorted rows into files of about `target_file_bytes`, in row groups of
     `row_group_rows`, each file with GeoParquet metadata and Iceberg field ids."""
 
-    def __init__(self, contract: Contract, table_properties: dict[str, str],
-                 io_properties: dict[str, str], data_location: str, file_prefix: str):
+    def __init__(
+        self,
+        contract: Contract,
+        table_properties: dict[str, str],
+        io_properties: dict[str, str],
+        data_location: str,
+        file_prefix: str,
+    ):
         self.contract = contract
         self.schema = contract.arrow_schema
         iceberg_schema = contract.iceberg_schema
@@ -158,8 +171,11 @@ class GeoParquetWriter:
                 bounds[self._bbox_ids[name]] = to_bytes(DoubleType(), value)
             metrics[key] = bounds
         serializable = {
-            key: ({str(k): (v.hex() if isinstance(v, bytes) else v) for k, v in value.items()}
-                  if isinstance(value, dict) else value)
+            key: (
+                {str(k): (v.hex() if isinstance(v, bytes) else v) for k, v in value.items()}
+                if isinstance(value, dict)
+                else value
+            )
             for key, value in metrics.items()
         }
         return DataFileRecord(
@@ -180,8 +196,9 @@ class _OpenFile:
         # No dictionary encoding: event ids, geometries and coordinates hardly repeat, so building
         # dictionaries is wasted work. Measured on 200k points: writes 2.1x faster and files 17 %
         # smaller than with Arrow's default; zstd (the default codec) still folds repeated short strings.
-        self._writer = pq.ParquetWriter(self._stream, schema, use_dictionary=False, write_statistics=True,
-                                        store_schema=True, **parquet_options)
+        self._writer = pq.ParquetWriter(
+            self._stream, schema, use_dictionary=False, write_statistics=True, store_schema=True, **parquet_options
+        )
         self.bbox_min = [np.inf] * 4
         self.bbox_max = [-np.inf] * 4
         self.geometry_types: set[str] = set()

@@ -36,11 +36,14 @@ def kafka(tmp_path_factory) -> Iterator[LocalBroker]:
 
 @pytest.fixture
 def catalog(tmp_path: Path):
-    return open_catalog("test", {
-        "type": "sql",
-        "uri": f"sqlite:///{tmp_path / 'catalog.db'}",
-        "warehouse": f"file://{tmp_path / 'warehouse'}",
-    })
+    return open_catalog(
+        "test",
+        {
+            "type": "sql",
+            "uri": f"sqlite:///{tmp_path / 'catalog.db'}",
+            "warehouse": f"file://{tmp_path / 'warehouse'}",
+        },
+    )
 
 
 @pytest.fixture
@@ -55,12 +58,15 @@ def topic(kafka: LocalBroker) -> str:
     return name
 
 
-def produce_records(bootstrap: str, topic: str,
-                    records: Iterable[tuple[bytes | None, bytes | None, list[tuple[str, bytes]]]],
-                    max_request_size: int = 8 * 1024 * 1024, flush_timeout_s: float = 60) -> int:
+def produce_records(
+    bootstrap: str,
+    topic: str,
+    records: Iterable[tuple[bytes | None, bytes | None, list[tuple[str, bytes]]]],
+    max_request_size: int = 8 * 1024 * 1024,
+    flush_timeout_s: float = 60,
+) -> int:
     """Send (key, value, headers) records; returns how many the broker acknowledged."""
-    producer = KafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=5,
-                             max_request_size=max_request_size)
+    producer = KafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=5, max_request_size=max_request_size)
     try:
         futures = [producer.send(topic, key=k, value=v, headers=h or None) for k, v, h in records]
         producer.flush(timeout=flush_timeout_s)

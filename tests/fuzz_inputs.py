@@ -18,11 +18,18 @@ import shapely
 FORMATS = ("geojson", "wkb", "ewkb", "key_headers")
 
 _SEED_GEOMETRIES = [
-    "POINT (2.35 48.86)", "POINT Z (2.35 48.86 35)", "POINT M (1 2 3)", "POINT ZM (1 2 3 4)",
-    "LINESTRING (0 0, 1 1, 2 0)", "POLYGON ((0 0, 1 0, 1 1, 0 1, 0 0), (0.2 0.2, 0.4 0.2, 0.4 0.4, 0.2 0.2))",
-    "MULTIPOINT ((1 2), (3 4))", "MULTILINESTRING ((0 0, 1 1), (2 2, 3 3))",
+    "POINT (2.35 48.86)",
+    "POINT Z (2.35 48.86 35)",
+    "POINT M (1 2 3)",
+    "POINT ZM (1 2 3 4)",
+    "LINESTRING (0 0, 1 1, 2 0)",
+    "POLYGON ((0 0, 1 0, 1 1, 0 1, 0 0), (0.2 0.2, 0.4 0.2, 0.4 0.4, 0.2 0.2))",
+    "MULTIPOINT ((1 2), (3 4))",
+    "MULTILINESTRING ((0 0, 1 1), (2 2, 3 3))",
     "MULTIPOLYGON (((0 0, 1 0, 1 1, 0 0)), ((5 5, 6 5, 6 6, 5 5)))",
-    "GEOMETRYCOLLECTION (POINT (1 2), LINESTRING (0 0, 1 1))", "POINT EMPTY", "POLYGON EMPTY",
+    "GEOMETRYCOLLECTION (POINT (1 2), LINESTRING (0 0, 1 1))",
+    "POINT EMPTY",
+    "POLYGON EMPTY",
 ]
 _SRIDS = (4326, 3857, 2154, 32633, 0, -1, 5773, 4978, 999999, 0x7FFFFFFF)
 # Curves GEOS reads and shapely cannot hold, to put inside collections: a CircularString, a
@@ -38,9 +45,12 @@ def seed_geometries() -> list[shapely.Geometry]:
 
 def seed_feature(rng: random.Random) -> dict:
     geometry = json.loads(shapely.to_geojson(rng.choice(seed_geometries()[:10])))
-    return {"type": "Feature", "id": rng.choice(["a", 7, None, 1.5, "x" * 40]),
-            "geometry": geometry, "properties": {"kind": "ping", "speed": rng.random() * 100,
-                                                 "population": rng.randrange(10**6)}}
+    return {
+        "type": "Feature",
+        "id": rng.choice(["a", 7, None, 1.5, "x" * 40]),
+        "geometry": geometry,
+        "properties": {"kind": "ping", "speed": rng.random() * 100, "population": rng.randrange(10**6)},
+    }
 
 
 def mutate_bytes(data: bytes, rng: random.Random) -> bytes:
@@ -58,12 +68,15 @@ def mutate_bytes(data: bytes, rng: random.Random) -> bytes:
         elif choice == 3:
             data += rng.choice([b"junk", b"\x00", b" {}", b"\x01", bytes(rng.randrange(256) for _ in range(9))])
         elif choice == 4:
-            data[at:at] = struct.pack(rng.choice("<>") + "I", rng.choice([0, 1, 7, 1007, 0x7FFFFFFF, 0xFFFFFFFF,
-                                                                           0x20000001, 0x80000007, 0x01000007,
-                                                                           0x00010007, 0x00000107]))
+            data[at:at] = struct.pack(
+                rng.choice("<>") + "I",
+                rng.choice(
+                    [0, 1, 7, 1007, 0x7FFFFFFF, 0xFFFFFFFF, 0x20000001, 0x80000007, 0x01000007, 0x00010007, 0x00000107]
+                ),
+            )
         elif choice == 5 and data:
             j = rng.randrange(len(data))
-            data[at:at] = data[j:j + rng.randint(1, 64)]
+            data[at:at] = data[j : j + rng.randint(1, 64)]
         elif choice == 6:
             data[at:at] = rng.choice([b"[", b"{", b"]", b"}", b'"', b"\\", b",", b":"]) * rng.choice([1, 3, 1000])
         elif data:
@@ -81,40 +94,94 @@ def mutate_json(doc: object, rng: random.Random, depth: int = 0) -> object:
         return {**doc, key: mutate_json(doc[key], rng, depth + 1)}
     if choice == 2 and isinstance(doc, list) and doc:
         i = rng.randrange(len(doc))
-        return doc[:i] + [mutate_json(doc[i], rng, depth + 1)] + doc[i + 1:]
+        return doc[:i] + [mutate_json(doc[i], rng, depth + 1)] + doc[i + 1 :]
     if choice == 3:
         levels = rng.choice([2, 40, 2000])
         inner = doc
         for _ in range(levels):
-            inner = rng.choice([[inner], {"type": "GeometryCollection", "geometries": [inner]},
-                                {"type": "Feature", "geometry": inner}])
+            inner = rng.choice(
+                [[inner], {"type": "GeometryCollection", "geometries": [inner]}, {"type": "Feature", "geometry": inner}]
+            )
         return inner
     if choice == 4 and isinstance(doc, dict):
-        return {**doc, "geometry": rng.choice([{"type": "Feature", "geometry": doc.get("geometry")},
-                                               "POINT (1 2)", [1, 2], {"type": "FeatureCollection", "features": []},
-                                               {"type": "Point"}, {"coordinates": [1, 2]}])}
+        return {
+            **doc,
+            "geometry": rng.choice(
+                [
+                    {"type": "Feature", "geometry": doc.get("geometry")},
+                    "POINT (1 2)",
+                    [1, 2],
+                    {"type": "FeatureCollection", "features": []},
+                    {"type": "Point"},
+                    {"coordinates": [1, 2]},
+                ]
+            ),
+        }
     if choice == 5 and isinstance(doc, dict):
         return {**doc, "type": rng.choice(["Feature", "feature", "FeatureCollection", 5, None, "Point"])}
     if choice == 6 and isinstance(doc, dict):
-        return {**doc, "properties": rng.choice([[], "x", {"speed": "fast"}, {"population": 2**70},
-                                                 {"kind": {"nested": [1, 2]}}, None])}
+        return {
+            **doc,
+            "properties": rng.choice(
+                [[], "x", {"speed": "fast"}, {"population": 2**70}, {"kind": {"nested": [1, 2]}}, None]
+            ),
+        }
     if choice == 7 and isinstance(doc, list):
         return doc * rng.choice([0, 2, 50])
     if choice == 8 and isinstance(doc, dict) and isinstance(doc.get("geometry"), dict):
         g = dict(doc["geometry"])
-        g["coordinates"] = rng.choice([[1, 2, 3, 4], [[1, 2]], [], "1,2", [1e999, 2], [["1", "2"]],
-                                       [[0, 0], [1, 1]] * 5000])
+        g["coordinates"] = rng.choice(
+            [[1, 2, 3, 4], [[1, 2]], [], "1,2", [1e999, 2], [["1", "2"]], [[0, 0], [1, 1]] * 5000]
+        )
         return {**doc, "geometry": g}
     if choice == 9 and depth < 3:
         return [doc, mutate_json(doc, rng, depth + 1)]
     if choice == 10 and isinstance(doc, dict):
-        return {**doc, "id": rng.choice([10**400, -(2**63) - 1, 2**64, 1e308, float("nan"), float("inf"), 0.5, -0.0,
-                                         "\ud800", "a\u0000b", "", "x" * 5000, [], {}, True])}
+        return {
+            **doc,
+            "id": rng.choice(
+                [
+                    10**400,
+                    -(2**63) - 1,
+                    2**64,
+                    1e308,
+                    float("nan"),
+                    float("inf"),
+                    0.5,
+                    -0.0,
+                    "\ud800",
+                    "a\u0000b",
+                    "",
+                    "x" * 5000,
+                    [],
+                    {},
+                    True,
+                ]
+            ),
+        }
     if choice == 11 and isinstance(doc, dict):
         props = doc.get("properties") if isinstance(doc.get("properties"), dict) else {}
-        return {**doc, "properties": {**props, rng.choice(["speed", "population", "kind", "name"]): rng.choice(
-            [float("nan"), float("-inf"), 10**400, 1e-400, "\udc00", "x\u2028y", 2**63, -(2**63), [[]] * 3,
-             "2024-02-30T25:61:00Z", None])}}
+        return {
+            **doc,
+            "properties": {
+                **props,
+                rng.choice(["speed", "population", "kind", "name"]): rng.choice(
+                    [
+                        float("nan"),
+                        float("-inf"),
+                        10**400,
+                        1e-400,
+                        "\udc00",
+                        "x\u2028y",
+                        2**63,
+                        -(2**63),
+                        [[]] * 3,
+                        "2024-02-30T25:61:00Z",
+                        None,
+                    ]
+                ),
+            },
+        }
     return doc
 
 
@@ -123,8 +190,9 @@ def geojson_value(rng: random.Random) -> bytes:
     for _ in range(rng.randint(0, 3)):
         doc = mutate_json(doc, rng)
     try:
-        text = json.dumps(doc, allow_nan=True, indent=rng.choice([None, None, 2]),
-                          ensure_ascii=rng.random() < 0.7).encode("utf-8", "surrogatepass")
+        text = json.dumps(
+            doc, allow_nan=True, indent=rng.choice([None, None, 2]), ensure_ascii=rng.random() < 0.7
+        ).encode("utf-8", "surrogatepass")
     except (RecursionError, ValueError):
         text = b'{"type":"Feature","geometry":' + b"[" * 5000
     return mutate_text(text, rng) if rng.random() < 0.5 else text
@@ -143,11 +211,25 @@ def mutate_text(text: bytes, rng: random.Random) -> bytes:
     if choice == 2:
         return rng.choice([b"\xef\xbb\xbf", b" \n\t", b"\x00", b"\xfe\xff"]) + text
     if choice == 3:
-        return text.replace(b"[", b"[" + rng.choice([b"1" * 5000, b"1e999", b"-1e-999", b"NaN", b"-Infinity",
-                                                      b"0x10", b"01", b"+1", b"1.e5", b".5"]) + b",", 1)
+        return text.replace(
+            b"[",
+            b"["
+            + rng.choice(
+                [b"1" * 5000, b"1e999", b"-1e-999", b"NaN", b"-Infinity", b"0x10", b"01", b"+1", b"1.e5", b".5"]
+            )
+            + b",",
+            1,
+        )
     if choice == 4 and text.startswith(b"{"):
-        member = rng.choice([b'"type":"FeatureCollection",', b'"geometry":{"type":"Feature","geometry":null},',
-                             b'"geometry":"POINT (1 2)",', b'"id":{"a":1},', b'"properties":[1],'])
+        member = rng.choice(
+            [
+                b'"type":"FeatureCollection",',
+                b'"geometry":{"type":"Feature","geometry":null},',
+                b'"geometry":"POINT (1 2)",',
+                b'"id":{"a":1},',
+                b'"properties":[1],',
+            ]
+        )
         return text[:-1] + b"," + member[:-1] + b"}" if rng.random() < 0.5 else b"{" + member + text[1:]
     return mutate_bytes(text, rng)
 
@@ -155,23 +237,35 @@ def mutate_text(text: bytes, rng: random.Random) -> bytes:
 def wkb_value(rng: random.Random, with_srid: bool = False) -> bytes:
     geometry = rng.choice(seed_geometries())
     if with_srid:
-        blob = shapely.to_wkb(shapely.set_srid(geometry, rng.choice(_SRIDS)), include_srid=True,
-                              byte_order=rng.choice([0, 1]), output_dimension=4)
+        blob = shapely.to_wkb(
+            shapely.set_srid(geometry, rng.choice(_SRIDS)),
+            include_srid=True,
+            byte_order=rng.choice([0, 1]),
+            output_dimension=4,
+        )
     else:
-        blob = shapely.to_wkb(geometry, byte_order=rng.choice([0, 1]), output_dimension=4,
-                              flavor=rng.choice(["iso", "extended"]))
+        blob = shapely.to_wkb(
+            geometry, byte_order=rng.choice([0, 1]), output_dimension=4, flavor=rng.choice(["iso", "extended"])
+        )
     if rng.random() < 0.15:  # spellings GEOS overlooks: undefined type bits, odd byte orders, part SRIDs
-        part = shapely.to_wkb(rng.choice(seed_geometries()[:4]), byte_order=rng.choice([0, 1]),
-                              output_dimension=rng.choice([2, 3, 4]),
-                              include_srid=False)
+        part = shapely.to_wkb(
+            rng.choice(seed_geometries()[:4]),
+            byte_order=rng.choice([0, 1]),
+            output_dimension=rng.choice([2, 3, 4]),
+            include_srid=False,
+        )
         code = rng.choice([4, 7, 1004, 3007, 0x80000007, 0x20000007, 0x00010007, 0x01000004, 0x200003EF])
         order = rng.choice([0, 1, 2, 7, 255])
         fmt = "<" if order != 0 else ">"
         head = bytes([order]) + struct.pack(fmt + "I", code)
         if code & 0x20000000:
             head += struct.pack(fmt + "i", rng.choice(_SRIDS))
-        blob = head + struct.pack(fmt + "I", rng.choice([1, 2, 0])) + part + rng.choice(
-            [b"", part, ewkb_part(rng), *_CURVE_PARTS])
+        blob = (
+            head
+            + struct.pack(fmt + "I", rng.choice([1, 2, 0]))
+            + part
+            + rng.choice([b"", part, ewkb_part(rng), *_CURVE_PARTS])
+        )
     if rng.random() < 0.1:  # collections nested in collections, deeper than GEOS's stack allows
         # GEOS reads the type from the low 16 bits: the high ones may hold anything
         code = rng.choice([7, 6, 3007]) | rng.choice([0, 0x01000000, 0x00010000, 0x10000000, 0x80000000])
@@ -182,8 +276,9 @@ def wkb_value(rng: random.Random, with_srid: bool = False) -> bytes:
 
 
 def ewkb_part(rng: random.Random) -> bytes:
-    return shapely.to_wkb(shapely.set_srid(shapely.Point(1, 2), rng.choice(_SRIDS)), include_srid=True,
-                          byte_order=rng.choice([0, 1]))
+    return shapely.to_wkb(
+        shapely.set_srid(shapely.Point(1, 2), rng.choice(_SRIDS)), include_srid=True, byte_order=rng.choice([0, 1])
+    )
 
 
 def record(fmt: str, rng: random.Random) -> tuple[bytes | None, bytes | None, list[tuple[str, bytes | None]]]:
@@ -198,11 +293,23 @@ def record(fmt: str, rng: random.Random) -> tuple[bytes | None, bytes | None, li
         value = wkb_value(rng, with_srid=True)
     else:
         value = rng.choice([geojson_value(rng), wkb_value(rng)])
-        key = rng.choice([None, b"", mutate_bytes(b"key-1", rng), bytes(rng.randrange(256) for _ in range(20)),
-                          b"k" * rng.choice([1000, 70_000]), b"\xed\xa0\x80"])
-        headers = [(rng.choice(["source", "event_id", "kind", "x" * 300, "", "kind\u0000", "\u00e9t\u00e9"]),
-                    rng.choice([None, b"", mutate_bytes(b"value", rng), b"\xff\xfe", b"ping", b"v" * 70_000]))
-                   for _ in range(rng.randint(0, 4))]
+        key = rng.choice(
+            [
+                None,
+                b"",
+                mutate_bytes(b"key-1", rng),
+                bytes(rng.randrange(256) for _ in range(20)),
+                b"k" * rng.choice([1000, 70_000]),
+                b"\xed\xa0\x80",
+            ]
+        )
+        headers = [
+            (
+                rng.choice(["source", "event_id", "kind", "x" * 300, "", "kind\u0000", "\u00e9t\u00e9"]),
+                rng.choice([None, b"", mutate_bytes(b"value", rng), b"\xff\xfe", b"ping", b"v" * 70_000]),
+            )
+            for _ in range(rng.randint(0, 4))
+        ]
     if rng.random() < 0.02:
         value = None
     return key, value, headers
@@ -214,6 +321,7 @@ _NONE = 0xFFFFFFFF
 def pack_record(key: bytes | None, value: bytes | None, headers: list[tuple[str, bytes | None]]) -> bytes:
     """A record as bytes: key, header count, each header's name and value, then the value; each
     part after its 4-byte length (0xFFFFFFFF: none)."""
+
     def part(data: bytes | None) -> bytes:
         return struct.pack("<I", _NONE) if data is None else struct.pack("<I", len(data)) + data
 
@@ -237,7 +345,7 @@ def unpack_record(data: bytes) -> tuple[bytes | None, bytes, list[tuple[str, byt
         pos += 4
         if length == _NONE:
             return None
-        chunk = data[pos:pos + length]
+        chunk = data[pos : pos + length]
         pos += len(chunk)
         return chunk
 

@@ -1,6 +1,6 @@
 """Fixtures for the lakehouse shape the tests run: an S3-compatible object store on loopback.
 
-    tests/conftest.py imports them: every test module can ask for them.
+tests/conftest.py imports them: every test module can ask for them.
 """
 
 from __future__ import annotations
@@ -36,8 +36,12 @@ def rest_catalog(object_store: LocalObjectStore, tmp_path_factory) -> Iterator[L
     `object_store`; clients connect with `rest_catalog.catalog_properties()`."""
     from tests.conftest import CACHE_DIR
 
-    catalog = LocalRestCatalog(tmp_path_factory.mktemp("rest-catalog"), CACHE_DIR,
-                               f"s3://{WAREHOUSE_BUCKET}/rest", object_store.io_properties())
+    catalog = LocalRestCatalog(
+        tmp_path_factory.mktemp("rest-catalog"),
+        CACHE_DIR,
+        f"s3://{WAREHOUSE_BUCKET}/rest",
+        object_store.io_properties(),
+    )
     try:
         catalog.start()
         yield catalog

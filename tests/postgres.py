@@ -75,8 +75,10 @@ def find_bin_dir() -> Path | None:
 def install_postgresql() -> float:
     """Install Debian's `postgresql` package; returns the seconds it took."""
     if os.geteuid() != 0:
-        raise PostgresUnavailable("PostgreSQL server binaries are not installed and this process is not "
-                                  "root, so it cannot install them (apt-get install postgresql)")
+        raise PostgresUnavailable(
+            "PostgreSQL server binaries are not installed and this process is not "
+            "root, so it cannot install them (apt-get install postgresql)"
+        )
     if shutil.which("apt-get") is None:
         raise PostgresUnavailable("PostgreSQL server binaries are not installed and apt-get is not available")
     env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
@@ -87,8 +89,9 @@ def install_postgresql() -> float:
         except subprocess.TimeoutExpired:
             raise PostgresUnavailable(f"'{' '.join(cmd)}' did not finish in {INSTALL_TIMEOUT_S} s") from None
         if done.returncode != 0:
-            raise PostgresUnavailable(f"'{' '.join(cmd)}' failed ({done.returncode}): "
-                                      f"{(done.stderr or done.stdout).strip()[-2000:]}")
+            raise PostgresUnavailable(
+                f"'{' '.join(cmd)}' failed ({done.returncode}): {(done.stderr or done.stdout).strip()[-2000:]}"
+            )
     return time.monotonic() - started
 
 
@@ -118,8 +121,10 @@ class _Runner:
             try:
                 entry = pwd.getpwnam(SERVER_USER)
             except KeyError:
-                raise PostgresUnavailable(f"running as root, and there is no '{SERVER_USER}' system user to "
-                                          f"own the cluster (initdb refuses root)") from None
+                raise PostgresUnavailable(
+                    f"running as root, and there is no '{SERVER_USER}' system user to "
+                    f"own the cluster (initdb refuses root)"
+                ) from None
             self.uid, self.gid, self.home = entry.pw_uid, entry.pw_gid, entry.pw_dir
         else:
             self.uid, self.gid, self.home = os.getuid(), os.getgid(), os.environ.get("HOME", "/tmp")
@@ -131,11 +136,11 @@ class _Runner:
     def run(self, cmd: list[str], timeout: float = 120, check: bool = True) -> subprocess.CompletedProcess:
         env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LC_ALL": "C", "LANG": "C", "HOME": self.home}
         kwargs = dict(user=self.uid, group=self.gid, extra_groups=[]) if self.as_other else {}
-        done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout,
-                              cwd="/", **kwargs)
+        done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout, cwd="/", **kwargs)
         if check and done.returncode != 0:
-            raise PostgresUnavailable(f"'{' '.join(cmd)}' failed ({done.returncode}): "
-                                      f"{(done.stderr or done.stdout).strip()[-2000:]}")
+            raise PostgresUnavailable(
+                f"'{' '.join(cmd)}' failed ({done.returncode}): {(done.stderr or done.stdout).strip()[-2000:]}"
+            )
         return done
 
 
@@ -155,25 +160,58 @@ def postgres_server(durable: bool = False) -> Iterator[PostgresServer]:
         socket_dir.mkdir()
         for path in (base, socket_dir):
             runner.chown(path)
-        runner.run([str(bin_dir / "initdb"), "-D", str(data_dir), "-U", "postgres", "-E", "UTF8",
-                    "--locale=C", "--auth-local=trust", "--auth-host=scram-sha-256", "--no-sync"])
+        runner.run(
+            [
+                str(bin_dir / "initdb"),
+                "-D",
+                str(data_dir),
+                "-U",
+                "postgres",
+                "-E",
+                "UTF8",
+                "--locale=C",
+                "--auth-local=trust",
+                "--auth-host=scram-sha-256",
+                "--no-sync",
+            ]
+        )
         port = free_port()
         options = f"-p {port} -k {socket_dir} -c listen_addresses=127.0.0.1"
         if not durable:
             options += " -c fsync=off -c synchronous_commit=off -c full_page_writes=off"
-        runner.run([str(bin_dir / "pg_ctl"), "start", "-w", "-t", "60", "-D", str(data_dir),
-                    "-l", str(log), "-o", options])
+        runner.run(
+            [str(bin_dir / "pg_ctl"), "start", "-w", "-t", "60", "-D", str(data_dir), "-l", str(log), "-o", options]
+        )
         started = True
         password = secrets.token_hex(12)
-        psql = [str(bin_dir / "psql"), "-h", str(socket_dir), "-p", str(port), "-U", "postgres",
-                "-d", "postgres", "-v", "ON_ERROR_STOP=1", "-qAt"]
+        psql = [
+            str(bin_dir / "psql"),
+            "-h",
+            str(socket_dir),
+            "-p",
+            str(port),
+            "-U",
+            "postgres",
+            "-d",
+            "postgres",
+            "-v",
+            "ON_ERROR_STOP=1",
+            "-qAt",
+        ]
         runner.run(psql + ["-c", f"CREATE ROLE {DB_USER} LOGIN PASSWORD '{password}'"])
         runner.run(psql + ["-c", f"CREATE DATABASE {DB_NAME} OWNER {DB_USER}"])
         version = runner.run(psql + ["-c", "SHOW server_version"]).stdout.strip()
         yield PostgresServer(
             uri=f"postgresql+psycopg2://{DB_USER}:{password}@127.0.0.1:{port}/{DB_NAME}",
-            host="127.0.0.1", port=port, database=DB_NAME, user=DB_USER, password=password,
-            bin_dir=bin_dir, data_dir=data_dir, socket_dir=socket_dir, version=version,
+            host="127.0.0.1",
+            port=port,
+            database=DB_NAME,
+            user=DB_USER,
+            password=password,
+            bin_dir=bin_dir,
+            data_dir=data_dir,
+            socket_dir=socket_dir,
+            version=version,
             install_seconds=install_seconds,
         )
     except PostgresUnavailable as exc:
@@ -190,8 +228,10 @@ def _psycopg2_missing() -> str | None:
     try:
         import psycopg2  # noqa: F401
     except ImportError:
-        return ("psycopg2 is not installed: pyiceberg's SQL catalog on PostgreSQL needs it "
-                "(pip install 'pyiceberg[sql-postgres]')")
+        return (
+            "psycopg2 is not installed: pyiceberg's SQL catalog on PostgreSQL needs it "
+            "(pip install 'pyiceberg[sql-postgres]')"
+        )
     return None
 
 

@@ -36,10 +36,15 @@ LOCAL_MASTER = "local[2]"
 DRIVER_MEMORY = "2g"
 
 # Launch options of the driver's JVM: they stay true of it whatever session runs in it.
-_LAUNCH_KEYS = frozenset({
-    "spark.driver.memory", "spark.driver.extraJavaOptions", "spark.driver.extraClassPath",
-    "spark.driver.extraLibraryPath", "spark.submit.deployMode",
-})
+_LAUNCH_KEYS = frozenset(
+    {
+        "spark.driver.memory",
+        "spark.driver.extraJavaOptions",
+        "spark.driver.extraClassPath",
+        "spark.driver.extraLibraryPath",
+        "spark.submit.deployMode",
+    }
+)
 
 _current: tuple[tuple, SparkSession] | None = None
 
@@ -60,8 +65,10 @@ def session_for(master: str, extra_conf: Mapping[str, str] | None = None) -> Spa
         elif context.master != master or extra_conf:
             # Made elsewhere (spark_session called directly): whoever made it still holds it and
             # would find it stopped under them. A plain one on this master spark_session hands back.
-            pytest.skip(f"a Spark session on {context.master} made outside tests/spark_shapes.py is active; "
-                        f"its holder would lose it if it were stopped for one on {master}")
+            pytest.skip(
+                f"a Spark session on {context.master} made outside tests/spark_shapes.py is active; "
+                f"its holder would lose it if it were stopped for one on {master}"
+            )
     session = spark_session(master, str(_cache_dir()), driver_memory=DRIVER_MEMORY, extra_conf=dict(extra_conf or {}))
     _current = (key, session)
     return session

@@ -15,9 +15,20 @@ from streaming.decode import Decoder
 SCHEMAS = Path(__file__).resolve().parents[1] / "schemas"
 EVENT_SCHEMA = json.loads((SCHEMAS / "geojson-event.schema.json").read_text())
 GOOD = [
-    {"type": "Feature", "id": "a", "geometry": {"type": "Point", "coordinates": [2.35, 48.85]}, "properties": {"kind": "ping"}},
+    {
+        "type": "Feature",
+        "id": "a",
+        "geometry": {"type": "Point", "coordinates": [2.35, 48.85]},
+        "properties": {"kind": "ping"},
+    },
     {"type": "Feature", "id": 7, "geometry": {"type": "Point", "coordinates": [2.35, 48.85, 35.0]}, "properties": None},
-    {"type": "Feature", "geometry": {"type": "Polygon", "coordinates": [[[0, 0], [1, 0], [1, 1], [0, 0]], [[0.5, 0.1], [0.9, 0.1], [0.9, 0.4], [0.5, 0.1]]]}},
+    {
+        "type": "Feature",
+        "geometry": {
+            "type": "Polygon",
+            "coordinates": [[[0, 0], [1, 0], [1, 1], [0, 0]], [[0.5, 0.1], [0.9, 0.1], [0.9, 0.4], [0.5, 0.1]]],
+        },
+    },
 ]
 BAD = [
     {"type": "FeatureCollection", "features": []},
@@ -55,9 +66,14 @@ def test_invalid_events_fail_the_schema_and_are_rejected(event):
 
 def _decode(event: dict) -> str | None:
     """The decoder's reject reason for this event under the demo contract (None: accepted)."""
-    batch = pa.RecordBatch.from_pydict({
-        "key": pa.array([b"k"]), "value": pa.array([json.dumps(event).encode()]),
-        "topic": pa.array(["t"]), "partition": pa.array([0], pa.int32()),
-        "offset": pa.array([0], pa.int64()), "timestamp": pa.array([0], pa.timestamp("us")),
-    })
+    batch = pa.RecordBatch.from_pydict(
+        {
+            "key": pa.array([b"k"]),
+            "value": pa.array([json.dumps(event).encode()]),
+            "topic": pa.array(["t"]),
+            "partition": pa.array([0], pa.int32()),
+            "offset": pa.array([0], pa.int64()),
+            "timestamp": pa.array([0], pa.timestamp("us")),
+        }
+    )
     return Decoder(load_contract(SCHEMAS / "demo_events.json")).decode(batch).column("_reject_reason")[0].as_py()

@@ -23,8 +23,11 @@ pytestmark = pytest.mark.integration
 MESSAGE_COUNT = 200
 # A refused client gives up after this instead of kafka-python's 30 s (pyproject allows 2.2 as well as 3.x,
 # so only the options this kafka-python knows are passed).
-_FAIL_FAST = {key: value for key, value in {"bootstrap_timeout_ms": 3000, "request_timeout_ms": 3000}.items()
-              if key in KafkaAdminClient.DEFAULT_CONFIG}
+_FAIL_FAST = {
+    key: value
+    for key, value in {"bootstrap_timeout_ms": 3000, "request_timeout_ms": 3000}.items()
+    if key in KafkaAdminClient.DEFAULT_CONFIG
+}
 
 
 @pytest.fixture(scope="session")
@@ -42,8 +45,9 @@ def secure_topic(secure_kafka: LocalBroker) -> str:  # noqa: F811
     options = secure_kafka.client_options()
     name = f"secure-{uuid.uuid4().hex[:10]}"
     ensure_topic(secure_kafka.secure_bootstrap, name, options, partitions=3)
-    producer = KafkaProducer(bootstrap_servers=secure_kafka.secure_bootstrap, acks="all",
-                             **client_config(options, KafkaProducer))
+    producer = KafkaProducer(
+        bootstrap_servers=secure_kafka.secure_bootstrap, acks="all", **client_config(options, KafkaProducer)
+    )
     try:
         futures = [producer.send(name, key=str(i).encode(), value=f"event-{i}".encode()) for i in range(MESSAGE_COUNT)]
         producer.flush(timeout=30)
@@ -54,19 +58,27 @@ def secure_topic(secure_kafka: LocalBroker) -> str:  # noqa: F811
 
 
 def _admin(broker: LocalBroker, options: dict[str, str]) -> KafkaAdminClient:
-    return KafkaAdminClient(bootstrap_servers=broker.secure_bootstrap,
-                            **client_config(options, KafkaAdminClient), **_FAIL_FAST)
+    return KafkaAdminClient(
+        bootstrap_servers=broker.secure_bootstrap, **client_config(options, KafkaAdminClient), **_FAIL_FAST
+    )
 
 
-def test_kafka_python_creates_produces_and_consumes_over_sasl_ssl(secure_kafka: LocalBroker,  # noqa: F811
-                                                                   secure_topic: str) -> None:
+def test_kafka_python_creates_produces_and_consumes_over_sasl_ssl(
+    secure_kafka: LocalBroker,  # noqa: F811
+    secure_topic: str,
+) -> None:
     options = secure_kafka.client_options()
     # 3 partitions: the admin client made the topic (the broker would auto-create it with 4).
     assert partitions_of(secure_kafka.secure_bootstrap, secure_topic, options) == [0, 1, 2]
 
-    consumer = KafkaConsumer(secure_topic, bootstrap_servers=secure_kafka.secure_bootstrap, group_id="secure-test",
-                             auto_offset_reset="earliest", consumer_timeout_ms=1000,
-                             **client_config(options, KafkaConsumer))
+    consumer = KafkaConsumer(
+        secure_topic,
+        bootstrap_servers=secure_kafka.secure_bootstrap,
+        group_id="secure-test",
+        auto_offset_reset="earliest",
+        consumer_timeout_ms=1000,
+        **client_config(options, KafkaConsumer),
+    )
     received: list[bytes] = []
     deadline = time.monotonic() + 60
     try:
@@ -104,16 +116,23 @@ def test_a_client_that_does_not_trust_the_ca_is_refused(secure_kafka: LocalBroke
     assert "CERTIFICATE_VERIFY_FAILED" in caplog.text
 
 
-def test_spark_reads_the_topic_over_sasl_ssl(secure_kafka: LocalBroker, secure_topic: str,  # noqa: F811
-                                             spark) -> None:
+def test_spark_reads_the_topic_over_sasl_ssl(
+    secure_kafka: LocalBroker,
+    secure_topic: str,  # noqa: F811
+    spark,
+) -> None:
     options = kafka_source_options(secure_kafka.secure_bootstrap, secure_topic, 2, secure_kafka.client_options())
     assert spark.read.format("kafka").options(**options).load().count() == MESSAGE_COUNT
 
 
-def test_spark_with_a_wrong_password_fails_naming_the_authentication(secure_kafka: LocalBroker,  # noqa: F811
-                                                                     secure_topic: str, spark) -> None:
-    options = kafka_source_options(secure_kafka.secure_bootstrap, secure_topic, 2,
-                                   secure_kafka.client_options(password="not-the-password"))
+def test_spark_with_a_wrong_password_fails_naming_the_authentication(
+    secure_kafka: LocalBroker,  # noqa: F811
+    secure_topic: str,
+    spark,
+) -> None:
+    options = kafka_source_options(
+        secure_kafka.secure_bootstrap, secure_topic, 2, secure_kafka.client_options(password="not-the-password")
+    )
     started = time.monotonic()
     with pytest.raises(Exception, match="SaslAuthenticationException"):
         spark.read.format("kafka").options(**options).load().count()
@@ -121,7 +140,8 @@ def test_spark_with_a_wrong_password_fails_naming_the_authentication(secure_kafk
 
 
 def test_a_home_made_without_the_secure_listener_gains_it_with_keytool_certificates(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     port, secure_port = distinct_free_ports(2)
     home = tmp_path / "kafka"
     try:

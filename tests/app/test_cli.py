@@ -48,14 +48,24 @@ def test_create_describe_run_and_query(env, kafka, topic):
     assert json.loads(created.stdout)["table"] == "demo.events"
     assert described["format_version"] == 2
     assert described["geometry"] == {
-        "column": "geometry", "encoding": "wkb", "crs": "EPSG:4326", "covering": "bbox",
-        "types": "Point,LineString,Polygon,MultiPoint,MultiLineString,MultiPolygon", "dimensions": "XY,XYZ",
+        "column": "geometry",
+        "encoding": "wkb",
+        "crs": "EPSG:4326",
+        "covering": "bbox",
+        "types": "Point,LineString,Polygon,MultiPoint,MultiLineString,MultiPolygon",
+        "dimensions": "XY,XYZ",
     }
     assert [f["id"] for f in described["schema"]] == list(range(1, 11))
 
     features = [
-        json.dumps({"type": "Feature", "id": f"e{i}", "properties": {"kind": "ping"},
-                    "geometry": {"type": "Point", "coordinates": [10 + i * 0.01, 50 + i * 0.01]}}).encode()
+        json.dumps(
+            {
+                "type": "Feature",
+                "id": f"e{i}",
+                "properties": {"kind": "ping"},
+                "geometry": {"type": "Point", "coordinates": [10 + i * 0.01, 50 + i * 0.01]},
+            }
+        ).encode()
         for i in range(300)
     ]
     records = [(f"e{i}".encode(), v, []) for i, v in enumerate(features)]
@@ -77,8 +87,9 @@ def test_create_describe_run_and_query(env, kafka, topic):
     again = json.loads(geoingest(env, "run", "--contract", str(CONTRACT), "--until-idle").stdout)
     assert again["consumed"] == 0
 
-    count = json.loads(geoingest(env, "query", "--table", "demo.events", "--bbox", "10,50,10.5,50.5",
-                                 "--format", "count").stdout)
+    count = json.loads(
+        geoingest(env, "query", "--table", "demo.events", "--bbox", "10,50,10.5,50.5", "--format", "count").stdout
+    )
     # e0..e50 lie in the window (e50 on its corner), and so does the WKB point on the corner.
     assert count["count"] == 52
     assert count["files_scanned"] >= 1
@@ -102,24 +113,33 @@ def test_service_runs_until_sigterm_and_stops_after_the_batch(env, kafka, topic,
     from pyiceberg.catalog import load_catalog
 
     geoingest(env, "table", "create", "--contract", str(CONTRACT))
-    service = subprocess.Popen([str(GEOINGEST), "run", "--contract", str(CONTRACT)],
-                               env={**env, "GEOINGEST_TRIGGER_INTERVAL": "1 second"},
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    service = subprocess.Popen(
+        [str(GEOINGEST), "run", "--contract", str(CONTRACT)],
+        env={**env, "GEOINGEST_TRIGGER_INTERVAL": "1 second"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
-        catalog = load_catalog("geoingest", uri=env["GEOINGEST_CATALOG__URI"], warehouse=env["GEOINGEST_CATALOG__WAREHOUSE"],
-                               type="sql")
+        catalog = load_catalog(
+            "geoingest", uri=env["GEOINGEST_CATALOG__URI"], warehouse=env["GEOINGEST_CATALOG__WAREHOUSE"], type="sql"
+        )
         table = catalog.load_table("demo.events")
         sent = 0
         for wave in range(2):  # the second wave arrives while the service is already running
-            records = [(f"w{wave}-{i}".encode(), shapely.to_wkb(shapely.Point(i * 0.001, wave)), [])
-                       for i in range(200)]
+            records = [
+                (f"w{wave}-{i}".encode(), shapely.to_wkb(shapely.Point(i * 0.001, wave)), []) for i in range(200)
+            ]
             sent += produce_records(kafka.bootstrap, topic, records)
             deadline = time.monotonic() + 120
             while time.monotonic() < deadline:
                 table.refresh()
                 snapshot = table.current_snapshot()
-                if snapshot and int(snapshot.summary.additional_properties.get("geoingest.rows", 0)) and \
-                        table.scan().to_arrow().num_rows == sent:
+                if (
+                    snapshot
+                    and int(snapshot.summary.additional_properties.get("geoingest.rows", 0))
+                    and table.scan().to_arrow().num_rows == sent
+                ):
                     break
                 assert service.poll() is None, service.stderr.read()[-3000:]
                 time.sleep(1)

@@ -22,8 +22,13 @@ def test_an_unwritable_dead_letter_stops_the_service_with_one_line_and_loses_not
     topic = large_record_topic(kafka.bootstrap, partitions=1)
     admin = KafkaAdminClient(bootstrap_servers=kafka.bootstrap)
     try:
-        admin.create_topics([NewTopic(f"{topic}.dlq", num_partitions=1, replication_factor=1,
-                                      topic_configs={"max.message.bytes": "1024"})])
+        admin.create_topics(
+            [
+                NewTopic(
+                    f"{topic}.dlq", num_partitions=1, replication_factor=1, topic_configs={"max.message.bytes": "1024"}
+                )
+            ]
+        )
     finally:
         admin.close()
     blocker = tmp_path / "not-a-folder"
@@ -34,13 +39,19 @@ def test_an_unwritable_dead_letter_stops_the_service_with_one_line_and_loses_not
     bad = (b"too-big-for-the-dlq", b"not an event " * 400, [])  # 5 kB, over the topic's 1 KiB
     assert produce(kafka.bootstrap, topic, [*before, bad, *after]) == 41
 
-    service = Service(env, tmp_path, "unwritable", extra_env={
-        "GEOINGEST_DEAD_LETTER_SPILL_LOCATION": f"file://{blocker}/dead-letters"})
+    service = Service(
+        env,
+        tmp_path,
+        "unwritable",
+        extra_env={"GEOINGEST_DEAD_LETTER_SPILL_LOCATION": f"file://{blocker}/dead-letters"},
+    )
     code = service.wait(timeout=600)
     assert code != 0
     last = service.stderr().rstrip().splitlines()[-1]
-    assert last.startswith(f"geoingest: the rejected record {topic}/0/20 (unknown_format) could not be stored at "
-                           f"file://{blocker}/dead-letters/{topic}/0/20.arrow"), service.stderr_tail()
+    assert last.startswith(
+        f"geoingest: the rejected record {topic}/0/20 (unknown_format) could not be stored at "
+        f"file://{blocker}/dead-letters/{topic}/0/20.arrow"
+    ), service.stderr_tail()
     assert "Not a directory" in last
     assert landed(env) == set(), "the batch of the record was not committed"
 
@@ -49,4 +60,5 @@ def test_an_unwritable_dead_letter_stops_the_service_with_one_line_and_loses_not
     assert landed(env) == {key.decode() for key, _, _ in before + after}
     dead = list(dead_letters(kafka.bootstrap, f"{topic}.dlq").values())
     assert [(d.reason, d.offset, d.key, d.value, d.spilled) for d in dead] == [
-        ("unknown_format", 20, bad[0], bad[1], True)]
+        ("unknown_format", 20, bad[0], bad[1], True)
+    ]

@@ -20,8 +20,10 @@ OSError: When resolving region for bucket 'warehouse': AWS Error NETWORK_CONNECT
 
 def test_a_traceback_inside_a_message_gives_its_last_raised_line():
     line = one_line(RuntimeError(f"the streaming query failed: {SPARK_TEXT}"))
-    assert line == ("OSError: When resolving region for bucket 'warehouse': AWS Error NETWORK_CONNECTION during "
-                    "HeadBucket operation: curlCode: 6, Couldn't resolve host name")
+    assert line == (
+        "OSError: When resolving region for bucket 'warehouse': AWS Error NETWORK_CONNECTION during "
+        "HeadBucket operation: curlCode: 6, Couldn't resolve host name"
+    )
 
 
 def test_a_chained_cause_is_named_after_the_place():
@@ -32,7 +34,10 @@ def test_a_chained_cause_is_named_after_the_place():
             raise RuntimeError("committing batch 3 to demo.events") from exc
     except RuntimeError as outer:
         assert isinstance(innermost(outer), ConnectionRefusedError)
-        assert one_line(outer) == "committing batch 3 to demo.events: ConnectionRefusedError: [Errno 111] Connection refused"
+        assert (
+            one_line(outer)
+            == "committing batch 3 to demo.events: ConnectionRefusedError: [Errno 111] Connection refused"
+        )
 
 
 def test_an_error_that_names_its_input_is_its_own_line():

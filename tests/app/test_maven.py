@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from app.maven import ResolveError, _ivy_module, _SETTINGS, artifact_name, resolve, without_spark_jars
+from app.maven import _SETTINGS, ResolveError, _ivy_module, artifact_name, resolve, without_spark_jars
 
 
 def test_settings_name_maven_central_as_the_only_repository():
@@ -15,19 +15,23 @@ def test_settings_name_maven_central_as_the_only_repository():
     assert "spark-packages" not in _SETTINGS
 
 
-@pytest.mark.parametrize("jar, name", [
-    ("kafka-clients-3.9.0.jar", "kafka-clients"),
-    ("spark-sql-kafka-0-10_2.13-4.0.0.jar", "spark-sql-kafka-0-10_2.13"),
-    ("geotools-wrapper-1.8.0-33.1.jar", "geotools-wrapper"),
-    ("snappy-java-1.1.10.7.jar", "snappy-java"),
-])
+@pytest.mark.parametrize(
+    "jar, name",
+    [
+        ("kafka-clients-3.9.0.jar", "kafka-clients"),
+        ("spark-sql-kafka-0-10_2.13-4.0.0.jar", "spark-sql-kafka-0-10_2.13"),
+        ("geotools-wrapper-1.8.0-33.1.jar", "geotools-wrapper"),
+        ("snappy-java-1.1.10.7.jar", "snappy-java"),
+    ],
+)
 def test_artifact_names_drop_the_version(jar, name):
     assert artifact_name(jar) == name
 
 
 def test_jars_spark_ships_are_left_out():
-    kept = without_spark_jars([Path("org.apache.kafka_kafka-clients-3.9.0.jar"),
-                               Path("org.slf4j_slf4j-api-1.7.0.jar")])  # Spark ships slf4j-api
+    kept = without_spark_jars(
+        [Path("org.apache.kafka_kafka-clients-3.9.0.jar"), Path("org.slf4j_slf4j-api-1.7.0.jar")]
+    )  # Spark ships slf4j-api
     assert kept == [Path("org.apache.kafka_kafka-clients-3.9.0.jar")]
 
 

@@ -41,16 +41,34 @@ def get(url: str) -> tuple[int, str]:
 
 @pytest.mark.integration
 def test_scraped_counters_match_what_was_produced_committed_and_rejected(kafka, spark, topic, tmp_path, catalog):
-    good = [(f"g{i}".encode(), json.dumps({"type": "Feature", "id": f"g{i}", "properties": {},
-             "geometry": {"type": "Point", "coordinates": [i * 0.01, 45.0]}}).encode(), []) for i in range(500)]
+    good = [
+        (
+            f"g{i}".encode(),
+            json.dumps(
+                {
+                    "type": "Feature",
+                    "id": f"g{i}",
+                    "properties": {},
+                    "geometry": {"type": "Point", "coordinates": [i * 0.01, 45.0]},
+                }
+            ).encode(),
+            [],
+        )
+        for i in range(500)
+    ]
     bad = [(b"b1", b"garbage", []), (b"b2", None, []), (b"b3", b'{"type": "Feature"', [])]
     assert produce_records(kafka.bootstrap, topic, good + bad) == 503
 
     port = free_port()
-    settings = load_settings(env={}, bootstrap_servers=kafka.bootstrap, topic=topic,
-                             catalog={"type": "sql", "uri": f"sqlite:///{tmp_path / 'm.db'}",
-                                      "warehouse": f"file://{tmp_path / 'wh'}"},
-                             checkpoint_location=str(tmp_path / "ck"), metrics_port=port, cache_dir=str(CACHE_DIR))
+    settings = load_settings(
+        env={},
+        bootstrap_servers=kafka.bootstrap,
+        topic=topic,
+        catalog={"type": "sql", "uri": f"sqlite:///{tmp_path / 'm.db'}", "warehouse": f"file://{tmp_path / 'wh'}"},
+        checkpoint_location=str(tmp_path / "ck"),
+        metrics_port=port,
+        cache_dir=str(CACHE_DIR),
+    )
     contract = load_contract(CONTRACT)
     from streaming.catalog import open_catalog
 
@@ -85,13 +103,25 @@ def test_scraped_counters_match_what_was_produced_committed_and_rejected(kafka, 
 
 def test_lag_comes_from_the_query_progress():
     metrics = IngestMetrics(CollectorRegistry(), "demo.events", "geo")
-    metrics.observe_progress({"sources": [{
-        "endOffset": json.dumps({"geo": {"0": 100, "1": 50}}),
-        "latestOffset": json.dumps({"geo": {"0": 130, "1": 50}}),
-    }]})
+    metrics.observe_progress(
+        {
+            "sources": [
+                {
+                    "endOffset": json.dumps({"geo": {"0": 100, "1": 50}}),
+                    "latestOffset": json.dumps({"geo": {"0": 130, "1": 50}}),
+                }
+            ]
+        }
+    )
     registry = metrics.registry
-    assert registry.get_sample_value("geoingest_kafka_lag", {"topic": "geo", "partition": "0", "table": "demo.events"}) == 30
-    assert registry.get_sample_value("geoingest_kafka_lag", {"topic": "geo", "partition": "1", "table": "demo.events"}) == 0
+    assert (
+        registry.get_sample_value("geoingest_kafka_lag", {"topic": "geo", "partition": "0", "table": "demo.events"})
+        == 30
+    )
+    assert (
+        registry.get_sample_value("geoingest_kafka_lag", {"topic": "geo", "partition": "1", "table": "demo.events"})
+        == 0
+    )
 
 
 def test_readiness_follows_the_query_and_its_progress():

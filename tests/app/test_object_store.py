@@ -90,8 +90,11 @@ def test_start_is_idempotent_and_buckets_are_folders(store: LocalObjectStore) ->
     assert pid_file.read_text() == pid, "a second start reuses the running store"
     assert (store.data_dir / BUCKET).is_dir()
     assert store.io_properties() == {
-        "s3.endpoint": store.endpoint, "s3.access-key-id": "geoingest",
-        "s3.secret-access-key": store.secret_key, "s3.region": "us-east-1", "s3.path-style-access": "true",
+        "s3.endpoint": store.endpoint,
+        "s3.access-key-id": "geoingest",
+        "s3.secret-access-key": store.secret_key,
+        "s3.region": "us-east-1",
+        "s3.path-style-access": "true",
     }
 
 

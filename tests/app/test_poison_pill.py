@@ -28,9 +28,21 @@ CRASHING_WKB = b"\x01\x07\x00\x00\x00\x01\x00\x00\x00" * 50_000 + shapely.to_wkb
 
 
 def good(prefix: str, n: int) -> list[tuple[bytes, bytes, list]]:
-    return [(f"{prefix}-{i}".encode(), json.dumps({
-        "type": "Feature", "id": f"{prefix}-{i}", "properties": {"kind": "ping"},
-        "geometry": {"type": "Point", "coordinates": [2.0 + i * 0.001, 48.0]}}).encode(), []) for i in range(n)]
+    return [
+        (
+            f"{prefix}-{i}".encode(),
+            json.dumps(
+                {
+                    "type": "Feature",
+                    "id": f"{prefix}-{i}",
+                    "properties": {"kind": "ping"},
+                    "geometry": {"type": "Point", "coordinates": [2.0 + i * 0.001, 48.0]},
+                }
+            ).encode(),
+            [],
+        )
+        for i in range(n)
+    ]
 
 
 def landed(env: dict[str, str]) -> set[str]:
@@ -69,8 +81,9 @@ class Prober(threading.Thread):
 def wait_for(condition, service: Service, what: str, timeout: float = 600) -> None:
     deadline = time.monotonic() + timeout
     while not condition():
-        assert service.alive, f"the service exited ({service.process.returncode}) before {what}:\n" \
-                              f"{service.stderr_tail()}"
+        assert service.alive, (
+            f"the service exited ({service.process.returncode}) before {what}:\n{service.stderr_tail()}"
+        )
         assert time.monotonic() < deadline, f"no {what} in {timeout} s:\n{service.stderr_tail()}"
         time.sleep(1)
 
@@ -78,10 +91,15 @@ def wait_for(condition, service: Service, what: str, timeout: float = 600) -> No
 def test_the_service_stays_healthy_through_poison_pills_and_the_records_after_them_land(kafka, tmp_path):
     topic = large_record_topic(kafka.bootstrap, partitions=2)
     port = free_port()
-    env = service_env(kafka.bootstrap, topic, tmp_path, GEOINGEST_METRICS_PORT=str(port),
-                      GEOINGEST_TRIGGER_INTERVAL="2 seconds",
-                      # room for the 100,001-vertex polygon (2.4 MB of GeoJSON) to meet max_vertices
-                      GEOINGEST_MAX_MESSAGE_BYTES=str(4 * 1024 * 1024))
+    env = service_env(
+        kafka.bootstrap,
+        topic,
+        tmp_path,
+        GEOINGEST_METRICS_PORT=str(port),
+        GEOINGEST_TRIGGER_INTERVAL="2 seconds",
+        # room for the 100,001-vertex polygon (2.4 MB of GeoJSON) to meet max_vertices
+        GEOINGEST_MAX_MESSAGE_BYTES=str(4 * 1024 * 1024),
+    )
     geoingest(env, "table", "create", "--contract", str(CONTRACT_FILE))
     before, after = good("before", 50), good("after", 200)
     angles = np.linspace(0, 2 * np.pi, 100_000, endpoint=False)
@@ -89,25 +107,51 @@ def test_the_service_stays_healthy_through_poison_pills_and_the_records_after_th
     ring = [*circle, circle[0]]  # 100,001 vertices
     poison = {
         "message_too_large": (b"fifty-megabytes", padded_to(50_000_000), []),
-        "nesting_too_deep": (b"deep", b'{"type":"Feature","id":"deep","properties":{},"geometry":{"type":"Point",'
-                                      b'"coordinates":' + b"[" * 100_000 + b"]" * 100_000 + b"}}", []),
-        "too_many_vertices": (b"vertices", json.dumps({"type": "Feature", "id": "vertices", "properties": {},
-                                                        "geometry": {"type": "Polygon", "coordinates": [ring]}}).encode(),
-                              []),
+        "nesting_too_deep": (
+            b"deep",
+            b'{"type":"Feature","id":"deep","properties":{},"geometry":{"type":"Point",'
+            b'"coordinates":' + b"[" * 100_000 + b"]" * 100_000 + b"}}",
+            [],
+        ),
+        "too_many_vertices": (
+            b"vertices",
+            json.dumps(
+                {
+                    "type": "Feature",
+                    "id": "vertices",
+                    "properties": {},
+                    "geometry": {"type": "Polygon", "coordinates": [ring]},
+                }
+            ).encode(),
+            [],
+        ),
     }
     assert produce(kafka.bootstrap, topic, before) == len(before)
 
     service = Service(env, tmp_path, "poison", extra_env={})
     prober = Prober(port)
     try:
-        wait_for(lambda: status(prober.urls[1]) == 200 and len(landed(env)) == len(before), service,
-                 "the first records in the table")
+        wait_for(
+            lambda: status(prober.urls[1]) == 200 and len(landed(env)) == len(before),
+            service,
+            "the first records in the table",
+        )
         prober.start()
-        records = [after[0], poison["message_too_large"], *after[1:50], poison["nesting_too_deep"], *after[50:100],
-                   poison["too_many_vertices"], *after[100:]]
+        records = [
+            after[0],
+            poison["message_too_large"],
+            *after[1:50],
+            poison["nesting_too_deep"],
+            *after[50:100],
+            poison["too_many_vertices"],
+            *after[100:],
+        ]
         assert produce(kafka.bootstrap, topic, records) == len(records)
-        wait_for(lambda: landed(env) >= {f"after-{i}" for i in range(len(after))}, service,
-                 "the records sent after the poison pills in the table")
+        wait_for(
+            lambda: landed(env) >= {f"after-{i}" for i in range(len(after))},
+            service,
+            "the records sent after the poison pills in the table",
+        )
         time.sleep(3)  # a few more probes after the pills went through
     finally:
         prober.stop()
@@ -115,8 +159,11 @@ def test_the_service_stays_healthy_through_poison_pills_and_the_records_after_th
     assert code == 0, service.stderr_tail()
 
     assert len(prober.answers) >= 10
-    refused = [(round(t - prober.answers[0][0], 1), health, ready) for t, health, ready in prober.answers
-               if (health, ready) != (200, 200)]
+    refused = [
+        (round(t - prober.answers[0][0], 1), health, ready)
+        for t, health, ready in prober.answers
+        if (health, ready) != (200, 200)
+    ]
     assert refused == [], "/healthz and /readyz answered 200 throughout"
     assert landed(env) == {key.decode() for key, _, _ in before + after}
     dead = dead_letters(kafka.bootstrap, f"{topic}.dlq")

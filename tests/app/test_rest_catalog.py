@@ -34,8 +34,12 @@ def server(object_store: LocalObjectStore, tmp_path_factory) -> Iterator[LocalRe
         env.setenv("AWS_ACCESS_KEY_ID", "not-the-store-key")
         env.setenv("AWS_SECRET_ACCESS_KEY", "not-the-store-secret")
         env.setenv("AWS_REGION", "eu-nowhere-1")
-        catalog = LocalRestCatalog(tmp_path_factory.mktemp("rest-catalog"), CACHE_DIR,
-                                   f"s3://{WAREHOUSE_BUCKET}/test-rest-catalog", object_store.io_properties())
+        catalog = LocalRestCatalog(
+            tmp_path_factory.mktemp("rest-catalog"),
+            CACHE_DIR,
+            f"s3://{WAREHOUSE_BUCKET}/test-rest-catalog",
+            object_store.io_properties(),
+        )
         try:
             catalog.start()
             yield catalog
@@ -57,8 +61,7 @@ def fresh_table(catalog: Catalog, **properties: str):
     return catalog.create_table(f"geo.t_{uuid.uuid4().hex[:8]}", schema=ROWS.schema, properties=properties)
 
 
-def test_round_trip_through_s3_without_aws_variables(server: LocalRestCatalog,
-                                                     object_store: LocalObjectStore) -> None:  # noqa: F811
+def test_round_trip_through_s3_without_aws_variables(server: LocalRestCatalog, object_store: LocalObjectStore) -> None:  # noqa: F811
     environ = Path(f"/proc/{server._process.pid()}/environ").read_bytes().split(b"\0")
     assert not [v for v in environ if v.startswith(b"AWS_")], "the server must run on catalog properties alone"
 

@@ -109,9 +109,7 @@ def test_every_kind_of_malformed_event_is_there(events: list[SampleEvent], class
     assert set(kinds) == set(sample.MALFORMED_KINDS), kinds
 
 
-def test_geojson_features_carry_the_contract_properties(
-    events: list[SampleEvent], classes: list[str]
-) -> None:
+def test_geojson_features_carry_the_contract_properties(events: list[SampleEvent], classes: list[str]) -> None:
     contract = json.loads((ROOT / "schemas" / "demo_events.json").read_text())
     property_types = {
         source.removeprefix("properties."): JSON_TYPES[column["type"]]
@@ -135,9 +133,7 @@ def test_geojson_features_carry_the_contract_properties(
         assert properties["speed"] >= 0 and properties["population"] > 0
 
 
-def test_binary_events_are_keyed_by_id_and_zones_embed_srid_3857(
-    events: list[SampleEvent], classes: list[str]
-) -> None:
+def test_binary_events_are_keyed_by_id_and_zones_embed_srid_3857(events: list[SampleEvent], classes: list[str]) -> None:
     for event, kind in zip(events, classes):
         if kind in ("track", "zone", "site"):
             assert event.headers == (("kind", kind.encode()),)
@@ -215,9 +211,7 @@ def test_produced_events_come_back_from_the_broker(broker: LocalBroker, workers:
     from kafka import KafkaAdminClient, KafkaConsumer
 
     count, topic = 20_000, f"sample-events-{workers}"
-    acknowledged = produce(
-        broker.bootstrap, topic, sample_events(count), total=count, progress=False, workers=workers
-    )
+    acknowledged = produce(broker.bootstrap, topic, sample_events(count), total=count, progress=False, workers=workers)
     assert acknowledged == count
 
     admin = KafkaAdminClient(bootstrap_servers=broker.bootstrap)

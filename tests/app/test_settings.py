@@ -45,7 +45,9 @@ def test_settings_are_frozen():
 
 
 def test_values_come_from_the_toml_file(tmp_path):
-    path = write_toml(tmp_path, """
+    path = write_toml(
+        tmp_path,
+        """
 topic = "positions"
 max_vertices = 5000
 starting_offsets = "latest"
@@ -55,7 +57,8 @@ starting_offsets = "latest"
 
 [spark]
 "spark.sql.shuffle.partitions" = 8
-""")
+""",
+    )
     s = load_settings(path, env={})
     assert s.topic == "positions"
     assert s.max_vertices == 5000
@@ -72,12 +75,15 @@ def test_config_file_can_be_named_in_the_environment(tmp_path):
 
 def test_environment_overrides_the_file(tmp_path):
     path = write_toml(tmp_path, 'topic = "from-file"\nmax_vertices = 5000\n[kafka]\n"security.protocol" = "SASL_SSL"\n')
-    s = load_settings(path, env={
-        "GEOINGEST_TOPIC": "from-env",
-        "GEOINGEST_MAX_VERTICES": "7",
-        "GEOINGEST_KAFKA__SASL_MECHANISM": "PLAIN",
-        "OTHER_TOPIC": "ignored",
-    })
+    s = load_settings(
+        path,
+        env={
+            "GEOINGEST_TOPIC": "from-env",
+            "GEOINGEST_MAX_VERTICES": "7",
+            "GEOINGEST_KAFKA__SASL_MECHANISM": "PLAIN",
+            "OTHER_TOPIC": "ignored",
+        },
+    )
     assert s.topic == "from-env"
     assert s.max_vertices == 7, "env strings are typed like the default"
     assert s.kafka == {"security.protocol": "SASL_SSL", "sasl.mechanism": "PLAIN"}, "nested keys merge"
@@ -104,13 +110,18 @@ def test_other_secret_looking_kafka_options_are_masked(key):
     assert "s3cr3t" not in repr(s)
 
 
-@pytest.mark.parametrize("uri, shown", [
-    ("postgresql://user:pw@host/db", "postgresql://user:***@host/db"),
-    ("postgresql+psycopg2://user:p@ss@db.example:5432/iceberg?sslmode=require",
-     "postgresql+psycopg2://user:***@db.example:5432/iceberg?sslmode=require"),
-    ("postgresql://user@host/db", "postgresql://user@host/db"),
-    ("sqlite:////tmp/catalog.db", "sqlite:////tmp/catalog.db"),
-])
+@pytest.mark.parametrize(
+    "uri, shown",
+    [
+        ("postgresql://user:pw@host/db", "postgresql://user:***@host/db"),
+        (
+            "postgresql+psycopg2://user:p@ss@db.example:5432/iceberg?sslmode=require",
+            "postgresql+psycopg2://user:***@db.example:5432/iceberg?sslmode=require",
+        ),
+        ("postgresql://user@host/db", "postgresql://user@host/db"),
+        ("sqlite:////tmp/catalog.db", "sqlite:////tmp/catalog.db"),
+    ],
+)
 def test_catalog_uri_password_is_masked(uri, shown):
     s = load_settings(env={"GEOINGEST_CATALOG__URI": uri})
     assert s.catalog["uri"] == uri
@@ -121,7 +132,9 @@ def test_catalog_uri_password_is_masked(uri, shown):
 
 
 def test_catalog_secret_keys_are_masked_and_others_shown(tmp_path):
-    path = write_toml(tmp_path, '[catalog]\ntype = "rest"\n"s3.secret-access-key" = "abc123"\n"s3.access-key-id" = "AKIA"\n')
+    path = write_toml(
+        tmp_path, '[catalog]\ntype = "rest"\n"s3.secret-access-key" = "abc123"\n"s3.access-key-id" = "AKIA"\n'
+    )
     shown = load_settings(path, env={}).shown()["catalog"]
     assert shown["s3.secret-access-key"] == "***"
     assert shown["s3.access-key-id"] == "AKIA" and shown["type"] == "rest"
@@ -196,29 +209,51 @@ def test_a_nested_variable_on_a_scalar_setting_names_it(key):
 
 
 def test_a_spark_key_spelled_as_spark_spells_it_keeps_its_case():
-    s = load_settings(env={
-        "GEOINGEST_SPARK__spark.executorEnv.GEO_TZ": "UTC",
-        "GEOINGEST_SPARK__spark.sql.streaming.stopGracefullyOnShutdown": "false",
-        "GEOINGEST_SPARK__SPARK_EXECUTOR_MEMORY": "3g",
-    })
-    assert s.spark == {"spark.executorEnv.GEO_TZ": "UTC", "spark.sql.streaming.stopGracefullyOnShutdown": "false",
-                       "spark.executor.memory": "3g"}
+    s = load_settings(
+        env={
+            "GEOINGEST_SPARK__spark.executorEnv.GEO_TZ": "UTC",
+            "GEOINGEST_SPARK__spark.sql.streaming.stopGracefullyOnShutdown": "false",
+            "GEOINGEST_SPARK__SPARK_EXECUTOR_MEMORY": "3g",
+        }
+    )
+    assert s.spark == {
+        "spark.executorEnv.GEO_TZ": "UTC",
+        "spark.sql.streaming.stopGracefullyOnShutdown": "false",
+        "spark.executor.memory": "3g",
+    }
 
 
 def test_a_whole_map_as_one_json_variable_merges_with_the_file(tmp_path):
     path = write_toml(tmp_path, '[catalog]\ntype = "rest"\nuri = "http://catalog:8181"\n')
-    s = load_settings(path, env={"GEOINGEST_CATALOG": '{"s3.endpoint": "http://127.0.0.1:9000", "s3.region": "eu"}',
-                                 "GEOINGEST_SPARK": '{"spark.executorEnv.AWS_REGION": "eu"}'})
-    assert s.catalog == {"type": "rest", "uri": "http://catalog:8181", "s3.endpoint": "http://127.0.0.1:9000",
-                         "s3.region": "eu"}
+    s = load_settings(
+        path,
+        env={
+            "GEOINGEST_CATALOG": '{"s3.endpoint": "http://127.0.0.1:9000", "s3.region": "eu"}',
+            "GEOINGEST_SPARK": '{"spark.executorEnv.AWS_REGION": "eu"}',
+        },
+    )
+    assert s.catalog == {
+        "type": "rest",
+        "uri": "http://catalog:8181",
+        "s3.endpoint": "http://127.0.0.1:9000",
+        "s3.region": "eu",
+    }
     assert s.spark == {"spark.executorEnv.AWS_REGION": "eu"}
 
 
 def test_catalog_keys_follow_pyicebergs_environment_rule():
-    s = load_settings(env={"GEOINGEST_CATALOG__S3__ACCESS_KEY_ID": "AKIA", "GEOINGEST_CATALOG__S3__PATH_STYLE_ACCESS": "true",
-                           "GEOINGEST_CATALOG__s3.secret-access-key": "shh"})
+    s = load_settings(
+        env={
+            "GEOINGEST_CATALOG__S3__ACCESS_KEY_ID": "AKIA",
+            "GEOINGEST_CATALOG__S3__PATH_STYLE_ACCESS": "true",
+            "GEOINGEST_CATALOG__s3.secret-access-key": "shh",
+        }
+    )
     assert {k: s.catalog[k] for k in ("s3.access-key-id", "s3.path-style-access", "s3.secret-access-key")} == {
-        "s3.access-key-id": "AKIA", "s3.path-style-access": "true", "s3.secret-access-key": "shh"}
+        "s3.access-key-id": "AKIA",
+        "s3.path-style-access": "true",
+        "s3.secret-access-key": "shh",
+    }
     assert "shh" not in repr(s)
 
 

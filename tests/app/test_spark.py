@@ -20,6 +20,7 @@ def test_python_workers_import_pyspark_without_its_zip_archives(spark):
         zips = [p for p in sys.path if p.endswith((".zip", ".jar")) and os.path.exists(p)]
         cached = [k for k, v in sys.path_importer_cache.items() if isinstance(v, zipimport.zipimporter)]
         import pyspark
+
         yield pa.RecordBatch.from_pydict({"zips": [len(zips) + len(cached)], "pyspark": [pyspark.__file__]})
 
     rows = spark.range(0, 4, 1, 2).mapInArrow(report, "zips long, pyspark string").collect()

@@ -61,10 +61,17 @@ def probe(batches):
     with open(f"/proc/{daemon}/stat") as f:
         jvm = int(f.read().rsplit(")", 1)[1].split()[1])
     zips = [p for p in sys.path if p.endswith((".zip", ".jar")) and os.path.exists(p)]
-    yield pa.RecordBatch.from_pydict({
-        "rows": [rows], "jvm": [jvm], "jvm_command": [command(jvm)], "daemon_command": [command(daemon)],
-        "python": [sys.executable], "env": [json.dumps(dict(os.environ))], "zips": [len(zips)],
-    })
+    yield pa.RecordBatch.from_pydict(
+        {
+            "rows": [rows],
+            "jvm": [jvm],
+            "jvm_command": [command(jvm)],
+            "daemon_command": [command(daemon)],
+            "python": [sys.executable],
+            "env": [json.dumps(dict(os.environ))],
+            "zips": [len(zips)],
+        }
+    )
 
 
 def driver_jvm(session) -> int:
@@ -105,8 +112,13 @@ def test_an_executor_sees_spark_executor_env_with_the_case_of_its_name_kept(sess
 def test_the_kafka_source_reads_a_topic_in_the_executors(session, kafka, topic):
     records = [(f"k{i}".encode(), f'{{"n": {i}}}'.encode(), []) for i in range(300)]
     assert produce_records(kafka.bootstrap, topic, records) == 300
-    source = (session.read.format("kafka").option("kafka.bootstrap.servers", kafka.bootstrap)
-              .option("subscribe", topic).option("startingOffsets", "earliest").load())
+    source = (
+        session.read.format("kafka")
+        .option("kafka.bootstrap.servers", kafka.bootstrap)
+        .option("subscribe", topic)
+        .option("startingOffsets", "earliest")
+        .load()
+    )
     assert source.count() == 300
     # The Kafka scan and the Python stage share one task: the scan ran in the probed JVM.
     tasks = source.select("value").mapInArrow(probe, PROBE_SCHEMA).collect()
@@ -136,8 +148,12 @@ def test_the_local_shape_replaces_the_cluster_session_and_the_cluster_shape_come
     assert SparkContext._active_spark_context.master == LOCAL_MASTER
     conf = dict(local.sparkContext.getConf().getAll())
     # Nothing of the cluster session's configuration is left in the driver's JVM.
-    leftovers = [key for key in conf if key.startswith("spark.executorEnv.")
-                 or key in ("spark.cores.max", "spark.executor.memory", "spark.driver.bindAddress")]
+    leftovers = [
+        key
+        for key in conf
+        if key.startswith("spark.executorEnv.")
+        or key in ("spark.cores.max", "spark.executor.memory", "spark.driver.bindAddress")
+    ]
     assert not leftovers
     [task] = local.range(0, 10, 1, 1).mapInArrow(probe, PROBE_SCHEMA).collect()
     assert task.rows == 10 and task.jvm == driver_jvm(local)

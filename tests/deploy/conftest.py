@@ -31,8 +31,9 @@ HELM = TOOLS / f"helm-{HELM_VERSION}" / "bin" / "helm"
 
 def _go_env(go: str) -> dict[str, str]:
     """Go's environment with every cache under TOOLS; the user's go env file (proxy, flags) still applies."""
-    user = json.loads(subprocess.run([go, "env", "-json", "GOENV", "GOFLAGS"], capture_output=True, text=True,
-                                     check=True).stdout)
+    user = json.loads(
+        subprocess.run([go, "env", "-json", "GOENV", "GOFLAGS"], capture_output=True, text=True, check=True).stdout
+    )
     gopath = TOOLS / "go"
     return {
         **os.environ,
@@ -49,8 +50,16 @@ def _go_env(go: str) -> dict[str, str]:
 
 def _kubernetes_version(go: str, env: dict[str, str]) -> tuple[str, str]:
     """The Kubernetes version helm's Makefile stamps in (client-go v0.X.Y -> 1.X), from helm's go.mod."""
-    info = json.loads(subprocess.run([go, "mod", "download", "-json", f"{HELM_MODULE}@{HELM_VERSION}"],
-                                     capture_output=True, text=True, env=env, check=True, timeout=900).stdout)
+    info = json.loads(
+        subprocess.run(
+            [go, "mod", "download", "-json", f"{HELM_MODULE}@{HELM_VERSION}"],
+            capture_output=True,
+            text=True,
+            env=env,
+            check=True,
+            timeout=900,
+        ).stdout
+    )
     match = re.search(r"^\s*k8s\.io/client-go v(\d+)\.(\d+)\.", Path(info["GoMod"]).read_text(), re.MULTILINE)
     assert match, f"no k8s.io/client-go in {info['GoMod']}"
     return str(int(match.group(1)) + 1), match.group(2)
@@ -65,27 +74,36 @@ def build_helm() -> Path:
     env = _go_env(go)
     major, minor = _kubernetes_version(go, env)
     # What helm's Makefile sets: without it helm reports v3.x with no patch and templates for Kubernetes 1.20.
-    ldflags = " ".join([
-        "-s -w",
-        f"-X helm.sh/helm/v3/internal/version.version={HELM_VERSION}",
-        f"-X helm.sh/helm/v3/pkg/lint/rules.k8sVersionMajor={major}",
-        f"-X helm.sh/helm/v3/pkg/lint/rules.k8sVersionMinor={minor}",
-        f"-X helm.sh/helm/v3/pkg/chartutil.k8sVersionMajor={major}",
-        f"-X helm.sh/helm/v3/pkg/chartutil.k8sVersionMinor={minor}",
-    ])
+    ldflags = " ".join(
+        [
+            "-s -w",
+            f"-X helm.sh/helm/v3/internal/version.version={HELM_VERSION}",
+            f"-X helm.sh/helm/v3/pkg/lint/rules.k8sVersionMajor={major}",
+            f"-X helm.sh/helm/v3/pkg/lint/rules.k8sVersionMinor={minor}",
+            f"-X helm.sh/helm/v3/pkg/chartutil.k8sVersionMajor={major}",
+            f"-X helm.sh/helm/v3/pkg/chartutil.k8sVersionMinor={minor}",
+        ]
+    )
     HELM.parent.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix="helm-build-", dir=HELM.parent.parent))
     try:
-        subprocess.run([go, "install", "-trimpath", f"-ldflags={ldflags}", f"{HELM_MODULE}/cmd/helm@{HELM_VERSION}"],
-                       env={**env, "GOBIN": str(staging)}, check=True, timeout=1800,
-                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        subprocess.run(
+            [go, "install", "-trimpath", f"-ldflags={ldflags}", f"{HELM_MODULE}/cmd/helm@{HELM_VERSION}"],
+            env={**env, "GOBIN": str(staging)},
+            check=True,
+            timeout=1800,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+        )
         HELM.parent.mkdir(parents=True, exist_ok=True)
         os.replace(staging / "helm", HELM)
         # The compiled packages (~700 MB) serve no later build of another version; the module
         # cache stays, so the same version rebuilds without the network.
         shutil.rmtree(env["GOCACHE"], ignore_errors=True)
     except subprocess.CalledProcessError as exc:
-        raise RuntimeError(f"building helm {HELM_VERSION} failed:\n{exc.stdout.decode(errors='replace')[-4000:]}")
+        raise RuntimeError(
+            f"building helm {HELM_VERSION} failed:\n{exc.stdout.decode(errors='replace')[-4000:]}"
+        ) from exc
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return HELM
@@ -106,7 +124,9 @@ class Helm:
     def run(self, *args: str, check: bool = True) -> subprocess.CompletedProcess:
         result = subprocess.run([str(self.binary), *args], capture_output=True, text=True, env=self.env, timeout=120)
         if check and result.returncode != 0:
-            raise AssertionError(f"helm {' '.join(args)} failed ({result.returncode}):\n{result.stdout}\n{result.stderr}")
+            raise AssertionError(
+                f"helm {' '.join(args)} failed ({result.returncode}):\n{result.stdout}\n{result.stderr}"
+            )
         return result
 
 

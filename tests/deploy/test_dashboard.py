@@ -25,13 +25,69 @@ CHART_COPY = ROOT / "helm" / "geoingest" / "dashboards" / "geoingest.json"
 
 # PromQL words that are not metric names.
 _FUNCTIONS_AND_KEYWORDS = {
-    "sum", "min", "max", "avg", "count", "stddev", "stdvar", "topk", "bottomk", "quantile", "count_values", "group",
-    "rate", "irate", "increase", "delta", "idelta", "deriv", "histogram_quantile", "clamp_min", "clamp_max", "clamp",
-    "abs", "ceil", "floor", "round", "time", "timestamp", "vector", "scalar", "label_replace", "label_join",
-    "sort", "sort_desc", "absent", "absent_over_time", "changes", "resets", "predict_linear",
-    "avg_over_time", "min_over_time", "max_over_time", "sum_over_time", "count_over_time", "last_over_time",
-    "quantile_over_time", "by", "without", "on", "ignoring", "group_left", "group_right", "bool", "offset",
-    "and", "or", "unless", "inf", "nan", "label_values", "query_result", "metrics", "label_names",
+    "sum",
+    "min",
+    "max",
+    "avg",
+    "count",
+    "stddev",
+    "stdvar",
+    "topk",
+    "bottomk",
+    "quantile",
+    "count_values",
+    "group",
+    "rate",
+    "irate",
+    "increase",
+    "delta",
+    "idelta",
+    "deriv",
+    "histogram_quantile",
+    "clamp_min",
+    "clamp_max",
+    "clamp",
+    "abs",
+    "ceil",
+    "floor",
+    "round",
+    "time",
+    "timestamp",
+    "vector",
+    "scalar",
+    "label_replace",
+    "label_join",
+    "sort",
+    "sort_desc",
+    "absent",
+    "absent_over_time",
+    "changes",
+    "resets",
+    "predict_linear",
+    "avg_over_time",
+    "min_over_time",
+    "max_over_time",
+    "sum_over_time",
+    "count_over_time",
+    "last_over_time",
+    "quantile_over_time",
+    "by",
+    "without",
+    "on",
+    "ignoring",
+    "group_left",
+    "group_right",
+    "bool",
+    "offset",
+    "and",
+    "or",
+    "unless",
+    "inf",
+    "nan",
+    "label_values",
+    "query_result",
+    "metrics",
+    "label_names",
 }
 
 
@@ -39,26 +95,63 @@ def exported_metric_names() -> set[str]:
     """The names in the service's real exposition after one batch and one progress report."""
     registry = CollectorRegistry()
     metrics = IngestMetrics(registry, "demo.events", "geo-events")
-    files = (DataFileRecord(path="file:///w/demo/events/data/f.parquet", file_size_in_bytes=4096, record_count=10,
-                            bbox=(2.2, 48.8, 2.5, 48.9), metrics={}),)
-    metrics.observe_batch(BatchReport(
-        batch_id=0, consumed=12, committed_rows=10, rejected={"bad_wkb": 2}, files=files,
-        offsets={"geo-events": {0: (0, 11)}},
-        outcome=CommitOutcome(status="committed", snapshot_id=1, attempts=2, conflicts=1, duration_s=0.2),
-        seconds={"total": 1.5}, oldest_event_ms={"geo-events/0": int(time.time() * 1000) - 5000},
-    ))
-    metrics.observe_progress({"sources": [{"latestOffset": {"geo-events": {"0": 20}},
-                                           "endOffset": {"geo-events": {"0": 12}}}]})
+    files = (
+        DataFileRecord(
+            path="file:///w/demo/events/data/f.parquet",
+            file_size_in_bytes=4096,
+            record_count=10,
+            bbox=(2.2, 48.8, 2.5, 48.9),
+            metrics={},
+        ),
+    )
+    metrics.observe_batch(
+        BatchReport(
+            batch_id=0,
+            consumed=12,
+            committed_rows=10,
+            rejected={"bad_wkb": 2},
+            files=files,
+            offsets={"geo-events": {0: (0, 11)}},
+            outcome=CommitOutcome(status="committed", snapshot_id=1, attempts=2, conflicts=1, duration_s=0.2),
+            seconds={"total": 1.5},
+            oldest_event_ms={"geo-events/0": int(time.time() * 1000) - 5000},
+        )
+    )
+    metrics.observe_progress(
+        {"sources": [{"latestOffset": {"geo-events": {"0": 20}}, "endOffset": {"geo-events": {"0": 12}}}]}
+    )
     maintenance = MaintenanceMetrics(registry, "demo.events")
-    maintenance.observe(MaintenanceReport(
-        table="demo.events", dry_run=False,
-        compaction=CompactionReport(candidates=40, bins=1, files_rewritten=40, bytes_rewritten=4_000_000,
-                                    files_written=2, bytes_written=3_000_000, rows=80_000, bins_abandoned=0,
-                                    conflicts=1, snapshot_id=7, seconds=2.0),
-        expiry=ExpiryReport(snapshots_before=140, snapshots_expired=40, files_deleted=80, bytes_deleted=4_000_000,
-                            conflicts=0, seconds=0.5),
-        orphans=OrphanReport(found=2, deleted=2, bytes=1000, seconds=0.1), seconds=2.7,
-    ), snapshots=100, data_manifests=3)
+    maintenance.observe(
+        MaintenanceReport(
+            table="demo.events",
+            dry_run=False,
+            compaction=CompactionReport(
+                candidates=40,
+                bins=1,
+                files_rewritten=40,
+                bytes_rewritten=4_000_000,
+                files_written=2,
+                bytes_written=3_000_000,
+                rows=80_000,
+                bins_abandoned=0,
+                conflicts=1,
+                snapshot_id=7,
+                seconds=2.0,
+            ),
+            expiry=ExpiryReport(
+                snapshots_before=140,
+                snapshots_expired=40,
+                files_deleted=80,
+                bytes_deleted=4_000_000,
+                conflicts=0,
+                seconds=0.5,
+            ),
+            orphans=OrphanReport(found=2, deleted=2, bytes=1000, seconds=0.1),
+            seconds=2.7,
+        ),
+        snapshots=100,
+        data_manifests=3,
+    )
     text = generate_latest(registry).decode()
     return {sample.name for family in text_string_to_metric_families(text) for sample in family.samples}
 
@@ -109,7 +202,7 @@ def exprs(panel: dict) -> list[str]:
 
 def test_the_metric_name_parser():
     assert metric_names('sum by (le) (rate(a_bucket{table=~"$table", x="y(z)"}[$__rate_interval]))') == {"a_bucket"}
-    assert metric_names("time() - max(b_seconds{t=\"1\"})") == {"b_seconds"}
+    assert metric_names('time() - max(b_seconds{t="1"})') == {"b_seconds"}
     assert metric_names("sum(rate(c_total[5m])) / clamp_min(sum(d_total offset 1h), 1)") == {"c_total", "d_total"}
     assert metric_names("histogram_quantile(0.99, sum by (le) (rate(e_bucket[1m])))") == {"e_bucket"}
     assert metric_names("label_values(f_total, table)") == {"f_total"}
@@ -117,8 +210,11 @@ def test_the_metric_name_parser():
 
 def test_every_metric_the_dashboard_asks_for_is_exported(dashboard):
     exported = exported_metric_names()
-    assert {"geoingest_events_consumed_total", "geoingest_commit_duration_seconds_bucket",
-            "geoingest_kafka_lag"} <= exported
+    assert {
+        "geoingest_events_consumed_total",
+        "geoingest_commit_duration_seconds_bucket",
+        "geoingest_kafka_lag",
+    } <= exported
     asked: dict[str, str] = {}
     for panel in panels(dashboard):
         for expr in exprs(panel):
@@ -135,16 +231,23 @@ def test_every_metric_the_dashboard_asks_for_is_exported(dashboard):
 
 def test_panels_cover_the_operator_topics(dashboard):
     topics = {
-        "events/s in, committed, rejected": (r"rate\(geoingest_events_consumed_total",
-                                             r"rate\(geoingest_events_committed_total",
-                                             r"rate\(geoingest_events_rejected_total"),
+        "events/s in, committed, rejected": (
+            r"rate\(geoingest_events_consumed_total",
+            r"rate\(geoingest_events_committed_total",
+            r"rate\(geoingest_events_rejected_total",
+        ),
         "rejects by reason": (r"sum by \(reason\) \(rate\(geoingest_events_rejected_total",),
-        "commit latency p50/p95/p99": (r"histogram_quantile\(0\.5, [^\n]*geoingest_commit_duration_seconds_bucket",
-                                       r"histogram_quantile\(0\.95, [^\n]*geoingest_commit_duration_seconds_bucket",
-                                       r"histogram_quantile\(0\.99, [^\n]*geoingest_commit_duration_seconds_bucket"),
+        "commit latency p50/p95/p99": (
+            r"histogram_quantile\(0\.5, [^\n]*geoingest_commit_duration_seconds_bucket",
+            r"histogram_quantile\(0\.95, [^\n]*geoingest_commit_duration_seconds_bucket",
+            r"histogram_quantile\(0\.99, [^\n]*geoingest_commit_duration_seconds_bucket",
+        ),
         "conflicts and retries": (r"geoingest_commit_conflicts_total", r"geoingest_commit_retries_"),
-        "files and bytes per commit": (r"geoingest_files_written_total", r"geoingest_bytes_written_total",
-                                       r"geoingest_commits_total"),
+        "files and bytes per commit": (
+            r"geoingest_files_written_total",
+            r"geoingest_bytes_written_total",
+            r"geoingest_commits_total",
+        ),
         "freshness": (r"geoingest_freshness_seconds_bucket",),
         "kafka lag": (r"geoingest_kafka_lag",),
     }
@@ -177,4 +280,5 @@ def test_layout_is_sound(dashboard):
 
 def test_the_chart_ships_the_same_dashboard():
     assert CHART_COPY.read_bytes() == DASHBOARD.read_bytes(), (
-        "helm/geoingest/dashboards/geoingest.json differs from dashboards/geoingest.json: copy it over")
+        "helm/geoingest/dashboards/geoingest.json differs from dashboards/geoingest.json: copy it over"
+    )

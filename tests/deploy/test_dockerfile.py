@@ -15,8 +15,8 @@ from pathlib import Path
 import pyspark
 import pytest
 
-from app.settings import Settings, load_settings
 import app.spark as app_spark
+from app.settings import Settings, load_settings
 from app.spark import kafka_connector_package
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -85,7 +85,8 @@ def test_base_images_are_one_pinned_slim_python_311_release():
     assert len(bases) >= 2, "multi-stage: a builder and a runtime"
     for base in bases:
         assert re.fullmatch(r"python:3\.11\.\d+-slim-bookworm", base), (
-            f"{base}: pin an exact slim Python 3.11 release on bookworm (Debian 12 ships openjdk-17)")
+            f"{base}: pin an exact slim Python 3.11 release on bookworm (Debian 12 ships openjdk-17)"
+        )
     assert len(set(bases)) == 1, f"builder and runtime on different bases: {bases}"
     assert " AS " in [i for i in INSTRUCTIONS if i.keyword == "FROM"][0].args.upper()
 
@@ -141,8 +142,9 @@ def test_kafka_connector_is_derived_from_the_installed_pyspark():
 
 
 def test_python_dependencies_come_from_pyproject_only():
-    pip_installs = [m.group(1) for i in INSTRUCTIONS if i.keyword == "RUN"
-                    for m in re.finditer(r"pip install ([^&;]+)", i.args)]
+    pip_installs = [
+        m.group(1) for i in INSTRUCTIONS if i.keyword == "RUN" for m in re.finditer(r"pip install ([^&;]+)", i.args)
+    ]
     assert pip_installs, "no pip install"
     allowed = {"--requirement", "-r", "/tmp/requirements.txt", "--no-deps", ".", "--no-cache-dir"}
     for command in pip_installs:
@@ -152,7 +154,8 @@ def test_python_dependencies_come_from_pyproject_only():
     names = [re.split(r"[\[<>=!~; ]", dep, maxsplit=1)[0].lower() for dep in PYPROJECT["project"]["dependencies"]]
     for name in names:
         assert re.search(rf"\b{re.escape(name)}\s*(==|>=|<=|~=)", TEXT, re.IGNORECASE) is None, (
-            f"{name} is pinned in the Dockerfile too")
+            f"{name} is pinned in the Dockerfile too"
+        )
     assert not list(ROOT.glob("requirements*.txt")), "a second list of pins next to pyproject.toml"
 
 
@@ -203,6 +206,7 @@ def test_executor_launcher_is_built_into_the_image_where_the_chart_runs_it():
 
 def _dockerignore_excludes(patterns: list[str], path: str) -> bool:
     """Docker's rule: the last pattern that matches the path or one of its parents decides."""
+
     def regex(pattern: str) -> re.Pattern:
         out, i = "", 0
         while i < len(pattern):
@@ -216,7 +220,7 @@ def _dockerignore_excludes(patterns: list[str], path: str) -> bool:
                 out, i = out + "[^/]", i + 1
             elif pattern[i] == "[":
                 end = pattern.index("]", i)
-                out, i = out + pattern[i:end + 1], end + 1
+                out, i = out + pattern[i : end + 1], end + 1
             else:
                 out, i = out + re.escape(pattern[i]), i + 1
         return re.compile(out + "$")
@@ -233,8 +237,11 @@ def _dockerignore_excludes(patterns: list[str], path: str) -> bool:
 
 
 def test_dockerignore_sends_only_what_the_build_copies():
-    patterns = [line.strip() for line in (ROOT / ".dockerignore").read_text().splitlines()
-                if line.strip() and not line.startswith("#")]
+    patterns = [
+        line.strip()
+        for line in (ROOT / ".dockerignore").read_text().splitlines()
+        if line.strip() and not line.startswith("#")
+    ]
     sources = []
     for instruction in INSTRUCTIONS:
         if instruction.keyword == "COPY" and "--from=" not in instruction.args:
@@ -247,8 +254,16 @@ def test_dockerignore_sends_only_what_the_build_copies():
             for file in (ROOT / source).rglob("*.py"):
                 if "__pycache__" not in file.parts:
                     assert not _dockerignore_excludes(patterns, file.relative_to(ROOT).as_posix()), file
-    for dropped in (".venv/bin/python", ".git/HEAD", ".demo/catalog.db", ".cache/ivy/x.jar", "tests/conftest.py",
-                    "helm/geoingest/Chart.yaml", "app/__pycache__/cli.cpython-311.pyc", "bench/ingest.py"):
+    for dropped in (
+        ".venv/bin/python",
+        ".git/HEAD",
+        ".demo/catalog.db",
+        ".cache/ivy/x.jar",
+        "tests/conftest.py",
+        "helm/geoingest/Chart.yaml",
+        "app/__pycache__/cli.cpython-311.pyc",
+        "bench/ingest.py",
+    ):
         assert _dockerignore_excludes(patterns, dropped), f"{dropped} would be sent to the builder"
 
 

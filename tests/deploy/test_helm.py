@@ -52,6 +52,7 @@ def render(helm: Helm):
             args += ["--set", s]
         out = helm.run(*args).stdout
         return tuple(doc for doc in yaml.safe_load_all(out) if doc)
+
     return rendered
 
 
@@ -137,17 +138,20 @@ def test_lint(helm: Helm, case: str):
     assert result.returncode == 0, result.stdout + result.stderr
 
 
-@pytest.mark.parametrize("bad, why", [
-    ("replicaCount=abc", "got string, want integer"),
-    ("replicaCount=2", "maximum"),
-    ("spark.mode=cluster", "spark/mode"),
-    ("metrics.port=abc", "metrics/port"),
-    ("config.max_vertices=lots", "config/max_vertices"),
-    ("config.checkpoint_location=/elsewhere", "checkpoint_location"),
-    # Spark's checkpoint is the driver's volume; the table goes to the object store through FileIO.
-    ("checkpoint.uri=s3a://lake/checkpoints", "checkpoint/uri"),
-    ("podSecurityContext=null,securityContext.privileged=true,image.pullPolicy=Sometimes", "pullPolicy"),
-])
+@pytest.mark.parametrize(
+    "bad, why",
+    [
+        ("replicaCount=abc", "got string, want integer"),
+        ("replicaCount=2", "maximum"),
+        ("spark.mode=cluster", "spark/mode"),
+        ("metrics.port=abc", "metrics/port"),
+        ("config.max_vertices=lots", "config/max_vertices"),
+        ("config.checkpoint_location=/elsewhere", "checkpoint_location"),
+        # Spark's checkpoint is the driver's volume; the table goes to the object store through FileIO.
+        ("checkpoint.uri=s3a://lake/checkpoints", "checkpoint/uri"),
+        ("podSecurityContext=null,securityContext.privileged=true,image.pullPolicy=Sometimes", "pullPolicy"),
+    ],
+)
 def test_schema_rejects_bad_values(helm: Helm, bad: str, why: str):
     lint = helm.run("lint", str(CHART), "--set", bad, check=False)
     assert lint.returncode != 0 and why in lint.stdout + lint.stderr, lint.stdout + lint.stderr
@@ -155,14 +159,17 @@ def test_schema_rejects_bad_values(helm: Helm, bad: str, why: str):
     assert template.returncode != 0
 
 
-@pytest.mark.parametrize("bad, why", [
-    ("config.catalog.password=hunter2", "looks like a secret"),
-    ("config.kafka.sasl\\.jaas\\.config=PlainLoginModule", "looks like a secret"),
-    ("config.catalog.s3\\.secret-access-key=abc", "looks like a secret"),
-    ("config.catalog.uri=postgresql+psycopg2://svc:hunter2@db/iceberg", "URI with a password"),
-    ("spark.mode=kubernetes", "executors (other pods) cannot write"),
-    ("secrets.objectStore.existingSecret=s3,config.catalog_name=my_lake", "letters and digits"),
-])
+@pytest.mark.parametrize(
+    "bad, why",
+    [
+        ("config.catalog.password=hunter2", "looks like a secret"),
+        ("config.kafka.sasl\\.jaas\\.config=PlainLoginModule", "looks like a secret"),
+        ("config.catalog.s3\\.secret-access-key=abc", "looks like a secret"),
+        ("config.catalog.uri=postgresql+psycopg2://svc:hunter2@db/iceberg", "URI with a password"),
+        ("spark.mode=kubernetes", "executors (other pods) cannot write"),
+        ("secrets.objectStore.existingSecret=s3,config.catalog_name=my_lake", "letters and digits"),
+    ],
+)
 def test_chart_refuses_secrets_in_config_and_unworkable_values(helm: Helm, bad: str, why: str):
     result = helm.run("template", RELEASE, str(CHART), "--set", bad, "--skip-schema-validation", check=False)
     assert result.returncode != 0 and why in result.stderr, result.stderr
@@ -193,19 +200,45 @@ def check_service_monitor_shape(doc: dict) -> None:
     """ServiceMonitor is a CRD the Kubernetes schemas do not have: its shape is checked here."""
     assert doc["apiVersion"] == "monitoring.coreos.com/v1" and doc["kind"] == "ServiceMonitor"
     spec = doc["spec"]
-    assert set(spec) <= {"jobLabel", "namespaceSelector", "selector", "endpoints", "targetLabels", "podTargetLabels",
-                         "sampleLimit"}, set(spec)
+    assert set(spec) <= {
+        "jobLabel",
+        "namespaceSelector",
+        "selector",
+        "endpoints",
+        "targetLabels",
+        "podTargetLabels",
+        "sampleLimit",
+    }, set(spec)
     assert isinstance(spec["selector"]["matchLabels"], dict) and spec["selector"]["matchLabels"]
     assert spec["endpoints"] and all(isinstance(e, dict) for e in spec["endpoints"])
     for endpoint in spec["endpoints"]:
-        assert set(endpoint) <= {"port", "path", "interval", "scrapeTimeout", "scheme", "relabelings",
-                                 "metricRelabelings", "honorLabels", "tlsConfig"}, set(endpoint)
+        assert set(endpoint) <= {
+            "port",
+            "path",
+            "interval",
+            "scrapeTimeout",
+            "scheme",
+            "relabelings",
+            "metricRelabelings",
+            "honorLabels",
+            "tlsConfig",
+        }, set(endpoint)
         assert re.fullmatch(r"\d+(ms|s|m|h)", endpoint["interval"])
         assert re.fullmatch(r"\d+(ms|s|m|h)", endpoint["scrapeTimeout"])
         for relabel in endpoint.get("relabelings", []) + endpoint.get("metricRelabelings", []):
-            assert relabel.get("action", "replace") in {"replace", "keep", "drop", "labelmap", "labeldrop",
-                                                         "labelkeep", "hashmod", "lowercase", "uppercase",
-                                                         "keepequal", "dropequal"}
+            assert relabel.get("action", "replace") in {
+                "replace",
+                "keep",
+                "drop",
+                "labelmap",
+                "labeldrop",
+                "labelkeep",
+                "hashmod",
+                "lowercase",
+                "uppercase",
+                "keepequal",
+                "dropequal",
+            }
     assert isinstance(spec["namespaceSelector"].get("matchNames", []), list)
 
 
@@ -331,19 +364,27 @@ def test_secrets_come_in_by_reference(render, case: str, tmp_path):
     expected = {}
     refs = values["secrets"]
     if refs["catalog"]["existingSecret"]:
-        for env_name, key in (("GEOINGEST_CATALOG__URI", "uriKey"), ("GEOINGEST_CATALOG__CREDENTIAL", "credentialKey"),
-                              ("GEOINGEST_CATALOG__TOKEN", "tokenKey")):
+        for env_name, key in (
+            ("GEOINGEST_CATALOG__URI", "uriKey"),
+            ("GEOINGEST_CATALOG__CREDENTIAL", "credentialKey"),
+            ("GEOINGEST_CATALOG__TOKEN", "tokenKey"),
+        ):
             if refs["catalog"][key]:
                 expected[env_name] = (refs["catalog"]["existingSecret"], refs["catalog"][key])
     if refs["objectStore"]["existingSecret"]:
         prefix = f"PYICEBERG_CATALOG__{values['config']['catalog_name'].upper()}__S3__"
-        for suffix, key in (("ACCESS_KEY_ID", "accessKeyIdKey"), ("SECRET_ACCESS_KEY", "secretAccessKeyKey"),
-                            ("SESSION_TOKEN", "sessionTokenKey")):
+        for suffix, key in (
+            ("ACCESS_KEY_ID", "accessKeyIdKey"),
+            ("SECRET_ACCESS_KEY", "secretAccessKeyKey"),
+            ("SESSION_TOKEN", "sessionTokenKey"),
+        ):
             if refs["objectStore"][key]:
                 expected[prefix + suffix] = (refs["objectStore"]["existingSecret"], refs["objectStore"][key])
     if refs["kafka"]["existingSecret"]:
-        expected["GEOINGEST_KAFKA__SASL_JAAS_CONFIG"] = (refs["kafka"]["existingSecret"],
-                                                         refs["kafka"]["saslJaasConfigKey"])
+        expected["GEOINGEST_KAFKA__SASL_JAAS_CONFIG"] = (
+            refs["kafka"]["existingSecret"],
+            refs["kafka"]["saslJaasConfigKey"],
+        )
     for name, (secret, key) in expected.items():
         assert env[name]["valueFrom"]["secretKeyRef"] == {"name": secret, "key": key}, name
     secret_env = {n for n, e in env.items() if "secretKeyRef" in e.get("valueFrom", {})}
@@ -363,9 +404,9 @@ def test_secrets_come_in_by_reference(render, case: str, tmp_path):
     if "GEOINGEST_KAFKA__SASL_JAAS_CONFIG" in expected:
         assert settings.kafka["sasl.jaas.config"].startswith("<secret ")
     if refs["objectStore"]["existingSecret"]:
-        assert pyiceberg_catalog_properties(values["config"]["catalog_name"], {
-            name: "x" for name in expected if name.startswith("PYICEBERG_")
-        }).keys() >= {"s3.access-key-id", "s3.secret-access-key"}
+        assert pyiceberg_catalog_properties(
+            values["config"]["catalog_name"], {name: "x" for name in expected if name.startswith("PYICEBERG_")}
+        ).keys() >= {"s3.access-key-id", "s3.secret-access-key"}
 
 
 def pyiceberg_catalog_properties(catalog_name: str, env: dict[str, str]) -> dict:
@@ -402,8 +443,11 @@ def test_monitoring_objects(render):
     assert monitor["metadata"]["labels"].items() >= values["metrics"]["serviceMonitor"]["labels"].items()
     endpoint = monitor["spec"]["endpoints"][0]
     assert endpoint["port"] == "metrics" and endpoint["path"] == "/metrics"
-    selected = [s for s in kind(docs, "Service")
-                if monitor["spec"]["selector"]["matchLabels"].items() <= s["metadata"]["labels"].items()]
+    selected = [
+        s
+        for s in kind(docs, "Service")
+        if monitor["spec"]["selector"]["matchLabels"].items() <= s["metadata"]["labels"].items()
+    ]
     assert [s["metadata"]["name"] for s in selected] == [f"{RELEASE}-geoingest"]
     assert monitor["spec"]["namespaceSelector"]["matchNames"] == [NAMESPACE]
 
@@ -449,7 +493,9 @@ def test_kubernetes_mode_makes_a_driver_that_can_run_executors(render, tmp_path)
     assert driver_service["spec"]["publishNotReadyAddresses"] is True
     assert spark["spark.driver.host"] == f"{driver_service['metadata']['name']}.{NAMESPACE}.svc"
     assert {p["name"]: p["port"] for p in driver_service["spec"]["ports"]} == {
-        "driver-rpc": k8s["driverPort"], "blockmanager": k8s["blockManagerPort"]}
+        "driver-rpc": k8s["driverPort"],
+        "blockmanager": k8s["blockManagerPort"],
+    }
     assert spark["spark.driver.port"] == str(k8s["driverPort"])
     assert spark["spark.blockManager.port"] == str(k8s["blockManagerPort"])
     container_ports = {p["name"]: p["containerPort"] for p in main_container(docs)["ports"]}
@@ -500,8 +546,11 @@ def test_kubernetes_mode_makes_a_driver_that_can_run_executors(render, tmp_path)
         for verb in ("create", "get", "list", "watch", "delete"):
             assert (resource, verb) in rules, (resource, verb)
     binding = one(docs, "RoleBinding")
-    assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
-                                  "name": role["metadata"]["name"]}
+    assert binding["roleRef"] == {
+        "apiGroup": "rbac.authorization.k8s.io",
+        "kind": "Role",
+        "name": role["metadata"]["name"],
+    }
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": account, "namespace": NAMESPACE}]
 
 
@@ -521,7 +570,8 @@ def test_notes_render(helm: Helm, case: str, tmp_path):
     (chart / "files" / "NOTES.check").write_text((CHART / "templates" / "NOTES.txt").read_text())
     (chart / "templates" / "zz-notes-check.yaml").write_text(
         "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: notes-check\n"
-        "data:\n  notes: {{ tpl (.Files.Get \"files/NOTES.check\") . | quote }}\n")
+        'data:\n  notes: {{ tpl (.Files.Get "files/NOTES.check") . | quote }}\n'
+    )
     args = ["template", RELEASE, str(chart), "--namespace", NAMESPACE, "--show-only", "templates/zz-notes-check.yaml"]
     if case in CI_FILES:
         args += ["--values", str(CHART / "ci" / case)]
@@ -544,8 +594,14 @@ def test_lakehouse_values_reach_the_bucket_the_broker_and_the_executors_as_the_t
     assert settings.catalog["type"] == "rest" and settings.catalog["warehouse"].startswith("s3://")
     assert {"s3.endpoint", "s3.region", "s3.path-style-access"} <= settings.catalog.keys()
     assert settings.checkpoint_location == "/data/checkpoints", "the checkpoint stays on the driver's volume"
-    python_client = client_config({**settings.kafka, "sasl.jaas.config": (
-        'org.apache.kafka.common.security.scram.ScramLoginModule required username="u" password="p";')})
+    python_client = client_config(
+        {
+            **settings.kafka,
+            "sasl.jaas.config": (
+                'org.apache.kafka.common.security.scram.ScramLoginModule required username="u" password="p";'
+            ),
+        }
+    )
     ca = values["config"]["kafka"]["ssl.truststore.location"]
     assert python_client["security_protocol"] == "SASL_SSL" and python_client["ssl_cafile"] == ca
     for name, spec in pod_specs(docs):

@@ -50,15 +50,25 @@ def test_the_cron_job_runs_table_maintain_with_the_services_settings(render, tmp
     assert container["command"] == ["geoingest"]
     args = _parser().parse_args(container["args"])
     assert (args.action, args.contract, args.compact, args.expire, args.orphans) == (
-        "maintain", "/etc/geoingest/contract.json", True, True, False)
+        "maintain",
+        "/etc/geoingest/contract.json",
+        True,
+        True,
+        False,
+    )
     # The same settings file and secrets as the ingest pod.
     env = {e["name"]: e for e in container["env"]}
     assert env["GEOINGEST_CONFIG"]["value"] == "/etc/geoingest/settings.toml"
-    assert env["GEOINGEST_CATALOG__URI"]["valueFrom"]["secretKeyRef"] == {"name": "iceberg-catalog",
-                                                                           "key": "postgres-uri"}
+    assert env["GEOINGEST_CATALOG__URI"]["valueFrom"]["secretKeyRef"] == {
+        "name": "iceberg-catalog",
+        "key": "postgres-uri",
+    }
     settings, _ = settings_of(docs, tmp_path)
     assert (settings.maintenance_mode, settings.maintenance_min_file_age_s, settings.maintenance_keep_snapshots) == (
-        "off", 1800, 50)
+        "off",
+        1800,
+        50,
+    )
     volumes = {v["name"]: v for v in pod["volumes"]}
     assert volumes["config"]["configMap"]["name"] == config_map(docs)["metadata"]["name"]
 
@@ -84,22 +94,30 @@ def test_the_cron_job_pod_is_locked_down_and_no_ingest_selector_picks_it(render)
         assert not selector.items() <= labels.items(), selecting["metadata"]["name"]
 
 
-@pytest.mark.parametrize("bad, why", [
-    ("maintenance.cronJob.enabled=true", "SQLite catalog lives on the ingest pod's volume"),
-    ("maintenance.cronJob.enabled=true,config.catalog.uri=postgresql+psycopg2://db/iceberg",
-     "warehouse is a local path"),
-])
+@pytest.mark.parametrize(
+    "bad, why",
+    [
+        ("maintenance.cronJob.enabled=true", "SQLite catalog lives on the ingest pod's volume"),
+        (
+            "maintenance.cronJob.enabled=true,config.catalog.uri=postgresql+psycopg2://db/iceberg",
+            "warehouse is a local path",
+        ),
+    ],
+)
 def test_the_chart_refuses_a_cron_job_that_cannot_reach_the_table(helm: Helm, bad: str, why: str):
     result = helm.run("template", RELEASE, str(CHART), "--set", bad, check=False)
     assert result.returncode != 0 and why in result.stderr, result.stderr
 
 
-@pytest.mark.parametrize("bad, why", [
-    ("config.maintenance_mode=sometimes", "maintenance_mode"),
-    ("config.maintenance_steps=compact\\,vacuum", "maintenance_steps"),
-    ("maintenance.cronJob.steps={vacuum}", "steps"),
-    ("maintenance.cronJob.schedule=hourly", "schedule"),
-])
+@pytest.mark.parametrize(
+    "bad, why",
+    [
+        ("config.maintenance_mode=sometimes", "maintenance_mode"),
+        ("config.maintenance_steps=compact\\,vacuum", "maintenance_steps"),
+        ("maintenance.cronJob.steps={vacuum}", "steps"),
+        ("maintenance.cronJob.schedule=hourly", "schedule"),
+    ],
+)
 def test_the_schema_rejects_bad_maintenance_values(helm: Helm, bad: str, why: str):
     lint = helm.run("lint", str(CHART), "--set", bad, check=False)
     assert lint.returncode != 0 and why in lint.stdout + lint.stderr, lint.stdout + lint.stderr
@@ -109,8 +127,10 @@ def test_the_dashboard_shows_files_bytes_duration_and_conflicts_of_maintenance()
     dashboard = json.loads(Path(DASHBOARD).read_text())
 
     topics = {
-        "files rewritten and written": (r"geoingest_maintenance_files_rewritten_total",
-                                        r"geoingest_maintenance_files_written_total"),
+        "files rewritten and written": (
+            r"geoingest_maintenance_files_rewritten_total",
+            r"geoingest_maintenance_files_written_total",
+        ),
         "bytes": (r"geoingest_maintenance_bytes_rewritten_total", r"geoingest_maintenance_bytes_written_total"),
         "duration": (r"geoingest_maintenance_duration_seconds_bucket",),
         "conflicts": (r"geoingest_maintenance_conflicts_total",),

@@ -79,19 +79,21 @@ WRITING_FILES = "data_files_written_before_iceberg_commit"
 def service_env(bootstrap: str, topic: str, workdir: Path, **extra: str) -> dict[str, str]:
     """Environment of a `geoingest` process working in `workdir` (catalog, warehouse, checkpoints)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("GEOINGEST_")}
-    env.update({
-        "GEOINGEST_BOOTSTRAP_SERVERS": bootstrap,
-        "GEOINGEST_TOPIC": topic,
-        "GEOINGEST_CATALOG__URI": f"sqlite:///{workdir / 'catalog' / 'catalog.db'}",
-        "GEOINGEST_CATALOG__WAREHOUSE": f"file://{workdir / 'warehouse'}",
-        "GEOINGEST_CHECKPOINT_LOCATION": str(workdir / "checkpoints"),
-        "GEOINGEST_SPARK_MASTER": "local[2]",
-        "GEOINGEST_DRIVER_MEMORY": "1g",
-        "GEOINGEST_CACHE_DIR": str(CACHE_DIR),
-        "GEOINGEST_METRICS_PORT": "0",
-        "GEOINGEST_TRIGGER_INTERVAL": "1 second",
-        "GEOINGEST_MAX_OFFSETS_PER_TRIGGER": "20000",
-    })
+    env.update(
+        {
+            "GEOINGEST_BOOTSTRAP_SERVERS": bootstrap,
+            "GEOINGEST_TOPIC": topic,
+            "GEOINGEST_CATALOG__URI": f"sqlite:///{workdir / 'catalog' / 'catalog.db'}",
+            "GEOINGEST_CATALOG__WAREHOUSE": f"file://{workdir / 'warehouse'}",
+            "GEOINGEST_CHECKPOINT_LOCATION": str(workdir / "checkpoints"),
+            "GEOINGEST_SPARK_MASTER": "local[2]",
+            "GEOINGEST_DRIVER_MEMORY": "1g",
+            "GEOINGEST_CACHE_DIR": str(CACHE_DIR),
+            "GEOINGEST_METRICS_PORT": "0",
+            "GEOINGEST_TRIGGER_INTERVAL": "1 second",
+            "GEOINGEST_MAX_OFFSETS_PER_TRIGGER": "20000",
+        }
+    )
     env.update(extra)
     return env
 
@@ -104,8 +106,10 @@ def catalog_of(env: dict[str, str]):
 
 def kafka_client(env: dict[str, str]) -> dict:
     """kafka-python options of the service's broker connection (SASL_SSL on the lakehouse shape)."""
-    return {"bootstrap_servers": env["GEOINGEST_BOOTSTRAP_SERVERS"],
-            **client_config(load_settings(env=env).kafka, client=KafkaConsumer)}
+    return {
+        "bootstrap_servers": env["GEOINGEST_BOOTSTRAP_SERVERS"],
+        **client_config(load_settings(env=env).kafka, client=KafkaConsumer),
+    }
 
 
 def checkpoint_dir(env: dict[str, str]) -> Path:
@@ -122,8 +126,15 @@ def geoingest(env: dict[str, str], *args: str, timeout: float = 600) -> subproce
 class Service:
     """One `geoingest run` process, leader of its own process group (driver, JVM, Python workers)."""
 
-    def __init__(self, env: dict[str, str], log_dir: Path, name: str, *args: str,
-                 extra_env: dict[str, str] | None = None, contract: Path = CONTRACT_FILE):
+    def __init__(
+        self,
+        env: dict[str, str],
+        log_dir: Path,
+        name: str,
+        *args: str,
+        extra_env: dict[str, str] | None = None,
+        contract: Path = CONTRACT_FILE,
+    ):
         self.name = name
         self.metrics_port = int({**env, **(extra_env or {})}.get("GEOINGEST_METRICS_PORT", "0"))
         self.stderr_path = log_dir / f"{name}.stderr"
@@ -133,7 +144,10 @@ class Service:
         with open(self.stdout_path, "wb") as out, open(self.stderr_path, "wb") as err:
             self.process = subprocess.Popen(
                 [str(GEOINGEST), "run", "--contract", str(contract), *args],
-                env={**env, **(extra_env or {})}, stdin=subprocess.DEVNULL, stdout=out, stderr=err,
+                env={**env, **(extra_env or {})},
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=err,
                 start_new_session=True,
             )
 
@@ -213,16 +227,24 @@ def identities(table) -> list[Identity]:
     for snapshot in table.metadata.snapshots:
         props = snapshot.summary.additional_properties if snapshot.summary else {}
         if WRITER_ID in props:
-            result.append(Identity(props[WRITER_ID], int(props[BATCH_ID]), json.loads(props.get(KAFKA_OFFSETS, "{}")),
-                                   int(props.get("geoingest.rows", 0))))
+            result.append(
+                Identity(
+                    props[WRITER_ID],
+                    int(props[BATCH_ID]),
+                    json.loads(props.get(KAFKA_OFFSETS, "{}")),
+                    int(props.get("geoingest.rows", 0)),
+                )
+            )
     return result
 
 
 def checkpoint_batches(ckpt: Path) -> tuple[set[int], set[int]]:
     """(batch ids planned in offsets/, batch ids recorded in commits/) of a Spark checkpoint."""
+
     def ids(sub: str) -> set[int]:
         folder = ckpt / sub
         return {int(p.name) for p in folder.iterdir() if p.name.isdigit()} if folder.is_dir() else set()
+
     return ids("offsets"), ids("commits")
 
 
@@ -235,13 +257,18 @@ def files_of_batch(table, writer_id: str, batch_id: int, since_wall: float) -> l
     """Data files of one batch written since a wall-clock time (streaming/job.py names them
     <writer id>-b<batch id, 9 digits>-<uuid>.parquet), wherever the table keeps them."""
     prefix = f"{writer_id}-b{batch_id:09d}-"
-    return [f.uri for f in list_files(table.io, f"{table.location().rstrip('/')}/data")
-            if f.uri.rsplit("/", 1)[-1].startswith(prefix) and f.uri.endswith(".parquet")
-            and (f.mtime_s is None or f.mtime_s >= since_wall)]
+    return [
+        f.uri
+        for f in list_files(table.io, f"{table.location().rstrip('/')}/data")
+        if f.uri.rsplit("/", 1)[-1].startswith(prefix)
+        and f.uri.endswith(".parquet")
+        and (f.mtime_s is None or f.mtime_s >= since_wall)
+    ]
 
 
-def kill_phase(service: Service, ckpt: Path, table,
-               in_table_before: set[tuple[str, int]] = frozenset()) -> tuple[str, int | None]:
+def kill_phase(
+    service: Service, ckpt: Path, table, in_table_before: set[tuple[str, int]] = frozenset()
+) -> tuple[str, int | None]:
     """Where the (dead) service was: see the phase constants above. Returns (phase, batch id).
     in_table_before: the (writer id, batch id) pairs the table held when the run started."""
     planned, committed = checkpoint_batches(ckpt)
@@ -269,17 +296,22 @@ def expected_outcome(events: list[SampleEvent]) -> tuple[set[str], dict[str, str
     valid: set[str] = set()
     rejected: dict[str, str] = {}
     for start in range(0, len(events), 50_000):
-        chunk = events[start:start + 50_000]
+        chunk = events[start : start + 50_000]
         n = len(chunk)
-        batch = pa.RecordBatch.from_pydict({
-            "key": pa.array([e.key for e in chunk], pa.binary()),
-            "value": pa.array([e.value for e in chunk], pa.binary()),
-            "topic": pa.array(["t"] * n), "partition": pa.array([0] * n, pa.int32()),
-            "offset": pa.array(range(start, start + n), pa.int64()),
-            "timestamp": pa.array([0] * n, pa.timestamp("us")),
-            "headers": pa.array([[{"key": k, "value": v} for k, v in e.headers] or None for e in chunk],
-                                pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())]))),
-        })
+        batch = pa.RecordBatch.from_pydict(
+            {
+                "key": pa.array([e.key for e in chunk], pa.binary()),
+                "value": pa.array([e.value for e in chunk], pa.binary()),
+                "topic": pa.array(["t"] * n),
+                "partition": pa.array([0] * n, pa.int32()),
+                "offset": pa.array(range(start, start + n), pa.int64()),
+                "timestamp": pa.array([0] * n, pa.timestamp("us")),
+                "headers": pa.array(
+                    [[{"key": k, "value": v} for k, v in e.headers] or None for e in chunk],
+                    pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())])),
+                ),
+            }
+        )
         decoded = decoder.decode(batch)
         reasons = decoded.column(REJECT_REASON).to_pylist()
         for event, reason in zip(chunk, reasons):
@@ -291,8 +323,9 @@ def expected_outcome(events: list[SampleEvent]) -> tuple[set[str], dict[str, str
 
 
 def read_dead_letters(client: dict, topic: str, timeout_ms: int = 10_000) -> list:
-    consumer = KafkaConsumer(topic, **client, auto_offset_reset="earliest",
-                             consumer_timeout_ms=timeout_ms, enable_auto_commit=False)
+    consumer = KafkaConsumer(
+        topic, **client, auto_offset_reset="earliest", consumer_timeout_ms=timeout_ms, enable_auto_commit=False
+    )
     try:
         return list(consumer)
     finally:
@@ -317,8 +350,9 @@ def coverage_problems(ranges: dict[int, list[tuple[int, int]]], end_offsets: dic
             if first > expected_next:
                 problems.append(f"partition {partition}: offsets {expected_next}..{first - 1} in no snapshot")
             elif first < expected_next:
-                problems.append(f"partition {partition}: offsets {first}..{min(last, expected_next - 1)} "
-                                f"in two snapshots")
+                problems.append(
+                    f"partition {partition}: offsets {first}..{min(last, expected_next - 1)} in two snapshots"
+                )
             expected_next = max(expected_next, last + 1)
         if expected_next != end:
             problems.append(f"partition {partition}: snapshots end at {expected_next}, the topic at {end}")
@@ -399,10 +433,21 @@ def self_exit_of(service: Service) -> SelfExit:
     return SelfExit(service.name, service.process.returncode, round(time.monotonic() - service.started, 2), error)
 
 
-def run_chaos(env: dict[str, str], log_dir: Path, kills: int, rng: random.Random, hold_kills: Iterable[int],
-              write_kills: Iterable[int] = (), batch_s: float = 4.0, startup_s: float = 25.0, step_timeout_s: float = 240.0,
-              max_self_exits: int | None = None, progress=lambda message: None, result: ChaosRun | None = None,
-              serve_metrics: bool = False) -> ChaosRun:
+def run_chaos(
+    env: dict[str, str],
+    log_dir: Path,
+    kills: int,
+    rng: random.Random,
+    hold_kills: Iterable[int],
+    write_kills: Iterable[int] = (),
+    batch_s: float = 4.0,
+    startup_s: float = 25.0,
+    step_timeout_s: float = 240.0,
+    max_self_exits: int | None = None,
+    progress=lambda message: None,
+    result: ChaosRun | None = None,
+    serve_metrics: bool = False,
+) -> ChaosRun:
     """Start the service and SIGKILL it `kills` times, restarting it each time with the same
     checkpoint; kills numbered in `hold_kills` are aimed between the Iceberg commit and the
     checkpoint commit with the hold hook, those in `write_kills` at a batch writing its data files
@@ -421,8 +466,21 @@ def run_chaos(env: dict[str, str], log_dir: Path, kills: int, rng: random.Random
     may be passed in to watch the runs while they happen."""
     result = ChaosRun() if result is None else result
     try:
-        _chaos(result, env, log_dir, kills, rng, hold_kills, set(write_kills), batch_s, startup_s, step_timeout_s,
-               max_self_exits, progress, serve_metrics)
+        _chaos(
+            result,
+            env,
+            log_dir,
+            kills,
+            rng,
+            hold_kills,
+            set(write_kills),
+            batch_s,
+            startup_s,
+            step_timeout_s,
+            max_self_exits,
+            progress,
+            serve_metrics,
+        )
     finally:
         for service in result.services:  # nothing of a failed run is left behind
             if service.alive:
@@ -430,8 +488,21 @@ def run_chaos(env: dict[str, str], log_dir: Path, kills: int, rng: random.Random
     return result
 
 
-def _chaos(result: ChaosRun, env, log_dir, kills, rng, hold_kills, write_kills, batch_s, startup_s, step_timeout_s,
-           max_self_exits, progress, serve_metrics) -> None:
+def _chaos(
+    result: ChaosRun,
+    env,
+    log_dir,
+    kills,
+    rng,
+    hold_kills,
+    write_kills,
+    batch_s,
+    startup_s,
+    step_timeout_s,
+    max_self_exits,
+    progress,
+    serve_metrics,
+) -> None:
     from app.broker import free_port
 
     hold_kills = set(hold_kills)
@@ -458,19 +529,32 @@ def _chaos(result: ChaosRun, env, log_dir, kills, rng, hold_kills, write_kills, 
             attempt += 1
             result.services.append(service)
             try:
-                strategy = _wait_for_kill_moment(service, hold, number in write_kills, marker, table, ckpt, rng,
-                                                 batch_s, startup_s, step_timeout_s, drained)
+                strategy = _wait_for_kill_moment(
+                    service,
+                    hold,
+                    number in write_kills,
+                    marker,
+                    table,
+                    ckpt,
+                    rng,
+                    batch_s,
+                    startup_s,
+                    step_timeout_s,
+                    drained,
+                )
                 if not service.alive:
                     raise ExitedByItself()
             except ExitedByItself:
                 service.kill()  # whatever is left of its process group
                 exit_ = self_exit_of(service)
                 result.self_exits.append(exit_)
-                progress(f"{service.name} exited {exit_.code} by itself after {exit_.after_s} s "
-                         f"({exit_.error}); restarting")
+                progress(
+                    f"{service.name} exited {exit_.code} by itself after {exit_.after_s} s ({exit_.error}); restarting"
+                )
                 if len(result.self_exits) > max_self_exits:
-                    raise AssertionError(f"{len(result.self_exits)} runs exited by themselves; the last:\n"
-                                         f"{service.stderr_tail()}") from None
+                    raise AssertionError(
+                        f"{len(result.self_exits)} runs exited by themselves; the last:\n{service.stderr_tail()}"
+                    ) from None
                 continue
             except BaseException:
                 service.kill()
@@ -480,15 +564,23 @@ def _chaos(result: ChaosRun, env, log_dir, kills, rng, hold_kills, write_kills, 
                 result.hold_batch_ids.append(int(marker.read_text()))
             break
         phase, batch_id = kill_phase(service, ckpt, table, in_table_before)
-        kill = Kill(number, strategy, phase, batch_id, round(time.monotonic() - service.started, 2),
-                    len(service.batches()))
+        kill = Kill(
+            number, strategy, phase, batch_id, round(time.monotonic() - service.started, 2), len(service.batches())
+        )
         result.kills.append(kill)
-        progress(f"kill {number + 1}/{kills} ({service.name}): {strategy} after {kill.after_s} s -> {phase} "
-                 f"(batch {batch_id}), {kill.batches_logged} batches logged")
+        progress(
+            f"kill {number + 1}/{kills} ({service.name}): {strategy} after {kill.after_s} s -> {phase} "
+            f"(batch {batch_id}), {kill.batches_logged} batches logged"
+        )
 
     for drain in range(max_self_exits + 1):
-        final = Service(env, log_dir, f"final-{drain}", "--until-idle",
-                        extra_env={"GEOINGEST_METRICS_PORT": str(free_port())} if serve_metrics else None)
+        final = Service(
+            env,
+            log_dir,
+            f"final-{drain}",
+            "--until-idle",
+            extra_env={"GEOINGEST_METRICS_PORT": str(free_port())} if serve_metrics else None,
+        )
         result.services.append(final)
         code = final.wait(timeout=max(step_timeout_s, 900))
         if code == 0:
@@ -503,8 +595,19 @@ def _chaos(result: ChaosRun, env, log_dir, kills, rng, hold_kills, write_kills, 
     progress(f"drained: {result.final_summary}")
 
 
-def _wait_for_kill_moment(service: Service, hold: bool, writing: bool, marker: Path, table, ckpt: Path,
-                          rng: random.Random, batch_s: float, startup_s: float, timeout: float, drained) -> str:
+def _wait_for_kill_moment(
+    service: Service,
+    hold: bool,
+    writing: bool,
+    marker: Path,
+    table,
+    ckpt: Path,
+    rng: random.Random,
+    batch_s: float,
+    startup_s: float,
+    timeout: float,
+    drained,
+) -> str:
     """Wait until the moment to kill `service`; returns the strategy that chose it."""
     if drained():  # nothing left to commit: kill while it idles, or replays what it had in flight
         wait_for(service.query_started, timeout, service)
@@ -528,10 +631,15 @@ def _wait_for_kill_moment(service: Service, hold: bool, writing: bool, marker: P
             if writer is None:
                 return False
             planned, committed = checkpoint_batches(ckpt)
-            writing = [b for b in sorted(planned)[-2:] if b not in committed
-                       and files_of_batch(table, writer, b, service.started_wall)]
+            writing = [
+                b
+                for b in sorted(planned)[-2:]
+                if b not in committed and files_of_batch(table, writer, b, service.started_wall)
+            ]
             return bool(writing) and any(
-                b not in {i.batch_id for i in identities(table) if i.writer_id == writer} for b in writing)
+                b not in {i.batch_id for i in identities(table) if i.writer_id == writer} for b in writing
+            )
+
         if not wait_for(uncommitted_files, timeout, service, every_s=0.02):
             raise AssertionError(f"no batch wrote files in {timeout} s:\n{service.stderr_tail()}")
         if drained():
@@ -576,8 +684,14 @@ class Verdict:
     replayed_hold_batches: list[int]
 
 
-def verify(env: dict[str, str], topic: str, events: list[SampleEvent], valid: set[str],
-           rejected: dict[str, str], chaos: ChaosRun) -> Verdict:
+def verify(
+    env: dict[str, str],
+    topic: str,
+    events: list[SampleEvent],
+    valid: set[str],
+    rejected: dict[str, str],
+    chaos: ChaosRun,
+) -> Verdict:
     table = catalog_of(env).load_table(CONTRACT.table)
     ids = table.scan(selected_fields=("event_id",)).to_arrow().column("event_id").to_pylist()
     present = set(ids)
@@ -624,8 +738,9 @@ def orphan_listing(env: dict[str, str], delete: bool = False) -> list[dict]:
     return [json.loads(line) for line in out.splitlines() if line.strip()]
 
 
-def prepare(bootstrap: str, topic: str, workdir: Path, events_count: int, seed: int = 7,
-            **extra_env: str) -> tuple[dict[str, str], list[SampleEvent]]:
+def prepare(
+    bootstrap: str, topic: str, workdir: Path, events_count: int, seed: int = 7, **extra_env: str
+) -> tuple[dict[str, str], list[SampleEvent]]:
     """Produce the sample events and create the table; returns the service environment and events."""
     events = list(sample_events(events_count, seed=seed))
     acknowledged = produce(bootstrap, topic, events, total=len(events), progress=False, partitions=PARTITIONS)
@@ -650,8 +765,15 @@ def test_kill_9_at_random_moments_loses_and_duplicates_nothing(kafka, tmp_path):
     check_kill_9_chaos(env, topic, events, tmp_path, KILLS, hold_kills={2}, write_kills={3})
 
 
-def check_kill_9_chaos(env: dict[str, str], topic: str, events: list[SampleEvent], log_dir: Path, kills: int,
-                       hold_kills: set[int], write_kills: set[int]) -> None:
+def check_kill_9_chaos(
+    env: dict[str, str],
+    topic: str,
+    events: list[SampleEvent],
+    log_dir: Path,
+    kills: int,
+    hold_kills: set[int],
+    write_kills: set[int],
+) -> None:
     """Kill the service `kills` times, then check the table, the dead letters and the orphans."""
     valid, rejected = expected_outcome(events)
     assert 0 < len(rejected) < 0.02 * len(events)  # the demo mix: ~0.5 % malformed
@@ -672,7 +794,9 @@ def check_kill_9_chaos(env: dict[str, str], topic: str, events: list[SampleEvent
     assert verdict.offset_problems == [], "every offset recorded by exactly one snapshot"
     assert verdict.duplicate_identities == 0 and verdict.writer_ids == 1
     assert verdict.replayed_hold_batches == chaos.hold_batch_ids, (
-        "the batch held after its Iceberg commit was replayed and skipped", chaos.hold_batch_ids)
+        "the batch held after its Iceberg commit was replayed and skipped",
+        chaos.hold_batch_ids,
+    )
     assert verdict.dlq_missing_keys == 0 and verdict.dlq_wrong_reason == 0
     assert verdict.dlq_distinct_sources == len(rejected), "DLQ at least once, deduplicated by source offset"
 
@@ -702,18 +826,38 @@ def check_kill_9_chaos(env: dict[str, str], topic: str, events: list[SampleEvent
 # offset log (the previous process died before recording it in commits/): no start or latest
 # offset. Captured from a restart after a kill with the hold hook.
 RECOVERED_BATCH_PROGRESS = {
-    "id": "388b3720-90d6-4aea-9fc6-d70b04ad56d0", "runId": "6097ca95-feee-4a9e-809a-79840622dacb",
-    "name": "geoingest-demo.events", "timestamp": "2026-11-21T06:09:25.124Z", "batchId": 0,
+    "id": "388b3720-90d6-4aea-9fc6-d70b04ad56d0",
+    "runId": "6097ca95-feee-4a9e-809a-79840622dacb",
+    "name": "geoingest-demo.events",
+    "timestamp": "2026-11-21T06:09:25.124Z",
+    "batchId": 0,
     "batchDuration": 9908,
-    "durationMs": {"triggerExecution": 9906, "queryPlanning": 424, "getBatch": 25, "addBatch": 9188,
-                   "commitOffsets": 245},
-    "eventTime": {}, "stateOperators": [],
-    "sources": [{"description": "KafkaV2[Subscribe[t]]", "startOffset": None,
-                 "endOffset": '{"t":{"0":2499,"1":2500,"2":2499,"3":2500}}', "latestOffset": None,
-                 "numInputRows": 9998, "inputRowsPerSecond": 0.0, "processedRowsPerSecond": 1009.08,
-                 "metrics": {}}],
+    "durationMs": {
+        "triggerExecution": 9906,
+        "queryPlanning": 424,
+        "getBatch": 25,
+        "addBatch": 9188,
+        "commitOffsets": 245,
+    },
+    "eventTime": {},
+    "stateOperators": [],
+    "sources": [
+        {
+            "description": "KafkaV2[Subscribe[t]]",
+            "startOffset": None,
+            "endOffset": '{"t":{"0":2499,"1":2500,"2":2499,"3":2500}}',
+            "latestOffset": None,
+            "numInputRows": 9998,
+            "inputRowsPerSecond": 0.0,
+            "processedRowsPerSecond": 1009.08,
+            "metrics": {},
+        }
+    ],
     "sink": {"description": "ForeachBatchSink", "numOutputRows": -1, "metrics": {}},
-    "numInputRows": 9998, "inputRowsPerSecond": 0.0, "processedRowsPerSecond": 1009.08, "observedMetrics": {},
+    "numInputRows": 9998,
+    "inputRowsPerSecond": 0.0,
+    "processedRowsPerSecond": 1009.08,
+    "observedMetrics": {},
 }
 
 
@@ -755,5 +899,4 @@ def test_a_restarted_service_survives_the_progress_of_a_recovered_batch():
 
     metrics = IngestMetrics(CollectorRegistry(), CONTRACT.table, "t")
     _supervise(RecoveredQuery(), QuietProcessor(), metrics, Health(max_silence_s=60), stop_on_signal=False)
-    assert metrics.registry.get_sample_value("geoingest_last_progress_timestamp_seconds",
-                                             {"table": CONTRACT.table}) > 0
+    assert metrics.registry.get_sample_value("geoingest_last_progress_timestamp_seconds", {"table": CONTRACT.table}) > 0

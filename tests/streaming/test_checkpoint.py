@@ -1,6 +1,11 @@
 import pytest
 
-from streaming.checkpoint import WRITER_ID_FILE, CheckpointLocationError, checkpoint_has_progress, writer_id_for_checkpoint
+from streaming.checkpoint import (
+    WRITER_ID_FILE,
+    CheckpointLocationError,
+    checkpoint_has_progress,
+    writer_id_for_checkpoint,
+)
 
 
 def test_writer_id_is_kept_with_the_checkpoint(tmp_path):

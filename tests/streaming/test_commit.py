@@ -66,19 +66,28 @@ def second_handle(catalog, contract: Contract) -> Table:
 
 
 def data_files(table: Table, contract: Contract, ids: list[str]) -> tuple[DataFileRecord, ...]:
-    values = [json.dumps({"type": "Feature", "id": event_id,
-                          "geometry": {"type": "Point", "coordinates": [2.0 + i * 0.5, 48.0 - i * 0.25]},
-                          "properties": {"kind": "probe", "speed": float(i)}}).encode()
-              for i, event_id in enumerate(ids)]
+    values = [
+        json.dumps(
+            {
+                "type": "Feature",
+                "id": event_id,
+                "geometry": {"type": "Point", "coordinates": [2.0 + i * 0.5, 48.0 - i * 0.25]},
+                "properties": {"kind": "probe", "speed": float(i)},
+            }
+        ).encode()
+        for i, event_id in enumerate(ids)
+    ]
     n = len(values)
-    batch = pa.record_batch({
-        "key": pa.nulls(n, pa.binary()),
-        "value": pa.array(values, pa.binary()),
-        "topic": pa.array([TOPIC] * n),
-        "partition": pa.array([0] * n, pa.int32()),
-        "offset": pa.array(range(n), pa.int64()),
-        "timestamp": pa.array([1_700_000_000_000_000] * n, pa.timestamp("us")),
-    })
+    batch = pa.record_batch(
+        {
+            "key": pa.nulls(n, pa.binary()),
+            "value": pa.array(values, pa.binary()),
+            "topic": pa.array([TOPIC] * n),
+            "partition": pa.array([0] * n, pa.int32()),
+            "offset": pa.array(range(n), pa.int64()),
+            "timestamp": pa.array([1_700_000_000_000_000] * n, pa.timestamp("us")),
+        }
+    )
     decoded = pa.Table.from_batches([Decoder(contract).decode(batch)])
     valid = decoded.filter(pc.is_null(decoded.column(REJECT_REASON))).sort_by(HILBERT)
     assert valid.num_rows == n
@@ -86,8 +95,9 @@ def data_files(table: Table, contract: Contract, ids: list[str]) -> tuple[DataFi
     return tuple(writer.write(valid.to_batches()))
 
 
-def batch_commit(table, contract, writer_id: str, batch_id: int, ids: list[str],
-                 offsets: dict | None = None) -> BatchCommit:
+def batch_commit(
+    table, contract, writer_id: str, batch_id: int, ids: list[str], offsets: dict | None = None
+) -> BatchCommit:
     offsets = offsets if offsets is not None else {TOPIC: {0: (batch_id * 10, batch_id * 10 + len(ids) - 1)}}
     return BatchCommit(writer_id, batch_id, offsets, data_files(table, contract, ids), rejected=1)
 
@@ -99,8 +109,10 @@ def event_ids(table: Table) -> list[str]:
 
 def identities(table: Table) -> list[tuple[str, str]]:
     table.refresh()
-    return [(s.summary.additional_properties.get(WRITER_ID), s.summary.additional_properties.get(BATCH_ID))
-            for s in table.metadata.snapshots]
+    return [
+        (s.summary.additional_properties.get(WRITER_ID), s.summary.additional_properties.get(BATCH_ID))
+        for s in table.metadata.snapshots
+    ]
 
 
 def race_on_refresh(monkeypatch, table: Table, other_commit, times: int | None = 1) -> list:
@@ -127,8 +139,7 @@ def set_table_properties(table: Table, **props: str) -> None:
 # -- one writer --------------------------------------------------------------------------------------
 def test_commit_creates_one_snapshot_recording_writer_batch_and_offsets(table, contract):
     sleeps = SleepRecorder()
-    batch = batch_commit(table, contract, "writer-a", 0, ["a", "b", "c"],
-                         offsets={TOPIC: {0: (0, 1), 2: (7, 7)}})
+    batch = batch_commit(table, contract, "writer-a", 0, ["a", "b", "c"], offsets={TOPIC: {0: (0, 1), 2: (7, 7)}})
     outcome = Committer(table, sleep=sleeps).commit(batch)
 
     assert (outcome.status, outcome.attempts, outcome.conflicts) == ("committed", 1, 0)
@@ -173,7 +184,9 @@ def test_replay_of_the_same_writer_and_batch_is_skipped(table, contract):
 def test_replay_is_recognised_through_a_fresh_table_handle(catalog, table, contract):
     Committer(table, sleep=SleepRecorder()).commit(batch_commit(table, contract, "writer-a", 3, ["a"]))
     restarted = second_handle(catalog, contract)
-    outcome = Committer(restarted, sleep=SleepRecorder()).commit(batch_commit(restarted, contract, "writer-a", 3, ["a"]))
+    outcome = Committer(restarted, sleep=SleepRecorder()).commit(
+        batch_commit(restarted, contract, "writer-a", 3, ["a"])
+    )
     assert outcome.status == "skipped_replay"
     assert event_ids(table) == ["a"]
 
@@ -195,8 +208,9 @@ def test_recorded_offsets_are_the_highest_last_offset_per_partition(table, contr
     committer = Committer(table, sleep=SleepRecorder())
     committer.commit(batch_commit(table, contract, "writer-a", 0, ["a"], {TOPIC: {0: (0, 9), 1: (0, 4)}}))
     committer.commit(batch_commit(table, contract, "writer-a", 1, ["b"], {TOPIC: {0: (10, 19)}}))
-    committer.commit(batch_commit(table, contract, "writer-b", 0, ["c"], {TOPIC: {1: (5, 7), 0: (3, 5)},
-                                                                          "other": {4: (100, 120)}}))
+    committer.commit(
+        batch_commit(table, contract, "writer-b", 0, ["c"], {TOPIC: {1: (5, 7), 0: (3, 5)}, "other": {4: (100, 120)}})
+    )
 
     def last(offsets):
         return {t: {p: r[1] for p, r in parts.items()} for t, parts in offsets.items()}
@@ -222,8 +236,13 @@ def test_a_stale_table_object_is_refreshed_before_committing(catalog, table, con
 
 def test_a_concurrent_commit_is_retried_and_both_batches_land_once(monkeypatch, catalog, table, contract):
     mine = second_handle(catalog, contract)
-    other = race_on_refresh(monkeypatch, mine, lambda: Committer(table, sleep=SleepRecorder()).commit(
-        batch_commit(table, contract, "writer-a", 0, ["a1", "a2"])))
+    other = race_on_refresh(
+        monkeypatch,
+        mine,
+        lambda: Committer(table, sleep=SleepRecorder()).commit(
+            batch_commit(table, contract, "writer-a", 0, ["a1", "a2"])
+        ),
+    )
 
     outcome = Committer(mine, sleep=SleepRecorder()).commit(batch_commit(mine, contract, "writer-b", 0, ["b1"]))
 
@@ -237,8 +256,11 @@ def test_a_concurrent_commit_is_retried_and_both_batches_land_once(monkeypatch, 
 
 def test_the_committer_sees_the_conflict_and_waits_by_its_policy(monkeypatch, catalog, table, contract):
     mine = second_handle(catalog, contract)
-    race_on_refresh(monkeypatch, mine, lambda: Committer(table, sleep=SleepRecorder()).commit(
-        batch_commit(table, contract, "writer-a", 0, ["a"])))
+    race_on_refresh(
+        monkeypatch,
+        mine,
+        lambda: Committer(table, sleep=SleepRecorder()).commit(batch_commit(table, contract, "writer-a", 0, ["a"])),
+    )
     sleeps = SleepRecorder()
 
     outcome = Committer(mine, sleep=sleeps).commit(batch_commit(mine, contract, "writer-b", 0, ["b"]))
@@ -251,8 +273,11 @@ def test_the_committer_sees_the_conflict_and_waits_by_its_policy(monkeypatch, ca
 
 def test_a_concurrent_replay_of_the_same_batch_lands_once(monkeypatch, catalog, table, contract):
     zombie = second_handle(catalog, contract)
-    race_on_refresh(monkeypatch, zombie, lambda: Committer(table, sleep=SleepRecorder()).commit(
-        batch_commit(table, contract, "writer-a", 5, ["a"])))
+    race_on_refresh(
+        monkeypatch,
+        zombie,
+        lambda: Committer(table, sleep=SleepRecorder()).commit(batch_commit(table, contract, "writer-a", 5, ["a"])),
+    )
 
     outcome = Committer(zombie, sleep=SleepRecorder()).commit(batch_commit(zombie, contract, "writer-a", 5, ["a"]))
 
@@ -264,8 +289,11 @@ def test_a_concurrent_replay_of_the_same_batch_lands_once(monkeypatch, catalog, 
 def test_without_retries_a_conflict_raises_and_adds_nothing(monkeypatch, catalog, table, contract):
     set_table_properties(table, **{"commit.retry.num-retries": "0"})
     mine = second_handle(catalog, contract)
-    race_on_refresh(monkeypatch, mine, lambda: Committer(table, sleep=SleepRecorder()).commit(
-        batch_commit(table, contract, "writer-a", 0, ["a"])))
+    race_on_refresh(
+        monkeypatch,
+        mine,
+        lambda: Committer(table, sleep=SleepRecorder()).commit(batch_commit(table, contract, "writer-a", 0, ["a"])),
+    )
     sleeps = SleepRecorder()
 
     with pytest.raises(CommitRetriesExhausted) as info:
@@ -280,12 +308,19 @@ def test_without_retries_a_conflict_raises_and_adds_nothing(monkeypatch, catalog
 
 def test_repeated_conflicts_exhaust_the_retry_policy(monkeypatch, catalog, table, contract):
     """Another writer commits after every refresh: each append is stale, until the policy gives up."""
-    set_table_properties(table, **{"commit.retry.num-retries": "1", "commit.retry.min-wait-ms": "2",
-                                   "commit.retry.max-wait-ms": "8"})
+    set_table_properties(
+        table, **{"commit.retry.num-retries": "1", "commit.retry.min-wait-ms": "2", "commit.retry.max-wait-ms": "8"}
+    )
     mine = second_handle(catalog, contract)
     counter = iter(range(100))
-    other = race_on_refresh(monkeypatch, mine, lambda: Committer(table, sleep=SleepRecorder()).commit(
-        batch_commit(table, contract, "writer-a", next(counter), ["a"])), times=None)
+    other = race_on_refresh(
+        monkeypatch,
+        mine,
+        lambda: Committer(table, sleep=SleepRecorder()).commit(
+            batch_commit(table, contract, "writer-a", next(counter), ["a"])
+        ),
+        times=None,
+    )
     sleeps = SleepRecorder()
 
     with pytest.raises(CommitRetriesExhausted, match=r"2 attempt\(s\)"):
@@ -306,8 +341,15 @@ def test_retry_policy_defaults_are_icebergs(table):
 
 
 def test_retry_policy_reads_commit_retry_properties(table):
-    set_table_properties(table, **{"commit.retry.num-retries": "2", "commit.retry.min-wait-ms": "10",
-                                   "commit.retry.max-wait-ms": "500", "commit.retry.total-timeout-ms": "9000"})
+    set_table_properties(
+        table,
+        **{
+            "commit.retry.num-retries": "2",
+            "commit.retry.min-wait-ms": "10",
+            "commit.retry.max-wait-ms": "500",
+            "commit.retry.total-timeout-ms": "9000",
+        },
+    )
     assert RetryPolicy.from_table_properties(table.properties) == RetryPolicy(2, 10, 500, 9000)
 
 

@@ -27,6 +27,7 @@ import pyarrow.compute as pc
 import pytest
 from pyiceberg.table import Table
 
+from app.rest_catalog import LocalRestCatalog
 from streaming.catalog import create_table, open_catalog
 from streaming.commit import (
     BATCH_ID,
@@ -39,7 +40,6 @@ from streaming.commit import (
 from streaming.contract import Contract, load_contract
 from streaming.decode import HILBERT, REJECT_REASON, Decoder
 from streaming.writer import DataFileRecord, GeoParquetWriter
-from app.rest_catalog import LocalRestCatalog
 from tests.conftest import CACHE_DIR
 from tests.lakehouse import WAREHOUSE_BUCKET
 from tests.postgres import postgres_server_info, postgres_uri  # noqa: F401  (fixtures)
@@ -68,38 +68,55 @@ def event_id(writer_id: str, batch_id: int, row: int) -> str:
     return f"{writer_id}-b{batch_id:04d}-r{row:05d}"
 
 
-def write_batch_files(table: Table, contract: Contract, decoder: Decoder, writer_index: int, writer_id: str,
-                      batch_id: int, rows: int) -> tuple[DataFileRecord, ...]:
+def write_batch_files(
+    table: Table, contract: Contract, decoder: Decoder, writer_index: int, writer_id: str, batch_id: int, rows: int
+) -> tuple[DataFileRecord, ...]:
     """Decode `rows` GeoJSON points of this writer and batch and write them as GeoParquet files."""
     values = []
     for i in range(rows):
         n = (writer_index * 100_003 + batch_id * 1_009 + i) * 0.6180339887
         lon, lat = -179.0 + (n * 358.0) % 358.0, -89.0 + (n * 0.7071 * 178.0) % 178.0
-        values.append(json.dumps({
-            "type": "Feature", "id": event_id(writer_id, batch_id, i),
-            "geometry": {"type": "Point", "coordinates": [round(lon, 6), round(lat, 6)]},
-            "properties": {"kind": "probe", "name": writer_id, "speed": float(i)},
-        }).encode())
+        values.append(
+            json.dumps(
+                {
+                    "type": "Feature",
+                    "id": event_id(writer_id, batch_id, i),
+                    "geometry": {"type": "Point", "coordinates": [round(lon, 6), round(lat, 6)]},
+                    "properties": {"kind": "probe", "name": writer_id, "speed": float(i)},
+                }
+            ).encode()
+        )
     first_offset = batch_id * rows
-    batch = pa.record_batch({
-        "key": pa.nulls(rows, pa.binary()),
-        "value": pa.array(values, pa.binary()),
-        "topic": pa.array([TOPIC] * rows),
-        "partition": pa.array([writer_index] * rows, pa.int32()),
-        "offset": pa.array(range(first_offset, first_offset + rows), pa.int64()),
-        "timestamp": pa.array([1_700_000_000_000_000 + first_offset] * rows, pa.timestamp("us")),
-    })
+    batch = pa.record_batch(
+        {
+            "key": pa.nulls(rows, pa.binary()),
+            "value": pa.array(values, pa.binary()),
+            "topic": pa.array([TOPIC] * rows),
+            "partition": pa.array([writer_index] * rows, pa.int32()),
+            "offset": pa.array(range(first_offset, first_offset + rows), pa.int64()),
+            "timestamp": pa.array([1_700_000_000_000_000 + first_offset] * rows, pa.timestamp("us")),
+        }
+    )
     decoded = pa.Table.from_batches([decoder.decode(batch)])
     valid = decoded.filter(pc.is_null(decoded.column(REJECT_REASON))).sort_by(HILBERT)
     if valid.num_rows != rows:
         raise AssertionError(f"{rows - valid.num_rows} of {writer_id}'s rows were rejected")
-    writer = GeoParquetWriter(contract, table.properties, table.io.properties, table.location() + "/data",
-                              f"{writer_id}-b{batch_id:04d}")
+    writer = GeoParquetWriter(
+        contract, table.properties, table.io.properties, table.location() + "/data", f"{writer_id}-b{batch_id:04d}"
+    )
     return tuple(writer.write(valid.to_batches()))
 
 
-def writer_process(catalog_name: str, catalog_props: dict[str, str], writer_index: int, writer_id: str,
-                   batches: int, rows: int, barrier, results) -> None:
+def writer_process(
+    catalog_name: str,
+    catalog_props: dict[str, str],
+    writer_index: int,
+    writer_id: str,
+    batches: int,
+    rows: int,
+    barrier,
+    results,
+) -> None:
     """One writer: opens the catalog itself, writes its files, then commits them all at the barrier.
 
     Reports ("started", writer, time) at the barrier, ("outcome", writer, batch, CommitOutcome as
@@ -113,8 +130,12 @@ def writer_process(catalog_name: str, catalog_props: dict[str, str], writer_inde
         table = open_catalog(catalog_name, catalog_props).load_table(contract.table)
         decoder = Decoder(contract)
         pending = [
-            BatchCommit(writer_id, b, {TOPIC: {writer_index: (b * rows, b * rows + rows - 1)}},
-                        write_batch_files(table, contract, decoder, writer_index, writer_id, b, rows))
+            BatchCommit(
+                writer_id,
+                b,
+                {TOPIC: {writer_index: (b * rows, b * rows + rows - 1)}},
+                write_batch_files(table, contract, decoder, writer_index, writer_id, b, rows),
+            )
             for b in range(batches)
         ]
         committer = Committer(table)
@@ -136,8 +157,14 @@ def writer_process(catalog_name: str, catalog_props: dict[str, str], writer_inde
         raise
 
 
-def run_writers(catalog_name: str, catalog_props: dict[str, str], writers: int, batches: int, rows: int,
-                timeout_s: float = RUN_TIMEOUT_S) -> tuple[list[tuple], dict[str, int]]:
+def run_writers(
+    catalog_name: str,
+    catalog_props: dict[str, str],
+    writers: int,
+    batches: int,
+    rows: int,
+    timeout_s: float = RUN_TIMEOUT_S,
+) -> tuple[list[tuple], dict[str, int]]:
     """Runs `writers` writer processes to the end; returns their reports and exit codes."""
     ctx = mp.get_context("spawn")
     barrier = ctx.Barrier(writers)
@@ -146,8 +173,10 @@ def run_writers(catalog_name: str, catalog_props: dict[str, str], writers: int, 
     for i in range(writers):
         writer_id = f"w{i}-{uuid.uuid4().hex[:6]}"
         procs[writer_id] = ctx.Process(
-            target=writer_process, name=f"writer-{writer_id}",
-            args=(catalog_name, catalog_props, i, writer_id, batches, rows, barrier, results))
+            target=writer_process,
+            name=f"writer-{writer_id}",
+            args=(catalog_name, catalog_props, i, writer_id, batches, rows, barrier, results),
+        )
         procs[writer_id].start()
     reports: list[tuple] = []
     deadline = time.monotonic() + timeout_s
@@ -208,8 +237,12 @@ def catalog_config(request, tmp_path: Path) -> tuple[str, dict[str, str]]:
     if request.param == "rest":
         store = request.getfixturevalue("object_store")
         # A server of its own: every test here makes the same table.
-        catalog = LocalRestCatalog(tmp_path / "rest-catalog", CACHE_DIR,
-                                   f"s3://{WAREHOUSE_BUCKET}/conc-{uuid.uuid4().hex[:8]}", store.io_properties())
+        catalog = LocalRestCatalog(
+            tmp_path / "rest-catalog",
+            CACHE_DIR,
+            f"s3://{WAREHOUSE_BUCKET}/conc-{uuid.uuid4().hex[:8]}",
+            store.io_properties(),
+        )
         catalog.start()
         request.addfinalizer(catalog.stop)
         return "conc", catalog.catalog_properties()
@@ -249,8 +282,10 @@ def test_racing_writers_commit_every_batch_once(catalog_config):
     conflicts = sum(o["conflicts"] for o in outcomes.values())
     assert conflicts > 0, "the writers never collided: the race did not happen"
     assert any(o["conflicts"] > 0 for o in outcomes.values())
-    print(f"\n{name}: {len(outcomes)} commits, {conflicts} conflicts retried, "
-          f"max {max(o['conflicts'] for o in outcomes.values())} on one commit")
+    print(
+        f"\n{name}: {len(outcomes)} commits, {conflicts} conflicts retried, "
+        f"max {max(o['conflicts'] for o in outcomes.values())} on one commit"
+    )
 
     # One snapshot per (writer, batch), and it is the one each writer was told of.
     identities = committed_identities(table)
@@ -277,8 +312,9 @@ def test_exhausted_retries_fail_the_writer_loudly_and_leave_its_batch_out(catalo
     CommitRetriesExhausted naming the table, batch and writer, exits non-zero, and commits
     neither that batch nor any later one."""
     name, props = catalog_config
-    table = new_table(name, props, {"commit.retry.num-retries": "0", "commit.retry.min-wait-ms": "1",
-                                    "commit.retry.max-wait-ms": "5"})
+    table = new_table(
+        name, props, {"commit.retry.num-retries": "0", "commit.retry.min-wait-ms": "1", "commit.retry.max-wait-ms": "5"}
+    )
     rows = 20
 
     reports, exit_codes = run_writers(name, props, WRITERS, BATCHES, rows)

@@ -34,7 +34,15 @@ def test_demo_contract_loads():
     assert contract.table == "demo.events" and contract.namespace == "demo"
     assert contract.formats == ("geojson", "wkb", "ewkb")
     assert [c.name for c in contract.columns] == [
-        "event_id", "event_time", "kind", "name", "speed", "population", "source_partition", "source_offset"]
+        "event_id",
+        "event_time",
+        "kind",
+        "name",
+        "speed",
+        "population",
+        "source_partition",
+        "source_offset",
+    ]
     assert contract.columns[0].sources == ("id", "kafka.key") and contract.columns[0].required
     assert contract.geometry.epsg == 4326 and contract.geometry.crs == "EPSG:4326"
     assert contract.geometry.invalid_polygons == "repair"
@@ -46,77 +54,133 @@ def test_demo_contract_loads():
 def test_iceberg_schema_has_ids_1_to_10_and_bbox_children_11_to_14():
     schema = load_contract(CONTRACT_PATH).iceberg_schema
     top = {f.field_id: f.name for f in schema.fields}
-    assert top == {1: "event_id", 2: "event_time", 3: "kind", 4: "name", 5: "speed", 6: "population",
-                   7: "source_partition", 8: "source_offset", 9: "geometry", 10: "bbox"}
+    assert top == {
+        1: "event_id",
+        2: "event_time",
+        3: "kind",
+        4: "name",
+        5: "speed",
+        6: "population",
+        7: "source_partition",
+        8: "source_offset",
+        9: "geometry",
+        10: "bbox",
+    }
     assert schema.find_field("geometry").field_type == BinaryType()
     bbox = schema.find_field("bbox").field_type
     assert isinstance(bbox, StructType)
     assert {f.field_id: f.name for f in bbox.fields} == {11: "xmin", 12: "ymin", 13: "xmax", 14: "ymax"}
     assert all(f.field_type == DoubleType() and f.required for f in bbox.fields)
     assert [f.name for f in schema.fields if f.required] == [
-        "event_id", "event_time", "source_partition", "source_offset", "geometry", "bbox"]
+        "event_id",
+        "event_time",
+        "source_partition",
+        "source_offset",
+        "geometry",
+        "bbox",
+    ]
 
 
 def test_arrow_schema_carries_the_iceberg_field_ids_and_regular_types():
     schema = load_contract(CONTRACT_PATH).arrow_schema
     ids = {f.name: int(f.metadata[b"PARQUET:field_id"]) for f in schema}
-    assert ids == {"event_id": 1, "event_time": 2, "kind": 3, "name": 4, "speed": 5, "population": 6,
-                   "source_partition": 7, "source_offset": 8, "geometry": 9, "bbox": 10}
+    assert ids == {
+        "event_id": 1,
+        "event_time": 2,
+        "kind": 3,
+        "name": 4,
+        "speed": 5,
+        "population": 6,
+        "source_partition": 7,
+        "source_offset": 8,
+        "geometry": 9,
+        "bbox": 10,
+    }
     assert [int(f.metadata[b"PARQUET:field_id"]) for f in schema.field("bbox").type] == [11, 12, 13, 14]
     assert schema.field("event_id").type == pa.string() and schema.field("geometry").type == pa.binary()
 
 
-@pytest.mark.parametrize("edit, names", [
-    (lambda r: r.pop("table"), ["table", "missing"]),
-    (lambda r: r.update(table="events"), ["table", "'events'"]),
-    (lambda r: r.update(formats=["geojson", "csv"]), ["formats[1]", "'csv'"]),
-    (lambda r: r.update(formats=[]), ["formats"]),
-    (lambda r: r["columns"][1].update(type="datetime"), ["columns[1].type", "'datetime'"]),
-    (lambda r: r["columns"][0]["from"].__setitem__(0, "payload.id"), ["columns[0].from[0]", "'payload.id'"]),
-    (lambda r: r["columns"][4].update({"from": []}), ["columns[4].from"]),
-    (lambda r: r["columns"][0].update(required="yes"), ["columns[0].required", "'yes'"]),
-    (lambda r: r["columns"][0].update(id="1"), ["columns[0].id", "'1'"]),
-    (lambda r: r["columns"][2].update(id=5), ["columns[2].id", "expected 3"]),
-    (lambda r: r["bbox"].update(id=11), ["bbox.id", "expected 10"]),
-    (lambda r: r["geometry"].update(id=10), ["geometry.id", "expected 9"]),
-    (lambda r: r["columns"][3].update(name="kind"), ["'kind'", "twice"]),
-    (lambda r: r["columns"][3].update(name="bbox"), ["'bbox'", "twice"]),
-    (lambda r: r["geometry"]["types"].append("Circle"), ["geometry.types[6]", "'Circle'"]),
-    (lambda r: r["geometry"].update(dimensions=["XY", "XYW"]), ["geometry.dimensions[1]", "'XYW'"]),
-    (lambda r: r["geometry"].update(crs="OGC:CRS84"), ["geometry.crs", "'OGC:CRS84'", "EPSG:<code>"]),
-    (lambda r: r["geometry"].update(crs="EPSG:999999"), ["geometry.crs", "'EPSG:999999'", "not a CRS known"]),
-    (lambda r: r["geometry"].update(encoding="WKT"), ["geometry.encoding", "'WKT'"]),
-    (lambda r: r["geometry"].update(invalid_polygons="fix"), ["geometry.invalid_polygons", "'fix'"]),
-    (lambda r: r["geometry"].pop("name"), ["geometry.name", "missing"]),
-    (lambda r: r["bbox"].pop("name"), ["bbox.name", "missing"]),
-    (lambda r: r["clustering"].update(extent=[10, 0, -10, 5]), ["clustering.extent", "[10, 0, -10, 5]"]),
-    (lambda r: r["clustering"].update(extent=[0, 0, 1]), ["clustering.extent"]),
-    (lambda r: r["clustering"].update(extent=[0, 0, float("nan"), 1]), ["clustering.extent"]),
-    (lambda r: r["clustering"].update(hilbert_bits=0), ["clustering.hilbert_bits", "0"]),
-    (lambda r: r["clustering"].update(row_group_rows=0), ["clustering.row_group_rows", "0"]),
-    (lambda r: r["clustering"].update(row_group_rows=-5), ["clustering.row_group_rows", "-5"]),
-    (lambda r: r["clustering"].update(target_file_bytes=True), ["clustering.target_file_bytes", "True"]),
-], ids=[
-    "missing-table", "table-without-namespace", "unknown-format", "no-formats", "bad-type", "unknown-source",
-    "no-sources", "bad-required", "id-not-int", "id-out-of-sequence", "bbox-id-out-of-sequence",
-    "geometry-id-out-of-sequence", "duplicate-name", "name-clashes-with-bbox", "unknown-geometry-type",
-    "bad-dimension", "crs-not-epsg", "unknown-epsg", "bad-encoding", "bad-invalid-polygons",
-    "missing-geometry-name", "missing-bbox-name", "extent-inverted", "extent-short", "extent-nan",
-    "hilbert-bits-zero", "row-group-rows-zero", "row-group-rows-negative", "target-file-bytes-bool",
-])
+@pytest.mark.parametrize(
+    "edit, names",
+    [
+        (lambda r: r.pop("table"), ["table", "missing"]),
+        (lambda r: r.update(table="events"), ["table", "'events'"]),
+        (lambda r: r.update(formats=["geojson", "csv"]), ["formats[1]", "'csv'"]),
+        (lambda r: r.update(formats=[]), ["formats"]),
+        (lambda r: r["columns"][1].update(type="datetime"), ["columns[1].type", "'datetime'"]),
+        (lambda r: r["columns"][0]["from"].__setitem__(0, "payload.id"), ["columns[0].from[0]", "'payload.id'"]),
+        (lambda r: r["columns"][4].update({"from": []}), ["columns[4].from"]),
+        (lambda r: r["columns"][0].update(required="yes"), ["columns[0].required", "'yes'"]),
+        (lambda r: r["columns"][0].update(id="1"), ["columns[0].id", "'1'"]),
+        (lambda r: r["columns"][2].update(id=5), ["columns[2].id", "expected 3"]),
+        (lambda r: r["bbox"].update(id=11), ["bbox.id", "expected 10"]),
+        (lambda r: r["geometry"].update(id=10), ["geometry.id", "expected 9"]),
+        (lambda r: r["columns"][3].update(name="kind"), ["'kind'", "twice"]),
+        (lambda r: r["columns"][3].update(name="bbox"), ["'bbox'", "twice"]),
+        (lambda r: r["geometry"]["types"].append("Circle"), ["geometry.types[6]", "'Circle'"]),
+        (lambda r: r["geometry"].update(dimensions=["XY", "XYW"]), ["geometry.dimensions[1]", "'XYW'"]),
+        (lambda r: r["geometry"].update(crs="OGC:CRS84"), ["geometry.crs", "'OGC:CRS84'", "EPSG:<code>"]),
+        (lambda r: r["geometry"].update(crs="EPSG:999999"), ["geometry.crs", "'EPSG:999999'", "not a CRS known"]),
+        (lambda r: r["geometry"].update(encoding="WKT"), ["geometry.encoding", "'WKT'"]),
+        (lambda r: r["geometry"].update(invalid_polygons="fix"), ["geometry.invalid_polygons", "'fix'"]),
+        (lambda r: r["geometry"].pop("name"), ["geometry.name", "missing"]),
+        (lambda r: r["bbox"].pop("name"), ["bbox.name", "missing"]),
+        (lambda r: r["clustering"].update(extent=[10, 0, -10, 5]), ["clustering.extent", "[10, 0, -10, 5]"]),
+        (lambda r: r["clustering"].update(extent=[0, 0, 1]), ["clustering.extent"]),
+        (lambda r: r["clustering"].update(extent=[0, 0, float("nan"), 1]), ["clustering.extent"]),
+        (lambda r: r["clustering"].update(hilbert_bits=0), ["clustering.hilbert_bits", "0"]),
+        (lambda r: r["clustering"].update(row_group_rows=0), ["clustering.row_group_rows", "0"]),
+        (lambda r: r["clustering"].update(row_group_rows=-5), ["clustering.row_group_rows", "-5"]),
+        (lambda r: r["clustering"].update(target_file_bytes=True), ["clustering.target_file_bytes", "True"]),
+    ],
+    ids=[
+        "missing-table",
+        "table-without-namespace",
+        "unknown-format",
+        "no-formats",
+        "bad-type",
+        "unknown-source",
+        "no-sources",
+        "bad-required",
+        "id-not-int",
+        "id-out-of-sequence",
+        "bbox-id-out-of-sequence",
+        "geometry-id-out-of-sequence",
+        "duplicate-name",
+        "name-clashes-with-bbox",
+        "unknown-geometry-type",
+        "bad-dimension",
+        "crs-not-epsg",
+        "unknown-epsg",
+        "bad-encoding",
+        "bad-invalid-polygons",
+        "missing-geometry-name",
+        "missing-bbox-name",
+        "extent-inverted",
+        "extent-short",
+        "extent-nan",
+        "hilbert-bits-zero",
+        "row-group-rows-zero",
+        "row-group-rows-negative",
+        "target-file-bytes-bool",
+    ],
+)
 def test_every_validation_error_names_its_field(edit, names):
     message = error_of(edit)
     for name in names:
         assert name in message
 
 
-@pytest.mark.parametrize("edit, prefix", [
-    (lambda r: r.pop("table"), "table:"),
-    (lambda r: r["columns"][1].update(type="datetime"), "columns[1].type:"),
-    (lambda r: r["columns"][0]["from"].__setitem__(0, "payload.id"), "columns[0].from[0]:"),
-    (lambda r: r["geometry"].update(crs="EPSG:999999"), "geometry.crs:"),
-    (lambda r: r["clustering"].update(row_group_rows=0), "clustering.row_group_rows:"),
-])
+@pytest.mark.parametrize(
+    "edit, prefix",
+    [
+        (lambda r: r.pop("table"), "table:"),
+        (lambda r: r["columns"][1].update(type="datetime"), "columns[1].type:"),
+        (lambda r: r["columns"][0]["from"].__setitem__(0, "payload.id"), "columns[0].from[0]:"),
+        (lambda r: r["geometry"].update(crs="EPSG:999999"), "geometry.crs:"),
+        (lambda r: r["clustering"].update(row_group_rows=0), "clustering.row_group_rows:"),
+    ],
+)
 def test_the_message_starts_with_the_field(edit, prefix):
     assert error_of(edit).startswith(prefix)
 
@@ -219,8 +283,12 @@ def test_schemas_dir_holds_a_json_schema_for_geojson_events():
         pytest.skip("no JSON Schema (a file with '$schema') in schemas/ yet")
     import jsonschema
 
-    event = {"type": "Feature", "id": "e-1", "geometry": {"type": "Point", "coordinates": [2.35, 48.86]},
-             "properties": {"kind": "ping", "speed": 3.5}}
+    event = {
+        "type": "Feature",
+        "id": "e-1",
+        "geometry": {"type": "Point", "coordinates": [2.35, 48.86]},
+        "properties": {"kind": "ping", "speed": 3.5},
+    }
     accepting = []
     for path in schemas:
         schema = json.loads(path.read_text())

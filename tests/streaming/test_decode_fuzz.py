@@ -39,8 +39,7 @@ REASONS = {r.value for r in Reason} - {Reason.DECODE_FAILED.value}
 
 
 def check_decodes(records: list[tuple[bytes | None, bytes | None, list]]) -> None:
-    batch = kafka_batch([v for _, v, _ in records], keys=[k for k, _, _ in records],
-                        headers=[h for _, _, h in records])
+    batch = kafka_batch([v for _, v, _ in records], keys=[k for k, _, _ in records], headers=[h for _, _, h in records])
     out = DECODER.decode(batch).to_pylist()
     assert len(out) == len(records)
     assert [row[SOURCE_OFFSET] for row in out] == batch.column("offset").to_pylist()
@@ -65,22 +64,40 @@ def test_corpus_holds_inputs_of_every_format():
 
 @pytest.mark.parametrize("path", corpus_inputs(), ids=lambda p: f"{p.parent.name}/{p.name}")
 def test_inputs_that_once_broke_the_decoder(path):
-    check_decodes([saved_record(path), (b"k", b'{"type":"Feature","id":"g","properties":{},'
-                                             b'"geometry":{"type":"Point","coordinates":[1,2]}}', [])])
+    check_decodes(
+        [
+            saved_record(path),
+            (b"k", b'{"type":"Feature","id":"g","properties":{},"geometry":{"type":"Point","coordinates":[1,2]}}', []),
+        ]
+    )
 
 
-@settings(max_examples=300, deadline=None, derandomize=True, database=None,
-          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@settings(
+    max_examples=300,
+    deadline=None,
+    derandomize=True,
+    database=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
 @given(fmt=st.sampled_from(FORMATS), rng=st.randoms(use_true_random=False), size=st.integers(1, 40))
 def test_generated_batches_of_hostile_records(fmt, rng: random.Random, size):
     check_decodes([record(fmt, rng) for _ in range(size)])
 
 
 @settings(max_examples=300, deadline=None, derandomize=True, database=None)
-@given(values=st.lists(st.one_of(st.none(), st.binary(max_size=300),
-                                  st.binary(max_size=60).map(lambda b: b"\x01" + b),
-                                  st.binary(max_size=60).map(lambda b: b"{" + b)), min_size=1, max_size=30),
-       keys=st.lists(st.one_of(st.none(), st.binary(max_size=40)), min_size=30, max_size=30))
+@given(
+    values=st.lists(
+        st.one_of(
+            st.none(),
+            st.binary(max_size=300),
+            st.binary(max_size=60).map(lambda b: b"\x01" + b),
+            st.binary(max_size=60).map(lambda b: b"{" + b),
+        ),
+        min_size=1,
+        max_size=30,
+    ),
+    keys=st.lists(st.one_of(st.none(), st.binary(max_size=40)), min_size=30, max_size=30),
+)
 def test_arbitrary_bytes(values, keys):
     check_decodes([(k, v, []) for k, v in zip(keys, values)])
 
@@ -89,9 +106,22 @@ def test_arbitrary_bytes(values, keys):
 def test_a_short_coverage_guided_run_finds_no_crash(tmp_path):
     results = tmp_path / "fuzz.json"
     root = Path(__file__).resolve().parents[2]
-    run = subprocess.run([sys.executable, str(root / "bench" / "fuzz_decode.py"), "--engines", "atheris",
-                          "--inputs", "2000", "--results", str(results)], capture_output=True, text=True,
-                         cwd=root, timeout=900)
+    run = subprocess.run(
+        [
+            sys.executable,
+            str(root / "bench" / "fuzz_decode.py"),
+            "--engines",
+            "atheris",
+            "--inputs",
+            "2000",
+            "--results",
+            str(results),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=root,
+        timeout=900,
+    )
     assert run.returncode == 0, f"crashing inputs, saved to the corpus:\n{run.stdout[-3000:]}{run.stderr[-3000:]}"
     runs = json.loads(results.read_text())["runs"]
     assert {r["format"] for r in runs} == set(FORMATS)

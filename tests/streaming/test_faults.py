@@ -96,8 +96,9 @@ def wait_until(condition, timeout: float, service: Service, what: str) -> None:
     deadline = time.monotonic() + timeout
     while not condition():
         if not service.alive:
-            raise ServiceDied(f"{service.name} exited {service.process.returncode} while waiting for {what}: "
-                              f"{died_of(service)}")
+            raise ServiceDied(
+                f"{service.name} exited {service.process.returncode} while waiting for {what}: {died_of(service)}"
+            )
         if time.monotonic() > deadline:
             raise AssertionError(f"no {what} in {timeout} s:\n{service.stderr_tail()}")
         time.sleep(0.5)
@@ -145,7 +146,7 @@ def broker_outage(broker: LocalBroker, tmp_path: Path, outage_s: float, extra_en
     topic = f"faults-{uuid.uuid4().hex[:8]}"
     events = list(sample_events(3 * WAVE, seed=11))
     valid, rejected = expected_outcome(events)
-    assert produce(broker.bootstrap, topic, events[:2 * WAVE], progress=False, partitions=PARTITIONS) == 2 * WAVE
+    assert produce(broker.bootstrap, topic, events[: 2 * WAVE], progress=False, partitions=PARTITIONS) == 2 * WAVE
     env = service_env(broker.bootstrap, topic, tmp_path, GEOINGEST_MAX_OFFSETS_PER_TRIGGER="10000", **extra_env)
     create_table(catalog_of(env), CONTRACT)
     table = catalog_of(env).load_table(CONTRACT.table)
@@ -158,12 +159,13 @@ def broker_outage(broker: LocalBroker, tmp_path: Path, outage_s: float, extra_en
         broker.stop()  # a clean shutdown (SIGTERM), as a rolling restart does
         while time.monotonic() - stopped < outage_s:
             if not service.alive:
-                raise ServiceDied(f"the service died {time.monotonic() - stopped:.0f} s into a broker outage: "
-                                  f"{died_of(service)}")
+                raise ServiceDied(
+                    f"the service died {time.monotonic() - stopped:.0f} s into a broker outage: {died_of(service)}"
+                )
             time.sleep(0.5)
         broker.start()
         down_s = time.monotonic() - stopped
-        assert produce(broker.bootstrap, topic, events[2 * WAVE:], progress=False) == WAVE
+        assert produce(broker.bootstrap, topic, events[2 * WAVE :], progress=False) == WAVE
         ends = end_offsets({"bootstrap_servers": broker.bootstrap}, topic)
         wait_until(lambda: all_consumed(table, topic, ends), DRAIN_TIMEOUT_S, service, "complete table")
     finally:
@@ -252,7 +254,7 @@ def catalog_outage(kafka, tmp_path_factory) -> OutageRun:
         gone = time.monotonic()
         try:
             # Batches arrive during the outage.
-            assert produce(kafka.bootstrap, topic, events[WAVE:2 * WAVE], progress=False) == WAVE
+            assert produce(kafka.bootstrap, topic, events[WAVE : 2 * WAVE], progress=False) == WAVE
             while time.monotonic() - gone < CATALOG_OUTAGE_S:
                 if not service.alive and not run.service_died:
                     run.service_died = True
@@ -264,7 +266,7 @@ def catalog_outage(kafka, tmp_path_factory) -> OutageRun:
             away.rename(folder)  # fails loudly if something re-created the folder meanwhile
             run.outage_s = round(time.monotonic() - gone, 1)
             back_at = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime())  # as the service's log lines
-        assert produce(kafka.bootstrap, topic, events[2 * WAVE:], progress=False) == WAVE
+        assert produce(kafka.bootstrap, topic, events[2 * WAVE :], progress=False) == WAVE
         ends = end_offsets({"bootstrap_servers": kafka.bootstrap}, topic)
         table = catalog_of(env).load_table(CONTRACT.table)
         if service.alive:
@@ -300,8 +302,10 @@ def test_commits_retry_through_a_30_s_catalog_outage_and_the_job_continues(catal
     OperationalError here) with Iceberg's backoff, for up to commit.retry.total-timeout-ms."""
     run = catalog_outage
     if run.service_died:
-        raise ServiceDied(f"the service exited {run.exit_code} {run.died_after_s} s into a "
-                          f"{run.outage_s} s catalog outage: {run.died_of}")
+        raise ServiceDied(
+            f"the service exited {run.exit_code} {run.died_after_s} s into a "
+            f"{run.outage_s} s catalog outage: {run.died_of}"
+        )
     assert run.outage_s >= CATALOG_OUTAGE_S
     assert run.retry_warnings >= 2, "the commit was retried while the catalog was away"
     assert max(run.commit_seconds) >= CATALOG_OUTAGE_S / 2, "a commit waited for the catalog to come back"
@@ -336,14 +340,20 @@ def test_a_lost_commit_answer_and_a_long_outage_leave_the_committed_files_alone(
     from tests.streaming.test_reliability import good_records
 
     assert produce_records(kafka.bootstrap, topic, good_records("l", 50)) == 50
-    catalog = open_catalog("test", {"type": "sql", "uri": f"sqlite:///{tmp_path / 'c.db'}",
-                                     "warehouse": f"file://{tmp_path / 'wh'}"})
+    catalog = open_catalog(
+        "test", {"type": "sql", "uri": f"sqlite:///{tmp_path / 'c.db'}", "warehouse": f"file://{tmp_path / 'wh'}"}
+    )
     table, _ = create_table(catalog, CONTRACT)
     with table.transaction() as tx:  # a short wait for the catalog, so the test is quick
         tx.set_properties({"commit.retry.total-timeout-ms": "1500", "commit.retry.min-wait-ms": "50"})
     processor = BatchProcessor(spark, table, CONTRACT, JobConfig(kafka.bootstrap, topic, str(tmp_path / "ck"), "w-1"))
-    batch = (spark.read.format("kafka").option("kafka.bootstrap.servers", kafka.bootstrap)
-             .option("subscribe", topic).option("startingOffsets", "earliest").load())
+    batch = (
+        spark.read.format("kafka")
+        .option("kafka.bootstrap.servers", kafka.bootstrap)
+        .option("subscribe", topic)
+        .option("startingOffsets", "earliest")
+        .load()
+    )
 
     # The commit reaches the database, then the connection drops before the answer, and the
     # database stays unreachable: every later load_table (the committer's refresh) fails.

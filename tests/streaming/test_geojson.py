@@ -66,8 +66,9 @@ def test_reads_every_simple_type_as_geos_does():
 @pytest.mark.parametrize("name", sorted(LEFT_TO_GEOS))
 def test_leaves_what_is_not_plainly_well_formed_to_geos(name):
     geometry = LEFT_TO_GEOS[name]
-    out, was_read = read([feature({"type": "Point", "coordinates": [1, 2]}), feature(geometry)],
-                         ["Point", geometry["type"]])
+    out, was_read = read(
+        [feature({"type": "Point", "coordinates": [1, 2]}), feature(geometry)], ["Point", geometry["type"]]
+    )
     assert was_read.tolist() == [True, False]
     assert out[1] is None
     assert shapely.equals(out[0], shapely.Point(1, 2))
@@ -83,9 +84,10 @@ def test_one_odd_document_does_not_stop_its_block():
 
 
 def test_unknown_types_are_left_alone():
-    out, was_read = read([feature({"type": "Feature", "geometry": None}), feature({"type": "Point",
-                                                                                  "coordinates": [1, 2]})],
-                         [None, "Point"])
+    out, was_read = read(
+        [feature({"type": "Feature", "geometry": None}), feature({"type": "Point", "coordinates": [1, 2]})],
+        [None, "Point"],
+    )
     assert was_read.tolist() == [False, True]
 
 

@@ -13,8 +13,22 @@ def test_order_one_visits_the_four_quadrants_in_u_shape():
 def test_order_two_matches_the_published_curve():
     # The 4x4 Hilbert curve, distance by (x, y), as drawn in Hilbert's 1891 figure.
     expected = {
-        (0, 0): 0, (1, 0): 1, (1, 1): 2, (0, 1): 3, (0, 2): 4, (0, 3): 5, (1, 3): 6, (1, 2): 7,
-        (2, 2): 8, (2, 3): 9, (3, 3): 10, (3, 2): 11, (3, 1): 12, (2, 1): 13, (2, 0): 14, (3, 0): 15,
+        (0, 0): 0,
+        (1, 0): 1,
+        (1, 1): 2,
+        (0, 1): 3,
+        (0, 2): 4,
+        (0, 3): 5,
+        (1, 3): 6,
+        (1, 2): 7,
+        (2, 2): 8,
+        (2, 3): 9,
+        (3, 3): 10,
+        (3, 2): 11,
+        (3, 1): 12,
+        (2, 1): 13,
+        (2, 0): 14,
+        (3, 0): 15,
     }
     cells = np.array(list(expected))
     assert hilbert_distance(cells[:, 0], cells[:, 1], 2).tolist() == list(expected.values())
@@ -36,15 +50,17 @@ def test_is_a_bijection_with_unit_steps(bits):
 
 
 def test_grid_cells_clamp_and_scale():
-    ix, iy = grid_cells(np.array([-180.0, 180.0, 0.0, 999.0]), np.array([-90.0, 90.0, 0.0, -999.0]),
-                        (-180.0, -90.0, 180.0, 90.0), 2)
+    ix, iy = grid_cells(
+        np.array([-180.0, 180.0, 0.0, 999.0]), np.array([-90.0, 90.0, 0.0, -999.0]), (-180.0, -90.0, 180.0, 90.0), 2
+    )
     assert ix.tolist() == [0, 3, 2, 3]
     assert iy.tolist() == [0, 3, 2, 0]
 
 
 def test_keys_of_bounds_use_the_centre():
-    keys = hilbert_keys_of_bounds(np.array([0.0]), np.array([0.0]), np.array([2.0]), np.array([2.0]),
-                                  (0.0, 0.0, 4.0, 4.0), 2)
+    keys = hilbert_keys_of_bounds(
+        np.array([0.0]), np.array([0.0]), np.array([2.0]), np.array([2.0]), (0.0, 0.0, 4.0, 4.0), 2
+    )
     # centre (1, 1) lies in cell (1, 1), distance 2 on the order-2 curve
     assert keys.tolist() == [2]
 

@@ -100,15 +100,17 @@ def test_an_empty_table_has_no_files_and_still_plots(tmp_path: Path, contract) -
 def test_a_file_without_bounds_is_listed_last_and_not_drawn(built: Built, tmp_path: Path) -> None:
     layout = file_extents(built.table)
     unbounded = FileExtent("s3://bucket/nobounds.parquet", 10, 1000, None, None)
-    partial = type(layout)(layout.table, layout.snapshot_id, layout.hilbert_bits, layout.hilbert_extent,
-                           (*layout.files, unbounded))
+    partial = type(layout)(
+        layout.table, layout.snapshot_id, layout.hilbert_bits, layout.hilbert_extent, (*layout.files, unbounded)
+    )
     assert partial.summary()["files_without_bounds"] == 1
     assert partial.data_extent == layout.data_extent
     assert plot_file_extents(partial, tmp_path / "partial.png").stat().st_size > 30_000
 
 
-def test_cli_inspect_prints_a_summary_and_draws(built: Built, monkeypatch: pytest.MonkeyPatch,
-                                                capsys: pytest.CaptureFixture, tmp_path: Path) -> None:
+def test_cli_inspect_prints_a_summary_and_draws(
+    built: Built, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture, tmp_path: Path
+) -> None:
     png = tmp_path / "files.png"
     assert _cli(monkeypatch, built.root, "inspect", "--table", "demo.events", "--plot", str(png), "--files") == 0
     summary = json.loads(capsys.readouterr().out)

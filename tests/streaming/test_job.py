@@ -26,8 +26,19 @@ from tests.conftest import duckdb_connection, produce_records
 pytestmark = pytest.mark.integration
 
 CONTRACT = Path(__file__).resolve().parents[2] / "schemas" / "demo_events.json"
-CITIES = np.array([(2.35, 48.86), (-0.13, 51.51), (13.40, 52.52), (-74.0, 40.71), (139.69, 35.69),
-                   (-46.63, -23.55), (77.21, 28.61), (31.24, 30.04), (151.21, -33.87)])
+CITIES = np.array(
+    [
+        (2.35, 48.86),
+        (-0.13, 51.51),
+        (13.40, 52.52),
+        (-74.0, 40.71),
+        (139.69, 35.69),
+        (-46.63, -23.55),
+        (77.21, 28.61),
+        (31.24, 30.04),
+        (151.21, -33.87),
+    ]
+)
 TO_3857 = Transformer.from_crs("EPSG:4326", "EPSG:3857", always_xy=True)
 FROM_3857 = Transformer.from_crs("EPSG:3857", "EPSG:4326", always_xy=True)
 
@@ -62,8 +73,16 @@ def build_mix(seed: int = 3):
             valid.add(event_id)
 
     for i, (x, y) in enumerate(skewed_points(rng, 6000)):
-        add(f"pt-{i}", feature(f"pt-{i}", {"type": "Point", "coordinates": [x, y]},
-                               kind="ping", speed=float(i % 90), population=1000 + i))
+        add(
+            f"pt-{i}",
+            feature(
+                f"pt-{i}",
+                {"type": "Point", "coordinates": [x, y]},
+                kind="ping",
+                speed=float(i % 90),
+                population=1000 + i,
+            ),
+        )
     for i, (x, y) in enumerate(skewed_points(rng, 150)):
         add(f"z-{i}", feature(f"z-{i}", {"type": "Point", "coordinates": [x, y, 100.0 + i]}, kind="drone"))
     for i, (x, y) in enumerate(skewed_points(rng, 100)):
@@ -71,7 +90,13 @@ def build_mix(seed: int = 3):
         add(f"ln-{i}", feature(f"ln-{i}", {"type": "LineString", "coordinates": line}, kind="track"))
     for i, (x, y) in enumerate(skewed_points(rng, 100)):
         shell = [[x, y], [x + 0.1, y], [x + 0.1, y + 0.1], [x, y + 0.1], [x, y]]
-        hole = [[x + 0.02, y + 0.02], [x + 0.04, y + 0.02], [x + 0.04, y + 0.04], [x + 0.02, y + 0.04], [x + 0.02, y + 0.02]]
+        hole = [
+            [x + 0.02, y + 0.02],
+            [x + 0.04, y + 0.02],
+            [x + 0.04, y + 0.04],
+            [x + 0.02, y + 0.04],
+            [x + 0.02, y + 0.02],
+        ]
         add(f"pg-{i}", feature(f"pg-{i}", {"type": "Polygon", "coordinates": [shell, hole]}, name=f"zone {i}"))
     for i, (x, y) in enumerate(skewed_points(rng, 200)):
         add(f"wkb-{i}", shapely.to_wkb(shapely.Point(x, y)), headers=[("kind", b"site")])
@@ -115,8 +140,9 @@ def ingested(kafka, spark, tmp_path_factory):
     assert produce_records(kafka.bootstrap, topic, records) == len(records)
 
     contract = small_file_contract()
-    catalog = open_catalog("test", {"type": "sql", "uri": f"sqlite:///{home / 'catalog.db'}",
-                                     "warehouse": f"file://{home / 'warehouse'}"})
+    catalog = open_catalog(
+        "test", {"type": "sql", "uri": f"sqlite:///{home / 'catalog.db'}", "warehouse": f"file://{home / 'warehouse'}"}
+    )
     table, _ = create_table(catalog, contract)
     reports = []
     config = JobConfig(kafka.bootstrap, topic, str(home / "checkpoint"), writer_id="test-writer")
@@ -125,8 +151,16 @@ def ingested(kafka, spark, tmp_path_factory):
     query.awaitTermination()
     assert query.exception() is None
     table.refresh()
-    return {"table": table, "contract": contract, "reports": reports, "valid": valid, "records": records,
-            "expected_rejects": expected_rejects, "ewkb_sources": ewkb_sources, "topic": topic}
+    return {
+        "table": table,
+        "contract": contract,
+        "reports": reports,
+        "valid": valid,
+        "records": records,
+        "expected_rejects": expected_rejects,
+        "ewkb_sources": ewkb_sources,
+        "topic": topic,
+    }
 
 
 def all_rows(table):
@@ -201,8 +235,9 @@ def test_every_file_carries_its_bounds_geoparquet_metadata_and_hilbert_order(ing
         assert pq.read_schema(path).field("event_id").metadata[b"PARQUET:field_id"] == b"1"
 
         b = np.column_stack([bbox.field(n).to_numpy() for n in BBOX_FIELDS])
-        keys = hilbert_keys_of_bounds(b[:, 0], b[:, 1], b[:, 2], b[:, 3], contract.clustering.extent,
-                                      contract.clustering.hilbert_bits)
+        keys = hilbert_keys_of_bounds(
+            b[:, 0], b[:, 1], b[:, 2], b[:, 3], contract.clustering.extent, contract.clustering.hilbert_bits
+        )
         assert np.all(np.diff(keys) >= 0), f"{path}: rows are not in Hilbert order"
 
 
@@ -221,8 +256,12 @@ def test_files_are_spatially_compact(ingested):
         raw = (task.file.upper_bounds if upper else task.file.lower_bounds)[ids[name]]
         return from_bytes(DoubleType(), raw)
 
-    boxes = np.array([[bound(t, "xmin", False), bound(t, "ymin", False), bound(t, "xmax", True), bound(t, "ymax", True)]
-                      for t in tasks])
+    boxes = np.array(
+        [
+            [bound(t, "xmin", False), bound(t, "ymin", False), bound(t, "xmax", True), bound(t, "ymax", True)]
+            for t in tasks
+        ]
+    )
     file_area = np.sum((boxes[:, 2] - boxes[:, 0]) * (boxes[:, 3] - boxes[:, 1]))
     extent_area = (boxes[:, 2].max() - boxes[:, 0].min()) * (boxes[:, 3].max() - boxes[:, 1].min())
     assert len(tasks) >= 20
@@ -291,26 +330,40 @@ def test_pyarrow_pyiceberg_and_duckdb_read_the_table(ingested):
     assert duck_count == query_bbox(table, window).stats.rows_matched
 
 
-@pytest.mark.parametrize("clustering, merge_in_task_max_rows", [
-    ("batch", 250_000),  # small batches: merged by their last task
-    ("batch", 0),  # a merge job per batch, as large batches are
-    ("task", 0),
-    ("shuffle", 0),
-], ids=["batch-last-task-merges", "batch-merge-job", "task", "shuffle"])
-def test_every_clustering_mode_lands_each_event_once_in_sorted_files(kafka, spark, topic, catalog, tmp_path,
-                                                                      clustering, merge_in_task_max_rows):
+@pytest.mark.parametrize(
+    "clustering, merge_in_task_max_rows",
+    [
+        ("batch", 250_000),  # small batches: merged by their last task
+        ("batch", 0),  # a merge job per batch, as large batches are
+        ("task", 0),
+        ("shuffle", 0),
+    ],
+    ids=["batch-last-task-merges", "batch-merge-job", "task", "shuffle"],
+)
+def test_every_clustering_mode_lands_each_event_once_in_sorted_files(
+    kafka, spark, topic, catalog, tmp_path, clustering, merge_in_task_max_rows
+):
     rng = np.random.default_rng(21)
-    records = [(f"pt-{i}".encode(), feature(f"pt-{i}", {"type": "Point", "coordinates": [float(x), float(y)]}), [])
-               for i, (x, y) in enumerate(skewed_points(rng, 3000))]
+    records = [
+        (f"pt-{i}".encode(), feature(f"pt-{i}", {"type": "Point", "coordinates": [float(x), float(y)]}), [])
+        for i, (x, y) in enumerate(skewed_points(rng, 3000))
+    ]
     assert produce_records(kafka.bootstrap, topic, records) == len(records)
     contract = small_file_contract()
     table, _ = create_table(catalog, contract)
-    config = JobConfig(kafka.bootstrap, topic, str(tmp_path / "checkpoint"), writer_id=f"w-{clustering}",
-                       max_offsets_per_trigger=1500, clustering=clustering,
-                       merge_in_task_max_rows=merge_in_task_max_rows)
+    config = JobConfig(
+        kafka.bootstrap,
+        topic,
+        str(tmp_path / "checkpoint"),
+        writer_id=f"w-{clustering}",
+        max_offsets_per_trigger=1500,
+        clustering=clustering,
+        merge_in_task_max_rows=merge_in_task_max_rows,
+    )
     reports = []
-    query = start_query(spark, BatchProcessor(spark, table, contract, config, observers=(reports.append,)),
-                        until_idle=True)
+    query = start_query(
+        spark, BatchProcessor(spark, table, contract, config, observers=(reports.append,)), until_idle=True
+    )
     query.awaitTermination()
     assert query.exception() is None and len(reports) == 2
     table.refresh()
@@ -320,8 +373,11 @@ def test_every_clustering_mode_lands_each_event_once_in_sorted_files(kafka, spar
         spans = []
         for record in report.files:
             bbox = pq.read_table(record.path.removeprefix("file://"), columns=["bbox"]).column("bbox").combine_chunks()
-            keys = hilbert_keys_of_bounds(*(bbox.field(n).to_numpy() for n in BBOX_FIELDS), contract.clustering.extent,
-                                          contract.clustering.hilbert_bits)
+            keys = hilbert_keys_of_bounds(
+                *(bbox.field(n).to_numpy() for n in BBOX_FIELDS),
+                contract.clustering.extent,
+                contract.clustering.hilbert_bits,
+            )
             assert np.all(np.diff(keys) >= 0)
             spans.append((keys[0], keys[-1]))
         overlaps = sum(hi > next_lo for (_, hi), (next_lo, _) in zip(sorted(spans), sorted(spans)[1:]))
@@ -335,10 +391,13 @@ def test_every_clustering_mode_lands_each_event_once_in_sorted_files(kafka, spar
     assert {str(p) for p in location.glob("data/**/*.parquet")} == referenced, "every file written is in the table"
 
 
-def test_files_follow_the_tables_compression_and_a_codec_it_cannot_write_stops_the_start(kafka, spark, topic,
-                                                                                          catalog, tmp_path):
-    records = [(f"pt-{i}".encode(), feature(f"pt-{i}", {"type": "Point", "coordinates": [i * 0.01, 45.0]}), [])
-               for i in range(500)]
+def test_files_follow_the_tables_compression_and_a_codec_it_cannot_write_stops_the_start(
+    kafka, spark, topic, catalog, tmp_path
+):
+    records = [
+        (f"pt-{i}".encode(), feature(f"pt-{i}", {"type": "Point", "coordinates": [i * 0.01, 45.0]}), [])
+        for i in range(500)
+    ]
     assert produce_records(kafka.bootstrap, topic, records) == len(records)
     contract = small_file_contract()
     table, _ = create_table(catalog, contract)
@@ -358,5 +417,8 @@ def test_files_follow_the_tables_compression_and_a_codec_it_cannot_write_stops_t
     assert all_rows(table).num_rows == len(records)
     for task in table.scan().plan_files():
         metadata = pq.ParquetFile(task.file.file_path.removeprefix("file://")).metadata
-        assert {metadata.row_group(g).column(c).compression
-                for g in range(metadata.num_row_groups) for c in range(metadata.num_columns)} == {"SNAPPY"}
+        assert {
+            metadata.row_group(g).column(c).compression
+            for g in range(metadata.num_row_groups)
+            for c in range(metadata.num_columns)
+        } == {"SNAPPY"}

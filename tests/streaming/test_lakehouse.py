@@ -54,18 +54,20 @@ class Lakehouse:
     def env(self, topic: str, workdir: Path, **extra: str) -> dict[str, str]:
         """A `geoingest` process's environment: settings only, no AWS_* variables."""
         env = {k: v for k, v in os.environ.items() if not k.startswith(("GEOINGEST_", "AWS_"))}
-        env.update({
-            "GEOINGEST_BOOTSTRAP_SERVERS": self.broker.secure_bootstrap,
-            "GEOINGEST_KAFKA": json.dumps(self.broker.client_options()),
-            "GEOINGEST_TOPIC": topic,
-            "GEOINGEST_CATALOG": json.dumps(self.catalog.catalog_properties()),
-            "GEOINGEST_CHECKPOINT_LOCATION": str(workdir / "checkpoints"),
-            "GEOINGEST_SPARK_MASTER": self.cluster.master_url,
-            "GEOINGEST_DRIVER_MEMORY": "1g",
-            "GEOINGEST_CACHE_DIR": str(CACHE_DIR),
-            "GEOINGEST_METRICS_PORT": "0",
-            "GEOINGEST_TRIGGER_INTERVAL": "1 second",
-        })
+        env.update(
+            {
+                "GEOINGEST_BOOTSTRAP_SERVERS": self.broker.secure_bootstrap,
+                "GEOINGEST_KAFKA": json.dumps(self.broker.client_options()),
+                "GEOINGEST_TOPIC": topic,
+                "GEOINGEST_CATALOG": json.dumps(self.catalog.catalog_properties()),
+                "GEOINGEST_CHECKPOINT_LOCATION": str(workdir / "checkpoints"),
+                "GEOINGEST_SPARK_MASTER": self.cluster.master_url,
+                "GEOINGEST_DRIVER_MEMORY": "1g",
+                "GEOINGEST_CACHE_DIR": str(CACHE_DIR),
+                "GEOINGEST_METRICS_PORT": "0",
+                "GEOINGEST_TRIGGER_INTERVAL": "1 second",
+            }
+        )
         env.update(extra)
         return env
 
@@ -99,18 +101,24 @@ def contract_file(tmp_path: Path, table: str, **changes) -> Path:
     return path
 
 
-def geoingest(env: dict[str, str], cwd: Path, *args: str, check: bool = True,
-              timeout: float = 600) -> subprocess.CompletedProcess:
-    result = subprocess.run([str(GEOINGEST), *args], env=env, cwd=cwd, capture_output=True, text=True,
-                            timeout=timeout)
+def geoingest(
+    env: dict[str, str], cwd: Path, *args: str, check: bool = True, timeout: float = 600
+) -> subprocess.CompletedProcess:
+    result = subprocess.run([str(GEOINGEST), *args], env=env, cwd=cwd, capture_output=True, text=True, timeout=timeout)
     if check and result.returncode != 0:
         raise AssertionError(f"geoingest {' '.join(args)} exited {result.returncode}:\n{result.stderr[-4000:]}")
     return result
 
 
 def point(event_id: str, x: float, y: float) -> bytes:
-    return json.dumps({"type": "Feature", "id": event_id, "properties": {"kind": "ping"},
-                       "geometry": {"type": "Point", "coordinates": [x, y]}}).encode()
+    return json.dumps(
+        {
+            "type": "Feature",
+            "id": event_id,
+            "properties": {"kind": "ping"},
+            "geometry": {"type": "Point", "coordinates": [x, y]},
+        }
+    ).encode()
 
 
 def points(prefix: str, n: int) -> list[tuple[str, float, float]]:
@@ -130,8 +138,13 @@ def local_table_files(*roots: Path) -> list[Path]:
 
 
 def dead_letters(lakehouse: Lakehouse, topic: str) -> list:
-    consumer = KafkaConsumer(topic, **lakehouse.kafka_client(), auto_offset_reset="earliest",
-                             consumer_timeout_ms=8000, enable_auto_commit=False)
+    consumer = KafkaConsumer(
+        topic,
+        **lakehouse.kafka_client(),
+        auto_offset_reset="earliest",
+        consumer_timeout_ms=8000,
+        enable_auto_commit=False,
+    )
     try:
         return list(consumer)
     finally:
@@ -161,17 +174,24 @@ def test_ingest_dead_letters_query_and_time_travel_on_the_lakehouse(lakehouse, c
     table = f"lh_{clustering}.events"
     contract = contract_file(tmp_path, table)
     first = points("a", 1500)
-    bad = [(b"bad-json", b'{"type": "Feature", "geometry": {', []),
-           (b"bad-lat", point("bad-lat", 10.0, 123.0), []),
-           # over dead_letter_max_record_bytes below: stored in the bucket, pointed at by its dead letter
-           (b"bad-big", b"\x07" + os.urandom(16 * 1024), [("trace", b"t-1")])]
+    bad = [
+        (b"bad-json", b'{"type": "Feature", "geometry": {', []),
+        (b"bad-lat", point("bad-lat", 10.0, 123.0), []),
+        # over dead_letter_max_record_bytes below: stored in the bucket, pointed at by its dead letter
+        (b"bad-big", b"\x07" + os.urandom(16 * 1024), [("trace", b"t-1")]),
+    ]
     records = [(i.encode(), point(i, x, y), []) for i, x, y in first]
     records[100:100] = bad
     assert produce_records(lakehouse.broker.bootstrap, topic, records) == len(records)
     before = lakehouse.store.request_counts()
 
-    env = lakehouse.env(topic, tmp_path, GEOINGEST_CLUSTERING=clustering, GEOINGEST_MAX_OFFSETS_PER_TRIGGER="600",
-                        GEOINGEST_DEAD_LETTER_MAX_RECORD_BYTES="4096")
+    env = lakehouse.env(
+        topic,
+        tmp_path,
+        GEOINGEST_CLUSTERING=clustering,
+        GEOINGEST_MAX_OFFSETS_PER_TRIGGER="600",
+        GEOINGEST_DEAD_LETTER_MAX_RECORD_BYTES="4096",
+    )
     geoingest(env, tmp_path, "table", "create", "--contract", str(contract))
     summary = json.loads(geoingest(env, tmp_path, "run", "--contract", str(contract), "--until-idle").stdout)
     assert summary["committed_rows"] == len(first) and summary["consumed"] == len(records)
@@ -202,8 +222,11 @@ def test_ingest_dead_letters_query_and_time_travel_on_the_lakehouse(lakehouse, c
     # A window query through the CLI, exact against the points produced.
     window = (0.0, 40.0, 20.0, 50.0)
     inside = sum(1 for _, x, y in first if shapely.box(*window).intersects(shapely.Point(x, y)))
-    counted = json.loads(geoingest(env, tmp_path, "query", "--table", table, "--bbox", ",".join(map(str, window)),
-                                   "--format", "count").stdout)
+    counted = json.loads(
+        geoingest(
+            env, tmp_path, "query", "--table", table, "--bbox", ",".join(map(str, window)), "--format", "count"
+        ).stdout
+    )
     assert counted["count"] == inside > 0
     # Staged runs, their markers and the folders' markers are gone from the bucket (an object
     # store keeps an empty `<folder>/` object for a folder whose files were deleted one by one).
@@ -215,14 +238,28 @@ def test_ingest_dead_letters_query_and_time_travel_on_the_lakehouse(lakehouse, c
     snapshot = catalog_table.current_snapshot().snapshot_id
     subprocess.run(["rm", "-rf", str(tmp_path / "checkpoints")], check=True)
     more = points("b", 500)
-    assert produce_records(lakehouse.broker.bootstrap, topic,
-                           [(i.encode(), point(i, x, y), []) for i, x, y in more]) == len(more)
+    assert produce_records(
+        lakehouse.broker.bootstrap, topic, [(i.encode(), point(i, x, y), []) for i, x, y in more]
+    ) == len(more)
     geoingest(env, tmp_path, "run", "--contract", str(contract), "--until-idle", "--resume-from-table")
     ids = table_ids(lakehouse, table)
     assert len(ids) == len(set(ids)) == len(first) + len(more)
     # The first snapshot's answer, by time travel.
-    then = json.loads(geoingest(env, tmp_path, "query", "--table", table, "--bbox", ",".join(map(str, window)),
-                                "--format", "count", "--snapshot", str(snapshot)).stdout)
+    then = json.loads(
+        geoingest(
+            env,
+            tmp_path,
+            "query",
+            "--table",
+            table,
+            "--bbox",
+            ",".join(map(str, window)),
+            "--format",
+            "count",
+            "--snapshot",
+            str(snapshot),
+        ).stdout
+    )
     assert then["count"] == inside
     assert local_table_files(tmp_path, lakehouse.cluster.home) == []
 
@@ -233,9 +270,15 @@ def test_maintenance_compacts_expires_and_finds_no_orphans_on_the_lakehouse(lake
     contract = contract_file(tmp_path, table)
     events = points("m", 2400)
     assert produce_records(lakehouse.broker.bootstrap, topic, [(i.encode(), point(i, x, y), []) for i, x, y in events])
-    env = lakehouse.env(topic, tmp_path, GEOINGEST_MAX_OFFSETS_PER_TRIGGER="400",
-                        GEOINGEST_MAINTENANCE_MIN_FILE_AGE_S="0", GEOINGEST_MAINTENANCE_ORPHAN_MIN_AGE_S="0",
-                        GEOINGEST_MAINTENANCE_SNAPSHOT_MAX_AGE_S="0", GEOINGEST_MAINTENANCE_KEEP_SNAPSHOTS="1")
+    env = lakehouse.env(
+        topic,
+        tmp_path,
+        GEOINGEST_MAX_OFFSETS_PER_TRIGGER="400",
+        GEOINGEST_MAINTENANCE_MIN_FILE_AGE_S="0",
+        GEOINGEST_MAINTENANCE_ORPHAN_MIN_AGE_S="0",
+        GEOINGEST_MAINTENANCE_SNAPSHOT_MAX_AGE_S="0",
+        GEOINGEST_MAINTENANCE_KEEP_SNAPSHOTS="1",
+    )
     create_table(lakehouse.open_catalog(), load_contract(contract))
     geoingest(env, tmp_path, "run", "--contract", str(contract), "--until-idle")
     files_before = len(list(lakehouse.open_catalog().load_table(table).scan().plan_files()))
@@ -246,10 +289,18 @@ def test_maintenance_compacts_expires_and_finds_no_orphans_on_the_lakehouse(lake
     lakehouse.store.pause()
     try:
         compaction = subprocess.Popen(
-            [str(GEOINGEST), "table", "maintain", "--table", table, "--compact"], cwd=tmp_path, text=True,
-            env={**env, "GEOINGEST_CATALOG": json.dumps({**lakehouse.catalog.catalog_properties(),
-                                                          "s3.connect-timeout": "2", "s3.request-timeout": "5"})},
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+            [str(GEOINGEST), "table", "maintain", "--table", table, "--compact"],
+            cwd=tmp_path,
+            text=True,
+            env={
+                **env,
+                "GEOINGEST_CATALOG": json.dumps(
+                    {**lakehouse.catalog.catalog_properties(), "s3.connect-timeout": "2", "s3.request-timeout": "5"}
+                ),
+            },
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
         time.sleep(30)
     finally:
         lakehouse.store.resume()
@@ -319,8 +370,9 @@ def test_kill_9_at_random_moments_on_the_lakehouse(lakehouse, tmp_path):
     land after its commit: the files are listed in the bucket, which takes longer than on a disk)."""
     topic = new_topic(lakehouse, partitions=PARTITIONS)
     events = list(sample_events(30_000, seed=11))
-    assert produce(lakehouse.broker.bootstrap, topic, events, total=len(events), progress=False,
-                   partitions=PARTITIONS) == len(events)
+    assert produce(
+        lakehouse.broker.bootstrap, topic, events, total=len(events), progress=False, partitions=PARTITIONS
+    ) == len(events)
     env = lakehouse.env(topic, tmp_path, GEOINGEST_MAX_OFFSETS_PER_TRIGGER="10000")
     create_table(lakehouse.open_catalog(), CONTRACT)
     check_kill_9_chaos(env, topic, events, tmp_path, kills=3, hold_kills={0}, write_kills={1, 2})
@@ -346,8 +398,9 @@ class Outage:
     expected: list[str]
 
 
-def outage_scenario(lakehouse: Lakehouse, tmp_path: Path, table: str, *outages,
-                    extra_env: dict[str, str] | None = None) -> Outage:
+def outage_scenario(
+    lakehouse: Lakehouse, tmp_path: Path, table: str, *outages, extra_env: dict[str, str] | None = None
+) -> Outage:
     """A running service commits a batch; then, for each (away, back) of `outages`, a part is
     away for 30 s while more events arrive, and back. Returns the service (alive, or stopped by
     an outage)."""
@@ -365,8 +418,9 @@ def outage_scenario(lakehouse: Lakehouse, tmp_path: Path, table: str, *outages,
             away()
             try:
                 more = points(f"p{number}-", 400)
-                assert produce_records(lakehouse.broker.bootstrap, topic,
-                                       [(i.encode(), point(i, x, y), []) for i, x, y in more])
+                assert produce_records(
+                    lakehouse.broker.bootstrap, topic, [(i.encode(), point(i, x, y), []) for i, x, y in more]
+                )
                 produced += [i for i, _, _ in more]
                 time.sleep(30)
             finally:
@@ -410,12 +464,17 @@ def test_the_rest_catalog_stopped_then_frozen_for_30_s_during_commits(lakehouse,
     requests time out after geoingest.rest.request-timeout-s): each time the commit waits, is
     retried within commit.retry.total-timeout-ms, and ingest goes on."""
     catalog = lakehouse.catalog
-    outage = outage_scenario(lakehouse, tmp_path, "lh_catalog_away.events",
-                             (catalog.stop, catalog.start), (catalog.pause, catalog.resume),
-                             extra_env={"GEOINGEST_CATALOG": json.dumps(
-                                 {**catalog.catalog_properties(), "geoingest.rest.request-timeout-s": "10"})})
+    outage = outage_scenario(
+        lakehouse,
+        tmp_path,
+        "lh_catalog_away.events",
+        (catalog.stop, catalog.start),
+        (catalog.pause, catalog.resume),
+        extra_env={
+            "GEOINGEST_CATALOG": json.dumps({**catalog.catalog_properties(), "geoingest.rest.request-timeout-s": "10"})
+        },
+    )
     how = came_through(lakehouse, tmp_path, outage)
     print("REST catalog stopped, then frozen:", how)
     assert how == "rode it out", "a commit waits for the catalog (commit.retry.total-timeout-ms)"
     assert any(line.get("msg") == "catalog unavailable, retrying the commit" for line in outage.service.log())
-

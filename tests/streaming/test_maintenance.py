@@ -63,23 +63,30 @@ def event_id(writer_id: str, batch_id: int, row: int) -> str:
     return f"{writer_id}-b{batch_id:05d}-r{row:06d}"
 
 
-def kafka_batch(lon: np.ndarray, lat: np.ndarray, ids: list[str], partition: int, first_offset: int
-                ) -> pa.RecordBatch:
+def kafka_batch(lon: np.ndarray, lat: np.ndarray, ids: list[str], partition: int, first_offset: int) -> pa.RecordBatch:
     """What Spark's Kafka source hands a task: GeoJSON point features, one per record."""
     n = len(ids)
-    values = [json.dumps({"type": "Feature", "id": ids[i],
-                          "geometry": {"type": "Point", "coordinates": [round(float(lon[i]), 6),
-                                                                        round(float(lat[i]), 6)]},
-                          "properties": {"kind": "probe", "speed": float(i % 97)}}).encode()
-              for i in range(n)]
-    return pa.record_batch({
-        "key": pa.nulls(n, pa.binary()),
-        "value": pa.array(values, pa.binary()),
-        "topic": pa.array([TOPIC] * n),
-        "partition": pa.array([partition] * n, pa.int32()),
-        "offset": pa.array(range(first_offset, first_offset + n), pa.int64()),
-        "timestamp": pa.array([1_700_000_000_000_000 + first_offset] * n, pa.timestamp("us")),
-    })
+    values = [
+        json.dumps(
+            {
+                "type": "Feature",
+                "id": ids[i],
+                "geometry": {"type": "Point", "coordinates": [round(float(lon[i]), 6), round(float(lat[i]), 6)]},
+                "properties": {"kind": "probe", "speed": float(i % 97)},
+            }
+        ).encode()
+        for i in range(n)
+    ]
+    return pa.record_batch(
+        {
+            "key": pa.nulls(n, pa.binary()),
+            "value": pa.array(values, pa.binary()),
+            "topic": pa.array([TOPIC] * n),
+            "partition": pa.array([partition] * n, pa.int32()),
+            "offset": pa.array(range(first_offset, first_offset + n), pa.int64()),
+            "timestamp": pa.array([1_700_000_000_000_000 + first_offset] * n, pa.timestamp("us")),
+        }
+    )
 
 
 @dataclass
@@ -99,8 +106,12 @@ class BatchWriter:
     def files(self, batch_id: int, lon: np.ndarray, lat: np.ndarray):
         n = len(lon)
         ids = [event_id(self.writer_id, batch_id, i) for i in range(n)]
-        settings = FileSettings(dict(self.table.properties), dict(self.table.io.properties),
-                                f"{self.table.location().rstrip('/')}/data", f"{self.writer_id}-b{batch_id:09d}")
+        settings = FileSettings(
+            dict(self.table.properties),
+            dict(self.table.io.properties),
+            f"{self.table.location().rstrip('/')}/data",
+            f"{self.writer_id}-b{batch_id:09d}",
+        )
         task = PartitionTask(self.contract, DecodeOptions(), settings)
         records = []
         offsets: dict[int, tuple[int, int]] = {}
@@ -128,8 +139,7 @@ def world_points(rng: np.random.Generator, n: int) -> tuple[np.ndarray, np.ndarr
 
 CONTRACT_PATH = Path(__file__).resolve().parents[2] / "schemas" / "demo_events.json"
 # Maintenance that touches everything at once: the tests have no commit in flight.
-EAGER = MaintenancePolicy(min_file_age_s=0, snapshot_max_age_s=0, keep_snapshots=3, orphan_min_age_s=0,
-                          max_manifests=2)
+EAGER = MaintenancePolicy(min_file_age_s=0, snapshot_max_age_s=0, keep_snapshots=3, orphan_min_age_s=0, max_manifests=2)
 MiB = 1024 * 1024
 
 
@@ -166,9 +176,13 @@ def test_equal_keys_are_ordered_by_path_so_plans_are_repeatable():
 
 def test_candidates_are_small_old_files_with_bounds():
     now = 1_000_000
-    files = [live("small-old", 10, 1, added_ms=now - 5000), live("small-young", 10, 2, added_ms=now - 10),
-             live("large-old", 100, 3, added_ms=now - 5000), live("no-bounds", 10, None, added_ms=now - 5000),
-             live("expired-snapshot", 10, 4, added_ms=None)]
+    files = [
+        live("small-old", 10, 1, added_ms=now - 5000),
+        live("small-young", 10, 2, added_ms=now - 10),
+        live("large-old", 100, 3, added_ms=now - 5000),
+        live("no-bounds", 10, None, added_ms=now - 5000),
+        live("expired-snapshot", 10, 4, added_ms=None),
+    ]
     picked = compaction_candidates(files, small_file_bytes=50, min_age_ms=1000, now_ms=now)
     assert [f.path for f in picked] == ["small-old", "expired-snapshot"]
 
@@ -226,8 +240,9 @@ def table(catalog, contract):
     return table
 
 
-def write_batches(table, contract, batches: int, rows: int = 100, writer_id: str = "writer-a",
-                  seed: int = 3, start: int = 0) -> BatchWriter:
+def write_batches(
+    table, contract, batches: int, rows: int = 100, writer_id: str = "writer-a", seed: int = 3, start: int = 0
+) -> BatchWriter:
     writer = BatchWriter(table, contract, writer_id=writer_id, next_offset=start * rows)
     rng = np.random.default_rng(seed)
     for batch_id in range(start, start + batches):
@@ -237,8 +252,9 @@ def write_batches(table, contract, batches: int, rows: int = 100, writer_id: str
 
 def table_ids(table, snapshot_id: int | None = None) -> list[str]:
     table.refresh()
-    return sorted(table.scan(snapshot_id=snapshot_id, selected_fields=("event_id",)).to_arrow()
-                  .column("event_id").to_pylist())
+    return sorted(
+        table.scan(snapshot_id=snapshot_id, selected_fields=("event_id",)).to_arrow().column("event_id").to_pylist()
+    )
 
 
 def expected_ids(batches, rows: int = 100, writer_id: str = "writer-a") -> list[str]:
@@ -288,8 +304,9 @@ def test_compaction_rewrites_small_batches_into_hilbert_clustered_files(table, c
         assert [lower["xmin"], lower["ymin"], upper["xmax"], upper["ymax"]] == file_bbox
         assert geo["columns"]["geometry"]["bbox"] == file_bbox
         assert parquet.metadata.num_row_groups == -(-rows.num_rows // contract.clustering.row_group_rows)
-        keys = hilbert_keys_of_bounds(xmin, ymin, xmax, ymax, contract.clustering.extent,
-                                      contract.clustering.hilbert_bits)
+        keys = hilbert_keys_of_bounds(
+            xmin, ymin, xmax, ymax, contract.clustering.extent, contract.clustering.hilbert_bits
+        )
         assert (np.diff(keys) >= 0).all(), "rows sorted along the curve"
         key_ranges.append((int(keys[0]), int(keys[-1])))
     key_ranges.sort()
@@ -339,8 +356,9 @@ def test_a_compaction_racing_ingest_commits_is_retried_on_the_fresh_table(monkey
     rng = np.random.default_rng(99)
     # Refresh 1 plans the compaction; 2 and 3 start commit attempts, and an ingest batch lands
     # right after each; attempt 3 (refresh 4) commits.
-    raced = race_on_refresh(monkeypatch, mine, lambda: writer.commit(6 + len(raced), *world_points(rng, 100)),
-                            on_calls={2, 3})
+    raced = race_on_refresh(
+        monkeypatch, mine, lambda: writer.commit(6 + len(raced), *world_points(rng, 100)), on_calls={2, 3}
+    )
     sleeps: list[float] = []
     report = maintain(mine, EAGER, steps=("compact",), sleep=sleeps.append).compaction
 
@@ -368,16 +386,16 @@ def test_a_bin_whose_files_another_compaction_replaced_is_given_up(monkeypatch, 
     assert on_disk == {p.removeprefix("file://") for p in data_paths(table)}, "the loser's files were deleted"
 
 
-def test_a_compaction_that_keeps_losing_gives_up_and_leaves_the_table_as_it_was(monkeypatch, catalog, table,
-                                                                               contract):
+def test_a_compaction_that_keeps_losing_gives_up_and_leaves_the_table_as_it_was(monkeypatch, catalog, table, contract):
     writer = write_batches(table, contract, 3)
     with table.transaction() as tx:
         tx.set_properties({"commit.retry.num-retries": "1", "commit.retry.min-wait-ms": "1"})
     mine = open_catalog(catalog.name, dict(catalog.properties)).load_table(contract.table)
     rng = np.random.default_rng(5)
     batch_ids = iter(range(3, 100))
-    race_on_refresh(monkeypatch, mine, lambda: writer.commit(next(batch_ids), *world_points(rng, 100)),
-                    on_calls=set(range(2, 10)))
+    race_on_refresh(
+        monkeypatch, mine, lambda: writer.commit(next(batch_ids), *world_points(rng, 100)), on_calls=set(range(2, 10))
+    )
     with pytest.raises(MaintenanceGaveUp, match=r"compaction of demo.events gave up after 2 conflict"):
         maintain(mine, EAGER, steps=("compact",), sleep=lambda s: None)
     assert table_ids(table) == expected_ids(range(5))
@@ -398,8 +416,10 @@ def test_after_expiry_replays_are_still_recognised_and_resume_offsets_unchanged(
     table.refresh()
     assert report.expiry.snapshots_expired > 0
     assert len(table.metadata.snapshots) <= EAGER.keep_snapshots + 1 < snapshots_before
-    identities = {(s.summary.additional_properties.get(WRITER_ID), s.summary.additional_properties.get(BATCH_ID))
-                  for s in table.metadata.snapshots}
+    identities = {
+        (s.summary.additional_properties.get(WRITER_ID), s.summary.additional_properties.get(BATCH_ID))
+        for s in table.metadata.snapshots
+    }
     assert ("writer-a", "0") not in identities, "the first batch's snapshot has expired"
     # Yet every batch is still known, from the history the maintenance snapshot carries.
     for writer_id, batches in (("writer-a", 12), ("writer-b", 3)):
@@ -453,8 +473,7 @@ def test_expiry_deletes_only_files_no_kept_snapshot_references(table, contract):
 
 def test_snapshots_younger_than_the_max_age_never_expire(table, contract):
     write_batches(table, contract, 5)
-    maintain(table, MaintenancePolicy(min_file_age_s=0, max_manifests=2, keep_snapshots=1),
-             steps=("compact", "expire"))
+    maintain(table, MaintenancePolicy(min_file_age_s=0, max_manifests=2, keep_snapshots=1), steps=("compact", "expire"))
     table.refresh()
     assert len(table.metadata.snapshots) == 6, "5 days by default: all five batches and the compaction stay"
 
@@ -469,8 +488,14 @@ def test_many_small_commits_stay_bounded_with_maintenance_between_batches(table,
         if (batch_id + 1) % 30 == 0:
             maintain(table, policy)
             table.refresh()
-            seen.append((len(table.metadata.snapshots), data_manifest_count(table), len(data_paths(table)),
-                         len(table.io.new_input(table.metadata_location))))
+            seen.append(
+                (
+                    len(table.metadata.snapshots),
+                    data_manifest_count(table),
+                    len(data_paths(table)),
+                    len(table.io.new_input(table.metadata_location)),
+                )
+            )
     assert all(snapshots <= 11 for snapshots, *_ in seen)
     assert all(manifests <= 4 for _, manifests, *_ in seen)
     assert all(files <= 5 for *_, files, _ in seen)

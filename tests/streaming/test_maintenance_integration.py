@@ -67,17 +67,19 @@ def test_maintenance_on_the_postgresql_catalog_keeps_every_row_and_every_batch(p
 # -- kill -9 --------------------------------------------------------------------------------------
 def cli_env(tmp_path: Path, **extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("GEOINGEST_")}
-    env.update({
-        "GEOINGEST_CATALOG__URI": f"sqlite:///{tmp_path / 'catalog.db'}",
-        "GEOINGEST_CATALOG__WAREHOUSE": f"file://{tmp_path / 'warehouse'}",
-        "GEOINGEST_CACHE_DIR": str(CACHE_DIR),
-        "GEOINGEST_MAINTENANCE_MIN_FILE_AGE_S": "0",
-        "GEOINGEST_MAINTENANCE_SNAPSHOT_MAX_AGE_S": "0",
-        "GEOINGEST_MAINTENANCE_KEEP_SNAPSHOTS": "3",
-        # Many small bins: a long rewrite with many moments to die in.
-        "GEOINGEST_MAINTENANCE_MAX_BIN_BYTES": str(48 * 1024),
-        **extra,
-    })
+    env.update(
+        {
+            "GEOINGEST_CATALOG__URI": f"sqlite:///{tmp_path / 'catalog.db'}",
+            "GEOINGEST_CATALOG__WAREHOUSE": f"file://{tmp_path / 'warehouse'}",
+            "GEOINGEST_CACHE_DIR": str(CACHE_DIR),
+            "GEOINGEST_MAINTENANCE_MIN_FILE_AGE_S": "0",
+            "GEOINGEST_MAINTENANCE_SNAPSHOT_MAX_AGE_S": "0",
+            "GEOINGEST_MAINTENANCE_KEEP_SNAPSHOTS": "3",
+            # Many small bins: a long rewrite with many moments to die in.
+            "GEOINGEST_MAINTENANCE_MAX_BIN_BYTES": str(48 * 1024),
+            **extra,
+        }
+    )
     return env
 
 
@@ -87,8 +89,10 @@ def compacted_files(data_dir: Path) -> list[Path]:
 
 def test_kill_9_during_compaction_leaves_the_table_readable_with_nothing_lost(tmp_path):
     env = cli_env(tmp_path)
-    catalog = open_catalog("geoingest", {"type": "sql", "uri": env["GEOINGEST_CATALOG__URI"],
-                                         "warehouse": env["GEOINGEST_CATALOG__WAREHOUSE"]})
+    catalog = open_catalog(
+        "geoingest",
+        {"type": "sql", "uri": env["GEOINGEST_CATALOG__URI"], "warehouse": env["GEOINGEST_CATALOG__WAREHOUSE"]},
+    )
     contract = load_contract(CONTRACT_FILE)
     table, _ = create_table(catalog, contract)
     write_batches(table, contract, 60, rows=150)
@@ -99,13 +103,19 @@ def test_kill_9_during_compaction_leaves_the_table_readable_with_nothing_lost(tm
     # The first kill as soon as the rewrite has written a file; then at random moments of a run.
     for moment in ("first file written", *(rng.uniform(0.5, 4.0) for _ in range(3))):
         before = set(compacted_files(data_dir))
-        process = subprocess.Popen([str(GEOINGEST), "table", "maintain", "--table", contract.table, "--compact"],
-                                   env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+        process = subprocess.Popen(
+            [str(GEOINGEST), "table", "maintain", "--table", contract.table, "--compact"],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+        )
         started = time.monotonic()
         while process.poll() is None and time.monotonic() - started < 120:
             new_files = set(compacted_files(data_dir)) - before
             if (moment == "first file written" and new_files) or (
-                    isinstance(moment, float) and time.monotonic() - started >= moment):
+                isinstance(moment, float) and time.monotonic() - started >= moment
+            ):
                 break
             time.sleep(0.01)
         finished = process.poll() is not None
@@ -121,10 +131,17 @@ def test_kill_9_during_compaction_leaves_the_table_readable_with_nothing_lost(tm
     assert kills[0]["killed"], f"the first kill came too late: {kills}"
 
     # A complete run afterwards compacts what is left and deletes what the killed runs left behind.
-    done = subprocess.run([str(GEOINGEST), "table", "maintain", "--table", contract.table],
-                          env={**env, "GEOINGEST_MAINTENANCE_ORPHAN_MIN_AGE_S": "0",
-                               "GEOINGEST_MAINTENANCE_MAX_BIN_BYTES": str(64 * 1024 * 1024)},
-                          capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [str(GEOINGEST), "table", "maintain", "--table", contract.table],
+        env={
+            **env,
+            "GEOINGEST_MAINTENANCE_ORPHAN_MIN_AGE_S": "0",
+            "GEOINGEST_MAINTENANCE_MAX_BIN_BYTES": str(64 * 1024 * 1024),
+        },
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     report = json.loads(done.stdout.strip().splitlines()[-1])
     assert report["compaction"]["files_rewritten"] > 0
@@ -133,8 +150,9 @@ def test_kill_9_during_compaction_leaves_the_table_readable_with_nothing_lost(tm
     on_disk = {str(p) for p in data_dir.iterdir()}
     assert on_disk <= referenced_files(table), "no orphan left on disk"
     for snapshot in table.metadata.snapshots:  # every kept snapshot still reads
-        assert {t.file.file_path.removeprefix("file://") for t in table.scan(snapshot_id=snapshot.snapshot_id)
-                .plan_files()} <= on_disk
+        assert {
+            t.file.file_path.removeprefix("file://") for t in table.scan(snapshot_id=snapshot.snapshot_id).plan_files()
+        } <= on_disk
     print(f"\nkills: {kills}; final run: {report['compaction']}, orphans {report['orphans']}")
 
 
@@ -142,10 +160,21 @@ def test_kill_9_during_compaction_leaves_the_table_readable_with_nothing_lost(tm
 def city_records(n: int, seed: int, prefix: str) -> list[tuple]:
     rng = np.random.default_rng(seed)
     lon, lat = world_points(rng, n)
-    return [(f"{prefix}{i}".encode(), json.dumps({
-        "type": "Feature", "id": f"{prefix}{i}", "properties": {"kind": "probe"},
-        "geometry": {"type": "Point", "coordinates": [round(float(lon[i]), 5), round(float(lat[i]), 5)]},
-    }).encode(), []) for i in range(n)]
+    return [
+        (
+            f"{prefix}{i}".encode(),
+            json.dumps(
+                {
+                    "type": "Feature",
+                    "id": f"{prefix}{i}",
+                    "properties": {"kind": "probe"},
+                    "geometry": {"type": "Point", "coordinates": [round(float(lon[i]), 5), round(float(lat[i]), 5)]},
+                }
+            ).encode(),
+            [],
+        )
+        for i in range(n)
+    ]
 
 
 def test_ingest_with_background_maintenance_keeps_every_row_exactly_once(kafka, spark, topic, tmp_path):
@@ -155,28 +184,44 @@ def test_ingest_with_background_maintenance_keeps_every_row_exactly_once(kafka, 
     assert produce_records(kafka.bootstrap, topic, city_records(n, 1, "a")) == n
     catalog_props = {"type": "sql", "uri": f"sqlite:///{tmp_path / 'c.db'}", "warehouse": f"file://{tmp_path / 'wh'}"}
     settings = load_settings(
-        env={}, bootstrap_servers=kafka.bootstrap, topic=topic, catalog=catalog_props,
-        checkpoint_location=str(tmp_path / "ck"), metrics_port=0, cache_dir=str(CACHE_DIR),
-        max_offsets_per_trigger=1_000, maintenance_mode="background", maintenance_interval_s=0,
-        maintenance_min_file_age_s=0, maintenance_snapshot_max_age_s=0, maintenance_keep_snapshots=3,
-        maintenance_max_manifests=2, maintenance_steps="compact,expire")
+        env={},
+        bootstrap_servers=kafka.bootstrap,
+        topic=topic,
+        catalog=catalog_props,
+        checkpoint_location=str(tmp_path / "ck"),
+        metrics_port=0,
+        cache_dir=str(CACHE_DIR),
+        max_offsets_per_trigger=1_000,
+        maintenance_mode="background",
+        maintenance_interval_s=0,
+        maintenance_min_file_age_s=0,
+        maintenance_snapshot_max_age_s=0,
+        maintenance_keep_snapshots=3,
+        maintenance_max_manifests=2,
+        maintenance_steps="compact,expire",
+    )
     contract = load_contract(CONTRACT_FILE)
     create_table(open_catalog(settings.catalog_name, settings.catalog), contract)
     registry = CollectorRegistry()
     totals = run(settings, contract, until_idle=True, spark=spark, registry=registry)
 
     assert totals.commits.get("failed", 0) == 0 and totals.commits["committed"] == totals.batches >= 20
-    runs = registry.get_sample_value("geoingest_maintenance_runs_total", {"table": contract.table,
-                                                                          "outcome": "completed"})
-    gave_up = registry.get_sample_value("geoingest_maintenance_runs_total", {"table": contract.table,
-                                                                             "outcome": "gave_up"})
-    failed = registry.get_sample_value("geoingest_maintenance_runs_total", {"table": contract.table,
-                                                                            "outcome": "failed"})
+    runs = registry.get_sample_value(
+        "geoingest_maintenance_runs_total", {"table": contract.table, "outcome": "completed"}
+    )
+    gave_up = registry.get_sample_value(
+        "geoingest_maintenance_runs_total", {"table": contract.table, "outcome": "gave_up"}
+    )
+    failed = registry.get_sample_value(
+        "geoingest_maintenance_runs_total", {"table": contract.table, "outcome": "failed"}
+    )
     conflicts = registry.get_sample_value("geoingest_maintenance_conflicts_total", {"table": contract.table})
     rewritten = registry.get_sample_value("geoingest_maintenance_files_rewritten_total", {"table": contract.table})
     ingest_conflicts = registry.get_sample_value("geoingest_commit_conflicts_total", {"table": contract.table})
-    print(f"\n{totals.batches} batches; maintenance: {runs:.0f} runs, {gave_up:.0f} gave up, {failed:.0f} failed, "
-          f"{conflicts:.0f} conflicts, {rewritten:.0f} files rewritten; ingest conflicts {ingest_conflicts:.0f}")
+    print(
+        f"\n{totals.batches} batches; maintenance: {runs:.0f} runs, {gave_up:.0f} gave up, {failed:.0f} failed, "
+        f"{conflicts:.0f} conflicts, {rewritten:.0f} files rewritten; ingest conflicts {ingest_conflicts:.0f}"
+    )
     assert runs >= 2 and failed == 0 and rewritten > 0
 
     table = open_catalog(settings.catalog_name, settings.catalog).load_table(contract.table)
@@ -188,13 +233,16 @@ def test_ingest_with_background_maintenance_keeps_every_row_exactly_once(kafka, 
 
     # Between batches, on the driver: more events, the same checkpoint, maintenance after each batch.
     assert produce_records(kafka.bootstrap, topic, city_records(4_000, 2, "b")) == 4_000
-    between = load_settings(env={}, **{**settings.__dict__, "maintenance_mode": "between-batches",
-                                       "maintenance_steps": "compact"})
+    between = load_settings(
+        env={}, **{**settings.__dict__, "maintenance_mode": "between-batches", "maintenance_steps": "compact"}
+    )
     registry = CollectorRegistry()
     more = run(between, contract, until_idle=True, spark=spark, registry=registry)
     assert more.commits.get("failed", 0) == 0
-    assert registry.get_sample_value("geoingest_maintenance_runs_total",
-                                     {"table": contract.table, "outcome": "completed"}) == more.batches
+    assert (
+        registry.get_sample_value("geoingest_maintenance_runs_total", {"table": contract.table, "outcome": "completed"})
+        == more.batches
+    )
     ids = table_ids(table)
     assert len(ids) == n + 4_000 and len(set(ids)) == len(ids)
     assert len(data_paths(table)) <= 4, "compacted after every batch"
@@ -203,15 +251,18 @@ def test_ingest_with_background_maintenance_keeps_every_row_exactly_once(kafka, 
 # -- the command ----------------------------------------------------------------------------------
 def test_table_maintain_command_dry_run_then_steps_then_errors(tmp_path):
     env = cli_env(tmp_path, GEOINGEST_MAINTENANCE_MAX_BIN_BYTES=str(64 * 1024 * 1024))
-    catalog = open_catalog("geoingest", {"type": "sql", "uri": env["GEOINGEST_CATALOG__URI"],
-                                         "warehouse": env["GEOINGEST_CATALOG__WAREHOUSE"]})
+    catalog = open_catalog(
+        "geoingest",
+        {"type": "sql", "uri": env["GEOINGEST_CATALOG__URI"], "warehouse": env["GEOINGEST_CATALOG__WAREHOUSE"]},
+    )
     contract = load_contract(CONTRACT_FILE)
     table, _ = create_table(catalog, contract)
     write_batches(table, contract, 8)
 
     def geoingest(*args: str, check: bool = True) -> subprocess.CompletedProcess:
-        done = subprocess.run([str(GEOINGEST), "table", "maintain", *args], env=env, capture_output=True,
-                              text=True, timeout=300)
+        done = subprocess.run(
+            [str(GEOINGEST), "table", "maintain", *args], env=env, capture_output=True, text=True, timeout=300
+        )
         assert not check or done.returncode == 0, done.stderr[-3000:]
         return done
 
@@ -229,6 +280,11 @@ def test_table_maintain_command_dry_run_then_steps_then_errors(tmp_path):
 
     missing = geoingest("--table", "demo.nothing", check=False)
     assert missing.returncode == 2 and "demo.nothing" in missing.stderr
-    bad = subprocess.run([str(GEOINGEST), "table", "maintain", "--table", contract.table], capture_output=True,
-                         text=True, env={**env, "GEOINGEST_MAINTENANCE_STEPS": "compact,vacuum"}, timeout=300)
+    bad = subprocess.run(
+        [str(GEOINGEST), "table", "maintain", "--table", contract.table],
+        capture_output=True,
+        text=True,
+        env={**env, "GEOINGEST_MAINTENANCE_STEPS": "compact,vacuum"},
+        timeout=300,
+    )
     assert bad.returncode == 2 and "'compact,vacuum'" in bad.stderr

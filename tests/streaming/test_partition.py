@@ -35,8 +35,12 @@ from tests.streaming.test_decode import DEMO, FIRST_OFFSET, TOPIC, feature, kafk
 
 
 def task(tmp_path, rows_per_run: int = 1_000_000) -> PartitionTask:
-    return PartitionTask(DEMO, DecodeOptions(), FileSettings({}, {}, f"file://{tmp_path}/data", "w-b000000007"),
-                         rows_per_run=rows_per_run)
+    return PartitionTask(
+        DEMO,
+        DecodeOptions(),
+        FileSettings({}, {}, f"file://{tmp_path}/data", "w-b000000007"),
+        rows_per_run=rows_per_run,
+    )
 
 
 def run(task: PartitionTask, batches: list[pa.RecordBatch]) -> BatchResults:
@@ -48,8 +52,10 @@ def run(task: PartitionTask, batches: list[pa.RecordBatch]) -> BatchResults:
 def points(n: int, seed: int = 3) -> list[bytes]:
     rng = np.random.default_rng(seed)
     xs, ys = rng.uniform(-170, 170, n), rng.uniform(-80, 80, n)
-    return [feature(point(float(x), float(y)), fid=f"s{seed}-p{i}", kind="ping", speed=1.0) for i, (x, y) in
-            enumerate(zip(xs, ys))]
+    return [
+        feature(point(float(x), float(y)), fid=f"s{seed}-p{i}", kind="ping", speed=1.0)
+        for i, (x, y) in enumerate(zip(xs, ys))
+    ]
 
 
 def keys_of(path: str) -> np.ndarray:
@@ -83,8 +89,12 @@ def test_files_are_hilbert_sorted_and_carry_their_bounds(tmp_path):
         keys = keys_of(record.path)
         assert np.all(np.diff(keys) >= 0), "rows in Hilbert order"
         bbox = pq.read_table(record.path.removeprefix("file://"), columns=["bbox"]).column("bbox").combine_chunks()
-        assert record.bbox == (min(bbox.field("xmin").to_pylist()), min(bbox.field("ymin").to_pylist()),
-                               max(bbox.field("xmax").to_pylist()), max(bbox.field("ymax").to_pylist()))
+        assert record.bbox == (
+            min(bbox.field("xmin").to_pylist()),
+            min(bbox.field("ymin").to_pylist()),
+            max(bbox.field("xmax").to_pylist()),
+            max(bbox.field("ymax").to_pylist()),
+        )
         assert record.path.rsplit("/", 1)[1].startswith("w-b000000007-")
         geo = json.loads(pq.read_metadata(record.path.removeprefix("file://")).metadata[b"geo"])
         assert geo["columns"]["geometry"]["covering"]["bbox"]["xmin"] == ["bbox", "xmin"]
@@ -95,9 +105,15 @@ def test_a_run_bounds_the_rows_held_and_each_run_is_sorted_on_its_own(tmp_path):
     results = run(task(tmp_path, rows_per_run=800), batches)
     assert sum(f.record_count for f in results.files) == 2000
     # the demo contract cuts files at 1 MiB, far above 800 points: a file per run of two batches
-    batches_in = sorted(sorted({i.split("-")[0] for i in pq.read_table(f.path.removeprefix("file://"),
-                                                                       columns=["event_id"]).column(0).to_pylist()})
-                        for f in results.files)
+    batches_in = sorted(
+        sorted(
+            {
+                i.split("-")[0]
+                for i in pq.read_table(f.path.removeprefix("file://"), columns=["event_id"]).column(0).to_pylist()
+            }
+        )
+        for f in results.files
+    )
     assert batches_in == [["s0", "s1"], ["s2", "s3"], ["s4"]]
 
 
@@ -105,20 +121,26 @@ def test_a_partition_of_rejects_only_writes_no_file_and_still_reports_its_offset
     results = run(task(tmp_path), [kafka_batch([b"x", b"y"], partition=3)])
     assert results.files == []
     assert [(t.partition, t.reason, t.first, t.last, t.n) for t in results.tallies] == [
-        (3, "unknown_format", FIRST_OFFSET, FIRST_OFFSET + 1, 2)]
+        (3, "unknown_format", FIRST_OFFSET, FIRST_OFFSET + 1, 2)
+    ]
 
 
 def test_result_rows_are_told_apart_by_kind(tmp_path):
     out = list(task(tmp_path)([kafka_batch(points(3))]))[0].to_pylist()
     assert {row["kind"] for row in out} == {TALLY, FILE}
-    assert all(shapely.box(row["xmin"], row["ymin"], row["xmax"], row["ymax"]).is_valid
-               for row in out if row["kind"] == FILE)
+    assert all(
+        shapely.box(row["xmin"], row["ymin"], row["xmax"], row["ymax"]).is_valid for row in out if row["kind"] == FILE
+    )
 
 
 # -- clustering "batch": sorted runs merged by key range ---------------------------------------------
 def test_plan_cuts_the_keys_into_ranges_of_about_equal_rows():
-    slices = [Slice("a", 0, 0, 99, 100), Slice("a", 1, 100, 199, 100),
-              Slice("b", 0, 50, 149, 100), Slice("b", 1, 150, 249, 100)]
+    slices = [
+        Slice("a", 0, 0, 99, 100),
+        Slice("a", 1, 100, 199, 100),
+        Slice("b", 0, 50, 149, 100),
+        Slice("b", 1, 150, 249, 100),
+    ]
     plan = plan_merge(slices, 2)
     assert [(r.key_lo, r.key_hi) for r in plan] == [(None, 125), (125, None)]
     assert plan[0].slices == (("a", 0), ("a", 1), ("b", 0))
@@ -135,8 +157,10 @@ def test_plan_never_splits_one_key_and_reads_every_slice():
 
 def test_runs_of_several_tasks_merge_into_files_that_do_not_overlap_on_the_curve(tmp_path):
     staging = f"file://{tmp_path}/staging"
-    first = run(dataclasses.replace(task(tmp_path, rows_per_run=700), staging=staging),
-                [kafka_batch(points(500, seed=s)) for s in (1, 2, 3)])
+    first = run(
+        dataclasses.replace(task(tmp_path, rows_per_run=700), staging=staging),
+        [kafka_batch(points(500, seed=s)) for s in (1, 2, 3)],
+    )
     second = run(dataclasses.replace(task(tmp_path), staging=staging), [kafka_batch(points(800, seed=9))])
     assert first.files == [] and second.files == []
     slices = first.slices + second.slices
@@ -145,11 +169,14 @@ def test_runs_of_several_tasks_merge_into_files_that_do_not_overlap_on_the_curve
     merge = MergeTask(DEMO, FileSettings({}, {}, f"file://{tmp_path}/data", "w-b000000007"), tuple(plan))
     out = [BatchResults.from_rows(b.to_pylist()) for b in merge([pa.record_batch({"id": list(range(len(plan)))})])]
     files = [f for o in out for f in o.files]
-    ids = [i for f in files for i in pq.read_table(f.path.removeprefix("file://"), columns=["event_id"])
-           .column(0).to_pylist()]
+    ids = [
+        i
+        for f in files
+        for i in pq.read_table(f.path.removeprefix("file://"), columns=["event_id"]).column(0).to_pylist()
+    ]
     assert sorted(ids) == sorted(f"s{s}-p{i}" for s, n in ((1, 500), (2, 500), (3, 500), (9, 800)) for i in range(n))
     spans = sorted((keys_of(f.path)[0], keys_of(f.path)[-1]) for f in files)
-    for (lo, hi), (next_lo, _) in zip(spans, spans[1:]):
+    for (_lo, hi), (next_lo, _) in zip(spans, spans[1:]):
         assert hi <= next_lo, "files follow each other along the curve"
     for f in files:
         assert np.all(np.diff(keys_of(f.path)) >= 0)
@@ -161,30 +188,51 @@ def test_rows_that_share_the_key_of_a_cut_land_in_one_range_once(tmp_path):
     first = run(dataclasses.replace(task(tmp_path), staging=staging), [kafka_batch(points(300, seed=1) + same_place)])
     second = run(dataclasses.replace(task(tmp_path), staging=staging), [kafka_batch(same_place[:100] + points(300))])
     read_all = tuple((s.path, s.index) for s in first.slices + second.slices)
-    key = int(hilbert_keys_of_bounds(np.array([2.35]), np.array([48.85]), np.array([2.35]), np.array([48.85]),
-                                     DEMO.clustering.extent, DEMO.clustering.hilbert_bits)[0])
+    key = int(
+        hilbert_keys_of_bounds(
+            np.array([2.35]),
+            np.array([48.85]),
+            np.array([2.35]),
+            np.array([48.85]),
+            DEMO.clustering.extent,
+            DEMO.clustering.hilbert_bits,
+        )[0]
+    )
     ranges = (MergeRange(None, key, read_all), MergeRange(key, key + 1, read_all), MergeRange(key + 1, None, read_all))
     merge = MergeTask(DEMO, FileSettings({}, {}, f"file://{tmp_path}/data", "w-b000000007"), ranges)
     out = [BatchResults.from_rows(b.to_pylist()) for b in merge([pa.record_batch({"id": [0, 1, 2]})])]
     files = [f for o in out for f in o.files]
-    assert sorted(ids_in(files)) == sorted([f"s1-p{i}" for i in range(300)] + [f"s3-p{i}" for i in range(300)]
-                                           + [f"same-{i}" for i in range(600)] + [f"same-{i}" for i in range(100)])
+    assert sorted(ids_in(files)) == sorted(
+        [f"s1-p{i}" for i in range(300)]
+        + [f"s3-p{i}" for i in range(300)]
+        + [f"same-{i}" for i in range(600)]
+        + [f"same-{i}" for i in range(100)]
+    )
     at_key = [f for f in files if keys_of(f.path)[0] == key]
-    assert sorted(ids_in(at_key)) == sorted([f"same-{i}" for i in range(600)] + [f"same-{i}" for i in range(100)]), \
+    assert sorted(ids_in(at_key)) == sorted([f"same-{i}" for i in range(600)] + [f"same-{i}" for i in range(100)]), (
         "every row of the cut's key, and only those, in the range that starts there"
+    )
 
 
 # -- small batches: merged by their last task -------------------------------------------------------
 def last_merge_tasks(tmp_path, tasks: int, max_rows: int = 1_000_000, threads: int = 1) -> list[PartitionTask]:
     staging = f"file://{tmp_path}/staging"
-    return [dataclasses.replace(task(tmp_path), staging=staging,
-                                last_merge=LastTaskMerge(lambda n=n: (n, tasks), 2, 1_000_000, max_rows, threads))
-            for n in range(tasks)]
+    return [
+        dataclasses.replace(
+            task(tmp_path),
+            staging=staging,
+            last_merge=LastTaskMerge(lambda n=n: (n, tasks), 2, 1_000_000, max_rows, threads),
+        )
+        for n in range(tasks)
+    ]
 
 
 def ids_in(files) -> list[str]:
-    return [i for f in files for i in pq.read_table(f.path.removeprefix("file://"), columns=["event_id"])
-            .column(0).to_pylist()]
+    return [
+        i
+        for f in files
+        for i in pq.read_table(f.path.removeprefix("file://"), columns=["event_id"]).column(0).to_pylist()
+    ]
 
 
 def test_the_last_task_of_a_small_batch_merges_every_run_into_files_that_follow_the_curve(tmp_path):
@@ -198,8 +246,9 @@ def test_the_last_task_of_a_small_batch_merges_every_run_into_files_that_follow_
     spans = sorted((keys_of(f.path)[0], keys_of(f.path)[-1]) for f in files)
     assert spans[0][1] <= spans[1][0]
     assert all(np.all(np.diff(keys_of(f.path)) >= 0) for f in files)
-    assert {t.reason: t.n for t in results[2].tallies} == {None: 700, "unknown_format": 1}, \
+    assert {t.reason: t.n for t in results[2].tallies} == {None: 700, "unknown_format": 1}, (
         "a task's tallies stay its own"
+    )
 
 
 def test_the_last_task_writes_the_same_files_on_two_threads_as_on_one(tmp_path):
@@ -229,11 +278,19 @@ def test_a_batch_above_the_limit_is_left_to_the_merge_job(tmp_path):
 
 # -- worker processes ------------------------------------------------------------------------------
 def memory_pool_of_a_prepared_worker(env: dict[str, str]) -> str:
-    code = ("import pyarrow as pa; from streaming.partition import prepare_worker_process; "
-            "prepare_worker_process(); print(pa.default_memory_pool().backend_name)")
+    code = (
+        "import pyarrow as pa; from streaming.partition import prepare_worker_process; "
+        "prepare_worker_process(); print(pa.default_memory_pool().backend_name)"
+    )
     clean = {k: v for k, v in os.environ.items() if k != "ARROW_DEFAULT_MEMORY_POOL"}
-    done = subprocess.run([sys.executable, "-c", code], env={**clean, **env}, capture_output=True, text=True,
-                          check=True, cwd=Path(__file__).parents[2])
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        env={**clean, **env},
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=Path(__file__).parents[2],
+    )
     return done.stdout.strip()
 
 

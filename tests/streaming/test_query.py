@@ -77,8 +77,7 @@ class Built:
     root: Path  # the catalog (catalog.db) and warehouse folder
 
 
-def _events(rng: np.random.Generator, count: int = EVENT_COUNT,
-            first_id: int = 0) -> tuple[list[bytes], list[bytes]]:
+def _events(rng: np.random.Generator, count: int = EVENT_COUNT, first_id: int = 0) -> tuple[list[bytes], list[bytes]]:
     """Kafka keys and values at skewed random places: GeoJSON Point features, and WKB polygons
     (boxes, triangles, L shapes) and zigzag lines, each inside a box of half-width at most
     MAX_POLYGON_HALF_WIDTH (half that in y) around its place."""
@@ -108,17 +107,32 @@ def _events(rng: np.random.Generator, count: int = EVENT_COUNT,
             if shape == 0:
                 polygon = shapely.box(x[n] - w, y[n] - h, x[n] + w, y[n] + h)
             elif shape == 1:
-                polygon = shapely.Polygon([(x[n] - w, y[n] - h), (x[n] + w, y[n] - h * abs(j[0])),
-                                           (x[n] + w * j[1], y[n] + h)])
+                polygon = shapely.Polygon(
+                    [(x[n] - w, y[n] - h), (x[n] + w, y[n] - h * abs(j[0])), (x[n] + w * j[1], y[n] + h)]
+                )
             else:
                 cx, cy = x[n] + w * j[2] * 0.8, y[n] + h * j[3] * 0.8
-                polygon = shapely.Polygon([(x[n] - w, y[n] - h), (x[n] + w, y[n] - h), (x[n] + w, cy),
-                                           (cx, cy), (cx, y[n] + h), (x[n] - w, y[n] + h)])
+                polygon = shapely.Polygon(
+                    [
+                        (x[n] - w, y[n] - h),
+                        (x[n] + w, y[n] - h),
+                        (x[n] + w, cy),
+                        (cx, cy),
+                        (cx, y[n] + h),
+                        (x[n] - w, y[n] + h),
+                    ]
+                )
             keys.append(f"poly-{i}".encode())  # WKB has no id: event_id comes from the key
             values.append(shapely.to_wkb(polygon))
         elif i % LINE_EVERY == LINE_EVERY // 2:
-            line = shapely.LineString([(x[n] - w, y[n] + h * j[0]), (x[n] - w / 3, y[n] + h * j[1]),
-                                       (x[n] + w / 3, y[n] + h * j[2]), (x[n] + w, y[n] + h * j[3])])
+            line = shapely.LineString(
+                [
+                    (x[n] - w, y[n] + h * j[0]),
+                    (x[n] - w / 3, y[n] + h * j[1]),
+                    (x[n] + w / 3, y[n] + h * j[2]),
+                    (x[n] + w, y[n] + h * j[3]),
+                ]
+            )
             keys.append(f"line-{i}".encode())
             values.append(shapely.to_wkb(line))
         else:
@@ -136,14 +150,16 @@ def _events(rng: np.random.Generator, count: int = EVENT_COUNT,
 def _kafka_batch(keys: list[bytes], values: list[bytes]) -> pa.RecordBatch:
     """A batch shaped like Spark's Kafka source."""
     n = len(values)
-    return pa.record_batch({
-        "key": pa.array(keys, pa.binary()),
-        "value": pa.array(values, pa.binary()),
-        "topic": pa.array(["demo-events"] * n, pa.string()),
-        "partition": pa.array(np.arange(n) % 3, pa.int32()),
-        "offset": pa.array(np.arange(n), pa.int64()),
-        "timestamp": pa.array(KAFKA_TIMESTAMP_US + np.arange(n) * 1000, pa.timestamp("us")),
-    })
+    return pa.record_batch(
+        {
+            "key": pa.array(keys, pa.binary()),
+            "value": pa.array(values, pa.binary()),
+            "topic": pa.array(["demo-events"] * n, pa.string()),
+            "partition": pa.array(np.arange(n) % 3, pa.int32()),
+            "offset": pa.array(np.arange(n), pa.int64()),
+            "timestamp": pa.array(KAFKA_TIMESTAMP_US + np.arange(n) * 1000, pa.timestamp("us")),
+        }
+    )
 
 
 def _catalog(root: Path) -> SqlCatalog:
@@ -163,8 +179,9 @@ def _read_all_rows(table: Table, records: list[DataFileRecord]) -> pa.Table:
     return pa.concat_tables(pieces)
 
 
-def _decoded_rows(contract: Contract, rng: np.random.Generator, count: int = EVENT_COUNT,
-                  first_id: int = 0) -> pa.Table:
+def _decoded_rows(
+    contract: Contract, rng: np.random.Generator, count: int = EVENT_COUNT, first_id: int = 0
+) -> pa.Table:
     decoded = Decoder(contract).decode(_kafka_batch(*_events(rng, count, first_id)))
     valid = pa.Table.from_batches([decoded]).filter(pc.is_null(decoded.column(REJECT_REASON)))
     assert valid.num_rows == count, "every generated event should decode"
@@ -179,8 +196,7 @@ def _append(table: Table, contract: Contract, rows: pa.Table, prefix: str = "tes
             contract.clustering, target_file_bytes=TARGET_FILE_BYTES, row_group_rows=ROW_GROUP_ROWS
         ),
     )
-    writer = GeoParquetWriter(small_files, table.properties, table.io.properties,
-                              table.location() + "/data", prefix)
+    writer = GeoParquetWriter(small_files, table.properties, table.io.properties, table.location() + "/data", prefix)
     records = list(writer.write(rows.sort_by(HILBERT).to_batches(max_chunksize=1000)))
     with table.transaction() as tx:
         with tx.update_snapshot().fast_append() as append:
@@ -218,8 +234,7 @@ def _ids(result: QueryResult) -> set[str]:
     return set(ids)
 
 
-def _random_windows(rng: np.random.Generator, rows: pa.Table,
-                    count: int) -> list[tuple[float, float, float, float]]:
+def _random_windows(rng: np.random.Generator, rows: pa.Table, count: int) -> list[tuple[float, float, float, float]]:
     """Windows of many sizes, half centred on stored geometries (where the data is dense),
     half anywhere (mostly sparse or empty)."""
     bbox = rows.column("bbox").combine_chunks()
@@ -299,8 +314,10 @@ def test_small_window_reads_few_files_and_row_groups(built: Built) -> None:
     bbox = built.rows.column("bbox").combine_chunks()
     centre_x = pc.divide(pc.add(bbox.field("xmin"), bbox.field("xmax")), 2.0)
     centre_y = pc.divide(pc.add(bbox.field("ymin"), bbox.field("ymax")), 2.0)
-    in_cell = pc.and_(pc.and_(pc.greater_equal(centre_x, cxmin), pc.less(centre_x, cxmax)),
-                      pc.and_(pc.greater_equal(centre_y, cymin), pc.less(centre_y, cymax)))
+    in_cell = pc.and_(
+        pc.and_(pc.greater_equal(centre_x, cxmin), pc.less(centre_x, cxmax)),
+        pc.and_(pc.greater_equal(centre_y, cymin), pc.less(centre_y, cymax)),
+    )
     cell_rows = pc.sum(in_cell.cast(pa.int64())).as_py()
     rows_per_file = min(r.record_count for r in built.records[:-1])  # the last file may be short
     bound = math.ceil(cell_rows / rows_per_file) + 2
@@ -318,7 +335,8 @@ def test_file_pruning_is_as_tight_as_the_manifest_bounds(built: Built) -> None:
     for window in _random_windows(np.random.default_rng(11), built.rows, 10):
         qxmin, qymin, qxmax, qymax = window
         overlapping = sum(
-            1 for r in built.records
+            1
+            for r in built.records
             if r.bbox[0] <= qxmax and r.bbox[2] >= qxmin and r.bbox[1] <= qymax and r.bbox[3] >= qymin
         )
         assert query_bbox(built.table, window).stats.files_scanned == overlapping, window
@@ -440,12 +458,14 @@ def _star(cx: float, cy: float, radius: float, rng: np.random.Generator) -> shap
 
 
 def _rotated_rectangle(cx: float, cy: float, width: float, height: float, angle: float) -> shapely.Polygon:
-    return shapely.affinity.rotate(shapely.box(cx - width / 2, cy - height / 2, cx + width / 2, cy + height / 2),
-                                   angle, origin=(cx, cy))
+    return shapely.affinity.rotate(
+        shapely.box(cx - width / 2, cy - height / 2, cx + width / 2, cy + height / 2), angle, origin=(cx, cy)
+    )
 
 
-def _windows_and_shapes(built: Built, geometries: np.ndarray, rng: np.random.Generator,
-                        count: int) -> list[shapely.Geometry]:
+def _windows_and_shapes(
+    built: Built, geometries: np.ndarray, rng: np.random.Generator, count: int
+) -> list[shapely.Geometry]:
     """Query geometries for intersects and within: boxes, rotated rectangles, triangles and stars
     of many sizes, centred on stored geometries or anywhere; and shapes around stored lines and
     polygons, sized so that they sometimes hold them whole."""
@@ -461,8 +481,15 @@ def _windows_and_shapes(built: Built, geometries: np.ndarray, rng: np.random.Gen
         elif kind == 1:
             shapes.append(_rotated_rectangle(cx, cy, size, size * rng.uniform(0.2, 1.0), rng.uniform(0, 90)))
         elif kind == 2:
-            shapes.append(shapely.Polygon([(cx - size / 2, cy - size / 3), (cx + size / 2, cy - size / 4),
-                                           (cx + rng.uniform(-0.5, 0.5) * size, cy + size / 2)]))
+            shapes.append(
+                shapely.Polygon(
+                    [
+                        (cx - size / 2, cy - size / 3),
+                        (cx + size / 2, cy - size / 4),
+                        (cx + rng.uniform(-0.5, 0.5) * size, cy + size / 2),
+                    ]
+                )
+            )
         elif kind == 3:
             shapes.append(_star(cx, cy, size / 2, rng))
         else:
@@ -475,8 +502,9 @@ def _windows_and_shapes(built: Built, geometries: np.ndarray, rng: np.random.Gen
     return shapes
 
 
-def _contained_shapes(built: Built, geometries: np.ndarray, rng: np.random.Generator,
-                      count: int) -> list[shapely.Geometry]:
+def _contained_shapes(
+    built: Built, geometries: np.ndarray, rng: np.random.Generator, count: int
+) -> list[shapely.Geometry]:
     """Query geometries for contains: points (stored points, points inside and on the boundary of
     stored polygons, line vertices), small boxes and triangles inside or across stored polygons,
     pieces of stored lines, and shapes anywhere."""
@@ -503,14 +531,15 @@ def _contained_shapes(built: Built, geometries: np.ndarray, rng: np.random.Gener
             if kind == 4:
                 shapes.append(shapely.box(p.x - side / 2, p.y - side / 4, p.x + side / 2, p.y + side / 4))
             else:
-                shapes.append(shapely.Polygon([(p.x - side / 2, p.y - side / 3), (p.x + side / 2, p.y),
-                                               (p.x, p.y + side / 2)]))
+                shapes.append(
+                    shapely.Polygon([(p.x - side / 2, p.y - side / 3), (p.x + side / 2, p.y), (p.x, p.y + side / 2)])
+                )
         elif kind == 6:
             # Pieces of the line made of its own vertices (interpolated points would miss it by
             # rounding), or the whole line.
             vertices = shapely.get_coordinates(line)
             first = (i // 8) % 3
-            shapes.append(shapely.LineString(vertices[first:first + 2]) if first < 2 else line)
+            shapes.append(shapely.LineString(vertices[first : first + 2]) if first < 2 else line)
         else:
             cx, cy = float(rng.uniform(-180, 180)), float(rng.uniform(-90, 90))
             shapes.append(_star(cx, cy, float(rng.uniform(0.01, 5.0)), rng))
@@ -518,8 +547,9 @@ def _contained_shapes(built: Built, geometries: np.ndarray, rng: np.random.Gener
     return shapes
 
 
-def _check_against_brute_force(built: Built, geometries: np.ndarray, kind: str,
-                               shapes: list[shapely.Geometry]) -> tuple[int, set[str]]:
+def _check_against_brute_force(
+    built: Built, geometries: np.ndarray, kind: str, shapes: list[shapely.Geometry]
+) -> tuple[int, set[str]]:
     matched_somewhere, found = 0, set()
     for q in shapes:
         predicate = Predicate(kind, q)
@@ -639,8 +669,9 @@ def _files_that_may_match(built: Built, contract: Contract, predicate: Predicate
     return count
 
 
-def test_file_pruning_follows_the_inclusive_projections(built: Built, contract: Contract,
-                                                        geometries: np.ndarray) -> None:
+def test_file_pruning_follows_the_inclusive_projections(
+    built: Built, contract: Contract, geometries: np.ndarray
+) -> None:
     rng = np.random.default_rng(404)
     cases = [("intersects", q) for q in _windows_and_shapes(built, geometries, rng, 10)]
     cases += [("within", q) for q in _windows_and_shapes(built, geometries, rng, 10)]
@@ -667,8 +698,11 @@ def test_contains_with_a_small_geometry_scans_few_files(built: Built, geometries
     # A small box inside a polygon of the Java cluster.
     ids = built.rows.column("event_id").to_pylist()
     cxmin, cymin, cxmax, cymax = JAVA_CELL
-    inside = [i for i, g in enumerate(geometries) if ids[i].startswith("poly-")
-              and cxmin + 5 < g.centroid.x < cxmax - 5 and cymin + 5 < g.centroid.y < cymax - 5]
+    inside = [
+        i
+        for i, g in enumerate(geometries)
+        if ids[i].startswith("poly-") and cxmin + 5 < g.centroid.x < cxmax - 5 and cymin + 5 < g.centroid.y < cymax - 5
+    ]
     polygon = geometries[inside[0]]
     p = polygon.representative_point()
     q = shapely.box(p.x - 0.01, p.y - 0.01, p.x + 0.01, p.y + 0.01)
@@ -772,8 +806,7 @@ def test_time_travel_errors_name_the_value(two_commits: TwoCommits) -> None:
 
 
 # -- GeoParquet output ------------------------------------------------------------------------------
-def test_geoparquet_output_reads_back_with_its_geo_metadata(built: Built, contract: Contract,
-                                                             tmp_path: Path) -> None:
+def test_geoparquet_output_reads_back_with_its_geo_metadata(built: Built, contract: Contract, tmp_path: Path) -> None:
     result = query(built.table, Predicate("intersects", _star(112.5, -11.25, 6.0, np.random.default_rng(3))))
     assert result.table.num_rows > 0
     path = tmp_path / "java.parquet"
@@ -797,9 +830,13 @@ def test_geoparquet_output_reads_back_with_its_geo_metadata(built: Built, contra
     # A GeoParquet reader takes the column for a geometry in the table CRS.
     from tests.conftest import duckdb_connection
 
-    count, kind, xmin = duckdb_connection().execute(
-        "select count(*), any_value(typeof(geometry)), min(ST_XMin(geometry)) from read_parquet(?)", [str(path)]
-    ).fetchone()
+    count, kind, xmin = (
+        duckdb_connection()
+        .execute(
+            "select count(*), any_value(typeof(geometry)), min(ST_XMin(geometry)) from read_parquet(?)", [str(path)]
+        )
+        .fetchone()
+    )
     assert (count, kind, xmin) == (back.num_rows, "GEOMETRY('EPSG:4326')", column["bbox"][0])
 
 
@@ -825,11 +862,13 @@ def _cli(monkeypatch: pytest.MonkeyPatch, root: Path, *args: str) -> int:
 JAVA_STAR = "POLYGON((105 -11, 110 -13, 112 -18, 114 -13, 120 -11, 114 -9, 112 -4, 110 -9, 105 -11))"
 
 
-def test_cli_predicates_and_formats(built: Built, geometries: np.ndarray, monkeypatch: pytest.MonkeyPatch,
-                                    capsys: pytest.CaptureFixture, tmp_path: Path) -> None:
+def test_cli_predicates_and_formats(
+    built: Built, geometries: np.ndarray, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture, tmp_path: Path
+) -> None:
     table = "demo.events"
-    expected = {kind: _brute_force(built, geometries, Predicate.from_wkt(kind, JAVA_STAR))
-                for kind in ("intersects", "within")}
+    expected = {
+        kind: _brute_force(built, geometries, Predicate.from_wkt(kind, JAVA_STAR)) for kind in ("intersects", "within")
+    }
     assert _cli(monkeypatch, built.root, "query", "--table", table, "--within", JAVA_STAR, "--format", "count") == 0
     out = json.loads(capsys.readouterr().out)
     assert out["count"] == len(expected["within"]) > 0 and out["files_scanned"] < out["files_total"]
@@ -846,21 +885,38 @@ def test_cli_predicates_and_formats(built: Built, geometries: np.ndarray, monkey
     assert len(lines) == 1 and json.loads(lines[0])["id"].startswith("poly-")
 
     out_file = tmp_path / "out.parquet"
-    assert _cli(monkeypatch, built.root, "query", "--table", table, "--bbox", "100,-20,125,-5",
-                "--format", "geoparquet", "--output", str(out_file)) == 0
+    assert (
+        _cli(
+            monkeypatch,
+            built.root,
+            "query",
+            "--table",
+            table,
+            "--bbox",
+            "100,-20,125,-5",
+            "--format",
+            "geoparquet",
+            "--output",
+            str(out_file),
+        )
+        == 0
+    )
     stats = json.loads(capsys.readouterr().err)
     assert pq.read_table(out_file).num_rows == stats["rows_matched"] > 0
     assert json.loads(pq.read_schema(out_file).metadata[b"geo"])["columns"]["geometry"]["bbox"][0] >= 100 - 2
 
     lines_file = tmp_path / "out.geojsonl"
-    assert _cli(monkeypatch, built.root, "query", "--table", table, "--within", JAVA_STAR,
-                "--output", str(lines_file)) == 0
+    assert (
+        _cli(monkeypatch, built.root, "query", "--table", table, "--within", JAVA_STAR, "--output", str(lines_file))
+        == 0
+    )
     assert capsys.readouterr().out == ""
     assert {json.loads(line)["id"] for line in lines_file.read_text().splitlines()} == expected["within"]
 
 
-def test_cli_time_travel(two_commits: TwoCommits, monkeypatch: pytest.MonkeyPatch,
-                         capsys: pytest.CaptureFixture) -> None:
+def test_cli_time_travel(
+    two_commits: TwoCommits, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
     t = two_commits
     args = ("query", "--table", "demo.events", "--bbox=-180,-90,180,90", "--format", "count")
     assert _cli(monkeypatch, t.root, *args, "--snapshot", str(t.first)) == 0
@@ -884,8 +940,9 @@ def test_cli_time_travel(two_commits: TwoCommits, monkeypatch: pytest.MonkeyPatc
         (("--bbox", "0,0,1,1", "--snapshot", "99"), "snapshot 99"),
     ],
 )
-def test_cli_errors_name_their_input(built: Built, monkeypatch: pytest.MonkeyPatch,
-                                     capsys: pytest.CaptureFixture, args: tuple, message: str) -> None:
+def test_cli_errors_name_their_input(
+    built: Built, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture, args: tuple, message: str
+) -> None:
     assert _cli(monkeypatch, built.root, "query", "--table", "demo.events", *args) == 2
     err = capsys.readouterr().err
     assert err.startswith("geoingest: ") and message in err
@@ -901,8 +958,9 @@ def test_cli_errors_name_their_input(built: Built, monkeypatch: pytest.MonkeyPat
         ("--bbox", "0,0,1,1", "--format", "shapefile"),
     ],
 )
-def test_cli_bad_flags_exit_2(built: Built, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture,
-                              args: tuple) -> None:
+def test_cli_bad_flags_exit_2(
+    built: Built, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture, args: tuple
+) -> None:
     with pytest.raises(SystemExit) as exit_:
         _cli(monkeypatch, built.root, "query", "--table", "demo.events", *args)
     assert exit_.value.code == 2

@@ -34,20 +34,38 @@ CONTRACT = load_contract(Path(__file__).resolve().parents[2] / "schemas" / "demo
 
 
 def point_feature(event_id: str, x: float, y: float) -> bytes:
-    return json.dumps({"type": "Feature", "id": event_id, "properties": {"kind": "ping"},
-                       "geometry": {"type": "Point", "coordinates": [x, y]}}).encode()
+    return json.dumps(
+        {
+            "type": "Feature",
+            "id": event_id,
+            "properties": {"kind": "ping"},
+            "geometry": {"type": "Point", "coordinates": [x, y]},
+        }
+    ).encode()
 
 
 def good_records(prefix: str, n: int):
-    return [(f"{prefix}{i}".encode(), point_feature(f"{prefix}{i}", (i % 300) * 0.1, (i % 170) * 0.1 - 8), [])
-            for i in range(n)]
+    return [
+        (f"{prefix}{i}".encode(), point_feature(f"{prefix}{i}", (i % 300) * 0.1, (i % 170) * 0.1 - 8), [])
+        for i in range(n)
+    ]
 
 
 def settings_for(tmp_path: Path, kafka, topic: str, **extra):
-    return load_settings(env={}, bootstrap_servers=kafka.bootstrap, topic=topic, metrics_port=0,
-                         catalog={"type": "sql", "uri": f"sqlite:///{tmp_path / 'catalog.db'}",
-                                  "warehouse": f"file://{tmp_path / 'warehouse'}"},
-                         checkpoint_location=str(tmp_path / "checkpoints"), cache_dir=str(CACHE_DIR), **extra)
+    return load_settings(
+        env={},
+        bootstrap_servers=kafka.bootstrap,
+        topic=topic,
+        metrics_port=0,
+        catalog={
+            "type": "sql",
+            "uri": f"sqlite:///{tmp_path / 'catalog.db'}",
+            "warehouse": f"file://{tmp_path / 'warehouse'}",
+        },
+        checkpoint_location=str(tmp_path / "checkpoints"),
+        cache_dir=str(CACHE_DIR),
+        **extra,
+    )
 
 
 def table_ids(settings) -> list[str]:
@@ -56,8 +74,13 @@ def table_ids(settings) -> list[str]:
 
 
 def consume_all(bootstrap: str, topic: str) -> list:
-    consumer = KafkaConsumer(topic, bootstrap_servers=bootstrap, auto_offset_reset="earliest",
-                             consumer_timeout_ms=5000, enable_auto_commit=False)
+    consumer = KafkaConsumer(
+        topic,
+        bootstrap_servers=bootstrap,
+        auto_offset_reset="earliest",
+        consumer_timeout_ms=5000,
+        enable_auto_commit=False,
+    )
     try:
         return list(consumer)
     finally:
@@ -86,8 +109,13 @@ def test_every_record_ends_in_the_table_or_the_dead_letter_topic(kafka, spark, t
     dead = consume_all(kafka.bootstrap, settings.dead_letter_topic)
     assert len(ids) + len(dead) == len(records) == totals.consumed
     by_key = {m.key: m for m in dead}
-    expected = {b"bad-garbage": "unknown_format", b"bad-null": "null_value", b"bad-json": "malformed_json",
-                b"bad-lat": "outside_crs_area", b"bad-wkb": "bad_wkb"}
+    expected = {
+        b"bad-garbage": "unknown_format",
+        b"bad-null": "null_value",
+        b"bad-json": "malformed_json",
+        b"bad-lat": "outside_crs_area",
+        b"bad-wkb": "bad_wkb",
+    }
     assert {k: dict(by_key[k].headers)[REASON_HEADER].decode() for k in expected} == expected
     originals = {k: (v, h) for k, v, h in bad}
     for key, message in by_key.items():
@@ -106,14 +134,25 @@ def test_a_replayed_batch_is_recognised_and_leaves_no_files_behind(kafka, spark,
     """The job died after the Iceberg commit but before Spark recorded the batch: Spark runs the
     same batch id over the same offsets again."""
     assert produce_records(kafka.bootstrap, topic, good_records("r", 400)) == 400
-    catalog = open_catalog("test", {"type": "sql", "uri": f"sqlite:///{tmp_path / 'c.db'}",
-                                     "warehouse": f"file://{tmp_path / 'wh'}"})
+    catalog = open_catalog(
+        "test", {"type": "sql", "uri": f"sqlite:///{tmp_path / 'c.db'}", "warehouse": f"file://{tmp_path / 'wh'}"}
+    )
     table, _ = create_table(catalog, CONTRACT)
     reports = []
-    processor = BatchProcessor(spark, table, CONTRACT, JobConfig(kafka.bootstrap, topic, str(tmp_path / "ck"), "w-1"),
-                               observers=(reports.append,))
-    batch = (spark.read.format("kafka").option("kafka.bootstrap.servers", kafka.bootstrap)
-             .option("subscribe", topic).option("startingOffsets", "earliest").load())
+    processor = BatchProcessor(
+        spark,
+        table,
+        CONTRACT,
+        JobConfig(kafka.bootstrap, topic, str(tmp_path / "ck"), "w-1"),
+        observers=(reports.append,),
+    )
+    batch = (
+        spark.read.format("kafka")
+        .option("kafka.bootstrap.servers", kafka.bootstrap)
+        .option("subscribe", topic)
+        .option("startingOffsets", "earliest")
+        .load()
+    )
     processor(batch, 0)
     processor(batch, 0)
     assert [r.outcome.status for r in reports] == ["committed", "skipped_replay"]
@@ -141,7 +180,9 @@ def test_a_lost_checkpoint_resumes_from_the_offsets_in_the_table(kafka, spark, t
     assert sum(last - first + 1 for first, last in recorded.values()) == 801, "no gap: the reject's offset too"
 
 
-def test_without_resume_a_lost_checkpoint_starts_from_the_earliest_offsets_and_a_new_writer(kafka, spark, topic, tmp_path):
+def test_without_resume_a_lost_checkpoint_starts_from_the_earliest_offsets_and_a_new_writer(
+    kafka, spark, topic, tmp_path
+):
     """Starting over is the documented default; the new writer id keeps batch 0 from being
     mistaken for the old batch 0 (which would silently drop it)."""
     settings = settings_for(tmp_path, kafka, topic)
@@ -168,14 +209,19 @@ def test_files_of_a_batch_that_never_committed_are_listed_as_orphans(tmp_path, c
 
         values = [point_feature(f"{prefix}{i}", i * 0.1, 1.0) for i in range(50)]
         n = len(values)
-        batch = RecordBatch.from_pydict({
-            "key": pa.array([b"k"] * n), "value": pa.array(values), "topic": pa.array(["t"] * n),
-            "partition": pa.array([0] * n, pa.int32()), "offset": pa.array(range(n), pa.int64()),
-            "timestamp": pa.array([0] * n, pa.timestamp("us"))})
+        batch = RecordBatch.from_pydict(
+            {
+                "key": pa.array([b"k"] * n),
+                "value": pa.array(values),
+                "topic": pa.array(["t"] * n),
+                "partition": pa.array([0] * n, pa.int32()),
+                "offset": pa.array(range(n), pa.int64()),
+                "timestamp": pa.array([0] * n, pa.timestamp("us")),
+            }
+        )
         decoded = Decoder(CONTRACT).decode(batch)
         decoded = decoded.filter(pc.is_null(decoded.column("_reject_reason")))
-        writer = GeoParquetWriter(CONTRACT, table.properties, table.io.properties,
-                                  f"{table.location()}/data", prefix)
+        writer = GeoParquetWriter(CONTRACT, table.properties, table.io.properties, f"{table.location()}/data", prefix)
         return tuple(writer.write([decoded]))
 
     committed = files("kept")

@@ -31,17 +31,33 @@ def table(catalog, contract) -> Table:
 
 
 def sorted_points(contract: Contract, n: int = 50) -> pa.Table:
-    values = [json.dumps({"type": "Feature", "id": f"e{i}",
-                          "geometry": {"type": "Point", "coordinates": [2.0 + i * 0.01, 48.0 + i * 0.01]},
-                          "properties": {"kind": "probe", "speed": float(i)}}).encode() for i in range(n)]
-    decoded = pa.Table.from_batches([Decoder(contract).decode(pa.record_batch({
-        "key": pa.nulls(n, pa.binary()),
-        "value": pa.array(values, pa.binary()),
-        "topic": pa.array(["t"] * n),
-        "partition": pa.array([0] * n, pa.int32()),
-        "offset": pa.array(range(n), pa.int64()),
-        "timestamp": pa.array([1_700_000_000_000_000] * n, pa.timestamp("us")),
-    }))])
+    values = [
+        json.dumps(
+            {
+                "type": "Feature",
+                "id": f"e{i}",
+                "geometry": {"type": "Point", "coordinates": [2.0 + i * 0.01, 48.0 + i * 0.01]},
+                "properties": {"kind": "probe", "speed": float(i)},
+            }
+        ).encode()
+        for i in range(n)
+    ]
+    decoded = pa.Table.from_batches(
+        [
+            Decoder(contract).decode(
+                pa.record_batch(
+                    {
+                        "key": pa.nulls(n, pa.binary()),
+                        "value": pa.array(values, pa.binary()),
+                        "topic": pa.array(["t"] * n),
+                        "partition": pa.array([0] * n, pa.int32()),
+                        "offset": pa.array(range(n), pa.int64()),
+                        "timestamp": pa.array([1_700_000_000_000_000] * n, pa.timestamp("us")),
+                    }
+                )
+            )
+        ]
+    )
     return decoded.filter(pc.is_null(decoded.column(REJECT_REASON))).sort_by(HILBERT)
 
 
@@ -57,8 +73,11 @@ def written_codecs(table: Table, contract: Contract) -> set[str]:
     codecs = set()
     for record in records:
         metadata = pq.ParquetFile(record.path.removeprefix("file://")).metadata
-        codecs |= {metadata.row_group(g).column(c).compression
-                   for g in range(metadata.num_row_groups) for c in range(metadata.num_columns)}
+        codecs |= {
+            metadata.row_group(g).column(c).compression
+            for g in range(metadata.num_row_groups)
+            for c in range(metadata.num_columns)
+        }
     return codecs
 
 
@@ -67,12 +86,20 @@ def test_a_new_table_is_written_with_zstd(table, contract):
     assert written_codecs(table, contract) == {"ZSTD"}
 
 
-@pytest.mark.parametrize(("codec", "level", "expected"), [
-    ("snappy", None, "SNAPPY"), ("gzip", "9", "GZIP"), ("uncompressed", None, "UNCOMPRESSED"), ("zstd", "9", "ZSTD"),
-])
+@pytest.mark.parametrize(
+    ("codec", "level", "expected"),
+    [
+        ("snappy", None, "SNAPPY"),
+        ("gzip", "9", "GZIP"),
+        ("uncompressed", None, "UNCOMPRESSED"),
+        ("zstd", "9", "ZSTD"),
+    ],
+)
 def test_files_follow_the_codec_the_table_asks_for(table, contract, codec, level, expected):
-    set_properties(table, **{"write.parquet.compression-codec": codec,
-                             **({"write.parquet.compression-level": level} if level else {})})
+    set_properties(
+        table,
+        **{"write.parquet.compression-codec": codec, **({"write.parquet.compression-level": level} if level else {})},
+    )
     assert written_codecs(table, contract) == {expected}
 
 
@@ -85,12 +112,17 @@ def test_a_higher_zstd_level_writes_smaller_files(table, contract):
     assert size_at("19") < size_at("1")
 
 
-@pytest.mark.parametrize(("properties", "named"), [
-    ({"write.parquet.compression-codec": "nonsense"}, "write.parquet.compression-codec='nonsense'"),
-    ({"write.parquet.compression-codec": "snappy", "write.parquet.compression-level": "3"},
-     "write.parquet.compression-level=3"),
-    ({"write.parquet.compression-level": "high"}, "write.parquet.compression-level"),
-])
+@pytest.mark.parametrize(
+    ("properties", "named"),
+    [
+        ({"write.parquet.compression-codec": "nonsense"}, "write.parquet.compression-codec='nonsense'"),
+        (
+            {"write.parquet.compression-codec": "snappy", "write.parquet.compression-level": "3"},
+            "write.parquet.compression-level=3",
+        ),
+        ({"write.parquet.compression-level": "high"}, "write.parquet.compression-level"),
+    ],
+)
 def test_a_codec_the_writer_cannot_use_is_an_error_naming_the_property(properties, named):
     with pytest.raises(ValueError, match=named.replace(".", r"\.")):
         parquet_write_options(properties)
