@@ -136,7 +136,7 @@ class IngestMetrics:
 class MaintenanceMetrics:
     """Table maintenance (streaming/maintenance.py), run by the service or `geoingest table maintain`."""
 
-    OUTCOMES = ("completed", "gave_up", "failed")
+    OUTCOMES = ("completed", "skipped", "gave_up", "failed")
 
     def __init__(self, registry: CollectorRegistry, table: str):
         self.registry = registry
@@ -144,7 +144,8 @@ class MaintenanceMetrics:
         t = ("table",)
         self.runs = Counter(
             "geoingest_maintenance_runs",
-            "Maintenance runs by outcome (completed, gave_up: a commit lost every retry to concurrent commits, failed)",
+            "Maintenance runs by outcome (completed, skipped: another maintainer held the table's lease, "
+            "gave_up: a commit lost every retry to concurrent commits, failed)",
             (*t, "outcome"),
             registry=registry,
         )
@@ -208,6 +209,9 @@ class MaintenanceMetrics:
         )
         for outcome in self.OUTCOMES:
             self.runs.labels(table, outcome)
+
+    def observe_skip(self) -> None:
+        self.runs.labels(self.table, "skipped").inc()
 
     def observe(self, report: MaintenanceReport, snapshots: int, data_manifests: int) -> None:
         t = self.table

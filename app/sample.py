@@ -23,7 +23,7 @@ import math
 import multiprocessing
 import os
 import zlib
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -40,9 +40,9 @@ MALFORMED_KINDS = ("truncated_json", "null_geometry", "garbage_bytes", "bad_lati
 _KM_PER_DEGREE = 111.32
 _WEB_MERCATOR_RADIUS_M = 6378137.0
 _WEB_MERCATOR_MAX_LATITUDE = 85.0
-_TRACK_HEADERS = (("kind", b"track"),)
-_ZONE_HEADERS = (("kind", b"zone"),)
-_SITE_HEADERS = (("kind", b"site"),)
+_TRACK_HEADERS: tuple[tuple[str, bytes], ...] = (("kind", b"track"),)
+_ZONE_HEADERS: tuple[tuple[str, bytes], ...] = (("kind", b"zone"),)
+_SITE_HEADERS: tuple[tuple[str, bytes], ...] = (("kind", b"site"),)
 
 
 @dataclass(frozen=True, slots=True)
@@ -484,7 +484,7 @@ def _compression() -> str | None:
     return None
 
 
-def _supported(options: dict[str, object], defaults: dict[str, object]) -> dict[str, object]:
+def _supported(options: Mapping[str, object], defaults: Mapping[str, object]) -> dict[str, object]:
     # kafka-python 2.2 (allowed by pyproject) lacks some 3.x options such as bootstrap_timeout_ms.
     return {key: value for key, value in options.items() if key in defaults}
 

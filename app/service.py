@@ -100,10 +100,12 @@ MAINTENANCE_MODES = ("off", "between-batches", "background")
 
 
 class MaintenanceRunner:
-    """Table maintenance for the service and `geoingest table maintain --every`: at most once per
-    `maintenance_interval_s`, after a batch (`after_batch`, an observer) or on its own thread
-    (`start`). Its own catalog connection, so it never shares a table object with the committer.
-    A failed run is logged and counted, never raised into ingest (unless `raise_errors`)."""
+    """Table maintenance for the service and `geoingest table maintain --every`: all steps every
+    `maintenance_interval_s`, and in the service all but orphans after every
+    `maintenance_interval_commits` committed batches; after a batch (`after_batch`, an observer) or
+    on its own thread (`start`, woken by the batch count). Its own catalog connection, so it never
+    shares a table object with the committer. A failed run is logged and counted, never raised into
+    ingest (unless `raise_errors`); a run another maintainer's lease skips is logged and counted."""
 
     def __init__(
         self, settings: Settings, table_name: str, metrics: MaintenanceMetrics | None = None, raise_errors: bool = False
@@ -117,7 +119,11 @@ class MaintenanceRunner:
         self.metrics = metrics
         self.raise_errors = raise_errors
         self._table: Table | None = None
-        self._last_run = -float("inf")
+        # The first run comes one interval (or count) after start: a service restarted in a loop
+        # does not maintain at every start.
+        self._last_run = time.monotonic()
+        self._commits_since_run = 0
+        self._wake = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -125,6 +131,7 @@ class MaintenanceRunner:
         self, steps: tuple[str, ...] | None = None, dry_run: bool = False, progress: Progress | None = None
     ) -> MaintenanceReport | None:
         self._last_run = time.monotonic()
+        self._commits_since_run = 0
         try:
             if self._table is None:
                 self._table = open_catalog(self.settings.catalog_name, self.settings.catalog).load_table(
@@ -153,17 +160,35 @@ class MaintenanceRunner:
             if self.raise_errors:
                 raise
             return None
-        if self.metrics and not dry_run:
+        if report.skipped:
+            log.info("maintenance skipped", extra={"summary": report.to_json()})
+            if self.metrics:
+                self.metrics.observe_skip()
+        elif self.metrics and not dry_run:
             self.metrics.observe(report, len(self._table.metadata.snapshots), data_manifest_count(self._table))
         return report
 
-    def due(self) -> bool:
-        return time.monotonic() - self._last_run >= self.settings.maintenance_interval_s
+    def due_steps(self) -> tuple[str, ...]:
+        """What a run now would do: every step once the interval passed, all but orphans once the
+        batch count is reached, nothing otherwise."""
+        if time.monotonic() - self._last_run >= self.settings.maintenance_interval_s:
+            return self.steps
+        every = self.settings.maintenance_interval_commits
+        if every and self._commits_since_run >= every:
+            return tuple(s for s in self.steps if s != "orphans") or self.steps
+        return ()
 
     def after_batch(self, report: BatchReport) -> None:
         # After a failed commit the job stops: no maintenance to delay that.
-        if report.outcome is not None and report.outcome.status != "failed" and self.due():
-            self.run_once()
+        if report.outcome is None or report.outcome.status == "failed":
+            return
+        if report.outcome.status == "committed":
+            self._commits_since_run += 1
+        if self._thread is not None:
+            if self.due_steps():
+                self._wake.set()
+        elif steps := self.due_steps():
+            self.run_once(steps)
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._loop, name="maintenance", daemon=True)
@@ -171,12 +196,17 @@ class MaintenanceRunner:
 
     def _loop(self) -> None:
         while not self._stop.is_set():
-            self.run_once()
-            self._stop.wait(self.settings.maintenance_interval_s)
+            self._wake.wait(max(0.0, self.settings.maintenance_interval_s - (time.monotonic() - self._last_run)))
+            self._wake.clear()
+            if self._stop.is_set():
+                return
+            if steps := self.due_steps():
+                self.run_once(steps)
 
     def stop(self, timeout_s: float = 60.0) -> None:
         # A run cut short by the process's exit loses nothing: its files become orphans.
         self._stop.set()
+        self._wake.set()
         if self._thread is not None:
             self._thread.join(timeout_s)
 
@@ -207,8 +237,7 @@ def run(
     maintenance = None
     if settings.maintenance_mode != "off":
         maintenance = MaintenanceRunner(settings, contract.table, MaintenanceMetrics(metrics.registry, contract.table))
-        if settings.maintenance_mode == "between-batches":
-            observers = (*observers, maintenance.after_batch)
+        observers = (*observers, maintenance.after_batch)
     health = Health(max_silence_s=settings.ready_max_silence_s)
     server = serve(metrics.registry, health, settings.metrics_port) if settings.metrics_port else None
     try:

@@ -78,19 +78,25 @@ class Settings:
     # /readyz fails when the query showed no batch or idle poll for this long
     ready_max_silence_s: int = 120
     # Table maintenance (streaming/maintenance.py; README "Table maintenance").
-    # "off": run `geoingest table maintain` in its own process (the chart's CronJob does);
-    # "between-batches": the driver runs it after a batch commits, at most every interval;
-    # "background": a thread of the service runs it every interval, beside ingest.
-    maintenance_mode: str = "off"
+    # "between-batches" (default, right for one writer): the driver runs it after a batch commits;
+    # "background": a thread of the service runs it beside ingest;
+    # "off": run `geoingest table maintain` in its own process (the chart's CronJob does).
+    # Either way every maintenance_interval_s (all steps) and after every maintenance_interval_commits
+    # batches (all but orphans, which list the whole table location): the count bounds metadata at
+    # any trigger interval. A lease on the table (streaming/lease.py) lets one maintainer run at a time.
+    maintenance_mode: str = "between-batches"
     maintenance_interval_s: int = 3600
+    maintenance_interval_commits: int = 50  # 0: by time alone
     maintenance_steps: str = "compact,expire,orphans"  # some of compact, expire, orphans
     maintenance_small_file_bytes: int = 0  # files below are compacted; 0: 3/4 of the contract's target
     maintenance_min_file_age_s: int = 3600  # younger files are not compacted
     maintenance_max_bin_bytes: int = 512 * 1024 * 1024  # input one rewrite holds in memory at most
     maintenance_max_manifests: int = 8  # more data manifests than this are merged
     maintenance_snapshot_max_age_s: int = 5 * 24 * 3600  # older snapshots expire ...
+    maintenance_max_snapshots: int = 100  # ... and so do all beyond the newest this many (0: no limit) ...
     maintenance_keep_snapshots: int = 100  # ... except the newest this many
     maintenance_orphan_min_age_s: int = 3600  # unreferenced files younger than this are kept
+    maintenance_lease_s: int = 900  # a maintainer's hold on the table's lease, renewed before each step
 
     @property
     def dead_letter_topic(self) -> str:

@@ -49,7 +49,7 @@ class _TimeoutAdapter(requests.adapters.HTTPAdapter):
         super().__init__()
         self.timeout_s = timeout_s
 
-    def send(self, request, **kwargs):  # type: ignore[no-untyped-def]
+    def send(self, request, **kwargs):
         if kwargs.get("timeout") is None:
             kwargs["timeout"] = self.timeout_s
         return super().send(request, **kwargs)
@@ -111,6 +111,8 @@ def describe(table: Table) -> dict[str, Any]:
     return {
         "table": ".".join(table.name()),
         "location": table.location(),
+        # What iceberg_scan (DuckDB) and other catalog-less readers open: this snapshot's metadata.
+        "metadata_location": table.metadata_location,
         "format_version": table.metadata.format_version,
         "schema": [
             {"id": f.field_id, "name": f.name, "type": str(f.field_type), "required": f.required}

@@ -355,7 +355,13 @@ class Committer:
                     append.append_data_file(to_data_file(record, spec_id))
         # The view now holds the metadata the catalog answered with: our snapshot is its current one.
         self.table.metadata, self.table.metadata_location = view.metadata, view.metadata_location
-        return view.current_snapshot().snapshot_id
+        snapshot = view.current_snapshot()
+        if snapshot is None:
+            raise RuntimeError(
+                f"batch {batch.batch_id} of writer {batch.writer_id}: the catalog accepted the append to "
+                f"{'.'.join(self.table.name())} but answered with a table that has no current snapshot"
+            )
+        return snapshot.snapshot_id
 
 
 def _added_files(table: Table, snapshot: Snapshot) -> set[str]:

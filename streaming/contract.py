@@ -7,6 +7,11 @@ Arrow schema of the data files, and the table properties that record the geometr
 Field ids are those Iceberg assigns on table creation (top-level fields 1..n in order, then the
 fields of the bbox struct), so the contract states them and loading checks them: the ids a
 contract promises are the ids the table gets.
+
+`bbox.flat_columns` (opt-in) adds the covering's four values again as top-level columns
+`<bbox>_xmin .. <bbox>_ymax` (ids right after the bbox column's, the struct's fields after them):
+DuckDB's iceberg_scan prunes data files on the manifest bounds of top-level columns only, not on
+those of the struct's fields (bench/duckdb_pruning.py).
 """
 
 from __future__ import annotations
@@ -115,6 +120,7 @@ class Contract:
     bbox_id: int
     clustering: Clustering
     source: dict[str, Any]
+    bbox_flat_columns: bool = False
 
     @property
     def namespace(self) -> str:
@@ -123,8 +129,19 @@ class Contract:
     @property
     def bbox_field_ids(self) -> dict[str, int]:
         """Ids of bbox.xmin .. bbox.ymax: Iceberg numbers nested fields after all top-level ones."""
-        first = self.bbox_id + 1
+        first = self.bbox_id + 1 + len(self.flat_bbox_names)
         return {name: first + i for i, name in enumerate(BBOX_FIELDS)}
+
+    @property
+    def flat_bbox_names(self) -> tuple[str, ...]:
+        """The top-level copies of the covering (`bbox_xmin` ..), in BBOX_FIELDS order; none unless
+        the contract asks for them (`bbox.flat_columns`)."""
+        return flat_bbox_names(self.bbox_name) if self.bbox_flat_columns else ()
+
+    @property
+    def flat_bbox_field_ids(self) -> dict[str, int]:
+        """Ids of the flat columns, by name: right after the bbox column's, before its fields'."""
+        return {name: self.bbox_id + 1 + i for i, name in enumerate(self.flat_bbox_names)}
 
     # Built once per contract (a task unpickles one with them built): pyiceberg's schema objects
     # cost milliseconds to build, and every task's decoder and writer ask for them.
@@ -136,16 +153,27 @@ class Contract:
             *(NestedField(fid, name, DoubleType(), required=True) for name, fid in self.bbox_field_ids.items())
         )
         fields.append(NestedField(self.bbox_id, self.bbox_name, bbox, required=True))
+        for name, fid in self.flat_bbox_field_ids.items():
+            fields.append(NestedField(fid, name, DoubleType(), required=True))
         return Schema(*fields)
 
     @cached_property
-    def arrow_schema(self) -> pa.Schema:
-        """Arrow schema of the data files, with Iceberg field ids on every field.
+    def data_file_schema(self) -> pa.Schema:
+        """Arrow schema of the data files, with Iceberg field ids on every field: the rows'
+        columns (`arrow_schema`), then the flat bbox columns when the contract asks for them.
 
         pyiceberg maps strings and binaries to Arrow's large types; Spark exchanges the regular
         ones with Python workers, and Parquet stores both alike, so the regular ones are used.
         """
         return regular_types(schema_to_pyarrow(self.iceberg_schema))
+
+    @cached_property
+    def arrow_schema(self) -> pa.Schema:
+        """Arrow schema of the rows the decoder makes and the writer takes (the data files' columns
+        but the flat bbox columns, which the writer derives from the covering)."""
+        schema = self.data_file_schema
+        flat = set(self.flat_bbox_names)
+        return pa.schema([f for f in schema if f.name not in flat], metadata=schema.metadata)
 
     def table_properties(self) -> dict[str, str]:
         """How the geometry is stored, recorded on the table in the spirit of Havasu."""
@@ -162,6 +190,8 @@ class Contract:
             f"{prefix}.dimensions": ",".join(g.dimensions),
             f"{prefix}.crs": g.crs,
             f"{prefix}.covering": self.bbox_name,
+            # Only with the option, so that the properties of tables without it stay as they were.
+            **({f"{prefix}.covering-flat-columns": ",".join(self.flat_bbox_names)} if self.flat_bbox_names else {}),
             "geo.hilbert.bits": str(self.clustering.hilbert_bits),
             "geo.hilbert.extent": ",".join(repr(v) for v in self.clustering.extent),
             "geoingest.contract": json.dumps(self.source, sort_keys=True, separators=(",", ":")),
@@ -176,6 +206,10 @@ def _regular_type(t: pa.DataType) -> pa.DataType:
     if pa.types.is_struct(t):
         return pa.struct([f.with_type(_regular_type(f.type)) for f in t])
     return t
+
+
+def flat_bbox_names(bbox_name: str) -> tuple[str, ...]:
+    return tuple(f"{bbox_name}_{name}" for name in BBOX_FIELDS)
 
 
 def regular_types(schema: pa.Schema) -> pa.Schema:
@@ -216,11 +250,21 @@ def parse_contract(raw: Any) -> Contract:
     raw_bbox = _require(raw, "bbox", dict)
     bbox_name = _require(raw_bbox, "name", str, "bbox.")
     bbox_id = _require(raw_bbox, "id", int, "bbox.")
+    bbox_flat_columns = raw_bbox.get("flat_columns", False)
+    if not isinstance(bbox_flat_columns, bool):
+        raise ContractError(f"bbox.flat_columns: expected true or false, got {bbox_flat_columns!r}")
 
     names = [c.name for c in columns] + [geometry.name, bbox_name]
     for name in names:
         if names.count(name) > 1:
             raise ContractError(f"columns: the name {name!r} is used twice")
+    if bbox_flat_columns:
+        for flat_name in flat_bbox_names(bbox_name):
+            if flat_name in names:
+                raise ContractError(
+                    f"bbox.flat_columns: the flat column {flat_name!r} would take the name of another column; "
+                    "rename that column or the bbox column"
+                )
     # Iceberg assigns 1..n to top-level fields in order on create; the contract must agree.
     declared = [(f"columns[{i}].id", c.id) for i, c in enumerate(columns)]
     declared += [("geometry.id", geometry.id), ("bbox.id", bbox_id)]
@@ -242,6 +286,7 @@ def parse_contract(raw: Any) -> Contract:
         bbox_id=bbox_id,
         clustering=clustering,
         source=raw,
+        bbox_flat_columns=bbox_flat_columns,
     )
 
 
@@ -364,9 +409,10 @@ def _parse_clustering(raw: Any, epsg: int) -> Clustering:
     for key, value in (("target_file_bytes", file_bytes), ("row_group_rows", rg_rows)):
         if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
             raise ContractError(f"clustering.{key}: {value!r} must be a positive whole number")
+    xmin, ymin, xmax, ymax = (float(v) for v in extent)
     return Clustering(
         hilbert_bits=bits,
-        extent=tuple(float(v) for v in extent),
+        extent=(xmin, ymin, xmax, ymax),
         target_file_bytes=file_bytes,
         row_group_rows=rg_rows,
     )

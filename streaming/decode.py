@@ -119,6 +119,10 @@ _ROW_IN_ERROR = re.compile(r"in row (\d+)")
 _GEOMETRY_MEMBER = pa.struct([("type", pa.string())])
 _SHORT_REPR = reprlib.Repr()
 _SHORT_REPR.maxlevel, _SHORT_REPR.maxstring, _SHORT_REPR.maxother, _SHORT_REPR.maxlong = 3, 80, 80, 40
+# None as numpy reads it in np.equal(a, None) or np.where(c, a, None); numpy's stubs do not take a
+# bare None where they expect an array.
+_NONE = np.array(None, dtype=object)
+_NONE.flags.writeable = False
 
 
 @dataclass(frozen=True)
@@ -302,7 +306,7 @@ class Decoder:
         many_types = pc.greater(
             pc.count_substring(docs.cast(pa.binary()), '"type"'), self.options.max_nesting
         ).to_numpy(zero_copy_only=False)
-        for local in np.flatnonzero(many_types):
+        for local in np.flatnonzero(many_types).tolist():
             problem = _geojson_nesting_problem(docs[int(local)].as_py(), self.options.max_nesting)
             if problem is not None:
                 rejects.add(rows[[local]], *problem)
@@ -375,12 +379,13 @@ class Decoder:
         with np.errstate(all="ignore"):  # a number beyond the double range is reported below, not warned of
             decoded = shapely.from_geojson(text, on_invalid="ignore") if rest.size else np.zeros(0, dtype=object)
         geoms[rows[rest]] = decoded
-        failed = rest[np.equal(decoded, None)]
+        failed = rest[np.equal(decoded, _NONE)]
         for local in failed:
-            geometry, reason, detail = _diagnose_geojson_geometry(docs[int(local)].as_py(), self._property_types)
-            if geometry is not None:
-                geoms[rows[local]] = geometry
+            diagnosis = _diagnose_geojson_geometry(docs[int(local)].as_py(), self._property_types)
+            if diagnosis[1] is None:  # a geometry: the refusal was about something else
+                geoms[rows[local]] = diagnosis[0]
             else:
+                _, reason, detail = diagnosis
                 rejects.add(rows[[local]], reason, detail)
 
         feature_ids = _scatter(parsed.ids, rows, n)
@@ -426,7 +431,7 @@ class Decoder:
             f"is not one of {list(self.contract.geometry.types)}"
         )
         rejects.add(rows[curved], Reason.GEOMETRY_TYPE_NOT_ALLOWED, curves_not_allowed)
-        bad = np.equal(decoded, None) & ~plain
+        bad = np.equal(decoded, _NONE) & ~plain
         for local in np.flatnonzero(bad & ~curved):
             deepest, problem, _ = _walk_wkb(blobs[local], _UNLIMITED)
             if deepest > max_nesting:
@@ -659,7 +664,7 @@ class Decoder:
         columns: dict[str, pa.Array] = {}
         for col in self.contract.columns:
             target = self._data_schema.field(col.name).type
-            merged = None
+            merged: pa.Array | None = None
             for src in col.sources:
                 wanted = None if merged is None else pc.is_null(merged)
                 candidate = self._source_array(batch, src, feature_ids, properties, col, target, rejects, wanted)
@@ -713,9 +718,9 @@ class Decoder:
     ) -> pa.RecordBatch:
         ok = rejects.ok
         n = batch.num_rows
-        keep = np.where(ok, geoms, None)
-        wkb = np.where(ok, wkb, None)
-        unwritten = ok & np.equal(wkb, None)
+        keep = np.where(ok, geoms, _NONE)
+        wkb = np.where(ok, wkb, _NONE)
+        unwritten = ok & np.equal(wkb, _NONE)
         wkb[unwritten] = _to_wkb(geoms[unwritten])
         bounds = _bounds(keep, points_xy)
         extent = self.contract.clustering.extent
@@ -992,9 +997,11 @@ def _coerce_property(value: Any, arrow_type: pa.DataType) -> Any:
     raise TypeError
 
 
-def _diagnose_geojson_geometry(
-    raw: bytes, property_types: dict[str, pa.DataType]
-) -> tuple[shapely.Geometry | None, Reason | None, str | None]:
+# A geometry GEOS read after all, or why there is none.
+_Diagnosis = tuple[shapely.Geometry, None, None] | tuple[None, Reason, str]
+
+
+def _diagnose_geojson_geometry(raw: bytes, property_types: dict[str, pa.DataType]) -> _Diagnosis:
     """Why GEOS refused a Feature; or its geometry, when the refusal was about something else."""
     doc, problem = _load_json(raw)
     if problem is not None:
@@ -1007,12 +1014,12 @@ def _diagnose_geojson_geometry(
         return None, Reason.NESTING_TOO_DEEP, "geometry: nested too deeply to read"
 
 
-def _diagnose_feature(
-    doc: dict, property_types: dict[str, pa.DataType]
-) -> tuple[shapely.Geometry | None, Reason | None, str | None]:
+def _diagnose_feature(doc: dict, property_types: dict[str, pa.DataType]) -> _Diagnosis:
     if "geometry" not in doc or doc["geometry"] is None:
         return None, Reason.MISSING_GEOMETRY, "geometry: missing or null"
-    properties = doc.get("properties") if isinstance(doc.get("properties"), dict) else {}
+    properties = doc.get("properties")
+    if not isinstance(properties, dict):
+        properties = {}
     for name in property_types:
         value = properties.get(name)
         if isinstance(value, float) and not math.isfinite(value):
@@ -1407,10 +1414,12 @@ def _invalid_utf8(values: pa.Array) -> np.ndarray:
 
 
 def _is_utf8(value: bytes | None) -> bool:
+    if value is None:
+        return False
     try:
         value.decode("utf-8")
         return True
-    except (UnicodeDecodeError, AttributeError):
+    except UnicodeDecodeError:
         return False
 
 
@@ -1515,7 +1524,7 @@ def _cast_or_reject(raw: pa.Array, target: pa.DataType, label: str, rejects: _Re
 
 
 def _cast_each(values: list, target: pa.DataType, label: str, rejects: _Rejects, convert) -> pa.Array:
-    out = []
+    out: list[object] = []
     for i, value in enumerate(values):
         if value is None:
             out.append(None)

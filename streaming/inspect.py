@@ -15,10 +15,8 @@ from datetime import datetime
 from pathlib import Path
 
 import numpy as np
-from pyiceberg.conversions import from_bytes
 from pyiceberg.manifest import ManifestContent
 from pyiceberg.table import Table
-from pyiceberg.types import DoubleType
 
 from streaming.contract import BBOX_FIELDS
 from streaming.hilbert import hilbert_keys_of_bounds
@@ -26,6 +24,7 @@ from streaming.query import (
     PRIMARY_COLUMN_PROPERTY,
     BBox,
     QueryError,
+    _double,
     _property,
     _schema_of,
     resolve_snapshot,
@@ -132,10 +131,10 @@ def file_bbox(data_file, bbox_ids: dict[str, int]) -> BBox | None:
     lower, upper = data_file.lower_bounds or {}, data_file.upper_bounds or {}
     try:
         bbox = (
-            from_bytes(DoubleType(), lower[bbox_ids["xmin"]]),
-            from_bytes(DoubleType(), lower[bbox_ids["ymin"]]),
-            from_bytes(DoubleType(), upper[bbox_ids["xmax"]]),
-            from_bytes(DoubleType(), upper[bbox_ids["ymax"]]),
+            _double(lower[bbox_ids["xmin"]]),
+            _double(lower[bbox_ids["ymin"]]),
+            _double(upper[bbox_ids["xmax"]]),
+            _double(upper[bbox_ids["ymax"]]),
         )
     except KeyError:
         return None
@@ -174,7 +173,7 @@ def plot_file_extents(layout: TableLayout, path: str | Path, title: str | None =
     from matplotlib.patches import Patch, Rectangle
 
     path = Path(path)
-    drawn = [f for f in layout.files if f.bbox is not None]
+    drawn = [f.bbox for f in layout.files if f.bbox is not None]
     extent = layout.data_extent
     frame = extent or layout.hilbert_extent
     width, height = frame[2] - frame[0], frame[3] - frame[1]
@@ -185,10 +184,10 @@ def plot_file_extents(layout: TableLayout, path: str | Path, title: str | None =
     cmap = colormaps["viridis"]
     norm = Normalize(vmin=0, vmax=max(len(drawn) - 1, 1))
     # Wide files first, so the small ones stay visible on top of them.
-    order = sorted(range(len(drawn)), key=lambda i: -_area(drawn[i].bbox))
+    order = sorted(range(len(drawn)), key=lambda i: -_area(drawn[i]))
     rectangles, colours = [], []
     for i in order:
-        xmin, ymin, xmax, ymax = drawn[i].bbox
+        xmin, ymin, xmax, ymax = drawn[i]
         # A file of one point (or of points on one line) still gets a visible outline.
         rectangles.append(Rectangle((xmin, ymin), max(xmax - xmin, width * 1e-3), max(ymax - ymin, height * 1e-3)))
         colours.append(cmap(norm(i)))
@@ -198,7 +197,7 @@ def plot_file_extents(layout: TableLayout, path: str | Path, title: str | None =
                 rectangles, facecolors=[(*c[:3], 0.18) for c in colours], edgecolors=colours, linewidths=0.9
             )
         )
-        centres = np.array([((f.bbox[0] + f.bbox[2]) / 2, (f.bbox[1] + f.bbox[3]) / 2) for f in drawn])
+        centres = np.array([((b[0] + b[2]) / 2, (b[1] + b[3]) / 2) for b in drawn])
         ax.plot(centres[:, 0], centres[:, 1], color="0.35", linewidth=0.6, alpha=0.7, zorder=3)
         ax.scatter(
             centres[:, 0],

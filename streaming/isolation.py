@@ -80,6 +80,8 @@ def _start_child(contract: Contract, options: DecodeOptions) -> None:
 
 
 def _decode_in_child(batch: pa.RecordBatch) -> pa.RecordBatch:
+    if _child_decoder is None:
+        raise RuntimeError("the decoder process has no decoder: _start_child, its initializer, did not run")
     return _child_decoder.decode(batch)
 
 

@@ -18,6 +18,7 @@ from kafka.errors import KafkaError, TopicAlreadyExistsError
 log = logging.getLogger("geoingest.kafka")
 
 _KAFKA_PYTHON_CLIENTS = (KafkaAdminClient, KafkaConsumer, KafkaProducer)
+_KafkaClient = type[KafkaAdminClient] | type[KafkaConsumer] | type[KafkaProducer]
 _TLS_PROTOCOLS = ("SSL", "SASL_SSL")
 _SASL_PROTOCOLS = ("SASL_PLAINTEXT", "SASL_SSL")
 # The Java client's defaults, where kafka-python's differ and the connection would change.
@@ -45,7 +46,7 @@ _TRANSLATED = frozenset(
 )
 
 
-def client_config(kafka_options: Mapping[str, str], client: type | None = None) -> dict[str, object]:
+def client_config(kafka_options: Mapping[str, str], client: _KafkaClient | None = None) -> dict[str, object]:
     """kafka-python's settings for the connection that the Java client options `kafka_options`
     describe (the ones a user writes for Spark's Kafka source).
 
@@ -67,7 +68,7 @@ def client_config(kafka_options: Mapping[str, str], client: type | None = None) 
     return {name: value for name, value in config.items() if name in known}
 
 
-def _known_options(client: type | None) -> set[str]:
+def _known_options(client: _KafkaClient | None) -> set[str]:
     clients = (client,) if client is not None else _KAFKA_PYTHON_CLIENTS
     return set().union(*(c.DEFAULT_CONFIG for c in clients))
 

@@ -65,6 +65,7 @@ from streaming.commit import (
 from streaming.contract import BBOX_FIELDS, Contract
 from streaming.hilbert import hilbert_keys_of_bounds
 from streaming.inspect import file_bbox
+from streaming.lease import LeaseHeld, LeaseLost, MaintenanceLease
 from streaming.orphans import Orphan, delete_files, find_orphans
 from streaming.query import table_contract
 from streaming.storage import data_location
@@ -106,8 +107,13 @@ class MaintenancePolicy:
     snapshot_max_age_s: float = 5 * 24 * 3600.0
     # ... but the newest this many never do.
     keep_snapshots: int = 100
+    # Beyond the newest this many, snapshots expire whatever their age (0: no limit). Every snapshot
+    # kept costs each commit (metadata.json is read and written whole): bench/maintenance.py.
+    max_snapshots: int = 100
     # Unreferenced files younger than this may belong to a commit in flight.
     orphan_min_age_s: float = 3600.0
+    # How long a maintainer holds the table's maintenance lease without renewing it (streaming/lease.py).
+    lease_s: float = 900.0
 
     @classmethod
     def from_settings(cls, settings) -> MaintenancePolicy:
@@ -121,12 +127,14 @@ class MaintenancePolicy:
         )
 
     def __post_init__(self) -> None:
-        for name in ("small_file_bytes", "min_file_age_s", "snapshot_max_age_s", "orphan_min_age_s"):
+        for name in ("small_file_bytes", "min_file_age_s", "snapshot_max_age_s", "orphan_min_age_s", "max_snapshots"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name}: {getattr(self, name)} must not be negative")
         for name in ("max_bin_bytes", "min_files_per_bin", "manifest_target_bytes", "keep_snapshots"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}: {getattr(self, name)} must be at least 1")
+        if self.lease_s <= 0:
+            raise ValueError(f"lease_s: {self.lease_s} must be positive")
         if self.max_manifests < 1:
             raise ValueError(f"max_manifests: {self.max_manifests} must be at least 1")
 
@@ -167,7 +175,7 @@ class Bin:
         return sum(f.record_count for f in self.files)
 
     @property
-    def key_range(self) -> tuple[int, int]:
+    def key_range(self) -> tuple[int | None, int | None]:
         return self.files[0].hilbert_key, self.files[-1].hilbert_key
 
 
@@ -225,14 +233,24 @@ class ExpiryPlan:
 
 
 def plan_expiry(
-    snapshots: Sequence[SnapshotFacts], protected: set[int], now_ms: int, max_age_ms: int, keep: int
+    snapshots: Sequence[SnapshotFacts],
+    protected: set[int],
+    now_ms: int,
+    max_age_ms: int,
+    keep: int,
+    max_snapshots: int = 0,
 ) -> ExpiryPlan:
-    """Snapshots older than `max_age_ms`, except the newest `keep` and the `protected` ones (branch
-    and tag heads), that a carried history covers (committed before the newest carrier, which
-    itself stays); the rest of the old ones are `uncovered`."""
+    """Snapshots older than `max_age_ms` or beyond the newest `max_snapshots` (0: no such limit),
+    except the newest `keep` and the `protected` ones (branch and tag heads), that a carried history
+    covers (committed before the newest carrier, which itself stays); the rest of them are `uncovered`."""
     ordered = sorted(snapshots, key=lambda s: s.sequence_number)
     kept = {s.snapshot_id for s in ordered[-keep:]} | set(protected)
-    old = [s for s in ordered if s.snapshot_id not in kept and now_ms - s.timestamp_ms > max_age_ms]
+    beyond_limit = {s.snapshot_id for s in ordered[:-max_snapshots]} if max_snapshots else set()
+    old = [
+        s
+        for s in ordered
+        if s.snapshot_id not in kept and (now_ms - s.timestamp_ms > max_age_ms or s.snapshot_id in beyond_limit)
+    ]
     carriers = [s for s in ordered if s.carries_history]
     covered_before = carriers[-1].sequence_number if carriers else None
     expire = tuple(s.snapshot_id for s in old if covered_before is not None and s.sequence_number < covered_before)
@@ -296,6 +314,8 @@ class MaintenanceReport:
     expiry: ExpiryReport | None = None
     orphans: OrphanReport | None = None
     seconds: float = 0.0
+    # Why the run stopped before its steps (another maintainer holds the table's lease), if it did.
+    skipped: str | None = None
 
     @property
     def conflicts(self) -> int:
@@ -314,6 +334,7 @@ class MaintenanceReport:
             "orphans": plain(self.orphans),
             "conflicts": self.conflicts,
             "seconds": round(self.seconds, 3),
+            "skipped": self.skipped,
         }
 
 
@@ -348,7 +369,7 @@ def live_files(table: Table, contract: Contract) -> list[tuple[LiveFile, DataFil
                         int(f.file_size_in_bytes),
                         int(f.record_count),
                         None,
-                        added_ms.get(entry.snapshot_id),
+                        None if entry.snapshot_id is None else added_ms.get(entry.snapshot_id),
                     ),
                     f,
                 )
@@ -444,6 +465,13 @@ def _adopt(table: Table, view: Table) -> None:
     table.metadata, table.metadata_location = view.metadata, view.metadata_location
 
 
+def _current_snapshot_id(table: Table) -> int:
+    snapshot = table.current_snapshot()
+    if snapshot is None:
+        raise RuntimeError(f"table {'.'.join(table.name())}: no current snapshot after a maintenance commit")
+    return snapshot.snapshot_id
+
+
 def _carry(view: Table, step: str) -> dict[str, str]:
     return {MAINTENANCE: step, WRITERS: writer_histories_json(view.metadata.snapshots)}
 
@@ -480,15 +508,13 @@ def rewrite_bin(table: Table, contract: Contract, bin_: Bin, progress: Progress 
         progress("compact: read", f.file_size_in_bytes, bin_.bytes, "B")
     rows = pa.concat_tables(parts, promote_options="permissive").combine_chunks()
     bbox = rows.column(contract.bbox_name).chunk(0) if rows.num_rows else None
-    keys = (
-        hilbert_keys_of_bounds(
-            *(bbox.field(n).to_numpy() for n in BBOX_FIELDS),
-            contract.clustering.extent,
-            contract.clustering.hilbert_bits,
+    if bbox is None:
+        keys = np.zeros(0, np.int64)
+    else:
+        xmin, ymin, xmax, ymax = (bbox.field(n).to_numpy() for n in BBOX_FIELDS)
+        keys = hilbert_keys_of_bounds(
+            xmin, ymin, xmax, ymax, contract.clustering.extent, contract.clustering.hilbert_bits
         )
-        if bbox is not None
-        else np.zeros(0, np.int64)
-    )
     # Re-sorted, not merged: see the module docstring. The order of equal keys does not matter here.
     ordered = rows.take(pa.array(np.argsort(keys, kind="quicksort")))
     writer = GeoParquetWriter(
@@ -582,7 +608,7 @@ def compact(
                     for record in rw.outputs:
                         overwrite.append_data_file(to_data_file(record, spec_id))
         _adopt(table, view)
-        return view.current_snapshot().snapshot_id
+        return _current_snapshot_id(view)
 
     retrier = retrier or _Retrier(table)
     try:
@@ -635,7 +661,7 @@ def merge_manifests(
         with view.transaction() as tx:
             tx.update_snapshot(snapshot_properties=_carry(view, "manifest-merge")).merge_append().commit()
         _adopt(table, view)
-        return view.current_snapshot().snapshot_id
+        return _current_snapshot_id(view)
 
     snapshot_id, conflicts = (retrier or _Retrier(table)).run("manifest merge", attempt)
     return ManifestReport(before, data_manifest_count(table), snapshot_id, conflicts, time.monotonic() - started)
@@ -660,7 +686,12 @@ def expire_snapshots(
     def plan() -> ExpiryPlan:
         table.refresh()
         return plan_expiry(
-            _snapshot_facts(table.metadata.snapshots), _protected_ids(table), now_ms, max_age_ms, policy.keep_snapshots
+            _snapshot_facts(table.metadata.snapshots),
+            _protected_ids(table),
+            now_ms,
+            max_age_ms,
+            policy.keep_snapshots,
+            policy.max_snapshots,
         )
 
     expiry = plan()
@@ -731,24 +762,46 @@ def maintain(
     progress: Progress = _no_progress,
     now_ms: int | None = None,
     sleep: Callable[[float], None] = time.sleep,
+    holder: str | None = None,
 ) -> MaintenanceReport:
-    """Run the chosen steps in order: compact (then merge manifests), expire, delete orphans."""
+    """Run the chosen steps in order: compact (then merge manifests), expire, delete orphans, holding
+    the table's maintenance lease (streaming/lease.py). When another maintainer holds it, nothing runs
+    and the report says so in `skipped`; a dry run changes nothing and takes no lease."""
     steps = tuple(steps)
     unknown = [s for s in steps if s not in STEPS]
     if unknown:
         raise ValueError(f"maintenance steps {unknown}: expected some of {', '.join(STEPS)}")
     started = time.monotonic()
     retrier = _Retrier(table, sleep=sleep)
+    lease = MaintenanceLease(table, policy.lease_s, holder, sleep=sleep)
     compaction = manifests = expiry = orphans = None
-    if "compact" in steps:
-        compaction = compact(table, policy, dry_run=dry_run, progress=progress, now_ms=now_ms, retrier=retrier)
-        manifests = merge_manifests(table, policy, dry_run=dry_run, retrier=retrier)
-    if "expire" in steps:
-        expiry = expire_snapshots(table, policy, dry_run=dry_run, progress=progress, now_ms=now_ms, retrier=retrier)
-    if "orphans" in steps:
-        orphans, _ = delete_orphans(table, policy, dry_run=dry_run, progress=progress)
+    skipped = None
+    try:
+        if not dry_run:
+            lease.acquire()
+        if "compact" in steps:
+            compaction = compact(table, policy, dry_run=dry_run, progress=progress, now_ms=now_ms, retrier=retrier)
+            lease.renew()
+            manifests = merge_manifests(table, policy, dry_run=dry_run, retrier=retrier)
+        if "expire" in steps:
+            lease.renew()
+            expiry = expire_snapshots(table, policy, dry_run=dry_run, progress=progress, now_ms=now_ms, retrier=retrier)
+        if "orphans" in steps:
+            lease.renew()
+            orphans, _ = delete_orphans(table, policy, dry_run=dry_run, progress=progress)
+    except (LeaseHeld, LeaseLost) as exc:
+        skipped = str(exc)
+    finally:
+        lease.release()
     report = MaintenanceReport(
-        ".".join(table.name()), dry_run, compaction, manifests, expiry, orphans, time.monotonic() - started
+        ".".join(table.name()),
+        dry_run,
+        compaction,
+        manifests,
+        expiry,
+        orphans,
+        time.monotonic() - started,
+        skipped,
     )
     log.info("maintenance", extra={"summary": report.to_json()})
     return report

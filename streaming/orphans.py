@@ -41,7 +41,7 @@ def referenced_metadata_files(table: Table) -> set[str]:
     every snapshot's manifest list and the manifests those lists name, statistics files."""
     metadata = table.metadata
     paths = {table.metadata_location, *(entry.metadata_file for entry in metadata.metadata_log)}
-    paths.update(s.file_path for s in metadata.statistics)
+    paths.update(s.statistics_path for s in metadata.statistics)
     paths.update(s.statistics_path for s in metadata.partition_statistics)
     for snapshot in metadata.snapshots:
         paths.add(snapshot.manifest_list)

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from datetime import UTC, date, datetime, time
 from decimal import Decimal
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, cast
 
 import numpy as np
 import pyarrow as pa
@@ -37,7 +37,8 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import shapely
 from pyiceberg.conversions import from_bytes
-from pyiceberg.expressions import And, BooleanExpression, GreaterThanOrEqual, LessThanOrEqual
+from pyiceberg.expressions import And, BooleanExpression, GreaterThanOrEqual, LessThanOrEqual, Reference
+from pyiceberg.expressions.literals import literal
 from pyiceberg.io.pyarrow import schema_to_pyarrow
 from pyiceberg.manifest import DataFile, ManifestContent
 from pyiceberg.schema import Schema
@@ -129,7 +130,8 @@ class Predicate:
 
     @property
     def bounds(self) -> BBox:
-        return tuple(float(v) for v in self.geometry.bounds)
+        xmin, ymin, xmax, ymax = self.geometry.bounds
+        return (float(xmin), float(ymin), float(xmax), float(ymax))
 
     def bbox_conditions(self) -> list[Condition]:
         """Conditions every matching row's bbox meets: the predicate's inclusive projection."""
@@ -364,9 +366,12 @@ def _property(table: Table, key: str) -> str:
 def _manifest_filter(covering_column: str, conditions: list[Condition]) -> BooleanExpression:
     # pyiceberg evaluates a row filter inclusively on the manifest bounds: "bbox.xmin <= v" drops
     # a file whose lower bound of bbox.xmin exceeds v, "bbox.xmax >= v" one whose upper bound is
-    # below v.
+    # below v. By keyword: mypy sees the fields pydantic declares, not the positional __init__ the
+    # predicates inherit, and this is the form both accept.
     terms = [
-        (LessThanOrEqual if op == "<=" else GreaterThanOrEqual)(f"{covering_column}.{BBOX_FIELDS[k]}", value)
+        (LessThanOrEqual if op == "<=" else GreaterThanOrEqual)(
+            term=Reference(f"{covering_column}.{BBOX_FIELDS[k]}"), value=literal(value)
+        )
         for k, op, value in conditions
     ]
     return And(*terms)
@@ -376,13 +381,20 @@ def _file_may_touch(data_file: DataFile, field_ids: list[int], shape: shapely.Ge
     """Whether the file's MBR, from its manifest bounds, intersects Q (True without bounds)."""
     lower, upper = data_file.lower_bounds or {}, data_file.upper_bounds or {}
     try:
-        xmin = from_bytes(DoubleType(), lower[field_ids[_XMIN]])
-        ymin = from_bytes(DoubleType(), lower[field_ids[_YMIN]])
-        xmax = from_bytes(DoubleType(), upper[field_ids[_XMAX]])
-        ymax = from_bytes(DoubleType(), upper[field_ids[_YMAX]])
+        xmin = _double(lower[field_ids[_XMIN]])
+        ymin = _double(lower[field_ids[_YMIN]])
+        xmax = _double(upper[field_ids[_XMAX]])
+        ymax = _double(upper[field_ids[_YMAX]])
     except KeyError:
         return True
     return _mbr_may_touch(xmin, ymin, xmax, ymax, shape)
+
+
+def _double(value: bytes) -> float:
+    """A manifest bound of a double column."""
+    # from_bytes dispatches on the Iceberg type, but pyiceberg types its result with a type variable
+    # no argument binds, which mypy reads as str.
+    return cast(float, from_bytes(DoubleType(), value))
 
 
 def _mbr_may_touch(xmin: float, ymin: float, xmax: float, ymax: float, shape: shapely.Geometry) -> bool:
@@ -395,8 +407,9 @@ def _count_data_files(table: Table, snapshot: Snapshot) -> int:
     """Data files of the snapshot, from the manifest list's counts when it has them."""
     manifests = [m for m in snapshot.manifests(table.io) if m.content == ManifestContent.DATA]
     counts = [(m.added_files_count, m.existing_files_count) for m in manifests]
-    if all(added is not None and existing is not None for added, existing in counts):
-        return sum(added + existing for added, existing in counts)
+    known = [(added, existing) for added, existing in counts if added is not None and existing is not None]
+    if len(known) == len(counts):
+        return sum(added + existing for added, existing in known)
     # Old (v1) manifest lists may omit the counts; read the manifests instead.
     return sum(1 for _ in table.scan(snapshot_id=snapshot.snapshot_id).plan_files())
 

@@ -63,11 +63,12 @@ class DataFileRecord:
     @classmethod
     def from_row(cls, row) -> DataFileRecord:
         get = row.__getitem__
+        xmin, ymin, xmax, ymax = (float(get(k)) for k in BBOX_FIELDS)
         return cls(
             path=get("path"),
             file_size_in_bytes=int(get("file_size_in_bytes")),
             record_count=int(get("record_count")),
-            bbox=tuple(float(get(k)) for k in BBOX_FIELDS),
+            bbox=(xmin, ymin, xmax, ymax),
             metrics=json.loads(get("metrics")),
         )
 
@@ -133,7 +134,7 @@ class GeoParquetWriter:
         file_prefix: str,
     ):
         self.contract = contract
-        self.schema = contract.arrow_schema
+        self.schema = contract.data_file_schema
         iceberg_schema = contract.iceberg_schema
         self._stats_plan = compute_statistics_plan(iceberg_schema, table_properties)
         self._parquet_options = parquet_write_options(table_properties)
@@ -146,7 +147,8 @@ class GeoParquetWriter:
     def write(self, batches: Iterable[pa.RecordBatch]) -> Iterator[DataFileRecord]:
         file = None
         for group in _row_groups(batches, self.contract.clustering.row_group_rows):
-            table = pa.Table.from_batches([group]).select(self.schema.names).cast(self.schema)
+            table = _with_flat_bbox(pa.Table.from_batches([group]), self.contract)
+            table = table.select(self.schema.names).cast(self.schema)
             if file is None:
                 file = _OpenFile(self._new_path(), self.io, self.schema, self._parquet_options)
             file.write(table, self.contract)
@@ -226,6 +228,19 @@ class _OpenFile:
         self._writer.close()
         self._stream.close()
         return self._writer.writer.metadata
+
+
+def _with_flat_bbox(table: pa.Table, contract: Contract) -> pa.Table:
+    """The rows with the contract's flat bbox columns (if it has them) taken from the covering
+    struct's fields, so they always agree with it, whatever the rows brought."""
+    if not contract.flat_bbox_names:
+        return table
+    bbox = table.column(contract.bbox_name).combine_chunks()
+    for flat_name, field in zip(contract.flat_bbox_names, BBOX_FIELDS):
+        if flat_name in table.column_names:
+            table = table.drop_columns([flat_name])
+        table = table.append_column(flat_name, bbox.field(field))
+    return table
 
 
 def _row_groups(batches: Iterable[pa.RecordBatch], rows: int) -> Iterator[pa.RecordBatch]:
