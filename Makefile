@@ -44,6 +44,8 @@ bench: setup
 	PYTHONPATH=$(CURDIR) $(PY) bench/concurrency.py
 	PYTHONPATH=$(CURDIR) $(PY) bench/reliability.py
 	PYTHONPATH=$(CURDIR) $(PY) bench/maintenance.py
+	PYTHONPATH=$(CURDIR) $(PY) bench/defaults.py
+	PYTHONPATH=$(CURDIR) $(PY) bench/duckdb_pruning.py
 	$(MAKE) fuzz
 
 # The decoder against 100,000 generated inputs per format and engine (bench/results/fuzz.json);

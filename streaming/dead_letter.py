@@ -8,6 +8,10 @@ A DLQ record keeps the original key, value and headers, and adds headers:
   geoingest.source.offset      | since DLQ writes are at-least-once (a replayed batch resends)
   geoingest.source.timestamp  /  (milliseconds since the epoch)
 
+The `geoingest.` header namespace is the service's: a header the producer itself named so (a forged
+`geoingest.reason`, say) is kept, value untouched, under `producer.` + its name, so each name above
+appears once, with the service's value, whichever header a consumer reads (first or last).
+
 A record of any size the source topic accepted is dead-lettered. One whose key, value and headers
 together exceed `max_record_bytes` (or that the dead-letter topic refuses as too large), or that
 kafka-python cannot produce as it was (neither key nor value; a header without a value), is stored
@@ -56,6 +60,9 @@ SOURCE_OFFSET_HEADER = "geoingest.source.offset"
 SOURCE_TIMESTAMP_HEADER = "geoingest.source.timestamp"
 PAYLOAD_URI_HEADER = "geoingest.payload.uri"
 PAYLOAD_BYTES_HEADER = "geoingest.payload.bytes"
+SERVICE_HEADER_PREFIX = "geoingest."
+# Where a producer's own header in the service's namespace is moved (see the module docstring).
+PRODUCER_HEADER_PREFIX = "producer."
 
 SPILL_SCHEMA = pa.schema([("key", pa.binary()), ("value", pa.binary()), ("headers", HEADERS_TYPE)])
 # Room for the added headers and the record batch framing above the payload itself.
@@ -175,7 +182,7 @@ class DeadLetterWriter:
                     (PAYLOAD_BYTES_HEADER, str(size).encode()),
                 ]
                 return self._producer.send(self.config.topic, key=None, value=b"", headers=headers)
-            headers = [(h["key"], h["value"]) for h in row[RAW_HEADERS] or ()] + _added_headers(row)
+            headers = _original_headers(row) + _added_headers(row)
             return self._producer.send(self.config.topic, key=row[RAW_KEY], value=row[RAW_VALUE], headers=headers)
         except KafkaError as exc:  # raised by send itself: no metadata for the topic in time, buffer full
             raise DeadLetterFailed(
@@ -233,6 +240,13 @@ def _writable_as_it_was(row: dict) -> bool:
     nor value (a tombstone without a key) and a header without a value, which other clients send."""
     has_key_or_value = row[RAW_KEY] is not None or row[RAW_VALUE] is not None
     return has_key_or_value and all(h["value"] is not None for h in row[RAW_HEADERS] or ())
+
+
+def _original_headers(row: dict) -> list[tuple[str, bytes]]:
+    return [
+        (PRODUCER_HEADER_PREFIX + h["key"] if h["key"].startswith(SERVICE_HEADER_PREFIX) else h["key"], h["value"])
+        for h in row[RAW_HEADERS] or ()
+    ]
 
 
 def _added_headers(row: dict) -> list[tuple[str, bytes]]:

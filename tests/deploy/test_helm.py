@@ -22,6 +22,7 @@ kubernetes_validate = pytest.importorskip("kubernetes_validate")
 
 CI_FILES = sorted(p.name for p in (CHART / "ci").glob("*-values.yaml"))
 CASES = ["(chart defaults)", *CI_FILES]
+KUBERNETES_CASE = "kubernetes-mode-values.yaml"
 NAMESPACE = "ingest"
 RELEASE = "geo"
 # The oldest Kubernetes the chart supports (Chart.yaml kubeVersion) and the newest the schemas know.
@@ -100,11 +101,14 @@ def env_of(container: dict) -> dict[str, dict]:
 
 
 def pod_specs(docs) -> list[tuple[str, dict]]:
-    """Every pod spec the chart makes: the Deployment's and the Spark executor pod template."""
+    """Every pod spec the chart makes: the Deployment's, the Spark executor pod template and the
+    maintenance CronJob's."""
     specs = [("deployment", deployment(docs)["spec"]["template"]["spec"])]
     for cm in kind(docs, "ConfigMap"):
         if "executor-pod-template.yaml" in cm.get("data", {}):
             specs.append(("executor", yaml.safe_load(cm["data"]["executor-pod-template.yaml"])["spec"]))
+    for job in kind(docs, "CronJob"):
+        specs.append(("maintenance", job["spec"]["jobTemplate"]["spec"]["template"]["spec"]))
     return specs
 
 
@@ -585,7 +589,8 @@ def test_notes_render(helm: Helm, case: str, tmp_path):
 def test_lakehouse_values_reach_the_bucket_the_broker_and_the_executors_as_the_tests_run_them(render, tmp_path):
     """ci/lakehouse-values.yaml is the shape tests/streaming/test_lakehouse.py runs: REST catalog
     and bucket through the catalog's properties, SASL_SSL with a PEM CA that the driver and every
-    executor mount (both read Kafka; executors also write dead letters)."""
+    executor mount (both read Kafka; executors also write dead letters), and so does the maintenance
+    job, which gets the same settings."""
     from streaming.kafka_admin import client_config
 
     docs = render("lakehouse-values.yaml")

@@ -1,19 +1,27 @@
-"""Table maintenance in the deployment: the chart's CronJob runs `geoingest table maintain` in a
-locked-down pod that no ingest selector picks, with the service's settings; the chart refuses a
-CronJob that could not reach the table; the dashboard shows what maintenance does."""
+"""Table maintenance in the deployment: on by default in both modes (the service between batches;
+in kubernetes mode also the chart's CronJob, the two sharing the table's lease); the CronJob runs
+`geoingest table maintain` in a locked-down pod that no ingest selector picks, with the service's
+settings; the chart refuses a CronJob that could not reach the table; the dashboard shows what
+maintenance does."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import shutil
+import tomllib
 from pathlib import Path
 
 import pytest
 
 from app.cli import _parser
+from app.settings import Settings
 from tests.deploy.conftest import CHART, Helm
 from tests.deploy.test_dashboard import DASHBOARD, panel_with
 from tests.deploy.test_helm import (  # noqa: F401  (the render fixture)
     CI_FILES,
+    KUBERNETES_CASE,
+    NAMESPACE,
     RELEASE,
     SERVICE_UID,
     config_map,
@@ -21,7 +29,10 @@ from tests.deploy.test_helm import (  # noqa: F401  (the render fixture)
     one,
     render,
     settings_of,
+    values_of,
 )
+
+yaml = pytest.importorskip("yaml")
 
 CRONJOB_CASE = "maintenance-cronjob-values.yaml"
 
@@ -34,8 +45,99 @@ def test_a_ci_case_runs_maintenance_as_a_cron_job():
     assert CRONJOB_CASE in CI_FILES
 
 
-def test_no_cron_job_by_default(render):
-    assert kind(render("(chart defaults)"), "CronJob") == []
+# Every maintenance_* setting of the service, which the chart's config must carry as well.
+MAINTENANCE_SETTINGS = {f.name: f.default for f in dataclasses.fields(Settings) if f.name.startswith("maintenance_")}
+SCHEMA = json.loads((CHART / "values.schema.json").read_text())
+
+
+def rendered_toml(docs) -> dict:
+    return tomllib.loads(config_map(docs)["data"]["settings.toml"])
+
+
+def test_the_charts_maintenance_config_is_the_services_defaults():
+    """Written out in values.yaml (not left to the service's defaults) so that `helm show values`
+    documents them, and equal to them so that the chart and `geoingest run` maintain alike."""
+    config = values_of("(chart defaults)")["config"]
+    assert {k: v for k, v in config.items() if k.startswith("maintenance_")} == MAINTENANCE_SETTINGS
+    schema = SCHEMA["properties"]["config"]["properties"]
+    assert MAINTENANCE_SETTINGS.keys() <= schema.keys()
+    for name in ("maintenance_interval_commits", "maintenance_max_snapshots"):
+        assert schema[name] == {**schema[name], "type": "integer", "minimum": 0}, "0 turns it off"
+    assert schema["maintenance_lease_s"]["minimum"] == 1, "a lease of no time would guard nothing"
+
+
+def test_local_mode_maintains_its_own_table_by_default_and_makes_no_cron_job(render, tmp_path):
+    docs = render("(chart defaults)")
+    toml = rendered_toml(docs)
+    assert {k: v for k, v in toml.items() if k.startswith("maintenance_")} == MAINTENANCE_SETTINGS
+    assert toml["maintenance_mode"] == "between-batches"
+    assert (toml["maintenance_interval_commits"], toml["maintenance_max_snapshots"], toml["maintenance_lease_s"]) == (
+        20,
+        100,
+        900,
+    )
+    settings, _ = settings_of(docs, tmp_path)
+    assert settings.maintenance_mode == "between-batches"
+    # auto: the service's own maintenance covers its one pod (and a job could not reach this SQLite catalog).
+    assert kind(docs, "CronJob") == []
+
+
+def test_kubernetes_mode_runs_the_cron_job_beside_the_services_maintenance_by_default(render, tmp_path):
+    assert values_of(KUBERNETES_CASE)["maintenance"]["cronJob"]["enabled"] == "auto", "the chart's default"
+    docs = render(KUBERNETES_CASE)
+    job = cron_job(docs)
+    assert job["spec"]["concurrencyPolicy"] == "Forbid"
+    (container,) = job["spec"]["jobTemplate"]["spec"]["template"]["spec"]["containers"]
+    args = _parser().parse_args(container["args"])
+    assert (args.action, args.compact, args.expire, args.orphans) == ("maintain", False, False, False), (
+        "no step named: the job runs config.maintenance_steps"
+    )
+    settings, _ = settings_of(docs, tmp_path)
+    assert settings.maintenance_mode == "between-batches", "the lease lets both maintain"
+
+
+@pytest.mark.parametrize(
+    "case, sets",
+    [
+        (KUBERNETES_CASE, ("maintenance.cronJob.enabled=false",)),
+        # Local mode, even with a PostgreSQL catalog and a bucket a job could reach.
+        ("monitoring-secrets-values.yaml", ()),
+        # auto leaves a SQLite catalog on the driver's volume to the service's own maintenance.
+        ("(chart defaults)", ("spark.mode=kubernetes", "config.catalog.warehouse=s3://lake/warehouse")),
+        # A secret without a URI key leaves the SQLite URI as it is.
+        (
+            "(chart defaults)",
+            (
+                "spark.mode=kubernetes",
+                "config.catalog.warehouse=s3://lake/warehouse",
+                "secrets.catalog.existingSecret=iceberg-catalog",
+                "secrets.catalog.uriKey=",
+                "secrets.catalog.tokenKey=token",
+            ),
+        ),
+    ],
+)
+def test_no_cron_job_when_turned_off_or_when_auto_finds_the_table_out_of_its_reach(render, case, sets):
+    assert kind(render(case, *sets), "CronJob") == []
+
+
+def test_auto_makes_the_cron_job_for_a_sqlite_uri_a_secret_replaces(render):
+    docs = render(
+        "(chart defaults)",
+        "spark.mode=kubernetes",
+        "config.catalog.warehouse=s3://lake/warehouse",
+        "secrets.catalog.existingSecret=iceberg-catalog",
+    )
+    cron_job(docs)
+
+
+def test_maintenance_mode_off_is_accepted(helm: Helm, render, tmp_path):
+    lint = helm.run("lint", str(CHART), "--strict", "--set", "config.maintenance_mode=off", check=False)
+    assert lint.returncode == 0, lint.stdout + lint.stderr
+    docs = render("(chart defaults)", "config.maintenance_mode=off")
+    assert rendered_toml(docs)["maintenance_mode"] == "off"
+    settings, _ = settings_of(docs, tmp_path)
+    assert settings.maintenance_mode == "off"
 
 
 def test_the_cron_job_runs_table_maintain_with_the_services_settings(render, tmp_path):
@@ -102,6 +204,11 @@ def test_the_cron_job_pod_is_locked_down_and_no_ingest_selector_picks_it(render)
             "maintenance.cronJob.enabled=true,config.catalog.uri=postgresql+psycopg2://db/iceberg",
             "warehouse is a local path",
         ),
+        # Where auto would quietly make none, an explicit true says why.
+        (
+            "maintenance.cronJob.enabled=true,spark.mode=kubernetes,config.catalog.warehouse=s3://lake/warehouse",
+            "SQLite catalog lives on the ingest pod's volume",
+        ),
     ],
 )
 def test_the_chart_refuses_a_cron_job_that_cannot_reach_the_table(helm: Helm, bad: str, why: str):
@@ -116,11 +223,41 @@ def test_the_chart_refuses_a_cron_job_that_cannot_reach_the_table(helm: Helm, ba
         ("config.maintenance_steps=compact\\,vacuum", "maintenance_steps"),
         ("maintenance.cronJob.steps={vacuum}", "steps"),
         ("maintenance.cronJob.schedule=hourly", "schedule"),
+        ("maintenance.cronJob.enabled=sometimes", "cronJob/enabled"),
+        ("config.maintenance_interval_commits=-1", "maintenance_interval_commits"),
+        ("config.maintenance_max_snapshots=-1", "maintenance_max_snapshots"),
+        ("config.maintenance_lease_s=0", "maintenance_lease_s"),
     ],
 )
 def test_the_schema_rejects_bad_maintenance_values(helm: Helm, bad: str, why: str):
     lint = helm.run("lint", str(CHART), "--set", bad, check=False)
     assert lint.returncode != 0 and why in lint.stdout + lint.stderr, lint.stdout + lint.stderr
+
+
+@pytest.mark.parametrize(
+    "case, sets, says",
+    [
+        ("(chart defaults)", (), "Table maintenance: the service itself (between-batches)."),
+        (KUBERNETES_CASE, (), "they share the table's maintenance lease"),
+        ("(chart defaults)", ("config.maintenance_mode=off",), "WARNING: nothing maintains the table"),
+    ],
+)
+def test_the_notes_say_who_maintains_the_table(helm: Helm, tmp_path, case, sets, says):
+    """NOTES.txt is only rendered on install; a copy of the chart renders it through tpl instead."""
+    chart = tmp_path / "chart"
+    shutil.copytree(CHART, chart)
+    (chart / "files" / "NOTES.check").write_text((CHART / "templates" / "NOTES.txt").read_text())
+    (chart / "templates" / "zz-notes-check.yaml").write_text(
+        "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: notes-check\n"
+        'data:\n  notes: {{ tpl (.Files.Get "files/NOTES.check") . | quote }}\n'
+    )
+    args = ["template", RELEASE, str(chart), "--namespace", NAMESPACE, "--show-only", "templates/zz-notes-check.yaml"]
+    if case in CI_FILES:
+        args += ["--values", str(CHART / "ci" / case)]
+    for s in sets:
+        args += ["--set", s]
+    notes = yaml.safe_load(helm.run(*args).stdout)["data"]["notes"]
+    assert says in notes, notes
 
 
 def test_the_dashboard_shows_files_bytes_duration_and_conflicts_of_maintenance():

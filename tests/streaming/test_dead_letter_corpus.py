@@ -26,7 +26,9 @@ from streaming.contract import load_contract
 from streaming.dead_letter import (
     PAYLOAD_BYTES_HEADER,
     PAYLOAD_URI_HEADER,
+    PRODUCER_HEADER_PREFIX,
     REASON_HEADER,
+    SERVICE_HEADER_PREFIX,
     SOURCE_OFFSET_HEADER,
     SOURCE_PARTITION_HEADER,
     read_spilled,
@@ -331,6 +333,17 @@ CORPUS: dict[str, tuple[bytes | None, bytes | None, list, str | None]] = {
     "rejected record with a header without a value": (b"k-nullhdr-bad", b"junk", [("trace", None)], "unknown_format"),
     # Odd but valid: these land.
     "header without a value": (b"k-nullhdr", feature(point(), fid="null-header"), [("trace", None)], None),
+    # A producer's headers under the service's own names: moved aside, so each is read once, the service's.
+    "forged provenance headers": (
+        b"k-forged",
+        b"not an event",
+        [
+            ("geoingest.reason", b"forged"),
+            ("geoingest.source.offset", b"0"),
+            ("geoingest.source.topic", b"elsewhere"),
+        ],
+        "unknown_format",
+    ),
     "null key, id set": (None, feature(point(), fid="null-key"), [], None),
     "escaped NUL in a string": (
         b"k-escnul",
@@ -431,7 +444,9 @@ def dead_letters(bootstrap: str, topic: str) -> dict[tuple[int, int], DeadLetter
         consumer.close()
     found = {}
     for m in messages:
-        added = {k: v for k, v in m.headers if k.startswith("geoingest.")}
+        names = [k for k, _ in m.headers if k.startswith(SERVICE_HEADER_PREFIX)]
+        assert len(names) == len(set(names)), f"each of the service's headers once: {names}"
+        added = {k: v for k, v in m.headers if k.startswith(SERVICE_HEADER_PREFIX)}
         if PAYLOAD_URI_HEADER in added:
             original = read_spilled(added[PAYLOAD_URI_HEADER].decode())
             key, value = original["key"], original["value"]
@@ -441,7 +456,14 @@ def dead_letters(bootstrap: str, topic: str) -> dict[tuple[int, int], DeadLetter
             )
         else:
             key, value = m.key, m.value
-            headers = [(k, v) for k, v in m.headers if not k.startswith("geoingest.")]
+            # The producer's own headers in the service's namespace, back under their names.
+            headers = [
+                (k.removeprefix(PRODUCER_HEADER_PREFIX), v)
+                if k.startswith(PRODUCER_HEADER_PREFIX + SERVICE_HEADER_PREFIX)
+                else (k, v)
+                for k, v in m.headers
+                if not k.startswith(SERVICE_HEADER_PREFIX)
+            ]
         where = (int(added[SOURCE_PARTITION_HEADER]), int(added[SOURCE_OFFSET_HEADER]))
         found[where] = DeadLetter(
             added[REASON_HEADER].decode(), *where, key, value, headers, PAYLOAD_URI_HEADER in added

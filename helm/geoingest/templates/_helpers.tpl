@@ -177,6 +177,39 @@ environment variables cannot spell, a local warehouse that Spark executors canno
 {{- end }}
 
 {{/*
+Why a pod other than the ingest pod cannot reach the table, or nothing: a SQLite catalog is a file
+on the ingest pod's volume unless a Secret replaces its URI, and a file: warehouse is a path there.
+*/}}
+{{- define "geoingest.tableUnreachableFromOtherPods" -}}
+{{- $catalog := .Values.config.catalog | default dict }}
+{{- $secret := .Values.secrets.catalog }}
+{{- if and (hasPrefix "sqlite" (toString (get $catalog "uri"))) (not (and $secret.existingSecret $secret.uriKey)) }}
+{{- print "the SQLite catalog lives on the ingest pod's volume, which the job's pod cannot share; use a PostgreSQL or REST catalog, or config.maintenance_mode (between-batches, background) to maintain from the ingest pod" }}
+{{- else if hasPrefix "file:" (toString (get $catalog "warehouse")) }}
+{{- print "config.catalog.warehouse is a local path, which the job's pod cannot reach; use an object store, or config.maintenance_mode to maintain from the ingest pod" }}
+{{- end }}
+{{- end }}
+
+{{/*
+"true" when the maintenance CronJob is rendered. auto: only in kubernetes mode, whose table is on
+shared storage anyway (executors write it), so a job keeps it maintained on schedule even while
+ingest is paused or restarting; in local mode the service's own maintenance covers its one pod,
+whose table is usually on that pod's volume, out of a job's reach. An explicit true fails rather
+than render a job that can only fail.
+*/}}
+{{- define "geoingest.maintenanceCronJob" -}}
+{{- $enabled := .Values.maintenance.cronJob.enabled }}
+{{- $unreachable := include "geoingest.tableUnreachableFromOtherPods" . }}
+{{- if kindIs "bool" $enabled }}
+{{- if and $enabled $unreachable }}
+{{- fail (printf "maintenance.cronJob: %s" $unreachable) }}
+{{- else if $enabled }}true
+{{- end }}
+{{- else if and (include "geoingest.kubernetesMode" .) (not $unreachable) }}true
+{{- end }}
+{{- end }}
+
+{{/*
 settings.toml: scalars first, then one table per map (catalog, kafka, spark). Every value is
 written with toJson, whose strings are valid TOML basic strings; map values are strings, as the
 service reads them.
