@@ -187,7 +187,7 @@ def _maintain(args, settings: Settings, name: str) -> int:
 
     from app.metrics import Health, MaintenanceMetrics, serve
     from app.service import MaintenanceRunner, configure_logging
-    from streaming.maintenance import STEPS
+    from streaming.maintenance_plan import STEPS
 
     configure_logging()
     steps = tuple(s for s in STEPS if getattr(args, s)) or None  # none named: the maintenance_steps setting

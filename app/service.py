@@ -26,15 +26,8 @@ from streaming.dead_letter import DeadLetterConfig
 from streaming.decode import DecodeOptions
 from streaming.job import BatchProcessor, BatchReport, JobConfig, start_query
 from streaming.kafka_admin import ensure_topic, partitions_of
-from streaming.maintenance import (
-    MaintenanceGaveUp,
-    MaintenancePolicy,
-    MaintenanceReport,
-    Progress,
-    data_manifest_count,
-    maintain,
-    parse_steps,
-)
+from streaming.maintenance import MaintenanceGaveUp, MaintenanceReport, Progress, data_manifest_count, maintain
+from streaming.maintenance_plan import MaintenancePolicy, parse_steps
 
 log = logging.getLogger("geoingest.service")
 

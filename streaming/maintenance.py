@@ -37,13 +37,11 @@ batch landed still finds its own files.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
-import math
 import random
 import time
 import uuid
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TypeVar
 
@@ -66,6 +64,17 @@ from streaming.contract import BBOX_FIELDS, Contract
 from streaming.hilbert import hilbert_keys_of_bounds
 from streaming.inspect import file_bbox
 from streaming.lease import LeaseHeld, LeaseLost, MaintenanceLease
+from streaming.maintenance_plan import (
+    STEPS,
+    Bin,
+    ExpiryPlan,
+    LiveFile,
+    MaintenancePolicy,
+    SnapshotFacts,
+    compaction_candidates,
+    plan_bins,
+    plan_expiry,
+)
 from streaming.orphans import Orphan, delete_files, find_orphans
 from streaming.query import table_contract
 from streaming.storage import data_location
@@ -76,7 +85,6 @@ log = logging.getLogger("geoingest.maintenance")
 # Snapshot summary key of maintenance snapshots: which step made it.
 MAINTENANCE = "geoingest.maintenance"
 COMPACTION_FILE_PREFIX = "compacted"
-STEPS = ("compact", "expire", "orphans")
 
 T = TypeVar("T")
 # progress(step, advance, total, unit): a step moved on by `advance` of `total` (the CLI draws bars).
@@ -85,181 +93,6 @@ Progress = Callable[[str, int, int, str], None]
 
 def _no_progress(step: str, done: int, total: int, unit: str) -> None:
     pass
-
-
-@dataclass(frozen=True)
-class MaintenancePolicy:
-    """When maintenance touches what. Ages in seconds, sizes in bytes."""
-
-    # Files below this are compacted; 0: three quarters of the contract's target file size.
-    small_file_bytes: int = 0
-    # Files added more recently are left alone: fresh data is not rewritten again and again.
-    min_file_age_s: float = 3600.0
-    # Input bytes one rewrite holds in memory at most (a bin); larger sets are split along the curve.
-    max_bin_bytes: int = 512 * 1024 * 1024
-    # A bin of fewer files is not worth rewriting.
-    min_files_per_bin: int = 2
-    # Manifests are merged when the current snapshot has more data manifests than this.
-    max_manifests: int = 8
-    # Manifests are merged into files of about this size (Iceberg's default).
-    manifest_target_bytes: int = 8 * 1024 * 1024
-    # Snapshots older than this may expire (Iceberg's default: 5 days) ...
-    snapshot_max_age_s: float = 5 * 24 * 3600.0
-    # ... but the newest this many never do.
-    keep_snapshots: int = 100
-    # Beyond the newest this many, snapshots expire whatever their age (0: no limit). Every snapshot
-    # kept costs each commit (metadata.json is read and written whole): bench/maintenance.py.
-    max_snapshots: int = 100
-    # Unreferenced files younger than this may belong to a commit in flight.
-    orphan_min_age_s: float = 3600.0
-    # How long a maintainer holds the table's maintenance lease without renewing it (streaming/lease.py).
-    lease_s: float = 900.0
-
-    @classmethod
-    def from_settings(cls, settings) -> MaintenancePolicy:
-        """The policy the `maintenance_*` settings describe (app/settings.py)."""
-        return cls(
-            **{
-                f.name: getattr(settings, f"maintenance_{f.name}")
-                for f in dataclasses.fields(cls)
-                if hasattr(settings, f"maintenance_{f.name}")
-            }
-        )
-
-    def __post_init__(self) -> None:
-        for name in ("small_file_bytes", "min_file_age_s", "snapshot_max_age_s", "orphan_min_age_s", "max_snapshots"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"{name}: {getattr(self, name)} must not be negative")
-        for name in ("max_bin_bytes", "min_files_per_bin", "manifest_target_bytes", "keep_snapshots"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name}: {getattr(self, name)} must be at least 1")
-        if self.lease_s <= 0:
-            raise ValueError(f"lease_s: {self.lease_s} must be positive")
-        if self.max_manifests < 1:
-            raise ValueError(f"max_manifests: {self.max_manifests} must be at least 1")
-
-
-def parse_steps(text: str) -> tuple[str, ...]:
-    """'compact,expire' -> ('compact', 'expire'), in the order they run; errors name the step."""
-    names = [s.strip() for s in text.split(",") if s.strip()]
-    unknown = [s for s in names if s not in STEPS]
-    if unknown or not names:
-        raise ValueError(f"maintenance steps {text!r}: expected some of {', '.join(STEPS)}")
-    return tuple(s for s in STEPS if s in names)
-
-
-# -- pure planning ------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class LiveFile:
-    """A data file of the current snapshot, as compaction plans with it."""
-
-    path: str
-    file_size_in_bytes: int
-    record_count: int
-    hilbert_key: int | None  # of its extent's centre; None without bbox bounds
-    added_ms: int | None  # when the snapshot that added it was committed; None if it expired
-
-
-@dataclass(frozen=True)
-class Bin:
-    """Files rewritten together: a contiguous stretch of the curve, sorted by key."""
-
-    files: tuple[LiveFile, ...]
-
-    @property
-    def bytes(self) -> int:
-        return sum(f.file_size_in_bytes for f in self.files)
-
-    @property
-    def records(self) -> int:
-        return sum(f.record_count for f in self.files)
-
-    @property
-    def key_range(self) -> tuple[int | None, int | None]:
-        return self.files[0].hilbert_key, self.files[-1].hilbert_key
-
-
-def compaction_candidates(
-    files: Iterable[LiveFile], small_file_bytes: int, min_age_ms: int, now_ms: int
-) -> list[LiveFile]:
-    """Files worth rewriting: small, old enough, and with bounds (so they can be placed on the curve).
-
-    A file whose adding snapshot has expired is older than any snapshot still kept, so old enough."""
-    return [
-        f
-        for f in files
-        if f.file_size_in_bytes < small_file_bytes
-        and f.hilbert_key is not None
-        and (f.added_ms is None or now_ms - f.added_ms >= min_age_ms)
-    ]
-
-
-def plan_bins(candidates: Sequence[LiveFile], max_bin_bytes: int, min_files: int) -> list[Bin]:
-    """Pack files into bins along the Hilbert curve: ordered by key, cut into as few runs of at
-    most `max_bin_bytes` as will do, of about equal size; bins of fewer than `min_files` dropped.
-
-    A file larger than `max_bin_bytes` is a bin of its own (and, alone, dropped)."""
-    ordered = sorted(candidates, key=lambda f: (f.hilbert_key, f.path))
-    if not ordered:
-        return []
-    total = sum(f.file_size_in_bytes for f in ordered)
-    share = total / max(1, math.ceil(total / max_bin_bytes))
-    bins: list[list[LiveFile]] = [[]]
-    filled = 0
-    for f in ordered:
-        size = f.file_size_in_bytes
-        # Cut when this file would overflow the bin, or when the bin already holds its fair share.
-        if bins[-1] and (filled + size > max_bin_bytes or filled >= share):
-            bins.append([])
-            filled = 0
-        bins[-1].append(f)
-        filled += size
-    return [Bin(tuple(b)) for b in bins if len(b) >= min_files]
-
-
-@dataclass(frozen=True)
-class SnapshotFacts:
-    snapshot_id: int
-    sequence_number: int
-    timestamp_ms: int
-    carries_history: bool
-
-
-@dataclass(frozen=True)
-class ExpiryPlan:
-    expire: tuple[int, ...]  # snapshot ids that may go now
-    # Old enough, but not yet covered by a carried writer history: a new carrier must come first.
-    uncovered: tuple[int, ...]
-
-
-def plan_expiry(
-    snapshots: Sequence[SnapshotFacts],
-    protected: set[int],
-    now_ms: int,
-    max_age_ms: int,
-    keep: int,
-    max_snapshots: int = 0,
-) -> ExpiryPlan:
-    """Snapshots older than `max_age_ms` or beyond the newest `max_snapshots` (0: no such limit),
-    except the newest `keep` and the `protected` ones (branch and tag heads), that a carried history
-    covers (committed before the newest carrier, which itself stays); the rest of them are `uncovered`."""
-    ordered = sorted(snapshots, key=lambda s: s.sequence_number)
-    kept = {s.snapshot_id for s in ordered[-keep:]} | set(protected)
-    beyond_limit = {s.snapshot_id for s in ordered[:-max_snapshots]} if max_snapshots else set()
-    old = [
-        s
-        for s in ordered
-        if s.snapshot_id not in kept and (now_ms - s.timestamp_ms > max_age_ms or s.snapshot_id in beyond_limit)
-    ]
-    carriers = [s for s in ordered if s.carries_history]
-    covered_before = carriers[-1].sequence_number if carriers else None
-    expire = tuple(s.snapshot_id for s in old if covered_before is not None and s.sequence_number < covered_before)
-    uncovered = tuple(
-        s.snapshot_id
-        for s in old
-        if s.snapshot_id not in expire and not (carriers and s.snapshot_id == carriers[-1].snapshot_id)
-    )
-    return ExpiryPlan(expire, uncovered)
 
 
 # -- reports ------------------------------------------------------------------------------------

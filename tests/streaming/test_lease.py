@@ -27,7 +27,8 @@ from streaming.lease import (
     generation_tag,
     lease_state,
 )
-from streaming.maintenance import MaintenancePolicy, maintain
+from streaming.maintenance import maintain
+from streaming.maintenance_plan import MaintenancePolicy
 from tests.conftest import CACHE_DIR
 from tests.lakehouse import WAREHOUSE_BUCKET
 from tests.streaming.test_maintenance import (

@@ -38,16 +38,18 @@ from streaming.hilbert import hilbert_keys_of_bounds
 from streaming.maintenance import (
     COMPACTION_FILE_PREFIX,
     MAINTENANCE,
-    LiveFile,
     MaintenanceGaveUp,
-    MaintenancePolicy,
-    SnapshotFacts,
     compact,
-    compaction_candidates,
     data_manifest_count,
     delete_orphans,
     expire_snapshots,
     maintain,
+)
+from streaming.maintenance_plan import (
+    LiveFile,
+    MaintenancePolicy,
+    SnapshotFacts,
+    compaction_candidates,
     parse_steps,
     plan_bins,
     plan_expiry,
