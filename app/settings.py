@@ -86,7 +86,7 @@ class Settings:
     # any trigger interval. A lease on the table (streaming/lease.py) lets one maintainer run at a time.
     maintenance_mode: str = "between-batches"
     maintenance_interval_s: int = 3600
-    maintenance_interval_commits: int = 20  # 0: by time alone
+    maintenance_interval_commits: int = 10  # 0: by time alone
     maintenance_steps: str = "compact,expire,orphans"  # some of compact, expire, orphans
     maintenance_small_file_bytes: int = 0  # files below are compacted; 0: 3/4 of the contract's target
     maintenance_min_file_age_s: int = 3600  # younger files are not compacted

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -69,8 +70,39 @@ DEFAULT_TARGET_FILE_BYTES = 64 * 1024 * 1024
 DEFAULT_ROW_GROUP_ROWS = 16_384
 
 
+WRITE_MODES = ("append", "upsert")
+SCHEMA_EVOLUTION_MODES = ("off", "add-columns")
+# Every key a contract may hold, per object: any other is a typo or a feature this version lacks,
+# and either way an error that names it rather than a setting silently ignored.
+KNOWN_KEYS = {
+    "": (
+        "table",
+        "description",
+        "formats",
+        "columns",
+        "geometry",
+        "bbox",
+        "clustering",
+        "primary_key",
+        "mode",
+        "schema_evolution",
+    ),
+    "columns[]": ("id", "name", "type", "required", "from", "description"),
+    "geometry": ("id", "name", "types", "dimensions", "crs", "encoding", "invalid_polygons"),
+    "bbox": ("id", "name", "flat_columns"),
+    "clustering": ("hilbert_bits", "extent", "target_file_bytes", "row_group_rows"),
+    "schema_evolution": ("mode", "max_new_columns_per_batch", "max_columns", "name_pattern"),
+}
+
+
 class ContractError(ValueError):
     """A contract that cannot be used; the message starts with the offending field."""
+
+
+def _known_keys_only(raw: dict, kind: str, where: str) -> None:
+    for key in raw:
+        if key not in KNOWN_KEYS[kind]:
+            raise ContractError(f"{where}{key}: not a contract key; expected one of {', '.join(KNOWN_KEYS[kind])}")
 
 
 @dataclass(frozen=True)
@@ -110,6 +142,18 @@ class Clustering:
 
 
 @dataclass(frozen=True)
+class SchemaEvolution:
+    """What happens to a property no column maps: "off" ignores it (counted and logged), "add-columns"
+    makes it an optional column of the type its values have, within these limits."""
+
+    mode: str = "off"
+    max_new_columns_per_batch: int = 20
+    max_columns: int = 500
+    # A new column's name: what every reader (Spark, DuckDB, Trino) takes unquoted.
+    name_pattern: str = r"^[a-z_][a-z0-9_]{0,62}$"
+
+
+@dataclass(frozen=True)
 class Contract:
     table: str
     description: str
@@ -121,6 +165,11 @@ class Contract:
     clustering: Clustering
     source: dict[str, Any]
     bbox_flat_columns: bool = False
+    # Columns that address a feature; empty in append mode unless the contract names them.
+    primary_key: tuple[str, ...] = ()
+    # "append": every event is a row; "upsert": one current row per primary key, tombstones delete it.
+    mode: str = "append"
+    schema_evolution: SchemaEvolution = SchemaEvolution()
 
     @property
     def namespace(self) -> str:
@@ -234,6 +283,7 @@ def load_contract(path: str | Path) -> Contract:
 def parse_contract(raw: Any) -> Contract:
     if not isinstance(raw, dict):
         raise ContractError("the contract must be a JSON object")
+    _known_keys_only(raw, "", "")
     table = _require(raw, "table", str)
     if table.count(".") < 1 or not all(table.split(".")):
         raise ContractError(f"table: {table!r} must be 'namespace.name'")
@@ -248,6 +298,7 @@ def parse_contract(raw: Any) -> Contract:
     columns = tuple(_parse_column(c, f"columns[{i}]") for i, c in enumerate(raw_columns))
     geometry = _parse_geometry(_require(raw, "geometry", dict))
     raw_bbox = _require(raw, "bbox", dict)
+    _known_keys_only(raw_bbox, "bbox", "bbox.")
     bbox_name = _require(raw_bbox, "name", str, "bbox.")
     bbox_id = _require(raw_bbox, "id", int, "bbox.")
     bbox_flat_columns = raw_bbox.get("flat_columns", False)
@@ -276,6 +327,11 @@ def parse_contract(raw: Any) -> Contract:
             )
 
     clustering = _parse_clustering(raw.get("clustering", {}), geometry.epsg)
+    mode = raw.get("mode", "append")
+    if mode not in WRITE_MODES:
+        raise ContractError(f"mode: {mode!r} is not one of {list(WRITE_MODES)}")
+    primary_key = _parse_primary_key(raw, columns, mode)
+    schema_evolution = _parse_schema_evolution(raw.get("schema_evolution", "off"))
     return Contract(
         table=table,
         description=str(raw.get("description", "")),
@@ -287,7 +343,65 @@ def parse_contract(raw: Any) -> Contract:
         clustering=clustering,
         source=raw,
         bbox_flat_columns=bbox_flat_columns,
+        primary_key=primary_key,
+        mode=mode,
+        schema_evolution=schema_evolution,
     )
+
+
+def _parse_primary_key(raw: dict, columns: tuple[Column, ...], mode: str) -> tuple[str, ...]:
+    """The primary key's columns: as named, or in upsert mode by default the columns the Kafka key feeds."""
+    if "primary_key" not in raw:
+        if mode != "upsert":
+            return ()
+        from_key = tuple(c.name for c in columns if "kafka.key" in c.sources)
+        if not from_key:
+            raise ContractError(
+                "primary_key: missing, and no column comes from kafka.key to stand for it; "
+                "name the columns that address a feature, or map one from kafka.key"
+            )
+        return from_key[:1]
+    names = raw["primary_key"]
+    if isinstance(names, str):
+        names = [names]
+    if not isinstance(names, list) or not names or not all(isinstance(n, str) for n in names):
+        raise ContractError(f"primary_key: expected a column name or a list of them, got {raw['primary_key']!r}")
+    by_name = {c.name: c for c in columns}
+    for i, name in enumerate(names):
+        column = by_name.get(name)
+        if column is None:
+            raise ContractError(f"primary_key[{i}]: {name!r} is not one of the columns {list(by_name)}")
+        if not column.required:
+            raise ContractError(f"primary_key[{i}]: column {name!r} must be required (a key is never null)")
+        if column.type not in ("string", "int", "long", "date", "timestamp", "timestamptz", "binary"):
+            raise ContractError(f"primary_key[{i}]: column {name!r} is a {column.type}, which cannot address a feature")
+    if len(set(names)) != len(names):
+        raise ContractError(f"primary_key: a column is named twice in {names}")
+    return tuple(names)
+
+
+def _parse_schema_evolution(raw: Any) -> SchemaEvolution:
+    if isinstance(raw, str):
+        raw = {"mode": raw}
+    if not isinstance(raw, dict):
+        raise ContractError(f"schema_evolution: expected 'off', 'add-columns' or an object, got {raw!r}")
+    _known_keys_only(raw, "schema_evolution", "schema_evolution.")
+    defaults = SchemaEvolution()
+    mode = raw.get("mode", defaults.mode)
+    if mode not in SCHEMA_EVOLUTION_MODES:
+        raise ContractError(f"schema_evolution.mode: {mode!r} is not one of {list(SCHEMA_EVOLUTION_MODES)}")
+    limits = {}
+    for key in ("max_new_columns_per_batch", "max_columns"):
+        value = raw.get(key, getattr(defaults, key))
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ContractError(f"schema_evolution.{key}: {value!r} must be a positive whole number")
+        limits[key] = value
+    pattern = raw.get("name_pattern", defaults.name_pattern)
+    try:
+        re.compile(pattern)
+    except (re.error, TypeError) as exc:
+        raise ContractError(f"schema_evolution.name_pattern: {pattern!r} is not a regular expression: {exc}") from None
+    return SchemaEvolution(mode=mode, name_pattern=pattern, **limits)
 
 
 def _require(obj: dict, key: str, kind: type, where: str = "") -> Any:
@@ -302,6 +416,7 @@ def _require(obj: dict, key: str, kind: type, where: str = "") -> Any:
 def _parse_column(raw: Any, where: str) -> Column:
     if not isinstance(raw, dict):
         raise ContractError(f"{where}: expected an object")
+    _known_keys_only(raw, "columns[]", f"{where}.")
     name = _require(raw, "name", str, f"{where}.")
     ctype = _require(raw, "type", str, f"{where}.")
     if ctype not in COLUMN_TYPES:
@@ -331,6 +446,7 @@ def _is_source(src: str) -> bool:
 
 
 def _parse_geometry(raw: dict) -> GeometrySpec:
+    _known_keys_only(raw, "geometry", "geometry.")
     types = tuple(_require(raw, "types", list, "geometry."))
     for i, t in enumerate(types):
         if t not in GEOMETRY_TYPES:
@@ -389,6 +505,7 @@ def crs_area_of_use(epsg: int) -> tuple[float, float, float, float]:
 def _parse_clustering(raw: Any, epsg: int) -> Clustering:
     if not isinstance(raw, dict):
         raise ContractError("clustering: expected an object")
+    _known_keys_only(raw, "clustering", "clustering.")
     bits = raw.get("hilbert_bits", DEFAULT_HILBERT_BITS)
     if isinstance(bits, bool) or not isinstance(bits, int) or not 1 <= bits <= 31:
         raise ContractError(f"clustering.hilbert_bits: {bits!r} must be a whole number 1..31")

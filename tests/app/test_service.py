@@ -47,9 +47,9 @@ def table(settings):
     return table
 
 
-def test_defaults_maintain_between_batches_every_20_commits_without_orphans(settings, table):
+def test_defaults_maintain_between_batches_every_10_commits_without_orphans(settings, table):
     assert settings.maintenance_mode == "between-batches"
-    assert (settings.maintenance_interval_commits, settings.maintenance_interval_s) == (20, 3600)
+    assert (settings.maintenance_interval_commits, settings.maintenance_interval_s) == (10, 3600)
     registry = CollectorRegistry()
     runner = MaintenanceRunner(settings, "demo.events", MaintenanceMetrics(registry, "demo.events"))
     runs = []
@@ -57,12 +57,12 @@ def test_defaults_maintain_between_batches_every_20_commits_without_orphans(sett
     runner.run_once = lambda steps=None, **kw: runs.append(steps) or run_once(steps, **kw)  # type: ignore[method-assign]
 
     write_batches(table, load_contract(CONTRACT_PATH), 30)
-    for batch_id in range(19):
+    for batch_id in range(9):
         runner.after_batch(committed(batch_id))
-    assert runs == [], "not before the 20th commit"
-    runner.after_batch(committed(19))
+    assert runs == [], "not before the 10th commit"
+    runner.after_batch(committed(9))
     assert runs == [("compact", "expire")], "the count's run leaves orphans to the hourly one"
-    for batch_id in range(20, 39):
+    for batch_id in range(10, 19):
         runner.after_batch(committed(batch_id))
     assert len(runs) == 1, "counted again from the last run"
 

@@ -72,7 +72,7 @@ def test_local_mode_maintains_its_own_table_by_default_and_makes_no_cron_job(ren
     assert {k: v for k, v in toml.items() if k.startswith("maintenance_")} == MAINTENANCE_SETTINGS
     assert toml["maintenance_mode"] == "between-batches"
     assert (toml["maintenance_interval_commits"], toml["maintenance_max_snapshots"], toml["maintenance_lease_s"]) == (
-        20,
+        10,
         100,
         900,
     )

@@ -337,3 +337,68 @@ def test_geojson_event_schema_agrees_with_the_decoder_on_the_shape_of_a_feature(
             assert validator.is_valid(json.loads(doc)), (path.name, doc)
         for reason, doc in refused.items():
             assert not validator.is_valid(json.loads(doc)), (path.name, reason, doc)
+
+
+# -- keys, primary key, write mode, schema evolution -------------------------------------------------
+@pytest.mark.parametrize(
+    "edit, message",
+    [
+        (lambda r: r.update({"primary_keys": ["event_id"]}), "primary_keys: not a contract key"),
+        (lambda r: r["columns"][0].update({"requird": True}), "columns[0].requird: not a contract key"),
+        (lambda r: r["geometry"].update({"srid": 4326}), "geometry.srid: not a contract key"),
+        (lambda r: r["bbox"].update({"flat": True}), "bbox.flat: not a contract key"),
+        (lambda r: r["clustering"].update({"bits": 12}), "clustering.bits: not a contract key"),
+        (lambda r: r.update({"schema_evolution": {"mode": "off", "limit": 3}}), "schema_evolution.limit: not a"),
+    ],
+)
+def test_a_key_the_contract_does_not_know_is_an_error_naming_it(edit, message):
+    assert error_of(edit).startswith(message)
+
+
+def test_append_is_the_default_mode_with_no_primary_key():
+    contract = load_contract(CONTRACT_PATH)
+    assert (contract.mode, contract.primary_key, contract.schema_evolution.mode) == ("append", (), "off")
+
+
+def test_upsert_takes_the_column_the_kafka_key_feeds_as_its_primary_key_by_default():
+    contract = parse_contract(edited(lambda r: r.update({"mode": "upsert"})))
+    assert contract.primary_key == ("event_id",)
+    named = parse_contract(
+        edited(lambda r: r.update({"mode": "upsert", "primary_key": ["event_id", "source_partition"]}))
+    )
+    assert named.primary_key == ("event_id", "source_partition")
+
+
+@pytest.mark.parametrize(
+    "edit, message",
+    [
+        (lambda r: r.update({"mode": "merge"}), "mode: 'merge' is not one of ['append', 'upsert']"),
+        (lambda r: r.update({"primary_key": ["nope"]}), "primary_key[0]: 'nope' is not one of the columns"),
+        (lambda r: r.update({"primary_key": ["kind"]}), "primary_key[0]: column 'kind' must be required"),
+        (lambda r: r.update({"primary_key": []}), "primary_key: expected a column name or a list"),
+        (
+            lambda r: (r.update({"mode": "upsert"}), r["columns"][0].update({"from": ["id"]})),
+            "primary_key: missing, and no column comes from kafka.key",
+        ),
+        (lambda r: r.update({"schema_evolution": "sometimes"}), "schema_evolution.mode: 'sometimes' is not one of"),
+        (
+            lambda r: r.update({"schema_evolution": {"mode": "add-columns", "max_columns": 0}}),
+            "schema_evolution.max_columns: 0 must be a positive whole number",
+        ),
+        (
+            lambda r: r.update({"schema_evolution": {"mode": "add-columns", "name_pattern": "("}}),
+            "schema_evolution.name_pattern: '(' is not a regular expression",
+        ),
+    ],
+)
+def test_key_mode_and_evolution_errors_name_the_field(edit, message):
+    assert error_of(edit).startswith(message)
+
+
+def test_schema_evolution_takes_a_mode_or_an_object_with_limits():
+    contract = parse_contract(edited(lambda r: r.update({"schema_evolution": "add-columns"})))
+    assert contract.schema_evolution.mode == "add-columns" and contract.schema_evolution.max_new_columns_per_batch == 20
+    limited = parse_contract(
+        edited(lambda r: r.update({"schema_evolution": {"mode": "add-columns", "max_new_columns_per_batch": 3}}))
+    )
+    assert limited.schema_evolution.max_new_columns_per_batch == 3
