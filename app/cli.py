@@ -270,6 +270,7 @@ def _query(args, settings: Settings) -> int:
     from streaming.query import (
         PREDICATES,
         Predicate,
+        feature_id_column,
         parse_bbox,
         query,
         table_contract,
@@ -300,7 +301,7 @@ def _query(args, settings: Settings) -> int:
             print(json.dumps({"count": result.table.num_rows, **stats}), file=out)
         else:
             geometry = table.properties.get("geo.primary-column", "geometry")
-            for line in to_geojson_lines(result, geometry):
+            for line in to_geojson_lines(result, geometry, feature_id_column(table_contract(table))):
                 print(line, file=out)
             print(json.dumps(stats), file=sys.stderr)
     finally:

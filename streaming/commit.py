@@ -17,7 +17,7 @@ import json
 import logging
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import requests
@@ -34,7 +34,8 @@ from pyiceberg.table.snapshots import Snapshot
 from pyiceberg.typedef import Record
 from sqlalchemy.exc import InterfaceError, OperationalError
 
-from streaming.writer import DataFileRecord
+from streaming.row_delta import RowDelta
+from streaming.writer import EQUALITY_DELETES, DataFileRecord
 
 log = logging.getLogger("geoingest.commit")
 
@@ -74,6 +75,9 @@ class BatchCommit:
     offsets: Offsets
     files: tuple[DataFileRecord, ...]
     rejected: int = 0
+    # Upsert tables: equality delete files of the keys the batch replaces or deletes, on these field ids
+    delete_files: tuple[DataFileRecord, ...] = ()
+    equality_ids: tuple[int, ...] = ()
 
     @property
     def rows(self) -> int:
@@ -264,9 +268,12 @@ def resume_offsets(table: Table, topic: str, partitions: list[int]) -> str:
     return json.dumps({topic: {str(p): recorded[p][1] + 1 if p in recorded else -2 for p in partitions}})
 
 
-def to_data_file(record: DataFileRecord, spec_id: int) -> DataFile:
+def to_data_file(record: DataFileRecord, spec_id: int, equality_ids: Sequence[int] | None = None) -> DataFile:
+    deletes = record.content == EQUALITY_DELETES
+    if deletes and not equality_ids:
+        raise ValueError(f"{record.path}: an equality delete file needs the primary key's field ids")
     return DataFile.from_args(
-        content=DataFileContent.DATA,
+        content=DataFileContent.EQUALITY_DELETES if deletes else DataFileContent.DATA,
         file_path=record.path,
         file_format=FileFormat.PARQUET,
         partition=Record(),
@@ -274,7 +281,7 @@ def to_data_file(record: DataFileRecord, spec_id: int) -> DataFile:
         record_count=record.record_count,
         sort_order_id=None,
         spec_id=spec_id,
-        equality_ids=None,
+        equality_ids=list(equality_ids) if deletes and equality_ids else None,
         key_metadata=None,
         **record.statistics(),
     )
@@ -300,7 +307,9 @@ class Committer:
                 if existing is not None:
                     # After an attempt whose outcome was unknown, the snapshot may be our own.
                     if _properties(existing).get(BATCH_ID) == str(batch.batch_id):
-                        ours = attempt > 1 and _added_files(self.table, existing) == {f.path for f in batch.files}
+                        ours = attempt > 1 and _added_files(self.table, existing) == {
+                            f.path for f in (*batch.files, *batch.delete_files)
+                        }
                     else:
                         # Known only from a carried history (the batch's snapshot has expired): its
                         # files cannot be compared, and keeping ours is the side that loses nothing.
@@ -350,9 +359,17 @@ class Committer:
         spec_id = self.table.metadata.default_spec_id
         view = single_attempt_view(self.table)
         with view.transaction() as tx:
-            with tx.update_snapshot(snapshot_properties=batch.summary()).fast_append() as append:
+            if batch.delete_files:
+                delta = RowDelta(tx, snapshot_properties=batch.summary())
                 for record in batch.files:
-                    append.append_data_file(to_data_file(record, spec_id))
+                    delta.append_data_file(to_data_file(record, spec_id))
+                for record in batch.delete_files:
+                    delta.add_delete_file(to_data_file(record, spec_id, batch.equality_ids))
+                delta.commit()
+            else:
+                with tx.update_snapshot(snapshot_properties=batch.summary()).fast_append() as append:
+                    for record in batch.files:
+                        append.append_data_file(to_data_file(record, spec_id))
         # The view now holds the metadata the catalog answered with: our snapshot is its current one.
         self.table.metadata, self.table.metadata_location = view.metadata, view.metadata_location
         snapshot = view.current_snapshot()

@@ -64,6 +64,7 @@ from streaming.partition import (
     range_count,
 )
 from streaming.storage import data_location, delete_folder
+from streaming.upsert import equality_field_ids
 from streaming.writer import (
     DATA_FILE_RECORD_DDL,
     DataFileRecord,
@@ -135,6 +136,11 @@ class BatchProcessor:
     ):
         if config.clustering not in CLUSTERING_MODES:
             raise ValueError(f"clustering: {config.clustering!r} is not one of {list(CLUSTERING_MODES)}")
+        if contract.mode == "upsert" and config.clustering == "shuffle":
+            raise ValueError(
+                f"clustering: 'shuffle' cannot write the upsert table {contract.table} (its versions are "
+                "chosen per input partition); use 'batch' or 'task'"
+            )
         self.spark = spark
         self.table = table
         self.contract = contract
@@ -168,6 +174,7 @@ class BatchProcessor:
             results = self._clustered(batch, batch_id, timings, isolate_decoder=True)
         offsets, consumed, rejected, oldest = _summarise(results.tallies)
         files = tuple(results.files)
+        delete_files = tuple(results.delete_files)
 
         step = time.monotonic()
         try:
@@ -178,6 +185,8 @@ class BatchProcessor:
                     offsets=offsets,
                     files=files,
                     rejected=sum(rejected.values()),
+                    delete_files=delete_files,
+                    equality_ids=tuple(equality_field_ids(self.contract)) if delete_files else (),
                 )
             )
         except CommitRetriesExhausted as exc:
@@ -185,14 +194,14 @@ class BatchProcessor:
             # may have landed, so they stay (a restart's replay check settles it; if it did not
             # land, `geoingest table orphans` finds them).
             if not exc.outcome_unknown:
-                self._discard(files)
+                self._discard(files + delete_files)
             failed = CommitOutcome("failed", None, exc.attempts, exc.conflicts, time.monotonic() - step)
             self._notify(BatchReport(batch_id, consumed, 0, rejected, files, offsets, failed, timings, oldest))
             log.error("commit failed", extra={"batch": {"batch_id": batch_id, "error": str(exc)}})
             raise
         if outcome.status == "skipped_replay":
             # The batch landed before the crash; this replay's files are copies nobody references.
-            self._discard(files)
+            self._discard(files + delete_files)
         timings["commit"] = time.monotonic() - step
         timings["total"] = time.monotonic() - started
         report = BatchReport(

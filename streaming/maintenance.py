@@ -61,6 +61,7 @@ from streaming.commit import (
     writer_histories_json,
 )
 from streaming.contract import BBOX_FIELDS, Contract
+from streaming.deletes import EqualityDeletes, has_delete_files, snapshot_files
 from streaming.hilbert import hilbert_keys_of_bounds
 from streaming.inspect import file_bbox
 from streaming.lease import LeaseHeld, LeaseLost, MaintenanceLease
@@ -325,8 +326,18 @@ def _delete_quietly(table: Table, paths: Iterable[str]) -> None:
 
 
 # -- compaction ---------------------------------------------------------------------------------
-def rewrite_bin(table: Table, contract: Contract, bin_: Bin, progress: Progress = _no_progress) -> list[DataFileRecord]:
-    """The bin's rows, Hilbert-sorted again, written as new data files like ingest writes them."""
+def rewrite_bin(
+    table: Table,
+    contract: Contract,
+    bin_: Bin,
+    progress: Progress = _no_progress,
+    deletes: EqualityDeletes | None = None,
+    sequence_numbers: dict[str, int] | None = None,
+) -> list[DataFileRecord]:
+    """The bin's rows, Hilbert-sorted again, written as new data files like ingest writes them.
+
+    In an upsert table the equality deletes that apply to a source file are applied as it is read:
+    the new files get a newer sequence number, which those deletes no longer reach."""
     names = contract.arrow_schema.names
     parts: list[pa.Table] = []
     for f in bin_.files:
@@ -337,6 +348,8 @@ def rewrite_bin(table: Table, contract: Contract, bin_: Bin, progress: Progress 
                 f"data file {f.path} holds {rows.num_rows} rows, its manifest entry says "
                 f"{f.record_count}; not compacting it"
             )
+        if deletes is not None and sequence_numbers is not None:
+            rows = deletes.live(rows, sequence_numbers[f.path])
         parts.append(rows.select(names))
         progress("compact: read", f.file_size_in_bytes, bin_.bytes, "B")
     rows = pa.concat_tables(parts, promote_options="permissive").combine_chunks()
@@ -358,13 +371,28 @@ def rewrite_bin(table: Table, contract: Contract, bin_: Bin, progress: Progress 
         f"{COMPACTION_FILE_PREFIX}-{uuid.uuid4().hex[:12]}",
     )
     written = list(writer.write(ordered.to_batches(max_chunksize=contract.clustering.row_group_rows)))
-    if sum(r.record_count for r in written) != bin_.records:
+    if sum(r.record_count for r in written) != rows.num_rows:
         _delete_quietly(table, [r.path for r in written])
         raise RuntimeError(
             f"compaction of {len(bin_.files)} files wrote {sum(r.record_count for r in written)} "
-            f"rows for {bin_.records}; nothing replaced"
+            f"rows for {rows.num_rows}; nothing replaced"
         )
     return written
+
+
+def _equality_deletes(table: Table) -> tuple[EqualityDeletes | None, dict[str, int], set[str]]:
+    """An upsert table's equality deletes, the sequence number of each data file, the delete files'
+    paths; (None, {}, set()) for a table without delete files."""
+    snapshot = table.current_snapshot()
+    if not has_delete_files(table, snapshot):
+        return None, {}, set()
+    assert snapshot is not None
+    planned = snapshot_files(table, snapshot)
+    return (
+        EqualityDeletes(table, planned.equality_deletes),
+        {p.file.file_path: p.sequence_number for p in planned.data},
+        {p.file.file_path for p in planned.equality_deletes},
+    )
 
 
 @dataclass
@@ -408,13 +436,15 @@ def compact(
 
     rewrites: list[_Rewrite] = []
     total = sum(b.bytes for b in bins)
+    deletes, sequence_numbers, planned_deletes = _equality_deletes(table)
 
     def overall(step: str, advance: int, _bin_total: int, unit: str) -> None:
         progress(step, advance, total, unit)
 
     try:
         for bin_ in bins:
-            rewrites.append(_Rewrite(tuple(f.path for f in bin_.files), rewrite_bin(table, contract, bin_, overall)))
+            written = rewrite_bin(table, contract, bin_, overall, deletes, sequence_numbers)
+            rewrites.append(_Rewrite(tuple(f.path for f in bin_.files), written))
     except BaseException:
         _delete_quietly(table, [r.path for rw in rewrites for r in rw.outputs])
         raise
@@ -423,8 +453,11 @@ def compact(
     def attempt() -> int | None:
         table.refresh()
         live = {f.file_path: f for _, f in live_files(table, contract)}
+        # Equality deletes committed since the plan would not reach the new files (their sequence
+        # number is newer): a key they delete or replace would come back. Given up, as Iceberg does.
+        new_deletes = _equality_deletes(table)[2] - planned_deletes
         for rw in list(rewrites):
-            if not all(p in live for p in rw.sources):
+            if new_deletes or not all(p in live for p in rw.sources):
                 rewrites.remove(rw)
                 abandoned.append(rw)
                 _delete_quietly(table, [r.path for r in rw.outputs])

@@ -50,7 +50,16 @@ from streaming.decode import (
 )
 from streaming.isolation import IsolatedDecoder
 from streaming.storage import list_files
-from streaming.writer import RECORD_SCHEMA, DataFileRecord, GeoParquetWriter
+from streaming.upsert import (
+    OFFSET,
+    PARTITION,
+    TIMESTAMP,
+    TOPIC,
+    latest_versions,
+    split_tombstones,
+    write_equality_deletes,
+)
+from streaming.writer import EQUALITY_DELETES, RECORD_SCHEMA, DataFileRecord, GeoParquetWriter
 
 TALLY = "tally"
 FILE = "file"
@@ -167,6 +176,12 @@ class PartitionTask:
             self.files.data_location,
             self.files.file_prefix,
         )
+        upsert = self.contract.mode == "upsert"
+        if upsert:
+            # Versions of a key are chosen over the task's whole range, so the row order columns stay.
+            keep += [SOURCE_PARTITION, SOURCE_OFFSET, SOURCE_TIMESTAMP]
+        tombstones: list[pa.Table] = []
+        delete_files: list[DataFileRecord] = []
         tallies: list[pa.Table] = []
         run: list[pa.RecordBatch] = []
         run_rows = 0
@@ -182,6 +197,11 @@ class PartitionTask:
 
         try:
             for batch in batches:
+                if upsert:
+                    batch, deleted = split_tombstones(batch, self.contract)
+                    if deleted.num_rows:
+                        tombstones.append(deleted)
+                        tallies.append(_tombstone_tally(deleted))
                 if batch.num_rows == 0:
                     continue
                 decoded = decoder.decode(batch)
@@ -196,9 +216,12 @@ class PartitionTask:
                 if valid.num_rows:
                     run.append(valid)
                     run_rows += valid.num_rows
-                if run_rows >= self.rows_per_run:
+                if run_rows >= self.rows_per_run and not upsert:
                     flush(run)
                     run, run_rows = [], 0
+            if upsert:
+                run, delete_files = self._latest_versions(run, tombstones, writer)
+                run_rows = sum(b.num_rows for b in run)
             if run_rows:
                 flush(run)
         finally:
@@ -212,7 +235,39 @@ class PartitionTask:
             merged = merge_if_last(slices, number, tasks, self.staging, self.last_merge, writer)
             if merged is not None:
                 records, merged_by = merged, number
-        yield results_batch(merge_tallies(tallies), records, slices, merged_by)
+        yield results_batch(merge_tallies(tallies), records + delete_files, slices, merged_by)
+
+    def _latest_versions(
+        self, run: list[pa.RecordBatch], tombstones: list[pa.Table], writer: GeoParquetWriter
+    ) -> tuple[list[pa.RecordBatch], list[DataFileRecord]]:
+        """The task's rows reduced to each key's last version, and the equality delete file of
+        every key it touched (streaming/upsert.py). The whole range at once: an upsert task holds
+        its rows until the end (memory bounded by the batch's maxOffsetsPerTrigger share)."""
+        schema = pa.schema([*self.contract.arrow_schema, pa.field(HILBERT, pa.int64())])
+        rows = pa.Table.from_batches(run) if run else pa.table({f.name: pa.array([], f.type) for f in schema})
+        ordered = rows.append_column(PARTITION, rows.column(SOURCE_PARTITION))
+        ordered = ordered.append_column(OFFSET, rows.column(SOURCE_OFFSET))
+        ordered = ordered.append_column(TIMESTAMP, rows.column(SOURCE_TIMESTAMP).cast(pa.int64()))
+        deleted = (
+            pa.concat_tables(tombstones).select([*self.contract.primary_key, PARTITION, OFFSET, TIMESTAMP])
+            if tombstones
+            else pa.table({})
+        )
+        latest, touched = latest_versions(ordered, deleted, self.contract.primary_key)
+        deletes = []
+        if touched.num_rows:
+            deletes.append(
+                write_equality_deletes(
+                    touched,
+                    self.contract,
+                    writer.io,
+                    self.files.table_properties,
+                    self.files.data_location,
+                    self.files.file_prefix,
+                )
+            )
+        latest = latest.select(schema.names)
+        return latest.to_batches(), deletes
 
 
 @dataclass(frozen=True)
@@ -287,6 +342,22 @@ def tally_table(decoded: pa.RecordBatch) -> pa.Table:
             # microseconds (Spark's timestamp unit) to the milliseconds Kafka speaks
             "oldest_ms": pc.divide(grouped.column("timestamp_min"), 1000),
         }
+    )
+
+
+def _tombstone_tally(tombstones: pa.Table) -> pa.Table:
+    """Tombstones applied in upsert mode count as valid records of their partitions (their offsets
+    are consumed and recorded like any other's)."""
+    return tally_table(
+        pa.RecordBatch.from_pydict(
+            {
+                SOURCE_TOPIC: tombstones.column(TOPIC).combine_chunks(),
+                SOURCE_PARTITION: tombstones.column(PARTITION).combine_chunks(),
+                REJECT_REASON: pa.nulls(tombstones.num_rows, pa.string()),
+                SOURCE_OFFSET: tombstones.column(OFFSET).combine_chunks(),
+                SOURCE_TIMESTAMP: tombstones.column(TIMESTAMP).combine_chunks(),
+            }
+        )
     )
 
 
@@ -442,7 +513,10 @@ def results_batch(
         }
         for t in tallies
     ]
-    rows += [{"kind": FILE, **r.to_row(), "merged_by": merged_by} for r in records]
+    # A delete file is its task's own, never part of a merge of the whole batch.
+    rows += [
+        {"kind": FILE, **r.to_row(), "merged_by": None if r.content == EQUALITY_DELETES else merged_by} for r in records
+    ]
     rows += [
         {"kind": SLICE, "path": s.path, "slice": s.index, "key_lo": s.key_lo, "key_hi": s.key_hi, "n": s.rows}
         for s in slices
@@ -459,6 +533,8 @@ class BatchResults:
     slices: list[Slice] = field(default_factory=list)
     # The files of each task that merged the whole batch (LastTaskMerge), by task number
     merged: dict[int, list[DataFileRecord]] = field(default_factory=dict)
+    # Upsert tables: the equality delete files of the keys each task touched
+    delete_files: list[DataFileRecord] = field(default_factory=list)
 
     @classmethod
     def from_rows(cls, rows: Iterable) -> BatchResults:
@@ -478,6 +554,8 @@ class BatchResults:
                 )
             elif row["kind"] == SLICE:
                 out.slices.append(Slice(row["path"], row["slice"], row["key_lo"], row["key_hi"], row["n"]))
+            elif row["content"] == EQUALITY_DELETES:
+                out.delete_files.append(DataFileRecord.from_row(row))
             elif row["merged_by"] is not None:
                 out.merged.setdefault(row["merged_by"], []).append(DataFileRecord.from_row(row))
             else:

@@ -42,16 +42,16 @@ from pyiceberg.expressions.literals import literal
 from pyiceberg.io.pyarrow import schema_to_pyarrow
 from pyiceberg.manifest import DataFile, ManifestContent
 from pyiceberg.schema import Schema
-from pyiceberg.table import FileScanTask, Table
+from pyiceberg.table import Table
 from pyiceberg.table.snapshots import Snapshot
 from pyiceberg.types import DoubleType
 
 from streaming.contract import BBOX_FIELDS, Contract, ContractError, parse_contract, regular_types
+from streaming.deletes import EqualityDeletes, has_delete_files, snapshot_files
 
 BBox = tuple[float, float, float, float]
 PRIMARY_COLUMN_PROPERTY = "geo.primary-column"
 CONTRACT_PROPERTY = "geoingest.contract"
-ID_COLUMN = "event_id"
 PREDICATES = ("intersects", "within", "contains")
 _XMIN, _YMIN, _XMAX, _YMAX = range(4)  # indices into BBOX_FIELDS
 # A necessary condition on one bbox field of a matching row: (field index, "<=" or ">=", value).
@@ -305,28 +305,35 @@ def query(
         return QueryResult(result_schema.empty_table(), QueryStats(files_total, 0, 0, 0, 0, 0, snapshot.snapshot_id))
 
     conditions = predicate.bbox_conditions()
-    tasks = list(
-        table.scan(
+    field_ids = [schema.find_field(f"{covering_column}.{name}").field_id for name in BBOX_FIELDS]
+    deletes = None
+    files: list[tuple[DataFile, int | None]]
+    if has_delete_files(table, snapshot):
+        # An upsert table: pyiceberg cannot plan it (equality deletes), so the files are planned
+        # here, by the same bounds, and each file's rows lose the keys later batches replaced.
+        planned = snapshot_files(table, snapshot)
+        deletes = EqualityDeletes(table, planned.equality_deletes)
+        window = _window_geometry(predicate.bounds)
+        files = [(p.file, p.sequence_number) for p in planned.data if _file_may_touch(p.file, field_ids, window)]
+    else:
+        tasks = table.scan(
             row_filter=_manifest_filter(covering_column, conditions), snapshot_id=snapshot.snapshot_id
         ).plan_files()
-    )
-    for task in tasks:
-        _refuse_deletes(task)
+        files = [(task.file, None) for task in tasks]
     shape = None
     if predicate.prunes_by_shape():
         shape = predicate.geometry
         shapely.prepare(shape)
-        field_ids = [schema.find_field(f"{covering_column}.{name}").field_id for name in BBOX_FIELDS]
-        tasks = [task for task in tasks if _file_may_touch(task.file, field_ids, shape)]
+        files = [(file, seq) for file, seq in files if _file_may_touch(file, field_ids, shape)]
 
     covering_paths = [f"{covering_column}.{name}" for name in BBOX_FIELDS]
     matches: list[pa.Table] = []
     files_scanned = row_groups_total = row_groups_scanned = rows_read = rows_matched = 0
-    for task in tasks:
+    for data_file, sequence_number in files:
         if limit is not None and rows_matched >= limit:
             break
         files_scanned += 1
-        with table.io.new_input(task.file.file_path).open() as stream:
+        with table.io.new_input(data_file.file_path).open() as stream:
             parquet = pq.ParquetFile(stream, pre_buffer=True)
             row_groups_total += parquet.metadata.num_row_groups
             surviving = _row_groups_that_may_match(parquet.metadata, covering_paths, conditions, shape)
@@ -342,6 +349,8 @@ def query(
                     break
                 rows = parquet.read_row_groups(groups, use_threads=True)
                 rows_read += rows.num_rows
+                if deletes is not None and sequence_number is not None:
+                    rows = deletes.live(rows, sequence_number)
                 hits = _exact_matches(rows, geometry_column, covering_column, predicate, conditions)
                 if limit is not None:
                     hits = hits.slice(0, limit - rows_matched)
@@ -412,17 +421,6 @@ def _count_data_files(table: Table, snapshot: Snapshot) -> int:
         return sum(added + existing for added, existing in known)
     # Old (v1) manifest lists may omit the counts; read the manifests instead.
     return sum(1 for _ in table.scan(snapshot_id=snapshot.snapshot_id).plan_files())
-
-
-def _refuse_deletes(task: FileScanTask) -> None:
-    # Tables written by geoingest only append; honouring deletes would need merge-on-read here.
-    if task.delete_files:
-        paths = sorted(d.file_path for d in task.delete_files)
-        raise QueryError(
-            f"data file {task.file.file_path} has {len(paths)} delete file(s) ({', '.join(paths[:3])}"
-            f"{', ...' if len(paths) > 3 else ''}); queries read append-only tables and cannot "
-            "apply deletes"
-        )
 
 
 def _row_groups_that_may_match(
@@ -559,9 +557,17 @@ def write_geoparquet(result: QueryResult, contract: Contract, where: str | Path 
 
 
 # -- GeoJSON output -------------------------------------------------------------------------------
-def to_geojson_lines(result: QueryResult, geometry_column: str) -> Iterator[str]:
+def feature_id_column(contract: Contract) -> str | None:
+    """The column a GeoJSON Feature's `id` comes from: the primary key's (when it has one column),
+    else the first column fed by the event's own `id`, else none."""
+    if len(contract.primary_key) == 1:
+        return contract.primary_key[0]
+    return next((c.name for c in contract.columns if "id" in c.sources), None)
+
+
+def to_geojson_lines(result: QueryResult, geometry_column: str, id_column: str | None = None) -> Iterator[str]:
     """One GeoJSON Feature per line (GeoJSON text sequence without separators, as `ogr2ogr` and
-    `jq` read it): the geometry, every other column as a property, and `event_id` as the id."""
+    `jq` read it): the geometry, every other column as a property, and `id_column` as the id."""
     table = result.table
     if geometry_column not in table.column_names:
         raise ValueError(f"geometry column {geometry_column!r} is not in the result ({table.column_names})")
@@ -569,7 +575,7 @@ def to_geojson_lines(result: QueryResult, geometry_column: str) -> Iterator[str]
     for batch in table.to_batches(max_chunksize=4096):
         geometries = shapely.to_geojson(shapely.from_wkb(batch.column(geometry_column).to_numpy(zero_copy_only=False)))
         columns = {name: _json_ready(batch.column(name)).to_pylist() for name in property_names}
-        ids = columns.get(ID_COLUMN)
+        ids = columns.get(id_column) if id_column else None
         for i, geometry in enumerate(geometries.tolist()):
             properties = {name: values[i] for name, values in columns.items()}
             head = '{"type":"Feature",'

@@ -34,8 +34,10 @@ from streaming.wkb import geometry_type_names
 # Spark DDL of the rows the write stage returns to the driver.
 DATA_FILE_RECORD_DDL = (
     "path string, file_size_in_bytes long, record_count long, "
-    "xmin double, ymin double, xmax double, ymax double, metrics string"
+    "xmin double, ymin double, xmax double, ymax double, metrics string, content string"
 )
+DATA = "data"
+EQUALITY_DELETES = "equality_deletes"
 _BOUND_KEYS = ("lower_bounds", "upper_bounds")
 
 
@@ -50,6 +52,8 @@ class DataFileRecord:
     # Iceberg DataFile statistics: column_sizes, value_counts, null_value_counts, nan_value_counts,
     # lower_bounds, upper_bounds (field id -> value; bounds hex-encoded) and split_offsets.
     metrics: dict
+    # DATA, or EQUALITY_DELETES: the primary keys an upsert batch replaces or deletes (streaming/upsert.py)
+    content: str = DATA
 
     def to_row(self) -> dict:
         return {
@@ -58,6 +62,7 @@ class DataFileRecord:
             "record_count": self.record_count,
             **dict(zip(BBOX_FIELDS, self.bbox)),
             "metrics": json.dumps(self.metrics, separators=(",", ":")),
+            "content": self.content,
         }
 
     @classmethod
@@ -70,6 +75,7 @@ class DataFileRecord:
             record_count=int(get("record_count")),
             bbox=(xmin, ymin, xmax, ymax),
             metrics=json.loads(get("metrics")),
+            content=get("content") or DATA,
         )
 
     def statistics(self) -> dict:
@@ -99,6 +105,7 @@ RECORD_SCHEMA = pa.schema(
         ("xmax", pa.float64()),
         ("ymax", pa.float64()),
         ("metrics", pa.string()),
+        ("content", pa.string()),
     ]
 )
 
@@ -172,21 +179,25 @@ class GeoParquetWriter:
                 value = file.bbox_min[i] if key == "lower_bounds" else file.bbox_max[i]
                 bounds[self._bbox_ids[name]] = to_bytes(DoubleType(), value)
             metrics[key] = bounds
-        serializable = {
-            key: (
-                {str(k): (v.hex() if isinstance(v, bytes) else v) for k, v in value.items()}
-                if isinstance(value, dict)
-                else value
-            )
-            for key, value in metrics.items()
-        }
         return DataFileRecord(
             path=file.path,
             file_size_in_bytes=len(self.io.new_input(file.path)),
             record_count=record_count,
             bbox=file.bbox(),
-            metrics=serializable,
+            metrics=serializable_metrics(metrics),
         )
+
+
+def serializable_metrics(metrics: dict) -> dict:
+    """pyiceberg's serialized statistics as JSON: field ids as strings, bounds hex-encoded."""
+    return {
+        key: (
+            {str(k): (v.hex() if isinstance(v, bytes) else v) for k, v in value.items()}
+            if isinstance(value, dict)
+            else value
+        )
+        for key, value in metrics.items()
+    }
 
 
 class _OpenFile:

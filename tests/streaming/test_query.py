@@ -24,19 +24,16 @@ import pytest
 import shapely
 import shapely.affinity
 from pyiceberg.catalog.sql import SqlCatalog
-from pyiceberg.manifest import DataFile, DataFileContent, FileFormat
-from pyiceberg.table import FileScanTask, Table
-from pyiceberg.typedef import Record
+from pyiceberg.table import Table
 
 from streaming.commit import to_data_file
 from streaming.contract import Contract, load_contract
 from streaming.decode import HILBERT, REJECT_REASON, Decoder
 from streaming.query import (
     Predicate,
-    QueryError,
     QueryResult,
     QueryStats,
-    _refuse_deletes,
+    feature_id_column,
     parse_bbox,
     query,
     query_bbox,
@@ -380,20 +377,6 @@ def test_empty_table_gives_an_empty_result(tmp_path: Path, contract: Contract) -
     assert list(to_geojson_lines(result, "geometry")) == []
 
 
-def test_delete_files_are_refused(built: Built) -> None:
-    data_file = to_data_file(built.records[0], built.table.metadata.default_spec_id)
-    delete_file = DataFile.from_args(
-        content=DataFileContent.POSITION_DELETES,
-        file_path=built.table.location() + "/data/deletes.parquet",
-        file_format=FileFormat.PARQUET,
-        partition=Record(),
-        file_size_in_bytes=100,
-        record_count=1,
-    )
-    with pytest.raises(QueryError, match="delete file"):
-        _refuse_deletes(FileScanTask(data_file, delete_files={delete_file}))
-
-
 @pytest.mark.parametrize(
     "text",
     ["1,2,3", "1,2,3,4,5", "", "a,b,c,d", "1,2,,4", "3,0,1,1", "0,3,1,1", "nan,0,1,1", "0,0,inf,1"],
@@ -412,7 +395,9 @@ def test_parse_bbox_reads_four_numbers() -> None:
 # -- GeoJSON ------------------------------------------------------------------------------------
 def test_geojson_lines_are_features_with_ids_and_properties(built: Built) -> None:
     result = query_bbox(built.table, (100.0, -20.0, 125.0, -5.0))
-    lines = list(to_geojson_lines(result, "geometry"))
+    id_column = feature_id_column(table_contract(built.table))
+    assert id_column == "event_id", "the demo contract's event id comes from the event's own id"
+    lines = list(to_geojson_lines(result, "geometry", id_column))
     assert len(lines) == result.table.num_rows > 0
 
     features = [json.loads(line) for line in lines]

@@ -1,0 +1,88 @@
+"""One snapshot that adds data files and equality delete files together: an upsert batch's commit.
+
+Iceberg's Java API calls it a row delta; pyiceberg 0.12 writes no delete files, so this producer
+extends its fast append (the same manifest list, summary and retry machinery) with a delete
+manifest. The equality deletes carry the batch's sequence number, so by the spec they remove the
+rows of the same keys in every older data file and none of the rows added beside them: one commit
+replaces the old versions of a batch's keys with the new ones, and drops the deleted keys.
+"""
+
+from __future__ import annotations
+
+from pyiceberg.manifest import (
+    DataFile,
+    DataFileContent,
+    ManifestContent,
+    ManifestEntry,
+    ManifestEntryStatus,
+    ManifestFile,
+    ManifestWriterV2,
+)
+from pyiceberg.table import Transaction
+from pyiceberg.table.snapshots import Operation, Summary
+from pyiceberg.table.update.snapshot import _FastAppendFiles
+from pyiceberg.typedef import EMPTY_DICT
+
+
+class _DeleteManifestWriter(ManifestWriterV2):
+    """A v2 manifest of delete files (pyiceberg's writer writes data manifests only)."""
+
+    def content(self) -> ManifestContent:
+        return ManifestContent.DELETES
+
+    @property
+    def _meta(self) -> dict[str, str]:
+        return {**super()._meta, "content": "deletes"}
+
+
+class RowDelta(_FastAppendFiles):
+    """A fast append that also adds equality delete files, in a delete manifest of its own."""
+
+    def __init__(self, transaction: Transaction, snapshot_properties: dict[str, str] = EMPTY_DICT) -> None:
+        super().__init__(
+            operation=Operation.OVERWRITE,
+            transaction=transaction,
+            io=transaction._table.io,
+            snapshot_properties=snapshot_properties,
+        )
+        self._added_delete_files: list[DataFile] = []
+
+    def add_delete_file(self, delete_file: DataFile) -> RowDelta:
+        if delete_file.content != DataFileContent.EQUALITY_DELETES:
+            raise ValueError(f"{delete_file.file_path}: not an equality delete file ({delete_file.content})")
+        self._added_delete_files.append(delete_file)
+        return self
+
+    def _manifests(self) -> list[ManifestFile]:
+        manifests = super()._manifests()
+        if not self._added_delete_files:
+            return manifests
+        writer = _DeleteManifestWriter(
+            spec=self._transaction.table_metadata.spec(),
+            schema=self.schema(),
+            output_file=self.new_manifest_output(),
+            snapshot_id=self._snapshot_id,
+            avro_compression=self._compression,
+        )
+        with writer:
+            for delete_file in self._added_delete_files:
+                writer.add(
+                    ManifestEntry.from_args(
+                        status=ManifestEntryStatus.ADDED,
+                        snapshot_id=self._snapshot_id,
+                        sequence_number=None,
+                        file_sequence_number=None,
+                        data_file=delete_file,
+                    )
+                )
+        return [writer.to_manifest_file(), *manifests]
+
+    def _summary(self, snapshot_properties: dict[str, str] = EMPTY_DICT) -> Summary:
+        # The summary collector counts delete files by their content; the data manifest must not
+        # hold them, so they join the added files for the summary only.
+        data_files = self._added_data_files
+        self._added_data_files = [*data_files, *self._added_delete_files]
+        try:
+            return super()._summary(snapshot_properties)
+        finally:
+            self._added_data_files = data_files
