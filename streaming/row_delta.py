@@ -18,10 +18,12 @@ from pyiceberg.manifest import (
     ManifestFile,
     ManifestWriterV2,
 )
+from pyiceberg.schema import Schema
 from pyiceberg.table import Transaction
 from pyiceberg.table.snapshots import Operation, Summary
 from pyiceberg.table.update.snapshot import _FastAppendFiles
-from pyiceberg.typedef import EMPTY_DICT
+from pyiceberg.typedef import EMPTY_DICT, TableVersion
+from pyiceberg.types import IntegerType, ListType, NestedField, StructType
 
 
 class _DeleteManifestWriter(ManifestWriterV2):
@@ -33,6 +35,39 @@ class _DeleteManifestWriter(ManifestWriterV2):
     @property
     def _meta(self) -> dict[str, str]:
         return {**super()._meta, "content": "deletes"}
+
+    def _with_partition(self, format_version: TableVersion) -> Schema:
+        # pyiceberg 0.12 declares equality_ids a list<long>; the spec (and Java Iceberg, which
+        # casts each id to Integer while planning) says list<int>. Avro encodes both alike, so only
+        # the declared type changes.
+        return _equality_ids_as_int(super()._with_partition(format_version))
+
+
+def _equality_ids_as_int(schema: Schema) -> Schema:
+    def fix(field: NestedField) -> NestedField:
+        if field.name == "data_file" and isinstance(field.field_type, StructType):
+            return NestedField(
+                field.field_id,
+                field.name,
+                StructType(*(fix_id_list(f) for f in field.field_type.fields)),
+                required=field.required,
+                doc=field.doc,
+            )
+        return field
+
+    def fix_id_list(field: NestedField) -> NestedField:
+        if field.name == "equality_ids" and isinstance(field.field_type, ListType):
+            element = field.field_type
+            return NestedField(
+                field.field_id,
+                field.name,
+                ListType(element.element_id, IntegerType(), element_required=element.element_required),
+                required=field.required,
+                doc=field.doc,
+            )
+        return field
+
+    return Schema(*(fix(f) for f in schema.fields), schema_id=schema.schema_id)
 
 
 class RowDelta(_FastAppendFiles):

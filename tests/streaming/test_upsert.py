@@ -120,6 +120,46 @@ def table_state(table, snapshot_id: int | None = None) -> dict[str, tuple]:
     }
 
 
+ICEBERG_RUNTIME = "org.apache.iceberg:iceberg-spark-runtime-4.0_2.13:1.10.2"
+SPARK_READER = """
+import json, sys
+from pathlib import Path
+from app.spark import spark_session
+cache, jars, location, out = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4]
+spark = spark_session("local[1]", cache, "1g", extra_jars=[Path(j) for j in jars.split(",")])
+rows = spark.read.format("iceberg").load(location).select("event_id", "geometry", "speed").collect()
+json.dump([[r.event_id, bytes(r.geometry).hex(), r.speed] for r in rows], open(out, "w"))
+spark.stop()
+"""
+
+
+def spark_iceberg_state(metadata_location: str, tmp_path: Path) -> dict[str, tuple]:
+    """The table as Spark with Iceberg's own runtime reads it (equality deletes applied by Iceberg),
+    in a process of its own: its session needs the runtime jar on its classpath from the start."""
+    import subprocess
+    import sys
+
+    from app.maven import resolve, without_spark_jars
+
+    jars = without_spark_jars(resolve([ICEBERG_RUNTIME], CACHE_DIR, "iceberg-spark-runtime-4.0-1.10.2"))
+    script, out = tmp_path / "spark_reader.py", tmp_path / "spark_rows.json"
+    script.write_text(SPARK_READER)
+    done = subprocess.run(
+        [sys.executable, str(script), str(CACHE_DIR), ",".join(str(j) for j in jars), metadata_location, str(out)],
+        timeout=600,
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    state = {}
+    for key, geometry, speed in json.loads(out.read_text()):
+        assert key not in state, f"Spark reads {key} twice"
+        point = shapely.from_wkb(bytes.fromhex(geometry))
+        state[key] = (round(float(shapely.get_x(point)), 5), round(float(shapely.get_y(point)), 5), speed)
+    return state
+
+
 def partition_positions(bootstrap: str, topic: str, n: int) -> dict:
     """(partition, offset) -> the message there, read back from the broker."""
     from kafka import KafkaConsumer
@@ -190,6 +230,8 @@ def test_every_snapshot_of_an_upsert_table_holds_exactly_the_current_versions(
     assert checked >= totals.batches
     final = reference_state(records, positions, upto)
     assert len(final) > 1_000 and table_state(table) == final
+    if clustering == "batch":
+        assert spark_iceberg_state(table.metadata_location, tmp_path) == final, "Spark's Iceberg reader agrees"
 
     # pyiceberg 0.12 cannot plan a scan that meets equality deletes (the README says so) ...
     with pytest.raises(ValueError, match="equality deletes"):
