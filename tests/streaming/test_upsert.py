@@ -23,7 +23,7 @@ from streaming.maintenance import maintain
 from streaming.maintenance_plan import MaintenancePolicy
 from streaming.query import Predicate, query
 from streaming.upsert import OFFSET, PARTITION, TIMESTAMP, latest_versions
-from tests.conftest import CACHE_DIR, produce_records
+from tests.conftest import CACHE_DIR, duckdb_connection, produce_records
 
 ROOT = Path(__file__).resolve().parents[2]
 DEMO = json.loads((ROOT / "schemas" / "demo_events.json").read_text())
@@ -232,6 +232,12 @@ def test_every_snapshot_of_an_upsert_table_holds_exactly_the_current_versions(
     assert len(final) > 1_000 and table_state(table) == final
     if clustering == "batch":
         assert spark_iceberg_state(table.metadata_location, tmp_path) == final, "Spark's Iceberg reader agrees"
+        con = duckdb_connection()
+        con.execute("SET enable_geoparquet_conversion = false")
+        rows, keys = con.execute(
+            f"SELECT count(*), count(DISTINCT event_id) FROM iceberg_scan('{table.metadata_location}')"
+        ).fetchone()
+        assert (rows, keys) == (len(final), len(final)), "DuckDB's iceberg_scan applies the equality deletes"
 
     # pyiceberg 0.12 cannot plan a scan that meets equality deletes (the README says so) ...
     with pytest.raises(ValueError, match="equality deletes"):
