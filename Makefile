@@ -46,6 +46,7 @@ bench: setup
 	PYTHONPATH=$(CURDIR) $(PY) bench/maintenance.py
 	PYTHONPATH=$(CURDIR) $(PY) bench/defaults.py
 	PYTHONPATH=$(CURDIR) $(PY) bench/duckdb_pruning.py
+	PYTHONPATH=$(CURDIR) $(PY) bench/upsert.py
 	$(MAKE) fuzz
 
 # The decoder against 100,000 generated inputs per format and engine (bench/results/fuzz.json);

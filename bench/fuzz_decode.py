@@ -1,6 +1,6 @@
 """Fuzz run of the decoder: at least 100,000 inputs per format, none may raise or hit a defect.
 
-Two engines per format (GeoJSON, WKB, EWKB, and whole records with odd keys and headers), each in
+Two engines per format (GeoJSON, WKB, EWKB, GeoPackage, and whole records with odd keys and headers), each in
 processes of its own so a crash of native code (GEOS, Arrow) is caught and its input kept:
   - coverage-guided: atheris (libFuzzer) mutates raw values, seeded with valid records of the
     format and the saved corpus; it follows new branches of streaming/; it stops at the first crash;
@@ -10,7 +10,7 @@ An input that raises, reaches decode_failed or kills the process is saved to
 tests/streaming/fuzz_corpus/<format>/ (once, whatever its name there), which `make test` replays;
 the run then exits 1, listing it. Figures go to bench/results/fuzz.json (`make fuzz`).
 
-    python bench/fuzz_decode.py [--inputs 100000] [--formats geojson,wkb,ewkb,key_headers]
+    python bench/fuzz_decode.py [--inputs 100000] [--formats geojson,wkb,ewkb,gpkg,key_headers]
                                 [--engines atheris,structured] [--results FILE]
 """
 
@@ -40,15 +40,15 @@ BATCH = 200
 # -- the check, shared by both engines -------------------------------------------------------------
 def _decoder():
     from streaming.decode import DecodeOptions, Decoder
-    from tests.streaming.test_decode import DEMO
+    from tests.streaming.test_decode import GPKG
 
-    return Decoder(DEMO, DecodeOptions(max_message_bytes=8 * 1024 * 1024, max_vertices=20_000))
+    return Decoder(GPKG, DecodeOptions(max_message_bytes=8 * 1024 * 1024, max_vertices=20_000))
 
 
 def _check(decoder, records) -> None:
     """Every record comes out once, valid or rejected for a reason that is not a decoder defect,
     a reject keeping its original value."""
-    from streaming.decode import Reason
+    from streaming.rejects import Reason
     from tests.streaming.test_decode import kafka_batch
 
     batch = kafka_batch([v for _, v, _ in records], keys=[k for k, _, _ in records], headers=[h for _, _, h in records])
@@ -135,6 +135,14 @@ def seed_values(fmt: str, count: int = 40) -> list[bytes]:
             shapely.to_wkb(shapely.set_srid(g, s), include_srid=True, output_dimension=4)
             for g in seed_geometries()
             for s in (4326, 3857, 2154)
+        ]
+    if fmt == "gpkg":
+        from tests.gpkg_blobs import gpkg, kart
+
+        return [kart(g) for g in seed_geometries()] + [
+            gpkg(g, srs_id=s, kind=k, little=b)
+            for g in seed_geometries()[:10]
+            for s, k, b in ((3857, 4, False), (-1, 1, True))
         ]
     return [pack_record(*record(fmt, rng)) for _ in range(count)]
 
@@ -271,7 +279,7 @@ def main() -> None:
         return
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--inputs", type=int, default=100_000, help="inputs per format and engine")
-    parser.add_argument("--formats", default="geojson,wkb,ewkb,key_headers")
+    parser.add_argument("--formats", default="geojson,wkb,ewkb,gpkg,key_headers")
     parser.add_argument("--engines", default="atheris,structured")
     parser.add_argument("--results", type=Path, default=RESULTS, help="where the figures go (JSON)")
     args = parser.parse_args()

@@ -61,7 +61,7 @@ GEOMETRY_TYPES = (
     "GeometryCollection",
 )
 DIMENSIONS = ("XY", "XYZ", "XYM", "XYZM")
-FORMATS = ("geojson", "wkb", "ewkb")
+FORMATS = ("geojson", "wkb", "ewkb", "gpkg")
 KAFKA_SOURCES = ("kafka.key", "kafka.timestamp", "kafka.topic", "kafka.partition", "kafka.offset")
 BBOX_FIELDS = ("xmin", "ymin", "xmax", "ymax")
 DEFAULT_HILBERT_BITS = 16
@@ -390,6 +390,11 @@ def _parse_schema_evolution(raw: Any) -> SchemaEvolution:
     mode = raw.get("mode", defaults.mode)
     if mode not in SCHEMA_EVOLUTION_MODES:
         raise ContractError(f"schema_evolution.mode: {mode!r} is not one of {list(SCHEMA_EVOLUTION_MODES)}")
+    if mode != "off":
+        raise ContractError(
+            f"schema_evolution.mode: {mode!r} is not available in this version of geoingest; "
+            "properties no column maps are ignored ('off')"
+        )
     limits = {}
     for key in ("max_new_columns_per_batch", "max_columns"):
         value = raw.get(key, getattr(defaults, key))

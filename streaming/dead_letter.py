@@ -1,7 +1,7 @@
 """The dead-letter topic: every rejected record, untouched, with where it came from and why.
 
 A DLQ record keeps the original key, value and headers, and adds headers:
-  geoingest.reason            stable reason code (see streaming.decode.Reason)
+  geoingest.reason            stable reason code (see streaming.rejects.Reason)
   geoingest.detail            a message naming the offending field or value
   geoingest.source.topic      \
   geoingest.source.partition   | where the record was consumed from; consumers dedupe on these,

@@ -3,7 +3,7 @@ mutations that aim where parsers break (depth, size claims, control bytes, trail
 nesting, encodings, numbers beyond the double range, WKB spellings GEOS overlooks). Shared by the
 fuzz test in `make test` and the long fuzz run (`make fuzz`, bench/fuzz_decode.py).
 
-A saved input of the formats geojson, wkb and ewkb is a value; one of key_headers is a whole
+A saved input of the formats geojson, wkb, ewkb and gpkg is a value; one of key_headers is a whole
 record packed into bytes (`pack_record`), so that any bytes a fuzzer makes are a record too."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import shapely
 
-FORMATS = ("geojson", "wkb", "ewkb", "key_headers")
+FORMATS = ("geojson", "wkb", "ewkb", "gpkg", "key_headers")
 
 _SEED_GEOMETRIES = [
     "POINT (2.35 48.86)",
@@ -275,6 +275,38 @@ def wkb_value(rng: random.Random, with_srid: bool = False) -> bytes:
     return mutate_bytes(blob, rng) if rng.random() < 0.8 else blob
 
 
+def gpkg_value(rng: random.Random) -> bytes:
+    """A GeoPackage geometry: a header (either byte order, any envelope kind, the reserved ones
+    and odd flags now and then, an srs_id of every kind) over a WKB value (a seed geometry, or a
+    hostile value of wkb_value), its envelope right, off or cut short; often damaged byte by byte
+    as a whole."""
+    from tests.gpkg_blobs import envelope_of, header
+
+    # The envelope is a seed geometry's: reading a hostile value here would meet what the decoder must survive.
+    shape = rng.choice(seed_geometries())
+    hostile = rng.random() < 0.3
+    wkb = wkb_value(rng) if hostile else shapely.to_wkb(shape, output_dimension=4, byte_order=rng.choice([0, 1]))
+    kind = rng.choice([0, 0, 1, 1, 2, 3, 4, 5, 7])
+    envelope = envelope_of(shape, kind) if kind <= 4 else [rng.random()] * (2 * (kind % 5) + 2)
+    if rng.random() < 0.2 and envelope:
+        envelope[rng.randrange(len(envelope))] += rng.choice([1e-12, 1e-3, 1e9, float("nan"), float("inf")])
+    blob = header(
+        srs_id=rng.choice((0, 0, -1, 4326, 3857, 2154, 999999, 5773, -7, 0x7FFFFFFF)),
+        kind=kind,
+        little=rng.random() < 0.7,
+        empty=rng.random() < 0.1 or (not hostile and bool(shapely.is_empty(shape))),
+        extended=rng.random() < 0.05,
+        envelope=envelope,
+        version=rng.choice([0] * 20 + [1, 255]),
+        magic=rng.choice([b"GP"] * 30 + [b"GQ", b"G", b"Gp"]),
+        extra_flags=rng.choice([0] * 20 + [0x40, 0x80]),
+    )
+    if rng.random() < 0.1:
+        blob = blob[: rng.randrange(len(blob) + 1)]
+    blob += wkb
+    return mutate_bytes(blob, rng) if rng.random() < 0.5 else blob
+
+
 def ewkb_part(rng: random.Random) -> bytes:
     return shapely.to_wkb(
         shapely.set_srid(shapely.Point(1, 2), rng.choice(_SRIDS)), include_srid=True, byte_order=rng.choice([0, 1])
@@ -291,6 +323,8 @@ def record(fmt: str, rng: random.Random) -> tuple[bytes | None, bytes | None, li
         value = wkb_value(rng)
     elif fmt == "ewkb":
         value = wkb_value(rng, with_srid=True)
+    elif fmt == "gpkg":
+        value = gpkg_value(rng)
     else:
         value = rng.choice([geojson_value(rng), wkb_value(rng)])
         key = rng.choice(

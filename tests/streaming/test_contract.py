@@ -310,7 +310,7 @@ def test_geojson_event_schema_agrees_with_the_decoder_on_the_shape_of_a_feature(
         pytest.skip("no GeoJSON event JSON Schema in schemas/ yet")
     import jsonschema
 
-    from streaming.decode import Reason
+    from streaming.rejects import Reason
     from tests.streaming.test_decode import HOLE, SQUARE, decode, feature, point
 
     accepted = [
@@ -382,11 +382,11 @@ def test_upsert_takes_the_column_the_kafka_key_feeds_as_its_primary_key_by_defau
         ),
         (lambda r: r.update({"schema_evolution": "sometimes"}), "schema_evolution.mode: 'sometimes' is not one of"),
         (
-            lambda r: r.update({"schema_evolution": {"mode": "add-columns", "max_columns": 0}}),
+            lambda r: r.update({"schema_evolution": {"mode": "off", "max_columns": 0}}),
             "schema_evolution.max_columns: 0 must be a positive whole number",
         ),
         (
-            lambda r: r.update({"schema_evolution": {"mode": "add-columns", "name_pattern": "("}}),
+            lambda r: r.update({"schema_evolution": {"mode": "off", "name_pattern": "("}}),
             "schema_evolution.name_pattern: '(' is not a regular expression",
         ),
     ],
@@ -395,10 +395,7 @@ def test_key_mode_and_evolution_errors_name_the_field(edit, message):
     assert error_of(edit).startswith(message)
 
 
-def test_schema_evolution_takes_a_mode_or_an_object_with_limits():
-    contract = parse_contract(edited(lambda r: r.update({"schema_evolution": "add-columns"})))
-    assert contract.schema_evolution.mode == "add-columns" and contract.schema_evolution.max_new_columns_per_batch == 20
-    limited = parse_contract(
-        edited(lambda r: r.update({"schema_evolution": {"mode": "add-columns", "max_new_columns_per_batch": 3}}))
-    )
-    assert limited.schema_evolution.max_new_columns_per_batch == 3
+def test_schema_evolution_add_columns_is_refused_until_this_version_has_it():
+    assert parse_contract(edited(lambda r: r.update({"schema_evolution": "off"}))).schema_evolution.mode == "off"
+    with pytest.raises(ContractError, match="schema_evolution.mode: 'add-columns' is not available"):
+        parse_contract(edited(lambda r: r.update({"schema_evolution": "add-columns"})))

@@ -28,13 +28,13 @@ from streaming.decode import (
     SOURCE_OFFSET,
     DecodeOptions,
     Decoder,
-    Reason,
 )
+from streaming.rejects import Reason
 from tests.fuzz_inputs import FORMATS, record, saved_record
-from tests.streaming.test_decode import DEMO, kafka_batch
+from tests.streaming.test_decode import GPKG, kafka_batch
 
 CORPUS = Path(__file__).parent / "fuzz_corpus"
-DECODER = Decoder(DEMO, DecodeOptions(max_message_bytes=8 * 1024 * 1024, max_vertices=20_000))
+DECODER = Decoder(GPKG, DecodeOptions(max_message_bytes=8 * 1024 * 1024, max_vertices=20_000))
 REASONS = {r.value for r in Reason} - {Reason.DECODE_FAILED.value}
 
 

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import shapely
 
-from streaming.decode import REJECT_REASON, DecodeOptions, Reason
+from streaming.decode import REJECT_REASON, DecodeOptions
 from streaming.isolation import IsolatedDecoder
+from streaming.rejects import Reason
 from tests.streaming.test_decode import DEMO, GOOD, kafka_batch
 
 DEEP = b"\x01\x07\x00\x00\x00\x01\x00\x00\x00" * 50_000 + shapely.to_wkb(shapely.Point(1, 2))

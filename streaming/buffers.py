@@ -1,0 +1,34 @@
+"""Arrow arrays as numpy views and back: the few helpers every step of the decoder shares."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+
+# None as numpy reads it in np.equal(a, None) or np.where(c, a, None); numpy's stubs do not take a
+# bare None where they expect an array.
+NONE = np.array(None, dtype=object)
+NONE.flags.writeable = False
+
+
+def offsets_and_bytes(values: pa.Array) -> tuple[np.ndarray, np.ndarray]:
+    """A binary array's n + 1 value offsets and its data bytes, as numpy views (no copy)."""
+    offsets = np.frombuffer(values.buffers()[1], dtype=np.int32)[values.offset : values.offset + len(values) + 1]
+    data_buffer = values.buffers()[2]
+    data = np.frombuffer(data_buffer, dtype=np.uint8) if data_buffer is not None else np.zeros(0, np.uint8)
+    return offsets, data
+
+
+def scatter(partial: pa.Array, rows: np.ndarray, n: int) -> pa.Array:
+    """A length-n array holding partial[i] at rows[i] and null elsewhere."""
+    positions = np.full(n, len(partial), dtype=np.int64)
+    positions[rows] = np.arange(len(rows))
+    padded = pa.concat_arrays([partial, pa.nulls(1, partial.type)])
+    return padded.take(pa.array(positions))
+
+
+def scatter_into(base: pa.Array, partial: pa.Array, rows: np.ndarray) -> pa.Array:
+    """`base` with partial[i] at rows[i]."""
+    positions = np.arange(len(base), dtype=np.int64)
+    positions[rows] = len(base) + np.arange(len(rows))
+    return pa.concat_arrays([base, partial.cast(base.type)]).take(pa.array(positions))

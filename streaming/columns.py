@@ -1,0 +1,131 @@
+"""The contract's columns of each record: from the GeoJSON Feature's id and properties, the Kafka
+key, timestamp, topic, partition and offset, or a Kafka header, the first source that is set
+winning; each cast to its column's type, a value that does not fit rejecting its record."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from streaming.contract import Column, Contract
+from streaming.rejects import Reason, Rejects, shown
+
+
+def property_types(contract: Contract) -> dict[str, pa.DataType]:
+    """The GeoJSON properties the contract reads (`properties.<name>` sources) and their column types."""
+    schema = contract.arrow_schema
+    types: dict[str, pa.DataType] = {}
+    for col in contract.columns:
+        for src in col.sources:
+            if src.startswith("properties."):
+                types[src.removeprefix("properties.")] = schema.field(col.name).type
+    return types
+
+
+class ColumnMapper:
+    def __init__(self, contract: Contract):
+        self.contract = contract
+        self._data_schema = contract.arrow_schema
+
+    def map(
+        self, batch: pa.RecordBatch, feature_ids: pa.Array, properties: dict[str, pa.Array], rejects: Rejects
+    ) -> dict[str, pa.Array]:
+        """Each contract column of each record, from the first of its sources that is set; a
+        required column none of them sets rejects the record."""
+        columns: dict[str, pa.Array] = {}
+        for col in self.contract.columns:
+            target = self._data_schema.field(col.name).type
+            merged: pa.Array | None = None
+            for src in col.sources:
+                wanted = None if merged is None else pc.is_null(merged)
+                candidate = self._source_array(batch, src, feature_ids, properties, col, target, rejects, wanted)
+                merged = candidate if merged is None else pc.coalesce(merged, candidate)
+            if col.required:
+                missing = rejects.ok & pc.is_null(merged).to_numpy(zero_copy_only=False)
+                rejects.add(
+                    missing,
+                    Reason.MISSING_REQUIRED_FIELD,
+                    f"{col.name}: required, but none of {list(col.sources)} is set",
+                )
+            columns[col.name] = merged
+        return columns
+
+    def _source_array(
+        self,
+        batch: pa.RecordBatch,
+        src: str,
+        feature_ids: pa.Array,
+        properties: dict[str, pa.Array],
+        col: Column,
+        target: pa.DataType,
+        rejects: Rejects,
+        wanted: pa.Array | None,
+    ) -> pa.Array:
+        """Values of one source as the column's type, for the rows in `wanted` (all if None)."""
+        if src.startswith("properties."):
+            return properties[src.removeprefix("properties.")]
+        if src == "id":
+            raw = feature_ids
+        elif src == "kafka.key":
+            raw = batch.column("key")
+        elif src == "kafka.timestamp":
+            raw = batch.column("timestamp")
+        elif src in ("kafka.topic", "kafka.partition", "kafka.offset"):
+            raw = batch.column(src.removeprefix("kafka."))
+        else:
+            raw = header_values(batch, src.removeprefix("kafka.headers."))
+        if wanted is not None:
+            raw = pc.if_else(wanted, raw, pa.nulls(len(raw), raw.type))
+        return _cast_or_reject(raw, target, f"{col.name} (from {src})", rejects)
+
+
+def header_values(batch: pa.RecordBatch, name: str) -> pa.Array:
+    n = batch.num_rows
+    if "headers" not in batch.schema.names:
+        return pa.nulls(n, pa.binary())
+    headers = batch.column("headers")
+    flat = pc.list_flatten(headers)
+    if len(flat) == 0:
+        return pa.nulls(n, pa.binary())
+    parents = pc.list_parent_indices(headers).to_numpy()
+    hits = pc.fill_null(pc.equal(flat.field("key"), name), False).to_numpy(zero_copy_only=False)
+    positions = np.full(n, -1, dtype=np.int64)
+    # The last header of a name wins, as Kafka clients do when reading a single value.
+    positions[parents[hits]] = np.flatnonzero(hits)
+    found = positions >= 0
+    values = flat.field("value")
+    taken = values.take(pa.array(np.where(found, positions, 0)))
+    return pc.if_else(pa.array(found), taken, pa.nulls(n, values.type))
+
+
+def _cast_or_reject(raw: pa.Array, target: pa.DataType, label: str, rejects: Rejects) -> pa.Array:
+    if raw.type == target:
+        return raw
+    if pa.types.is_binary(raw.type) and pa.types.is_string(target):
+        try:
+            return raw.cast(target)
+        except pa.ArrowInvalid:
+            return _cast_each(raw.to_pylist(), target, label, rejects, lambda b: b.decode("utf-8"))
+    try:
+        return raw.cast(target)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+        if pa.types.is_binary(raw.type):
+            return _cast_each(
+                raw.to_pylist(), target, label, rejects, lambda b: pa.scalar(b.decode("utf-8")).cast(target).as_py()
+            )
+        return _cast_each(raw.to_pylist(), target, label, rejects, lambda v: pa.scalar(v).cast(target).as_py())
+
+
+def _cast_each(values: list, target: pa.DataType, label: str, rejects: Rejects, convert) -> pa.Array:
+    out: list[object] = []
+    for i, value in enumerate(values):
+        if value is None:
+            out.append(None)
+            continue
+        try:
+            out.append(convert(value))
+        except (ValueError, TypeError, UnicodeDecodeError, pa.ArrowInvalid, pa.ArrowNotImplementedError):
+            rejects.add(np.array([i]), Reason.PROPERTY_TYPE_MISMATCH, f"{label}: {shown(value)} is not a {target}")
+            out.append(None)
+    return pa.array(out, target)

@@ -1,0 +1,72 @@
+"""What an input format is to the decoder: the per-batch state it fills, and its small interface."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import ClassVar
+
+import numpy as np
+import pyarrow as pa
+
+from streaming.contract import Contract
+from streaming.rejects import Reason, Rejects
+
+
+@dataclass
+class Decoded:
+    """What the formats read of a batch, one slot per record; validation, reprojection and the
+    column mapping go on from it."""
+
+    rejects: Rejects
+    # shapely geometry of each record (None where none was made: a reject, or a plain point)
+    geoms: np.ndarray
+    # the stored WKB of a geometry already in its stored form (a WKB input read as it is), else None
+    wkb: np.ndarray
+    # the EPSG code each geometry is in
+    srids: np.ndarray
+    # x, y of each plain point, which gets no geometry object; NaN elsewhere
+    points_xy: np.ndarray
+    # the Feature id and properties of GeoJSON records (null for the other formats)
+    feature_ids: pa.Array
+    properties: dict[str, pa.Array]
+
+    @classmethod
+    def empty(cls, n: int, table_epsg: int, property_types: dict[str, pa.DataType]) -> Decoded:
+        return cls(
+            rejects=Rejects(n),
+            geoms=np.full(n, None, dtype=object),
+            wkb=np.full(n, None, dtype=object),
+            srids=np.full(n, table_epsg, dtype=np.int64),
+            points_xy=np.full((n, 2), np.nan),
+            feature_ids=pa.nulls(n, pa.string()),
+            properties={name: pa.nulls(n, t) for name, t in property_types.items()},
+        )
+
+
+class InputFormat(ABC):
+    """One input format: which values it claims (by their first significant byte) and how it reads
+    them into a `Decoded`. A format rejects the records it cannot read (its own reasons and
+    format_not_accepted); the geometry rules of the table are checked after it, for every format.
+
+    To add a format: a module in streaming/formats/ with a subclass, listed in
+    streaming/formats/__init__.py, its name in streaming/contract.py FORMATS."""
+
+    # The contract `formats` names this format reads (WKB reads two: "wkb" and "ewkb").
+    names: ClassVar[tuple[str, ...]]
+    # First significant byte (after JSON whitespace) of the values it claims.
+    first_bytes: ClassVar[tuple[int, ...]]
+    # How unknown_format's detail names it ("a JSON object", "WKB") and its first bytes ("'{'").
+    described: ClassVar[str]
+    first_bytes_shown: ClassVar[tuple[str, ...]]
+    # First bytes it does not claim but knows a reason for (a JSON array is no Feature).
+    refused_first_bytes: ClassVar[dict[int, tuple[Reason, str]]] = {}
+
+    def __init__(self, contract: Contract, max_nesting: int, property_types: dict[str, pa.DataType]):
+        self.contract = contract
+        self.max_nesting = max_nesting
+        self.property_types = property_types
+
+    @abstractmethod
+    def decode(self, values: pa.Array, rows: np.ndarray, out: Decoded) -> None:
+        """Reads the values at `rows` (indices into the batch, none rejected yet) into `out`."""

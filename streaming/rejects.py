@@ -1,0 +1,83 @@
+"""Why a record was not taken into the table: the stable reason codes, and the per-batch record of
+which rows were rejected, for what and why (first reason wins)."""
+
+from __future__ import annotations
+
+import reprlib
+from enum import StrEnum
+from typing import Any
+
+import numpy as np
+
+
+class Reason(StrEnum):
+    """Why a record was not taken into the table. Values are stable: they label metrics and DLQ records."""
+
+    NULL_VALUE = "null_value"
+    MESSAGE_TOO_LARGE = "message_too_large"
+    UNKNOWN_FORMAT = "unknown_format"
+    FORMAT_NOT_ACCEPTED = "format_not_accepted"
+    MALFORMED_JSON = "malformed_json"
+    NESTING_TOO_DEEP = "nesting_too_deep"
+    NOT_A_FEATURE = "not_a_feature"
+    MISSING_GEOMETRY = "missing_geometry"
+    INVALID_GEOJSON_GEOMETRY = "invalid_geojson_geometry"
+    BAD_WKB = "bad_wkb"
+    GPKG_TOO_SHORT = "gpkg_too_short"
+    GPKG_BAD_MAGIC = "gpkg_bad_magic"
+    GPKG_UNKNOWN_VERSION = "gpkg_unknown_version"
+    GPKG_BAD_FLAGS = "gpkg_bad_flags"
+    GPKG_ENVELOPE_TRUNCATED = "gpkg_envelope_truncated"
+    GPKG_EXTENDED_TYPE = "gpkg_extended_type"
+    GPKG_ENVELOPE_MISMATCH = "gpkg_envelope_mismatch"
+    EMPTY_GEOMETRY = "empty_geometry"
+    GEOMETRY_TYPE_NOT_ALLOWED = "geometry_type_not_allowed"
+    DIMENSION_NOT_ALLOWED = "dimension_not_allowed"
+    NON_FINITE_COORDINATES = "non_finite_coordinates"
+    UNKNOWN_SRID = "unknown_srid"
+    REPROJECTION_FAILED = "reprojection_failed"
+    OUTSIDE_CRS_AREA = "outside_crs_area"
+    INVALID_POLYGON = "invalid_polygon"
+    TOO_MANY_VERTICES = "too_many_vertices"
+    MISSING_REQUIRED_FIELD = "missing_required_field"
+    PROPERTY_TYPE_MISMATCH = "property_type_mismatch"
+    # The decoder itself failed on the record (a defect, logged with its cause); the record is
+    # dead-lettered rather than stopping the stream behind it.
+    DECODE_FAILED = "decode_failed"
+
+
+class Rejects:
+    """First reason wins: a record is reported for the first check it fails."""
+
+    def __init__(self, n: int):
+        self.reason = np.full(n, None, dtype=object)
+        self.detail = np.full(n, None, dtype=object)
+        self._ok = np.ones(n, dtype=bool)
+
+    @property
+    def ok(self) -> np.ndarray:
+        """Rows without a reason yet."""
+        return self._ok.copy()
+
+    def add(self, rows: np.ndarray, reason: Reason, detail: str | list[str]) -> None:
+        """Mark rows (indices or a boolean mask) that have no reason yet."""
+        idx = np.flatnonzero(rows) if rows.dtype == bool else np.asarray(rows, dtype=np.int64)
+        if idx.size == 0:
+            return
+        fresh = self._ok[idx]
+        if isinstance(detail, str):
+            details = np.full(idx.size, detail, dtype=object)
+        else:
+            details = np.asarray(detail, dtype=object)
+        self.reason[idx[fresh]] = reason.value
+        self.detail[idx[fresh]] = details[fresh]
+        self._ok[idx[fresh]] = False
+
+
+_SHORT_REPR = reprlib.Repr()
+_SHORT_REPR.maxlevel, _SHORT_REPR.maxstring, _SHORT_REPR.maxother, _SHORT_REPR.maxlong = 3, 80, 80, 40
+
+
+def shown(value: Any) -> str:
+    """A value of the input as a reject detail names it: short, whatever its size or depth."""
+    return _SHORT_REPR.repr(value)
