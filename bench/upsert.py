@@ -43,24 +43,11 @@ from streaming.maintenance import maintain  # noqa: E402
 from streaming.maintenance_plan import MaintenancePolicy  # noqa: E402
 from streaming.query import Predicate, query  # noqa: E402
 from tests.conftest import produce_records  # noqa: E402
-from tests.streaming.test_upsert import make_stream  # noqa: E402
+from tests.streaming.test_upsert import expected_state, make_stream  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
 DEMO = json.loads((ROOT / "schemas" / "demo_events.json").read_text())
 COMPACT_ALL = MaintenancePolicy(min_file_age_s=0, snapshot_max_age_s=0, keep_snapshots=1, orphan_min_age_s=0)
-
-
-def expected_state(records: list) -> dict[str, tuple]:
-    """Every key's last version in production order (a key's records share a partition, so this is
-    the Kafka order the table follows)."""
-    state: dict[str, tuple | None] = {}
-    for key, value, _ in records:
-        if value is None:
-            state[key.decode()] = None
-        else:
-            doc = json.loads(value)
-            state[key.decode()] = (*doc["geometry"]["coordinates"], doc["properties"]["speed"])
-    return {k: v for k, v in state.items() if v is not None}
 
 
 def windows(n: int, seed: int) -> list[tuple[float, float, float, float]]:

@@ -478,3 +478,39 @@ def test_the_rest_catalog_stopped_then_frozen_for_30_s_during_commits(lakehouse,
     print("REST catalog stopped, then frozen:", how)
     assert how == "rode it out", "a commit waits for the catalog (commit.retry.total-timeout-ms)"
     assert any(line.get("msg") == "catalog unavailable, retrying the commit" for line in outage.service.log())
+
+
+def test_an_upsert_table_on_the_lakehouse_holds_the_current_versions_before_and_after_compaction(lakehouse, tmp_path):
+    from tests.streaming.test_upsert import expected_state, make_stream
+
+    topic = new_topic(lakehouse)
+    table = "lh_upsert.events"
+    contract = contract_file(tmp_path, table, mode="upsert")
+    records = make_stream(n_keys=600, n_events=6_000, seed=21)
+    assert produce_records(lakehouse.broker.bootstrap, topic, records) == len(records)
+    env = lakehouse.env(
+        topic,
+        tmp_path,
+        GEOINGEST_MAX_OFFSETS_PER_TRIGGER="1500",
+        GEOINGEST_MAINTENANCE_MIN_FILE_AGE_S="0",
+        GEOINGEST_MAINTENANCE_SNAPSHOT_MAX_AGE_S="0",
+        GEOINGEST_MAINTENANCE_KEEP_SNAPSHOTS="1",
+    )
+    geoingest(env, tmp_path, "table", "create", "--contract", str(contract))
+    geoingest(env, tmp_path, "run", "--contract", str(contract), "--until-idle")
+    expected = expected_state(records)
+
+    def state() -> dict[str, tuple]:
+        out = geoingest(env, tmp_path, "query", "--table", table, "--bbox=-180,-90,180,90").stdout
+        features = [json.loads(line) for line in out.splitlines()]
+        ids = [f["id"] for f in features]
+        assert len(ids) == len(set(ids)), "one feature per key"
+        return {
+            f["id"]: (*f["geometry"]["coordinates"], f["properties"]["speed"])  # GeoJSON id from the primary key
+            for f in features
+        }
+
+    assert state() == expected
+    geoingest(env, tmp_path, "table", "maintain", "--table", table, "--compact", "--expire")
+    assert state() == expected, "compaction applied the deletes"
+    assert local_table_files(tmp_path) == []

@@ -93,6 +93,19 @@ def make_stream(n_keys: int, n_events: int, seed: int) -> list[tuple[bytes, byte
     return records
 
 
+def expected_state(records: list) -> dict[str, tuple]:
+    """Every key's last version in production order (a key's records share a partition, so this is
+    the Kafka order the table follows)."""
+    state: dict[str, tuple | None] = {}
+    for key, value, _ in records:
+        if value is None:
+            state[key.decode()] = None
+        else:
+            doc = json.loads(value)
+            state[key.decode()] = (*doc["geometry"]["coordinates"], doc["properties"]["speed"])
+    return {k: v for k, v in state.items() if v is not None}
+
+
 def reference_state(records, positions: dict[int, list[int]], upto: dict[int, int]) -> dict[str, tuple]:
     """key -> (lon, lat, speed) after the records of each partition up to `upto[partition]` (inclusive)."""
     state: dict[str, tuple | None] = {}
