@@ -35,6 +35,15 @@ class SnapshotFiles:
     data: list[PlannedFile]
     equality_deletes: list[PlannedFile]
 
+    def reaching_deletes(self) -> list[PlannedFile]:
+        """The equality delete files that still reach a live data file (one with a lower sequence
+        number). Once compaction has rewritten every file older than a delete file, that file
+        reaches none, and readers need not load it."""
+        if not self.data:
+            return []
+        oldest = min(p.sequence_number for p in self.data)
+        return [d for d in self.equality_deletes if d.sequence_number > oldest]
+
 
 def snapshot_files(table: Table, snapshot: Snapshot) -> SnapshotFiles:
     """Every live data and equality delete file of the snapshot, from its manifests."""

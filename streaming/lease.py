@@ -56,6 +56,22 @@ def default_holder() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
 
 
+def holder_is_gone(holder: str) -> bool:
+    """Whether the holder was a process of this host that no longer runs (killed, say): its lease
+    need not run out first. Another host's holder, or this process's own, cannot be told: no."""
+    host, _, rest = holder.partition(":")
+    pid_text = rest.partition(":")[0]
+    if host != socket.gethostname() or not pid_text.isdigit() or int(pid_text) == os.getpid():
+        return False
+    try:
+        os.kill(int(pid_text), 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return False
+
+
 @dataclass(frozen=True)
 class LeaseState:
     """The lease as a table's metadata records it. generation 0: no lease was ever taken."""
@@ -65,7 +81,12 @@ class LeaseState:
     expires_at_ms: int
 
     def held_by_other(self, holder: str, now_ms: int) -> bool:
-        return self.holder is not None and self.holder != holder and now_ms < self.expires_at_ms
+        return (
+            self.holder is not None
+            and self.holder != holder
+            and now_ms < self.expires_at_ms
+            and not holder_is_gone(self.holder)
+        )
 
     def to_json(self) -> dict:
         return {"generation": self.generation, "holder": self.holder, "expires_at_ms": self.expires_at_ms}
@@ -168,7 +189,8 @@ class MaintenanceLease:
         raise LeaseHeld(self.name, lease_state(self.table))
 
     def renew(self) -> None:
-        if self.held is None:
+        """Extend the lease once less than half of it is left (a change is a commit: not every step)."""
+        if self.held is None or self.held.expires_at_ms - self._now_ms() > self.duration_ms // 2:
             return
         for attempt in range(CHANGE_ATTEMPTS):
             self.table.refresh()

@@ -389,10 +389,18 @@ def _equality_deletes(table: Table) -> tuple[EqualityDeletes | None, dict[str, i
     assert snapshot is not None
     planned = snapshot_files(table, snapshot)
     return (
-        EqualityDeletes(table, planned.equality_deletes),
+        EqualityDeletes(table, planned.reaching_deletes()),
         {p.file.file_path: p.sequence_number for p in planned.data},
         {p.file.file_path for p in planned.equality_deletes},
     )
+
+
+def _delete_file_paths(table: Table) -> set[str]:
+    snapshot = table.current_snapshot()
+    if not has_delete_files(table, snapshot):
+        return set()
+    assert snapshot is not None
+    return {p.file.file_path for p in snapshot_files(table, snapshot).equality_deletes}
 
 
 @dataclass
@@ -455,7 +463,7 @@ def compact(
         live = {f.file_path: f for _, f in live_files(table, contract)}
         # Equality deletes committed since the plan would not reach the new files (their sequence
         # number is newer): a key they delete or replace would come back. Given up, as Iceberg does.
-        new_deletes = _equality_deletes(table)[2] - planned_deletes
+        new_deletes = _delete_file_paths(table) - planned_deletes
         for rw in list(rewrites):
             if new_deletes or not all(p in live for p in rw.sources):
                 rewrites.remove(rw)
@@ -620,6 +628,37 @@ def delete_orphans(
 
 
 # -- all of it ----------------------------------------------------------------------------------
+def _has_work(table: Table, policy: MaintenancePolicy, steps: tuple[str, ...], now_ms: int | None) -> bool:
+    """Whether any of the steps would change the table now (orphans: always, they must look)."""
+    table.refresh()
+    if table.current_snapshot() is None:
+        return False
+    if "orphans" in steps:
+        return True
+    now_ms = int(time.time() * 1000) if now_ms is None else now_ms
+    if "expire" in steps:
+        plan = plan_expiry(
+            _snapshot_facts(table.metadata.snapshots),
+            _protected_ids(table),
+            now_ms,
+            int(policy.snapshot_max_age_s * 1000),
+            policy.keep_snapshots,
+            policy.max_snapshots,
+        )
+        if plan.expire or plan.uncovered:
+            return True
+    if "compact" in steps:
+        if data_manifest_count(table) > policy.max_manifests:
+            return True
+        contract = table_contract(table)
+        small = policy.small_file_bytes or (contract.clustering.target_file_bytes * 3) // 4
+        files = [live for live, _ in live_files(table, contract)]
+        candidates = compaction_candidates(files, small, int(policy.min_file_age_s * 1000), now_ms)
+        if plan_bins(candidates, policy.max_bin_bytes, policy.min_files_per_bin):
+            return True
+    return False
+
+
 def maintain(
     table: Table,
     policy: MaintenancePolicy,
@@ -643,7 +682,10 @@ def maintain(
     compaction = manifests = expiry = orphans = None
     skipped = None
     try:
-        if not dry_run:
+        # A run with nothing to do takes no lease (each change of it is a commit): its steps find
+        # nothing and commit nothing. Work that appears meanwhile is still done safely, as without
+        # a lease: the lease spares duplicate work, the live-file check guards the rows.
+        if not dry_run and _has_work(table, policy, steps, now_ms):
             lease.acquire()
         if "compact" in steps:
             compaction = compact(table, policy, dry_run=dry_run, progress=progress, now_ms=now_ms, retrier=retrier)

@@ -312,7 +312,7 @@ def query(
         # An upsert table: pyiceberg cannot plan it (equality deletes), so the files are planned
         # here, by the same bounds, and each file's rows lose the keys later batches replaced.
         planned = snapshot_files(table, snapshot)
-        deletes = EqualityDeletes(table, planned.equality_deletes)
+        deletes = EqualityDeletes(table, planned.reaching_deletes())
         window = _window_geometry(predicate.bounds)
         files = [(p.file, p.sequence_number) for p in planned.data if _file_may_touch(p.file, field_ids, window)]
     else:

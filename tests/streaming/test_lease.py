@@ -3,6 +3,7 @@ SQLite catalog and on Iceberg's REST catalog server (whose own commit check deci
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import uuid
 from collections.abc import Callable
@@ -40,6 +41,20 @@ from tests.streaming.test_maintenance import (
 )
 
 
+@pytest.fixture(scope="module")
+def lease_rest_catalog(object_store, tmp_path_factory):
+    """One REST catalog server for the module: each test's table has a name of its own."""
+    catalog = LocalRestCatalog(
+        tmp_path_factory.mktemp("lease-rest"),
+        CACHE_DIR,
+        f"s3://{WAREHOUSE_BUCKET}/lease-{uuid.uuid4().hex[:8]}",
+        object_store.io_properties(),
+    )
+    catalog.start()
+    yield catalog
+    catalog.stop()
+
+
 @pytest.fixture(params=["sqlite", "rest"])
 def catalog_config(request, tmp_path: Path) -> tuple[str, dict[str, str]]:
     if request.param == "sqlite":
@@ -48,21 +63,12 @@ def catalog_config(request, tmp_path: Path) -> tuple[str, dict[str, str]]:
             "uri": f"sqlite:///{tmp_path / 'catalog.db'}",
             "warehouse": f"file://{tmp_path / 'warehouse'}",
         }
-    store = request.getfixturevalue("object_store")
-    catalog = LocalRestCatalog(
-        tmp_path / "rest-catalog",
-        CACHE_DIR,
-        f"s3://{WAREHOUSE_BUCKET}/lease-{uuid.uuid4().hex[:8]}",
-        store.io_properties(),
-    )
-    catalog.start()
-    request.addfinalizer(catalog.stop)
-    return "lease", catalog.catalog_properties()
+    return "lease", request.getfixturevalue("lease_rest_catalog").catalog_properties()
 
 
 @pytest.fixture
 def contract():
-    return load_contract(CONTRACT_PATH)
+    return dataclasses.replace(load_contract(CONTRACT_PATH), table=f"lease_{uuid.uuid4().hex[:8]}.events")
 
 
 @pytest.fixture
@@ -192,3 +198,21 @@ def test_lease_tags_pin_no_old_snapshot_after_a_run(catalog_config, table, contr
     assert pinned == {current}, "the lease tags follow the table"
     assert len(table.metadata.snapshots) <= 3, "expiry was not held back by the lease"
     assert table_ids(table) == expected_ids(range(6))
+
+
+def test_a_lease_of_a_process_of_this_host_that_is_gone_does_not_hold():
+    import socket
+    import subprocess
+    import sys
+
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    alive = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        host = socket.gethostname()
+        far_future = 2**62
+        assert not LeaseState(3, f"{host}:{gone.pid}:abcd", far_future).held_by_other("me", 0), "killed: free"
+        assert LeaseState(3, f"{host}:{alive.pid}:abcd", far_future).held_by_other("me", 0), "running: held"
+        assert LeaseState(3, f"elsewhere:{gone.pid}:abcd", far_future).held_by_other("me", 0), "another host's"
+    finally:
+        alive.kill()

@@ -356,10 +356,10 @@ def test_a_compaction_racing_ingest_commits_is_retried_on_the_fresh_table(monkey
     writer = write_batches(table, contract, 6)
     mine = open_catalog(catalog.name, dict(catalog.properties)).load_table(contract.table)
     rng = np.random.default_rng(99)
-    # Refresh 1 takes the maintenance lease, 2 plans the compaction; 3 and 4 start commit attempts,
-    # and an ingest batch lands right after each; attempt 3 (refresh 5) commits.
+    # Refresh 1 looks for work, 2 takes the maintenance lease, 3 plans the compaction; 4 and 5 start
+    # commit attempts, and an ingest batch lands right after each; attempt 3 (refresh 6) commits.
     raced = race_on_refresh(
-        monkeypatch, mine, lambda: writer.commit(6 + len(raced), *world_points(rng, 100)), on_calls={3, 4}
+        monkeypatch, mine, lambda: writer.commit(6 + len(raced), *world_points(rng, 100)), on_calls={4, 5}
     )
     sleeps: list[float] = []
     report = maintain(mine, EAGER, steps=("compact",), sleep=sleeps.append).compaction
@@ -395,8 +395,9 @@ def test_a_compaction_that_keeps_losing_gives_up_and_leaves_the_table_as_it_was(
     mine = open_catalog(catalog.name, dict(catalog.properties)).load_table(contract.table)
     rng = np.random.default_rng(5)
     batch_ids = iter(range(3, 100))
-    # Refresh 1 takes the maintenance lease, 2 plans; both commit attempts (3, 4) lose to a batch.
-    race_on_refresh(monkeypatch, mine, lambda: writer.commit(next(batch_ids), *world_points(rng, 100)), on_calls={3, 4})
+    # Refresh 1 looks for work, 2 takes the maintenance lease, 3 plans; both commit attempts (4, 5)
+    # lose to a batch.
+    race_on_refresh(monkeypatch, mine, lambda: writer.commit(next(batch_ids), *world_points(rng, 100)), on_calls={4, 5})
     with pytest.raises(MaintenanceGaveUp, match=r"compaction of demo.events gave up after 2 conflict"):
         maintain(mine, EAGER, steps=("compact",), sleep=lambda s: None)
     assert table_ids(table) == expected_ids(range(5))

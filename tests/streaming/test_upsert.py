@@ -19,6 +19,7 @@ from app.settings import load_settings
 from streaming.catalog import create_table, open_catalog
 from streaming.commit import KAFKA_OFFSETS
 from streaming.contract import load_contract, parse_contract
+from streaming.deletes import snapshot_files
 from streaming.maintenance import maintain
 from streaming.maintenance_plan import MaintenancePolicy
 from streaming.query import Predicate, query
@@ -265,6 +266,9 @@ def test_every_snapshot_of_an_upsert_table_holds_exactly_the_current_versions(
     assert report.compaction is not None and report.compaction.files_rewritten > 0
     table.refresh()
     assert table_state(table) == final
+    assert snapshot_files(table, table.current_snapshot()).reaching_deletes() == [], (
+        "every file older than the delete files was rewritten: readers need not load them"
+    )
 
     # ... until every data file is newer than every delete file: then it reads the current rows too.
     by_pyiceberg = table.scan(selected_fields=("event_id",)).to_arrow().column("event_id").to_pylist()
