@@ -97,6 +97,8 @@ class Settings:
     maintenance_keep_snapshots: int = 100  # ... except the newest this many
     maintenance_orphan_min_age_s: int = 3600  # unreferenced files younger than this are kept
     maintenance_lease_s: int = 900  # a maintainer's hold on the table's lease, renewed before each step
+    # upsert tables: rewrite the files deletes reach once their keys are this share of those rows
+    maintenance_delete_ratio: float = 0.3
 
     @property
     def dead_letter_topic(self) -> str:
@@ -215,4 +217,11 @@ def _coerce(name: str, value: Any, f: dataclasses.Field) -> Any:
             return int(value)
         except (TypeError, ValueError):
             raise SettingsError(f"{name}: expected a whole number, got {value!r}") from None
+    if kind is float:
+        if isinstance(value, bool):
+            raise SettingsError(f"{name}: expected a number, got {value!r}")
+        try:
+            return float(value)
+        except (TypeError, ValueError):
+            raise SettingsError(f"{name}: expected a number, got {value!r}") from None
     return str(value)

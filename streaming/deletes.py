@@ -94,6 +94,9 @@ class EqualityDeletes:
                     }
                 )
             )
+        self.newest_sequence_number = max((p.sequence_number for p in deletes), default=0)
+        # Keys listed over all files: each listing supersedes about one older row (its last version).
+        self.listed = sum(int(p.file.record_count) for p in deletes)
         if parts:
             grouped = pa.concat_tables(parts).group_by("key", use_threads=False).aggregate([("seq", "max")])
             self._keys, self._seq = grouped.column("key").combine_chunks(), grouped.column("seq_max").combine_chunks()

@@ -395,6 +395,24 @@ def _equality_deletes(table: Table) -> tuple[EqualityDeletes | None, dict[str, i
     )
 
 
+def _files_to_apply_deletes(
+    files: list[LiveFile],
+    deletes: EqualityDeletes | None,
+    sequence_numbers: dict[str, int],
+    policy: MaintenancePolicy,
+) -> list[LiveFile]:
+    """The data files an upsert table's deletes reach, once the keys the delete files list (each
+    listing supersedes about one older row) come to `delete_ratio` of those files' rows (Iceberg's
+    rewrite uses a ratio alike): rewriting them all is what lets readers drop the deletes, and the
+    ratio spaces those rewrites out."""
+    if deletes is None or not len(deletes):
+        return []
+    newest = deletes.newest_sequence_number
+    reached = [f for f in files if f.hilbert_key is not None and sequence_numbers.get(f.path, newest) < newest]
+    rows = sum(f.record_count for f in reached)
+    return reached if rows and deletes.listed >= policy.delete_ratio * rows else []
+
+
 def _delete_file_paths(table: Table) -> set[str]:
     snapshot = table.current_snapshot()
     if not has_delete_files(table, snapshot):
@@ -426,7 +444,15 @@ def compact(
     small = policy.small_file_bytes or (contract.clustering.target_file_bytes * 3) // 4
     files = [live for live, _ in live_files(table, contract)]
     candidates = compaction_candidates(files, small, int(policy.min_file_age_s * 1000), now_ms)
-    bins = plan_bins(candidates, policy.max_bin_bytes, policy.min_files_per_bin)
+    deletes, sequence_numbers, planned_deletes = _equality_deletes(table)
+    reached = _files_to_apply_deletes(files, deletes, sequence_numbers, policy)
+    if reached:
+        # Every file the deletes reach is rewritten, whatever its size or age, alone if need be:
+        # only then do the delete files reach nothing, and readers stop loading them.
+        chosen = {f.path for f in candidates} | {f.path for f in reached}
+        bins = plan_bins([f for f in files if f.path in chosen], policy.max_bin_bytes, 1)
+    else:
+        bins = plan_bins(candidates, policy.max_bin_bytes, policy.min_files_per_bin)
     if dry_run or not bins:
         return CompactionReport(
             len(candidates),
@@ -444,7 +470,6 @@ def compact(
 
     rewrites: list[_Rewrite] = []
     total = sum(b.bytes for b in bins)
-    deletes, sequence_numbers, planned_deletes = _equality_deletes(table)
 
     def overall(step: str, advance: int, _bin_total: int, unit: str) -> None:
         progress(step, advance, total, unit)
@@ -655,6 +680,9 @@ def _has_work(table: Table, policy: MaintenancePolicy, steps: tuple[str, ...], n
         files = [live for live, _ in live_files(table, contract)]
         candidates = compaction_candidates(files, small, int(policy.min_file_age_s * 1000), now_ms)
         if plan_bins(candidates, policy.max_bin_bytes, policy.min_files_per_bin):
+            return True
+        deletes, sequence_numbers, _ = _equality_deletes(table)
+        if _files_to_apply_deletes(files, deletes, sequence_numbers, policy):
             return True
     return False
 

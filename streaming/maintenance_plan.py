@@ -40,6 +40,9 @@ class MaintenancePolicy:
     orphan_min_age_s: float = 3600.0
     # How long a maintainer holds the table's maintenance lease without renewing it (streaming/lease.py).
     lease_s: float = 900.0
+    # Upsert tables: once the keys the delete files list come to this share of the rows of the files
+    # they reach, compaction rewrites all those files (then readers need the deletes no more).
+    delete_ratio: float = 0.3
 
     @classmethod
     def from_settings(cls, settings) -> MaintenancePolicy:
@@ -59,6 +62,8 @@ class MaintenancePolicy:
         for name in ("max_bin_bytes", "min_files_per_bin", "manifest_target_bytes", "keep_snapshots"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}: {getattr(self, name)} must be at least 1")
+        if not 0 < self.delete_ratio <= 1:
+            raise ValueError(f"delete_ratio: {self.delete_ratio} must be in (0, 1]")
         if self.lease_s <= 0:
             raise ValueError(f"lease_s: {self.lease_s} must be positive")
         if self.max_manifests < 1:
