@@ -9,10 +9,10 @@ A tombstone (a record with a key and no value) deletes its key: the key is liste
 
 Order of versions: the Kafka order. Within a partition, the higher offset wins. The records of one
 key normally share a partition (Kafka's default partitioner puts a keyed record on the partition its
-key hashes to), and a task reads a whole partition's offset range, so the task that holds a key
-holds all its versions. If a producer sends one key to several partitions, the task of each
-partition writes its own last version and the table holds one row per partition for that key
-until a later batch touches the key again; the README states the producer-side rule.
+key hashes to), and a task reads whole partition ranges, so the task that holds a key holds all its
+versions. If a producer sends one key to several partitions, a task choosing between them takes the
+later timestamp; two tasks each write their own last version, and the table holds one row per task
+for that key until a later batch touches the key again. The README states the producer-side rule.
 
 Pure functions over Arrow and numpy, run by the tasks (streaming/partition.py).
 """
