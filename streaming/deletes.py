@@ -123,14 +123,3 @@ def _joined_key(rows: pa.Table, columns: Sequence[str]) -> pa.Array:
     if len(texts) == 1:
         return texts[0]
     return pc.binary_join_element_wise(*texts, KEY_SEPARATOR)
-
-
-def read_live_rows(
-    table: Table, planned: PlannedFile, deletes: EqualityDeletes, columns: list[str] | None = None
-) -> pa.Table:
-    """A data file's rows with the deletes applied (the key columns are read even when not asked for)."""
-    wanted = None if columns is None else list(dict.fromkeys([*columns, *deletes.key_columns]))
-    with table.io.new_input(planned.file.file_path).open() as stream:
-        rows = pq.read_table(stream, columns=wanted)
-    rows = deletes.live(rows, planned.sequence_number)
-    return rows if columns is None else rows.select(columns)

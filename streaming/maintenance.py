@@ -421,6 +421,37 @@ def _delete_file_paths(table: Table) -> set[str]:
     return {p.file.file_path for p in snapshot_files(table, snapshot).equality_deletes}
 
 
+@dataclass(frozen=True)
+class _CompactionPlan:
+    contract: Contract
+    candidates: list[LiveFile]
+    bins: list[Bin]
+    # Upsert tables: the deletes to apply while rewriting, each data file's sequence number, and
+    # the delete files' paths (a delete file beyond them at commit time gives the rewrite up)
+    deletes: EqualityDeletes | None
+    sequence_numbers: dict[str, int]
+    planned_deletes: set[str]
+
+
+def _plan_compaction(table: Table, policy: MaintenancePolicy, now_ms: int | None) -> _CompactionPlan:
+    """The bins a compaction of the table (as last refreshed) would rewrite now."""
+    contract = table_contract(table)
+    now_ms = int(time.time() * 1000) if now_ms is None else now_ms
+    small = policy.small_file_bytes or (contract.clustering.target_file_bytes * 3) // 4
+    files = [live for live, _ in live_files(table, contract)]
+    candidates = compaction_candidates(files, small, int(policy.min_file_age_s * 1000), now_ms)
+    deletes, sequence_numbers, planned_deletes = _equality_deletes(table)
+    reached = _files_to_apply_deletes(files, deletes, sequence_numbers, policy)
+    if reached:
+        # Every file the deletes reach is rewritten, whatever its size or age, alone if need be:
+        # only then do the delete files reach nothing, and readers stop loading them.
+        chosen = {f.path for f in candidates} | {f.path for f in reached}
+        bins = plan_bins([f for f in files if f.path in chosen], policy.max_bin_bytes, 1)
+    else:
+        bins = plan_bins(candidates, policy.max_bin_bytes, policy.min_files_per_bin)
+    return _CompactionPlan(contract, candidates, bins, deletes, sequence_numbers, planned_deletes)
+
+
 @dataclass
 class _Rewrite:
     sources: tuple[str, ...]
@@ -439,20 +470,9 @@ def compact(
     replace them in one overwrite snapshot (see the module docstring for concurrency)."""
     started = time.monotonic()
     table.refresh()
-    contract = table_contract(table)
-    now_ms = int(time.time() * 1000) if now_ms is None else now_ms
-    small = policy.small_file_bytes or (contract.clustering.target_file_bytes * 3) // 4
-    files = [live for live, _ in live_files(table, contract)]
-    candidates = compaction_candidates(files, small, int(policy.min_file_age_s * 1000), now_ms)
-    deletes, sequence_numbers, planned_deletes = _equality_deletes(table)
-    reached = _files_to_apply_deletes(files, deletes, sequence_numbers, policy)
-    if reached:
-        # Every file the deletes reach is rewritten, whatever its size or age, alone if need be:
-        # only then do the delete files reach nothing, and readers stop loading them.
-        chosen = {f.path for f in candidates} | {f.path for f in reached}
-        bins = plan_bins([f for f in files if f.path in chosen], policy.max_bin_bytes, 1)
-    else:
-        bins = plan_bins(candidates, policy.max_bin_bytes, policy.min_files_per_bin)
+    plan = _plan_compaction(table, policy, now_ms)
+    contract, candidates, bins = plan.contract, plan.candidates, plan.bins
+    deletes, sequence_numbers, planned_deletes = plan.deletes, plan.sequence_numbers, plan.planned_deletes
     if dry_run or not bins:
         return CompactionReport(
             len(candidates),
@@ -580,18 +600,10 @@ def expire_snapshots(
     started = time.monotonic()
     retrier = retrier or _Retrier(table)
     now_ms = int(time.time() * 1000) if now_ms is None else now_ms
-    max_age_ms = int(policy.snapshot_max_age_s * 1000)
 
     def plan() -> ExpiryPlan:
         table.refresh()
-        return plan_expiry(
-            _snapshot_facts(table.metadata.snapshots),
-            _protected_ids(table),
-            now_ms,
-            max_age_ms,
-            policy.keep_snapshots,
-            policy.max_snapshots,
-        )
+        return _plan_expiry(table, policy, now_ms)
 
     expiry = plan()
     before = len(table.metadata.snapshots)
@@ -633,6 +645,18 @@ def expire_snapshots(
     return ExpiryReport(before, count, len(doomed_files), deleted, conflicts, time.monotonic() - started)
 
 
+def _plan_expiry(table: Table, policy: MaintenancePolicy, now_ms: int) -> ExpiryPlan:
+    """What expiry would remove from the table as last refreshed."""
+    return plan_expiry(
+        _snapshot_facts(table.metadata.snapshots),
+        _protected_ids(table),
+        now_ms,
+        int(policy.snapshot_max_age_s * 1000),
+        policy.keep_snapshots,
+        policy.max_snapshots,
+    )
+
+
 # -- orphans ------------------------------------------------------------------------------------
 def delete_orphans(
     table: Table, policy: MaintenancePolicy, dry_run: bool = False, progress: Progress = _no_progress
@@ -662,27 +686,13 @@ def _has_work(table: Table, policy: MaintenancePolicy, steps: tuple[str, ...], n
         return True
     now_ms = int(time.time() * 1000) if now_ms is None else now_ms
     if "expire" in steps:
-        plan = plan_expiry(
-            _snapshot_facts(table.metadata.snapshots),
-            _protected_ids(table),
-            now_ms,
-            int(policy.snapshot_max_age_s * 1000),
-            policy.keep_snapshots,
-            policy.max_snapshots,
-        )
-        if plan.expire or plan.uncovered:
+        expiry = _plan_expiry(table, policy, now_ms)
+        if expiry.expire or expiry.uncovered:
             return True
     if "compact" in steps:
         if data_manifest_count(table) > policy.max_manifests:
             return True
-        contract = table_contract(table)
-        small = policy.small_file_bytes or (contract.clustering.target_file_bytes * 3) // 4
-        files = [live for live, _ in live_files(table, contract)]
-        candidates = compaction_candidates(files, small, int(policy.min_file_age_s * 1000), now_ms)
-        if plan_bins(candidates, policy.max_bin_bytes, policy.min_files_per_bin):
-            return True
-        deletes, sequence_numbers, _ = _equality_deletes(table)
-        if _files_to_apply_deletes(files, deletes, sequence_numbers, policy):
+        if _plan_compaction(table, policy, now_ms).bins:
             return True
     return False
 
