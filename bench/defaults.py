@@ -40,35 +40,17 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from pyiceberg.expressions import And, GreaterThanOrEqual, LessThanOrEqual  # noqa: E402
-
 from app.broker import LocalBroker, free_port  # noqa: E402
 from app.sample import produce, sample_events  # noqa: E402
 from app.settings import Settings, load_settings  # noqa: E402
+from bench.maintenance import plan_ms  # noqa: E402  (a bbox scan over Paris planned, median of 3)
 from streaming.catalog import create_table, open_catalog  # noqa: E402
 from streaming.contract import load_contract  # noqa: E402
 from streaming.maintenance import data_manifest_count  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
 CONTRACT = ROOT / "schemas" / "demo_events.json"
-PARIS = (2.2, 48.8, 2.5, 48.9)
 WINDOW = 100  # batches at the start and at the end that are set against each other
-
-
-def plan_ms(table) -> float:
-    xmin, ymin, xmax, ymax = PARIS
-    bbox = And(
-        LessThanOrEqual("bbox.xmin", xmax),
-        GreaterThanOrEqual("bbox.xmax", xmin),
-        LessThanOrEqual("bbox.ymin", ymax),
-        GreaterThanOrEqual("bbox.ymax", ymin),
-    )
-    times = []
-    for _ in range(3):
-        started = time.perf_counter()
-        list(table.scan(row_filter=bbox).plan_files())
-        times.append((time.perf_counter() - started) * 1000)
-    return statistics.median(times)
 
 
 def table_facts(table) -> dict:

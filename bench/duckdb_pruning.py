@@ -33,9 +33,9 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 import shapely
 from cities import city_points  # bench/cities.py, beside this script
+from pruning import decoded_wkb  # bench/pruning.py: the same decoded WKB rows
 from pyiceberg.expressions import And, GreaterThanOrEqual, LessThanOrEqual
 from pyiceberg.manifest import DataFile, DataFileContent, FileFormat
 from pyiceberg.table import Table
@@ -44,7 +44,7 @@ from pyiceberg.typedef import Record
 from streaming.catalog import create_table, open_catalog
 from streaming.commit import to_data_file
 from streaming.contract import Contract, parse_contract
-from streaming.decode import HILBERT, REJECT_REASON, Decoder
+from streaming.decode import HILBERT
 from streaming.hilbert import grid_cells, hilbert_distance
 from streaming.query import query_bbox
 from streaming.writer import DataFileRecord, GeoParquetWriter
@@ -75,22 +75,7 @@ def contract_for(variant: str) -> Contract:
 
 def decoded_points(contract: Contract, n: int) -> pa.Table:
     x, y = city_points(n, seed=3, jitter_deg=0.08, bounds=(-180, -89.9, 180, 89.9))
-    raw = pa.table(
-        {
-            "key": pa.array(np.char.add("e", np.arange(n).astype(str)).astype(object), pa.string()).cast(pa.binary()),
-            "value": pa.array(shapely.to_wkb(shapely.points(x, y)), pa.binary()),
-            "topic": pa.array(np.full(n, "bench", dtype=object), pa.string()),
-            "partition": pa.array(np.zeros(n, np.int32)),
-            "offset": pa.array(np.arange(n, dtype=np.int64)),
-            "timestamp": pa.array(np.zeros(n, np.int64), pa.timestamp("us")),
-        }
-    )
-    decoder = Decoder(contract)
-    decoded = pa.concat_tables(
-        pa.Table.from_batches([decoder.decode(b)]) for b in raw.to_batches(max_chunksize=200_000)
-    )
-    decoded = decoded.filter(pc.is_null(decoded.column(REJECT_REASON)))
-    return decoded.sort_by(HILBERT)
+    return decoded_wkb(contract, shapely.points(x, y)).sort_by(HILBERT)
 
 
 def cells_of(x: np.ndarray, y: np.ndarray, extent) -> np.ndarray:

@@ -136,6 +136,26 @@ def read_fractions(layout: Layout, windows: np.ndarray) -> dict[str, np.ndarray]
     }
 
 
+def decoded_wkb(contract, geoms: np.ndarray) -> pa.Table:
+    """The geometries as WKB Kafka records through the decoder: its valid rows."""
+    n = len(geoms)
+    raw = pa.table(
+        {
+            "key": pa.array(np.char.add("e", np.arange(n).astype(str)).astype(object), pa.string()).cast(pa.binary()),
+            "value": pa.array(shapely.to_wkb(geoms), pa.binary()),
+            "topic": pa.array(np.full(n, "bench", dtype=object), pa.string()),
+            "partition": pa.array(np.zeros(n, np.int32)),
+            "offset": pa.array(np.arange(n, dtype=np.int64)),
+            "timestamp": pa.array(np.zeros(n, np.int64), pa.timestamp("us")),
+        }
+    )
+    decoder = Decoder(contract)
+    decoded = pa.concat_tables(
+        pa.Table.from_batches([decoder.decode(b)]) for b in raw.to_batches(max_chunksize=200_000)
+    )
+    return decoded.filter(pc.is_null(decoded.column(REJECT_REASON)))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--points", type=int, default=5_000_000)
@@ -155,21 +175,7 @@ def main() -> None:
         geoms = np.concatenate([geoms, polygons])
     n = len(geoms)
     print(f"{n:,} geometries ({polygons.size:,} real polygons)", flush=True)
-    raw = pa.table(
-        {
-            "key": pa.array(np.char.add("e", np.arange(n).astype(str)).astype(object), pa.string()).cast(pa.binary()),
-            "value": pa.array(shapely.to_wkb(geoms), pa.binary()),
-            "topic": pa.array(np.full(n, "bench", dtype=object), pa.string()),
-            "partition": pa.array(np.zeros(n, np.int32)),
-            "offset": pa.array(np.arange(n, dtype=np.int64)),
-            "timestamp": pa.array(np.zeros(n, np.int64), pa.timestamp("us")),
-        }
-    )
-    decoder = Decoder(contract)
-    decoded = pa.concat_tables(
-        pa.Table.from_batches([decoder.decode(b)]) for b in raw.to_batches(max_chunksize=200_000)
-    )
-    decoded = decoded.filter(pc.is_null(decoded.column(REJECT_REASON)))
+    decoded = decoded_wkb(contract, geoms)
     bbox = decoded.column("bbox").combine_chunks()
     bounds = np.column_stack([bbox.field(f).to_numpy() for f in ("xmin", "ymin", "xmax", "ymax")])
     keys = orderings(bounds, contract.clustering.extent, decoded.column(HILBERT).to_numpy())
