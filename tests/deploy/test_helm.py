@@ -564,8 +564,7 @@ def test_kubernetes_mode_extra_conf_wins_over_the_charts(render, tmp_path):
     assert settings.spark["spark.sql.shuffle.partitions"] == "48"
 
 
-@pytest.mark.parametrize("case", CASES)
-def test_notes_render(helm: Helm, case: str, tmp_path):
+def rendered_notes(helm: Helm, tmp_path: Path, case: str, sets: tuple[str, ...] = ()) -> str:
     """NOTES.txt is only rendered on install; a copy of the chart renders it through tpl instead."""
     import shutil
 
@@ -579,7 +578,14 @@ def test_notes_render(helm: Helm, case: str, tmp_path):
     args = ["template", RELEASE, str(chart), "--namespace", NAMESPACE, "--show-only", "templates/zz-notes-check.yaml"]
     if case in CI_FILES:
         args += ["--values", str(CHART / "ci" / case)]
-    notes = yaml.safe_load(helm.run(*args).stdout)["data"]["notes"]
+    for value in sets:
+        args += ["--set", value]
+    return yaml.safe_load(helm.run(*args).stdout)["data"]["notes"]
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_notes_render(helm: Helm, case: str, tmp_path):
+    notes = rendered_notes(helm, tmp_path, case)
     values = values_of(case)
     assert "<no value>" not in notes and "%!" not in notes, notes
     assert f"localhost:{values['metrics']['port']}/readyz" in notes

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import shutil
 import tomllib
 from pathlib import Path
 
@@ -28,6 +27,7 @@ from tests.deploy.test_helm import (  # noqa: F401  (the render fixture)
     kind,
     one,
     render,
+    rendered_notes,
     settings_of,
     values_of,
 )
@@ -243,20 +243,7 @@ def test_the_schema_rejects_bad_maintenance_values(helm: Helm, bad: str, why: st
     ],
 )
 def test_the_notes_say_who_maintains_the_table(helm: Helm, tmp_path, case, sets, says):
-    """NOTES.txt is only rendered on install; a copy of the chart renders it through tpl instead."""
-    chart = tmp_path / "chart"
-    shutil.copytree(CHART, chart)
-    (chart / "files" / "NOTES.check").write_text((CHART / "templates" / "NOTES.txt").read_text())
-    (chart / "templates" / "zz-notes-check.yaml").write_text(
-        "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: notes-check\n"
-        'data:\n  notes: {{ tpl (.Files.Get "files/NOTES.check") . | quote }}\n'
-    )
-    args = ["template", RELEASE, str(chart), "--namespace", NAMESPACE, "--show-only", "templates/zz-notes-check.yaml"]
-    if case in CI_FILES:
-        args += ["--values", str(CHART / "ci" / case)]
-    for s in sets:
-        args += ["--set", s]
-    notes = yaml.safe_load(helm.run(*args).stdout)["data"]["notes"]
+    notes = rendered_notes(helm, tmp_path, case, sets)
     assert says in notes, notes
 
 
