@@ -51,9 +51,9 @@ def _parser() -> argparse.ArgumentParser:
     broker.add_argument("--port", type=int, help="listener port (default: the port of bootstrap_servers)")
     broker.set_defaults(handler=_broker)
 
-    table = commands.add_parser("table", help="create, describe or maintain a table")
-    table.add_argument("action", choices=["create", "describe", "orphans", "maintain"])
-    table.add_argument("--contract", help="table contract (JSON)")
+    table = commands.add_parser("table", help="create, describe, evolve or maintain a table")
+    table.add_argument("action", choices=["create", "describe", "evolve", "orphans", "maintain"])
+    table.add_argument("--contract", help="table contract (JSON); evolve: the new contract of its table")
     table.add_argument("--table", help="table name, for describe, orphans and maintain")
     table.add_argument("--delete", action="store_true", help="orphans: delete them too")
     table.add_argument(
@@ -67,7 +67,9 @@ def _parser() -> argparse.ArgumentParser:
     )
     table.add_argument("--expire", action="store_true", help="maintain: expire old snapshots and their files")
     table.add_argument("--orphans", action="store_true", help="maintain: delete files nothing references")
-    table.add_argument("--dry-run", action="store_true", help="maintain: say what would be done, change nothing")
+    table.add_argument(
+        "--dry-run", action="store_true", help="maintain, evolve: say what would be done, change nothing"
+    )
     table.add_argument(
         "--every",
         type=float,
@@ -159,6 +161,8 @@ def _table(args, settings: Settings) -> int:
         table, created = create_table(catalog, load_contract(args.contract))
         print(json.dumps({"table": ".".join(table.name()), "created": created, "location": table.location()}))
         return 0
+    if args.action == "evolve":
+        return _evolve(args, catalog)
     name = args.table or (load_contract(args.contract).table if args.contract else None)
     if not name:
         raise ValueError(f"table {args.action} needs --table or --contract")
@@ -179,6 +183,29 @@ def _table(args, settings: Settings) -> int:
             )
         return 0
     print(json.dumps(describe(table), indent=2))
+    return 0
+
+
+def _evolve(args, catalog) -> int:
+    """The table the new contract names, changed to it (or, with --dry-run, the changes it would take)."""
+    from streaming.contract import load_contract
+    from streaming.evolve import apply_evolution, plan_evolution
+
+    if not args.contract:
+        raise ValueError("table evolve needs --contract (the table's new contract)")
+    contract = load_contract(args.contract)
+    table = catalog.load_table(contract.table)
+    changes = plan_evolution(table, contract) if args.dry_run else apply_evolution(table, contract)
+    print(
+        json.dumps(
+            {
+                "table": contract.table,
+                "dry_run": args.dry_run,
+                "schema_id": table.metadata.current_schema_id,
+                "changes": [change.to_json() for change in changes],
+            }
+        )
+    )
     return 0
 
 

@@ -7,9 +7,12 @@ driver turns each batch report into metric updates here.
 from __future__ import annotations
 
 import json
+import statistics
 import threading
 import time
-from dataclasses import dataclass
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -90,12 +93,38 @@ class IngestMetrics:
             t,
             registry=registry,
         )
+        self.properties_ignored = Gauge(
+            "geoingest_properties_ignored",
+            "Property names no column maps in the last batch (schema_evolution off: in the decoders' sample "
+            "of each batch; add-columns: those it could not add)",
+            t,
+            registry=registry,
+        )
+        self.columns_added = Counter(
+            "geoingest_columns_added", "Columns added to the table by schema evolution", t, registry=registry
+        )
+
+    def watch_health(self, health: Health) -> None:
+        """Export how long the batch in progress has run, and how long a batch may (see Health)."""
+        Gauge(
+            "geoingest_batch_running_seconds",
+            "How long the batch in progress has run (0 between batches)",
+            ("table",),
+            registry=self.registry,
+        ).labels(self.table).set_function(health.batch_running_s)
+        Gauge(
+            "geoingest_batch_expected_seconds",
+            "How long a batch may run before /readyz calls it slow",
+            ("table",),
+            registry=self.registry,
+        ).labels(self.table).set_function(health.expected_batch_s)
 
     def observe_batch(self, report: BatchReport) -> None:
         table, topic = self.table, self.topic
         self.batches.labels(table).inc()
         self.batch_duration.labels(table).observe(report.seconds.get("total", 0.0))
         self.events_consumed.labels(topic, table).inc(report.consumed)
+        self.properties_ignored.labels(table).set(len(report.ignored_properties))
         for reason, n in report.rejected.items():
             self.events_rejected.labels(topic, table, reason).inc(n)
         outcome = report.outcome
@@ -108,6 +137,7 @@ class IngestMetrics:
         if outcome.status != "committed":
             return
         self.events_committed.labels(topic, table).inc(report.committed_rows)
+        self.columns_added.labels(table).inc(len(report.added_columns))
         self.files_written.labels(table).inc(len(report.files))
         self.bytes_written.labels(table).inc(sum(f.file_size_in_bytes for f in report.files))
         for f in report.files:
@@ -250,19 +280,47 @@ def _offsets(raw) -> dict[tuple[str, str], int]:
     return {(topic, str(p)): int(o) for topic, parts in data.items() for p, o in parts.items()}
 
 
+# A batch is slow once it has run this many times the median of the recent ones, and at least
+# SLOW_BATCH_MIN_S (a batch of a backlog after a quiet spell may well take ten quiet batches' time).
+SLOW_BATCH_FACTOR = 10
+SLOW_BATCH_MIN_S = 30.0
+RECENT_BATCHES = 20
+
+
 @dataclass
 class Health:
-    """What /readyz answers: the query is active and has shown progress recently."""
+    """What /readyz answers: the query is active, has shown progress recently, and the batch in
+    progress (if any) has not run far longer than batches do."""
 
     max_silence_s: float
     query_active: bool = False
     last_progress: float = 0.0
+    # Unix time the batch in progress started, or None between batches
+    batch_started: Callable[[], float | None] = lambda: None
+    recent_batch_s: deque[float] = field(default_factory=lambda: deque(maxlen=RECENT_BATCHES))
+
+    def observe_batch(self, report: BatchReport) -> None:
+        self.recent_batch_s.append(report.seconds.get("total", 0.0))
+
+    def batch_running_s(self) -> float:
+        started = self.batch_started()
+        return 0.0 if started is None else max(0.0, time.time() - started)
+
+    def expected_batch_s(self) -> float:
+        """How long a batch may run before it counts as slow: SLOW_BATCH_FACTOR times the median
+        of the recent batches, at least SLOW_BATCH_MIN_S; max_silence_s before any batch ended."""
+        if not self.recent_batch_s:
+            return max(self.max_silence_s, SLOW_BATCH_MIN_S)
+        return max(SLOW_BATCH_MIN_S, SLOW_BATCH_FACTOR * statistics.median(self.recent_batch_s))
 
     def ready(self) -> tuple[bool, str]:
         if not self.query_active:
             return False, "streaming query not active"
+        running, expected = self.batch_running_s(), self.expected_batch_s()
+        if running > expected:
+            return False, f"the batch in progress has run for {running:.0f} s; batches take {expected:.0f} s at most"
         silence = time.time() - self.last_progress
-        if silence > self.max_silence_s:
+        if silence > self.max_silence_s and not running:
             return False, f"no batch or idle poll for {silence:.0f} s"
         return True, "ok"
 

@@ -71,6 +71,7 @@ def job_config(settings: Settings, contract: Contract, table: Table) -> JobConfi
         decode=DecodeOptions(
             max_message_bytes=settings.max_message_bytes,
             max_vertices=settings.max_vertices,
+            max_record_seconds=settings.max_record_seconds,
             max_nesting=settings.max_nesting,
         ),
         dead_letter=dead_letter_config(settings, table),
@@ -259,8 +260,14 @@ def run(
             },
         )
         processor = BatchProcessor(
-            spark, table, contract, config, observers=(totals.observe, metrics.observe_batch, *observers)
+            spark,
+            table,
+            contract,
+            config,
+            observers=(totals.observe, metrics.observe_batch, health.observe_batch, *observers),
         )
+        health.batch_started = lambda: processor.running_since
+        metrics.watch_health(health)
         query = start_query(spark, processor, until_idle=until_idle, trigger_interval=settings.trigger_interval)
         _supervise(query, processor, metrics, health, stop_on_signal=not until_idle)
     finally:

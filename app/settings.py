@@ -61,6 +61,9 @@ class Settings:
     merge_in_task_max_rows: int = 1_000_000
     max_message_bytes: int = 1024 * 1024
     max_vertices: int = 100_000
+    # Geometry work that is super-linear in a record's size (repairing an invalid polygon) gets at
+    # most this many seconds per record; a record over it is rejected (time_budget_exceeded).
+    max_record_seconds: float = 2.0
     # Geometries nested in geometries deeper than this are rejected: GEOS reads them recursively.
     max_nesting: int = 32
     # Rejected records (key + value + headers) above this are stored under the spill location and

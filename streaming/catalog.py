@@ -12,7 +12,7 @@ from pyiceberg.catalog import Catalog, load_catalog
 from pyiceberg.exceptions import NamespaceAlreadyExistsError, NoSuchTableError
 from pyiceberg.table import Table
 
-from streaming.contract import Contract
+from streaming.contract import COLUMN_TYPES, Column, Contract, check_fresh_ids
 
 
 class TableMismatch(RuntimeError):
@@ -64,6 +64,7 @@ def create_table(catalog: Catalog, contract: Contract) -> tuple[Table, bool]:
     try:
         table = catalog.load_table(contract.table)
     except NoSuchTableError:
+        check_fresh_ids(contract)
         table = catalog.create_table(
             contract.table,
             schema=contract.iceberg_schema,
@@ -88,18 +89,39 @@ def load_contract_table(catalog: Catalog, contract: Contract) -> Table:
 
 def check_table_matches(table: Table, contract: Contract) -> None:
     """The table's schema and geometry properties are the contract's: writes would break otherwise."""
-    expected = contract.iceberg_schema
-    actual = table.schema()
-    if actual.as_struct() != expected.as_struct():
-        raise TableMismatch(
-            f"table {contract.table}: its schema differs from the contract's.\ntable:    {actual}\ncontract: {expected}"
-        )
+    table_contract(table, contract)
+
+
+def table_contract(table: Table, contract: Contract) -> Contract:
+    """The contract as this table holds it: every field of the contract is the table's field of
+    the same id, name, type and nullability, and the table's other fields (optional columns of
+    a contract type, gained by schema evolution) become its added columns, each read from the
+    property of its name. Anything else means that writes would break: TableMismatch."""
+    actual = {f.field_id: f for f in table.schema().fields}
+    for expected in contract.iceberg_schema.fields:
+        found = actual.pop(expected.field_id, None)
+        if found != expected:
+            raise TableMismatch(
+                f"table {contract.table}: field id {expected.field_id} is {found or 'missing'} in the table, "
+                f"the contract says {expected}"
+            )
+    types = {t: name for name, t in COLUMN_TYPES.items()}
+    added = []
+    for field in sorted(actual.values(), key=lambda f: f.field_id):
+        if field.required or field.field_type not in types:
+            raise TableMismatch(
+                f"table {contract.table}: column {field.name!r} (id {field.field_id}, {field.field_type}) is not in "
+                "the contract, and only optional columns of a contract type can be added to it"
+            )
+        added.append(Column(field.field_id, field.name, types[field.field_type], False, (f"properties.{field.name}",)))
+    contract = contract.with_added_columns(tuple(added))
     props = table.properties
     for key, value in contract.table_properties().items():
         if key.startswith("geo.") and props.get(key) != value:
             raise TableMismatch(
                 f"table {contract.table}: property {key} is {props.get(key)!r}, the contract says {value!r}"
             )
+    return contract
 
 
 def describe(table: Table) -> dict[str, Any]:

@@ -16,7 +16,7 @@ def property_types(contract: Contract) -> dict[str, pa.DataType]:
     """The GeoJSON properties the contract reads (`properties.<name>` sources) and their column types."""
     schema = contract.arrow_schema
     types: dict[str, pa.DataType] = {}
-    for col in contract.columns:
+    for col in contract.all_columns:
         for src in col.sources:
             if src.startswith("properties."):
                 types[src.removeprefix("properties.")] = schema.field(col.name).type
@@ -34,7 +34,7 @@ class ColumnMapper:
         """Each contract column of each record, from the first of its sources that is set; a
         required column none of them sets rejects the record."""
         columns: dict[str, pa.Array] = {}
-        for col in self.contract.columns:
+        for col in self.contract.all_columns:
             target = self._data_schema.field(col.name).type
             merged: pa.Array | None = None
             for src in col.sources:

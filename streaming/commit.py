@@ -34,6 +34,8 @@ from pyiceberg.table.snapshots import Snapshot
 from pyiceberg.typedef import Record
 from sqlalchemy.exc import InterfaceError, OperationalError
 
+from streaming.contract import Column
+from streaming.evolution import add_columns
 from streaming.row_delta import RowDelta
 from streaming.writer import EQUALITY_DELETES, DataFileRecord
 
@@ -78,6 +80,9 @@ class BatchCommit:
     # Upsert tables: equality delete files of the keys the batch replaces or deletes, on these field ids
     delete_files: tuple[DataFileRecord, ...] = ()
     equality_ids: tuple[int, ...] = ()
+    # Columns the batch's files hold that the table may not have yet (schema evolution): added in
+    # the same commit as the files.
+    added_columns: tuple[Column, ...] = ()
 
     @property
     def rows(self) -> int:
@@ -359,6 +364,8 @@ class Committer:
         spec_id = self.table.metadata.default_spec_id
         view = single_attempt_view(self.table)
         with view.transaction() as tx:
+            if batch.added_columns:
+                add_columns(tx, view.schema(), view.metadata.last_column_id, batch.added_columns)
             if batch.delete_files:
                 delta = RowDelta(tx, snapshot_properties=batch.summary())
                 for record in batch.files:

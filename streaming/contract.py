@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -170,6 +170,17 @@ class Contract:
     # "append": every event is a row; "upsert": one current row per primary key, tombstones delete it.
     mode: str = "append"
     schema_evolution: SchemaEvolution = SchemaEvolution()
+    # Columns the table has and the contract file does not: added by schema evolution (or by
+    # `geoingest table evolve` from another contract), each read from the property of its name.
+    added_columns: tuple[Column, ...] = ()
+
+    @property
+    def all_columns(self) -> tuple[Column, ...]:
+        """The contract's columns, then the ones the table gained."""
+        return self.columns + self.added_columns
+
+    def with_added_columns(self, added: tuple[Column, ...]) -> Contract:
+        return replace(self, added_columns=added)
 
     @property
     def namespace(self) -> str:
@@ -204,6 +215,8 @@ class Contract:
         fields.append(NestedField(self.bbox_id, self.bbox_name, bbox, required=True))
         for name, fid in self.flat_bbox_field_ids.items():
             fields.append(NestedField(fid, name, DoubleType(), required=True))
+        # Iceberg appends the columns a table gains after all others.
+        fields += [NestedField(c.id, c.name, c.iceberg_type, required=False) for c in self.added_columns]
         return Schema(*fields)
 
     @cached_property
@@ -316,15 +329,13 @@ def parse_contract(raw: Any) -> Contract:
                     f"bbox.flat_columns: the flat column {flat_name!r} would take the name of another column; "
                     "rename that column or the bbox column"
                 )
-    # Iceberg assigns 1..n to top-level fields in order on create; the contract must agree.
-    declared = [(f"columns[{i}].id", c.id) for i, c in enumerate(columns)]
-    declared += [("geometry.id", geometry.id), ("bbox.id", bbox_id)]
-    for expected, (where, fid) in enumerate(declared, start=1):
-        if fid != expected:
-            raise ContractError(
-                f"{where}: id {fid} breaks the sequence; top-level ids run 1..{len(declared)} "
-                f"in declaration order (expected {expected})"
-            )
+    seen: dict[int, str] = {}
+    for where, fid in _declared_ids(columns, geometry.id, bbox_id):
+        if fid < 1:
+            raise ContractError(f"{where}: id {fid} must be a positive whole number")
+        if fid in seen:
+            raise ContractError(f"{where}: id {fid} is already the id of {seen[fid]}")
+        seen[fid] = where
 
     clustering = _parse_clustering(raw.get("clustering", {}), geometry.epsg)
     mode = raw.get("mode", "append")
@@ -347,6 +358,23 @@ def parse_contract(raw: Any) -> Contract:
         mode=mode,
         schema_evolution=schema_evolution,
     )
+
+
+def _declared_ids(columns: tuple[Column, ...], geometry_id: int, bbox_id: int) -> list[tuple[str, int]]:
+    declared = [(f"columns[{i}].id", c.id) for i, c in enumerate(columns)]
+    return declared + [("geometry.id", geometry_id), ("bbox.id", bbox_id)]
+
+
+def check_fresh_ids(contract: Contract) -> None:
+    """A new table's ids: Iceberg assigns 1..n to top-level fields in order on create, so the
+    contract must state those (a table's later contracts keep the ids it has, gaps and all)."""
+    declared = _declared_ids(contract.columns, contract.geometry.id, contract.bbox_id)
+    for expected, (where, fid) in enumerate(declared, start=1):
+        if fid != expected:
+            raise ContractError(
+                f"{where}: id {fid} breaks the sequence; a new table's top-level ids run 1..{len(declared)} "
+                f"in declaration order (expected {expected})"
+            )
 
 
 def _parse_primary_key(raw: dict, columns: tuple[Column, ...], mode: str) -> tuple[str, ...]:
@@ -390,11 +418,6 @@ def _parse_schema_evolution(raw: Any) -> SchemaEvolution:
     mode = raw.get("mode", defaults.mode)
     if mode not in SCHEMA_EVOLUTION_MODES:
         raise ContractError(f"schema_evolution.mode: {mode!r} is not one of {list(SCHEMA_EVOLUTION_MODES)}")
-    if mode != "off":
-        raise ContractError(
-            f"schema_evolution.mode: {mode!r} is not available in this version of geoingest; "
-            "properties no column maps are ignored ('off')"
-        )
     limits = {}
     for key in ("max_new_columns_per_batch", "max_columns"):
         value = raw.get(key, getattr(defaults, key))

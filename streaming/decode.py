@@ -31,6 +31,15 @@ from streaming.contract import Contract
 from streaming.formats import INPUT_FORMATS, Decoded
 from streaming.formats.wkb import to_stored_wkb
 from streaming.hilbert import hilbert_keys_of_bounds
+from streaming.properties import (
+    OFF_SAMPLE,
+    OFF_SAMPLE_EVERY,
+    PropertySeen,
+    mapped_names,
+    merge_seen,
+    record_order,
+    unmapped_properties,
+)
 from streaming.rejects import Reason, Rejects
 from streaming.validate import GeometryRules, bounds_of
 
@@ -56,6 +65,7 @@ _JSON_WHITESPACE = (0x20, 0x09, 0x0D, 0x0A)
 class DecodeOptions:
     max_message_bytes: int = 1024 * 1024
     max_vertices: int = 100_000
+    max_record_seconds: float = 2.0
     # Geometries nested in geometries (GeometryCollection, Multi*, Feature in a geometry member):
     # GEOS reads and walks them recursively, and a few thousand levels overflow its stack.
     max_nesting: int = 32
@@ -89,8 +99,12 @@ class Decoder:
         self._table_epsg = contract.geometry.epsg
         self._property_types = property_types(contract)
         self._formats = [f(contract, self.options.max_nesting, self._property_types) for f in INPUT_FORMATS]
-        self._rules = GeometryRules(contract, self.options.max_vertices)
+        self._rules = GeometryRules(contract, self.options.max_vertices, self.options.max_record_seconds)
         self._columns = ColumnMapper(contract)
+        # Property names no column maps, seen in a sample of each batch's GeoJSON records.
+        self.unmapped: dict[str, PropertySeen] = {}
+        self._decoded_batches = 0
+        self._mapped = mapped_names(contract)
         described = [f.described for f in self._formats]
         shown = [b for f in self._formats for b in f.first_bytes_shown]
         self._unknown_format = (
@@ -128,7 +142,7 @@ class Decoder:
         batch = _normalized(batch)
         rejects = Rejects(1)
         rejects.add(np.array([0]), Reason.DECODE_FAILED, detail)
-        columns = {col.name: pa.nulls(1, self._data_schema.field(col.name).type) for col in self.contract.columns}
+        columns = {col.name: pa.nulls(1, self._data_schema.field(col.name).type) for col in self.contract.all_columns}
         return self._assemble(
             batch,
             columns,
@@ -159,7 +173,7 @@ class Decoder:
         )
 
         # Each value goes to the format its first significant byte names.
-        first = _first_significant_byte(values, rejects.ok)
+        first = first_significant_byte(values, rejects.ok)
         claimed = [np.isin(first, fmt.first_bytes) for fmt in self._formats]
         unknown = rejects.ok & ~np.logical_or.reduce(claimed)
         for fmt in self._formats:
@@ -170,8 +184,14 @@ class Decoder:
             rows = np.flatnonzero(mine & rejects.ok)
             if rows.size:
                 fmt.decode(values, rows, decoded)
+                # Of the records the format read (a record it rejected may be anything).
+                sample = rows[decoded.rejects.ok[rows]][:OFF_SAMPLE]
+                if "geojson" in fmt.names and sample.size and self._decoded_batches % OFF_SAMPLE_EVERY == 0:
+                    seen = unmapped_properties(values.take(pa.array(sample)), self._mapped, record_order(batch, sample))
+                    merge_seen(self.unmapped, seen)
 
         self._rules.apply(decoded)
+        self._decoded_batches += 1
         columns = self._columns.map(batch, decoded.feature_ids, decoded.properties, rejects)
         return self._assemble(batch, columns, decoded.geoms, rejects, decoded.wkb, decoded.points_xy)
 
@@ -229,7 +249,7 @@ class Decoder:
         return pa.RecordBatch.from_arrays(arrays, schema=self.schema)
 
 
-def _first_significant_byte(values: pa.Array, live: np.ndarray) -> np.ndarray:
+def first_significant_byte(values: pa.Array, live: np.ndarray) -> np.ndarray:
     """First byte of each value after leading JSON whitespace; -1 where there is none."""
     values = values.cast(pa.binary())
     n = len(values)

@@ -36,6 +36,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import from_arrow_schema
 from pyspark.sql.streaming import StreamingQuery
 
+from streaming.catalog import table_contract
 from streaming.commit import BatchCommit, CommitOutcome, CommitRetriesExhausted, Committer, Offsets
 from streaming.contract import Contract
 from streaming.dead_letter import DeadLetterConfig, DeadLetterFailed, send_dead_letters
@@ -50,6 +51,14 @@ from streaming.decode import (
     Decoder,
     decoded_schema,
 )
+from streaming.evolution import (
+    PROPERTY_SCAN_SCHEMA,
+    ColumnPlan,
+    PropertyScan,
+    SchemaMoved,
+    plan_new_columns,
+    seen_from_rows,
+)
 from streaming.isolation import IsolatedDecoder, worker_crashed
 from streaming.partition import (
     RESULT_SCHEMA,
@@ -63,6 +72,7 @@ from streaming.partition import (
     prepare_worker_process,
     range_count,
 )
+from streaming.properties import mapped_names
 from streaming.storage import data_location, delete_folder
 from streaming.upsert import equality_field_ids
 from streaming.writer import (
@@ -74,6 +84,8 @@ from streaming.writer import (
 )
 
 CLUSTERING_MODES = ("batch", "task", "shuffle")
+# Writes of one batch when other writers keep changing the table's schema under it
+_SCHEMA_ATTEMPTS = 3
 # The Spark local property that tells a batch's tasks how many of them there are
 STAGE_TASKS_PROPERTY = "geoingest.stage.tasks"
 
@@ -121,6 +133,10 @@ class BatchReport:
     seconds: dict[str, float]
     # "topic/partition" -> Kafka timestamp (ms) of the oldest record in the batch
     oldest_event_ms: dict[str, int] = field(default_factory=dict)
+    # Property names no column maps, and why (under schema_evolution "off": in the decoders' sample)
+    ignored_properties: dict[str, str] = field(default_factory=dict)
+    # Columns this batch added to the table (schema_evolution "add-columns")
+    added_columns: tuple[str, ...] = ()
 
 
 class BatchProcessor:
@@ -143,13 +159,20 @@ class BatchProcessor:
             )
         self.spark = spark
         self.table = table
-        self.contract = contract
         self.config = config
         self.observers = observers
         self.committer = Committer(table)
-        self._spark_decoded_schema = from_arrow_schema(decoded_schema(contract))
+        # The contract file's columns, and the ones the table gained since (schema evolution):
+        # refreshed when the table's schema changes, and per batch when it adds columns.
+        self._file_contract = contract
+        self.contract = table_contract(table, contract)
+        self._schema_id = table.metadata.current_schema_id
+        self._ignored_logged: set[str] = set()
+        # Unix time the batch in progress started (None between batches): readiness watches it.
+        self.running_since: float | None = None
         # A StructType, not a DDL string: Spark parses a DDL string in the JVM, once per batch.
         self._spark_result_schema = from_arrow_schema(RESULT_SCHEMA)
+        self._spark_scan_schema = from_arrow_schema(PROPERTY_SCAN_SCHEMA)
         self._parallelism = config.parallelism or spark.sparkContext.defaultParallelism
         parquet_write_options(table.properties)  # a codec the writers cannot use stops the start, not a batch
         # Why the query stopped, in one line, when the cause is ours (a dead letter that could not
@@ -157,8 +180,60 @@ class BatchProcessor:
         self.fatal_error: str | None = None
 
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
-        timings: dict[str, float] = {}
+        self.running_since = time.time()
+        try:
+            self._with_schema_retries(batch, batch_id)
+        finally:
+            self.running_since = None
+
+    def _with_schema_retries(self, batch: DataFrame, batch_id: int) -> None:
         started = time.monotonic()
+        for attempt in range(1, _SCHEMA_ATTEMPTS + 1):
+            self._follow_table_schema()
+            try:
+                self._ingest_and_commit(batch, batch_id, started)
+                return
+            except SchemaMoved as exc:
+                if attempt == _SCHEMA_ATTEMPTS:
+                    raise
+                # Another writer changed the schema under this batch: write it again on the new one.
+                log.warning(
+                    "the table's schema moved under the batch; writing it again",
+                    extra={"batch": {"batch_id": batch_id, "error": str(exc)}},
+                )
+                self.table.refresh()
+
+    def _follow_table_schema(self) -> None:
+        if self.table.metadata.current_schema_id != self._schema_id:
+            self.contract = table_contract(self.table, self._file_contract)
+            self._schema_id = self.table.metadata.current_schema_id
+
+    def _ingest_and_commit(self, batch: DataFrame, batch_id: int, started: float) -> None:
+        timings: dict[str, float] = {}
+        plan = self._plan_columns(batch, timings)
+        table_columns = self.contract
+        if plan.added:
+            self.contract = table_columns.with_added_columns(table_columns.added_columns + plan.added)
+        try:
+            self._write_and_commit(batch, batch_id, started, timings, plan)
+        finally:
+            # The table has the new columns only once the commit made them its own.
+            self.contract = table_columns
+
+    def _plan_columns(self, batch: DataFrame, timings: dict[str, float]) -> ColumnPlan:
+        """Under "add-columns", the batch's new columns: from a scan of its properties."""
+        if self.contract.schema_evolution.mode != "add-columns":
+            return ColumnPlan()
+        step = time.monotonic()
+        scan = PropertyScan(mapped_names(self.contract))
+        rows = _source_columns(batch).coalesce(self._parallelism).mapInArrow(scan, self._spark_scan_schema).collect()
+        plan = plan_new_columns(self.contract, seen_from_rows(rows), self.table.metadata.last_column_id)
+        timings["property_scan"] = time.monotonic() - step
+        return plan
+
+    def _write_and_commit(
+        self, batch: DataFrame, batch_id: int, started: float, timings: dict[str, float], plan: ColumnPlan
+    ) -> None:
         try:
             results = self._clustered(batch, batch_id, timings, isolate_decoder=False)
         except Exception as exc:
@@ -175,6 +250,8 @@ class BatchProcessor:
         offsets, consumed, rejected, oldest = _summarise(results.tallies)
         files = tuple(results.files)
         delete_files = tuple(results.delete_files)
+        ignored = {**{name: "schema_evolution is off" for name in results.unmapped}, **plan.ignored}
+        self._log_ignored(batch_id, ignored)
 
         step = time.monotonic()
         try:
@@ -187,8 +264,12 @@ class BatchProcessor:
                     rejected=sum(rejected.values()),
                     delete_files=delete_files,
                     equality_ids=tuple(equality_field_ids(self.contract)) if delete_files else (),
+                    added_columns=plan.added,
                 )
             )
+        except SchemaMoved:
+            self._discard(files + delete_files)
+            raise
         except CommitRetriesExhausted as exc:
             # Refused for sure: the files are garbage. After an attempt without an answer the batch
             # may have landed, so they stay (a restart's replay check settles it; if it did not
@@ -205,12 +286,31 @@ class BatchProcessor:
         timings["commit"] = time.monotonic() - step
         timings["total"] = time.monotonic() - started
         report = BatchReport(
-            batch_id, consumed, sum(f.record_count for f in files), rejected, files, offsets, outcome, timings, oldest
+            batch_id,
+            consumed,
+            sum(f.record_count for f in files),
+            rejected,
+            files,
+            offsets,
+            outcome,
+            timings,
+            oldest,
+            ignored,
+            tuple(c.name for c in plan.added) if outcome.status == "committed" else (),
         )
         log.info("batch", extra={"batch": _log_fields(report)})
         self._notify(report)
         if self.config.hold_after_commit_file and outcome.status == "committed":
             _hold(self.config.hold_after_commit_file, batch_id)
+
+    def _log_ignored(self, batch_id: int, ignored: dict[str, str]) -> None:
+        """One line per name the first time this process ignores it (the metric counts every batch)."""
+        for name in sorted(set(ignored) - self._ignored_logged):
+            self._ignored_logged.add(name)
+            log.warning(
+                "property ignored",
+                extra={"batch": {"batch_id": batch_id, "property": name, "why": ignored[name]}},
+            )
 
     def _clustered(
         self, batch: DataFrame, batch_id: int, timings: dict[str, float], isolate_decoder: bool
@@ -299,7 +399,8 @@ class BatchProcessor:
     ) -> BatchResults:
         started = time.monotonic()
         decoded = _source_columns(batch).mapInArrow(
-            _decode_fn(self.contract, self.config.decode, isolate_decoder), self._spark_decoded_schema
+            _decode_fn(self.contract, self.config.decode, isolate_decoder),
+            from_arrow_schema(decoded_schema(self.contract)),
         )
         decoded = decoded.persist(StorageLevel.MEMORY_AND_DISK)
         try:
@@ -470,6 +571,8 @@ def _log_fields(report: BatchReport) -> dict:
         "committed_rows": report.committed_rows,
         "rejected": report.rejected,
         "files": len(report.files),
+        "ignored_properties": len(report.ignored_properties),
+        **({"added_columns": list(report.added_columns)} if report.added_columns else {}),
         "commit": None if report.outcome is None else report.outcome.status,
         "snapshot_id": None if report.outcome is None else report.outcome.snapshot_id,
         "seconds": {k: round(v, 3) for k, v in report.seconds.items()},

@@ -77,7 +77,7 @@ from streaming.maintenance_plan import (
     plan_expiry,
 )
 from streaming.orphans import Orphan, delete_files, find_orphans
-from streaming.query import table_contract
+from streaming.query import FieldIdProjection, table_contract
 from streaming.storage import data_location
 from streaming.writer import DataFileRecord, GeoParquetWriter
 
@@ -339,10 +339,13 @@ def rewrite_bin(
     In an upsert table the equality deletes that apply to a source file are applied as it is read:
     the new files get a newer sequence number, which those deletes no longer reach."""
     names = contract.arrow_schema.names
+    # By field id: files written before a column was renamed, widened or added read as the table is now.
+    projection = FieldIdProjection(table.schema())
     parts: list[pa.Table] = []
     for f in bin_.files:
         with table.io.new_input(f.path).open() as stream:
-            rows = pq.read_table(stream, columns=names)
+            parquet = pq.ParquetFile(stream)
+            rows = projection(parquet.read(columns=projection.columns_to_read(parquet.schema_arrow)), f.path)
         if rows.num_rows != f.record_count:
             raise RuntimeError(
                 f"data file {f.path} holds {rows.num_rows} rows, its manifest entry says "

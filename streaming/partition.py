@@ -49,6 +49,7 @@ from streaming.decode import (
     Decoder,
 )
 from streaming.isolation import IsolatedDecoder
+from streaming.properties import PropertySeen, merge_seen
 from streaming.storage import list_files
 from streaming.upsert import (
     OFFSET,
@@ -64,6 +65,7 @@ from streaming.writer import EQUALITY_DELETES, RECORD_SCHEMA, DataFileRecord, Ge
 TALLY = "tally"
 FILE = "file"
 SLICE = "slice"
+PROPERTY = "property"
 # Rows per slice of a staged run: the unit a merge task reads. Small enough that a merge range
 # reads little beyond its own rows, large enough that a batch has few slices to plan.
 SLICE_ROWS = 8192
@@ -71,7 +73,9 @@ SLICE_ROWS = 8192
 # The rows a task returns, told apart by `kind`: a tally row (one per topic, partition and reject
 # reason, null for the valid rows: topic .. oldest_ms), a file row (one per data file written: the
 # DataFileRecord columns, and merged_by: the task whose merge of the whole batch wrote it) or a
-# slice row (one per slice of a staged run: path, slice, key_lo, key_hi, n).
+# slice row (one per slice of a staged run: path, slice, key_lo, key_hi, n) or a property row (one per
+# property name no column maps, in the decoder's sample: property, property_type, n, and the first
+# record holding it: oldest_ms, partition, first).
 RESULT_SCHEMA = pa.schema(
     [
         ("kind", pa.string()),
@@ -87,6 +91,8 @@ RESULT_SCHEMA = pa.schema(
         ("key_lo", pa.int64()),
         ("key_hi", pa.int64()),
         ("merged_by", pa.int32()),
+        ("property", pa.string()),
+        ("property_type", pa.string()),
     ]
 )
 
@@ -235,7 +241,8 @@ class PartitionTask:
             merged = merge_if_last(slices, number, tasks, self.staging, self.last_merge, writer)
             if merged is not None:
                 records, merged_by = merged, number
-        yield results_batch(merge_tallies(tallies), records + delete_files, slices, merged_by)
+        unmapped = decoder.unmapped if isinstance(decoder, Decoder) else {}
+        yield results_batch(merge_tallies(tallies), records + delete_files, slices, merged_by, unmapped)
 
     def _latest_versions(
         self, run: list[pa.RecordBatch], tombstones: list[pa.Table], writer: GeoParquetWriter
@@ -498,7 +505,11 @@ def files_under(location: str, io: FileIO) -> list[str]:
 
 
 def results_batch(
-    tallies: list[Tally], records: list[DataFileRecord], slices: Sequence[Slice] = (), merged_by: int | None = None
+    tallies: list[Tally],
+    records: list[DataFileRecord],
+    slices: Sequence[Slice] = (),
+    merged_by: int | None = None,
+    unmapped: dict[str, PropertySeen] | None = None,
 ) -> pa.RecordBatch:
     rows = [
         {
@@ -521,6 +532,18 @@ def results_batch(
         {"kind": SLICE, "path": s.path, "slice": s.index, "key_lo": s.key_lo, "key_hi": s.key_hi, "n": s.rows}
         for s in slices
     ]
+    rows += [
+        {
+            "kind": PROPERTY,
+            "property": name,
+            "property_type": seen.type,
+            "n": seen.count,
+            "oldest_ms": seen.first[0],
+            "partition": seen.first[1],
+            "first": seen.first[2],
+        }
+        for name, seen in (unmapped or {}).items()
+    ]
     return pa.RecordBatch.from_pylist(rows, schema=RESULT_SCHEMA)
 
 
@@ -535,6 +558,8 @@ class BatchResults:
     merged: dict[int, list[DataFileRecord]] = field(default_factory=dict)
     # Upsert tables: the equality delete files of the keys each task touched
     delete_files: list[DataFileRecord] = field(default_factory=list)
+    # Property names no column maps, in the decoders' samples
+    unmapped: dict[str, PropertySeen] = field(default_factory=dict)
 
     @classmethod
     def from_rows(cls, rows: Iterable) -> BatchResults:
@@ -552,6 +577,9 @@ class BatchResults:
                         row["oldest_ms"],
                     )
                 )
+            elif row["kind"] == PROPERTY:
+                seen = PropertySeen(row["property_type"], row["n"], (row["oldest_ms"], row["partition"], row["first"]))
+                merge_seen(out.unmapped, {row["property"]: seen})
             elif row["kind"] == SLICE:
                 out.slices.append(Slice(row["path"], row["slice"], row["key_lo"], row["key_hi"], row["n"]))
             elif row["content"] == EQUALITY_DELETES:

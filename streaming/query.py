@@ -24,7 +24,7 @@ from __future__ import annotations
 import base64
 import json
 import math
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, time
 from decimal import Decimal
@@ -44,8 +44,10 @@ from pyiceberg.manifest import DataFile, ManifestContent
 from pyiceberg.schema import Schema
 from pyiceberg.table import Table
 from pyiceberg.table.snapshots import Snapshot
-from pyiceberg.types import DoubleType
+from pyiceberg.types import DoubleType, NestedField, StructType
 
+from streaming.catalog import TableMismatch
+from streaming.catalog import table_contract as contract_of_table
 from streaming.contract import BBOX_FIELDS, Contract, ContractError, parse_contract, regular_types
 from streaming.deletes import EqualityDeletes, has_delete_files, snapshot_files
 
@@ -296,8 +298,12 @@ def query(
     snapshot = resolve_snapshot(table, snapshot_id, as_of)
     geometry_column = _property(table, PRIMARY_COLUMN_PROPERTY)
     covering_column = _property(table, f"geo.column.{geometry_column}.covering")
-    schema = _schema_of(table, snapshot)
-    result_schema = _result_schema(schema)
+    # Time travel reads a snapshot as its own schema had it; otherwise the table's current schema
+    # holds, which may be newer than the current snapshot (`geoingest table evolve` commits none).
+    time_travel = snapshot_id is not None or as_of is not None
+    schema = _schema_of(table, snapshot) if time_travel else table.schema()
+    projection = FieldIdProjection(schema)
+    result_schema = projection.arrow_schema
     if snapshot is None:
         return QueryResult(result_schema.empty_table(), QueryStats(0, 0, 0, 0, 0, 0, None))
     files_total = _count_data_files(table, snapshot)
@@ -335,8 +341,11 @@ def query(
         files_scanned += 1
         with table.io.new_input(data_file.file_path).open() as stream:
             parquet = pq.ParquetFile(stream, pre_buffer=True)
+            file_schema = parquet.schema_arrow
             row_groups_total += parquet.metadata.num_row_groups
-            surviving = _row_groups_that_may_match(parquet.metadata, covering_paths, conditions, shape)
+            file_covering_paths = projection.paths_in_file(file_schema, field_ids, covering_paths)
+            surviving = _row_groups_that_may_match(parquet.metadata, file_covering_paths, conditions, shape)
+            read_columns = projection.columns_to_read(file_schema)
             row_groups_scanned += len(surviving)
             # Unlimited queries read a file's row groups in one call, letting Arrow coalesce the
             # ranges; limited ones read group by group so they can stop as soon as they are done.
@@ -347,7 +356,9 @@ def query(
             for groups in reads:
                 if limit is not None and rows_matched >= limit:
                     break
-                rows = parquet.read_row_groups(groups, use_threads=True)
+                rows = projection(
+                    parquet.read_row_groups(groups, columns=read_columns, use_threads=True), data_file.file_path
+                )
                 rows_read += rows.num_rows
                 if deletes is not None and sequence_number is not None:
                     rows = deletes.live(rows, sequence_number)
@@ -356,7 +367,7 @@ def query(
                     hits = hits.slice(0, limit - rows_matched)
                 rows_matched += hits.num_rows
                 if hits.num_rows:
-                    matches.append(_conform(hits, result_schema))
+                    matches.append(hits)
 
     result = pa.concat_tables(matches) if matches else result_schema.empty_table()
     stats = QueryStats(
@@ -425,7 +436,7 @@ def _count_data_files(table: Table, snapshot: Snapshot) -> int:
 
 def _row_groups_that_may_match(
     metadata: pq.FileMetaData,
-    covering_paths: list[str],
+    covering_paths: Sequence[str | None],
     conditions: list[Condition],
     shape: shapely.Geometry | None = None,
 ) -> list[int]:
@@ -443,7 +454,7 @@ def _row_groups_that_may_match(
     minima = np.full((n, 4), -np.inf)
     maxima = np.full((n, 4), np.inf)
     for k, path in enumerate(covering_paths):
-        j = column_of_path.get(path)
+        j = None if path is None else column_of_path.get(path)
         if j is None:
             continue
         for g in range(n):
@@ -506,18 +517,130 @@ def _result_schema(schema: Schema) -> pa.Schema:
     return regular_types(schema_to_pyarrow(schema, include_field_ids=False))
 
 
-def _conform(rows: pa.Table, schema: pa.Schema) -> pa.Table:
-    # Files carry Parquet field-id metadata and may differ in string width; results share one schema.
-    return rows.select(schema.names).cast(schema)
+# -- reading data files by field id -----------------------------------------------------------------
+PARQUET_FIELD_ID = b"PARQUET:field_id"
+
+
+class FieldIdProjection:
+    """Data files read as one Iceberg schema has the table, whatever schema they were written under.
+
+    Iceberg knows a column by its field id, and every data file carries the ids in its Parquet
+    schema (`PARQUET:field_id`), so a file written before a column was renamed, widened, dropped
+    or added (`geoingest table evolve`) still reads right: each file column is found by its id and
+    takes the schema's name and type, a column the file lacks (added later) is all nulls, and one
+    the schema lacks (dropped) is not read. Whole columns at a time; no row passes through Python.
+    A file without any field id (not written by geoingest or Spark) is matched by name instead.
+    """
+
+    def __init__(self, schema: Schema):
+        self.schema = schema
+        self.arrow_schema = _result_schema(schema)
+        self._ids = {f.field_id for f in schema.fields}
+        self._names = {f.name for f in schema.fields}
+
+    def columns_to_read(self, file_schema: pa.Schema) -> list[str]:
+        """The file's top-level columns that the schema has: the only ones worth reading."""
+        if not _has_field_ids(file_schema):
+            return [f.name for f in file_schema if f.name in self._names]
+        return [f.name for f in file_schema if _field_id(f) in self._ids]
+
+    def paths_in_file(self, file_schema: pa.Schema, field_ids: Sequence[int], paths: Sequence[str]) -> list[str | None]:
+        """The file's column paths (as its row group statistics name them) of the fields
+        `field_ids`, whose paths in the schema are `paths`; None for a field the file lacks."""
+        if not _has_field_ids(file_schema):
+            return list(paths)
+        in_file = _paths_by_field_id(file_schema)
+        return [in_file.get(field_id) for field_id in field_ids]
+
+    def __call__(self, rows: pa.Table, where: str) -> pa.Table:
+        """`rows`, read from the data file `where`, as the schema has them."""
+        by_id = _has_field_ids(rows.schema)
+        position = {(_field_id(f) if by_id else f.name): i for i, f in enumerate(rows.schema)}
+        columns = []
+        for field, target in zip(self.schema.fields, self.arrow_schema):
+            i = position.get(field.field_id if by_id else field.name)
+            if i is None:
+                if field.required:
+                    raise QueryError(
+                        f"{where}: the data file lacks the required column {field.name!r} (id {field.field_id})"
+                    )
+                columns.append(pa.chunked_array([pa.nulls(rows.num_rows, target.type)], target.type))
+            else:
+                columns.append(_conformed(rows.column(i), field, target, where))
+        return pa.Table.from_arrays(columns, schema=self.arrow_schema)
+
+
+def _field_id(field: pa.Field) -> int | None:
+    raw = (field.metadata or {}).get(PARQUET_FIELD_ID)
+    return None if raw is None else int(raw)
+
+
+def _has_field_ids(schema: pa.Schema) -> bool:
+    return any(_field_id(f) is not None for f in schema)
+
+
+def _paths_by_field_id(schema: pa.Schema) -> dict[int, str]:
+    """Field id -> dotted path of every field, nested ones included (the paths Parquet's column
+    chunks have, for the fields this schema nests in structs only)."""
+    paths: dict[int, str] = {}
+
+    def visit(fields: Sequence[pa.Field], prefix: str) -> None:
+        for f in fields:
+            field_id = _field_id(f)
+            if field_id is not None:
+                paths[field_id] = prefix + f.name
+            if pa.types.is_struct(f.type):
+                visit(list(f.type), f"{prefix}{f.name}.")
+
+    visit(list(schema), "")
+    return paths
+
+
+def _conformed(column: pa.ChunkedArray, field: NestedField, target: pa.Field, where: str) -> pa.ChunkedArray:
+    """A file's column as the schema's `field` (Arrow: `target`) has it."""
+    if column.type.equals(target.type):  # the common case: nothing to do (field metadata aside)
+        return column
+    if isinstance(field.field_type, StructType) and pa.types.is_struct(column.type):
+        return _struct_by_field_id(column, field.field_type, target, where)
+    try:
+        # A widened column (int -> long, float -> double), or a string of another width.
+        return column.cast(target.type)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+        raise QueryError(
+            f"{where}: column {field.name!r} (id {field.field_id}) is {column.type} in the data file, "
+            f"which does not convert to the table's {target.type} ({exc})"
+        ) from None
+
+
+def _struct_by_field_id(column: pa.ChunkedArray, struct: StructType, target: pa.Field, where: str) -> pa.ChunkedArray:
+    """A struct column whose fields changed: each of its fields found by id, as the top level's."""
+    array = column.combine_chunks()
+    position = {_field_id(f): i for i, f in enumerate(array.type)}
+    children = []
+    for nested, child_target in zip(struct.fields, target.type):
+        i = position.get(nested.field_id)
+        if i is None:
+            if nested.required:
+                raise QueryError(
+                    f"{where}: the data file lacks the required field {nested.name!r} (id {nested.field_id}) "
+                    f"of {target.name!r}"
+                )
+            children.append(pa.nulls(len(array), child_target.type))
+        else:
+            child = pa.chunked_array([pc.struct_field(array, [i])])
+            children.append(_conformed(child, nested, child_target, where).combine_chunks())
+    rebuilt = pa.StructArray.from_arrays(children, fields=list(target.type), mask=array.is_null())
+    return pa.chunked_array([rebuilt], target.type)
 
 
 # -- GeoParquet output ----------------------------------------------------------------------------
 def table_contract(table: Table) -> Contract:
-    """The contract the table was made from, as recorded in its `geoingest.contract` property."""
+    """The contract the table holds: the one recorded in its `geoingest.contract` property, with
+    the columns the table gained since (schema evolution at ingest)."""
     raw = _property(table, CONTRACT_PROPERTY)
     try:
-        return parse_contract(json.loads(raw))
-    except (json.JSONDecodeError, ContractError) as exc:
+        return contract_of_table(table, parse_contract(json.loads(raw)))
+    except (json.JSONDecodeError, ContractError, TableMismatch) as exc:
         raise QueryError(f"table property {CONTRACT_PROPERTY!r} is not a usable contract ({exc})") from None
 
 

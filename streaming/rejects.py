@@ -39,6 +39,7 @@ class Reason(StrEnum):
     OUTSIDE_CRS_AREA = "outside_crs_area"
     INVALID_POLYGON = "invalid_polygon"
     TOO_MANY_VERTICES = "too_many_vertices"
+    TIME_BUDGET_EXCEEDED = "time_budget_exceeded"
     MISSING_REQUIRED_FIELD = "missing_required_field"
     PROPERTY_TYPE_MISMATCH = "property_type_mismatch"
     # The decoder itself failed on the record (a defect, logged with its cause); the record is

@@ -9,6 +9,7 @@ import numpy as np
 import shapely
 from pyproj.exceptions import CRSError, ProjError
 
+from streaming.budget import RepairBudget
 from streaming.contract import Contract
 from streaming.crs import UnknownSrid, known_crs, reproject, transformer, valid_area
 from streaming.formats.base import Decoded
@@ -28,9 +29,10 @@ _TYPE_NAME_BY_ID = np.array([*_TYPE_NAMES.values(), "Unknown"], dtype=object)
 
 
 class GeometryRules:
-    def __init__(self, contract: Contract, max_vertices: int):
+    def __init__(self, contract: Contract, max_vertices: int, max_record_seconds: float = 2.0):
         self.contract = contract
         self.max_vertices = max_vertices
+        self._repair = RepairBudget(max_record_seconds)
         self._table_epsg = contract.geometry.epsg
         self._area = valid_area(self._table_epsg)
 
@@ -199,7 +201,17 @@ class GeometryRules:
         # GEOS's "structure" repair (the rules of JTS's GeometryFixer): rings are shells and
         # holes, overlapping shells are unioned. Measured on invalid OSM building shapes, 8x
         # faster than the "linework" default, which keeps every edge of the input.
-        repaired = shapely.make_valid(geoms[invalid], method="structure")
+        repaired, over = self._repair.make_valid(geoms[invalid])
+        rejects.add(
+            invalid[over],
+            Reason.TIME_BUDGET_EXCEEDED,
+            [
+                f"repairing this invalid polygon ({n} vertices: {r}) took longer than "
+                f"max_record_seconds={self._repair.seconds:g}"
+                for n, r in zip(shapely.get_num_coordinates(geoms[invalid[over]]), reasons[over])
+            ],
+        )
+        invalid, repaired, reasons = invalid[~over], repaired[~over], reasons[~over]
         repaired_types = type_names(shapely.get_type_id(repaired))
         fits = np.isin(repaired_types, self.contract.geometry.types) & ~shapely.is_empty(repaired)
         geoms[invalid[fits]] = repaired[fits]

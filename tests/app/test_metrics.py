@@ -18,6 +18,7 @@ from app.service import run
 from app.settings import load_settings
 from streaming.catalog import create_table
 from streaming.contract import load_contract
+from streaming.job import BatchReport
 from tests.conftest import CACHE_DIR, produce_records
 
 CONTRACT = Path(__file__).resolve().parents[2] / "schemas" / "demo_events.json"
@@ -137,6 +138,34 @@ def test_readiness_follows_the_query_and_its_progress():
         status, body = get(f"http://127.0.0.1:{port}/readyz")
         assert status == 503 and "no batch" in body
         assert get(f"http://127.0.0.1:{port}/nothing")[0] == 404
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_a_batch_running_far_longer_than_batches_do_shows_on_readyz_and_in_a_metric():
+    registry = CollectorRegistry()
+    health = Health(max_silence_s=120)
+    metrics = IngestMetrics(registry, "demo.events", "events")
+    metrics.watch_health(health)
+    server = serve(registry, health, port := free_port(), host="127.0.0.1")
+    started: list[float | None] = [None]
+    health.batch_started = lambda: started[0]
+    try:
+        health.query_active, health.last_progress = True, time.time()
+        for seconds in (2.0, 3.0, 4.0):
+            health.observe_batch(BatchReport(0, 0, 0, {}, (), {}, None, {"total": seconds}))
+        started[0] = time.time() - 25  # under the 30 s floor: not slow yet
+        assert get(f"http://127.0.0.1:{port}/readyz")[0] == 200
+        started[0] = time.time() - 45  # 10x the median (3 s) is 30 s: slow
+        status, body = get(f"http://127.0.0.1:{port}/readyz")
+        assert status == 503 and "has run for 45 s" in body and "30 s at most" in body
+        scraped = get(f"http://127.0.0.1:{port}/metrics")[1]
+        running = next(line for line in scraped.splitlines() if line.startswith("geoingest_batch_running_seconds{"))
+        assert 44 <= float(running.split()[-1]) < 60
+        started[0] = None  # the batch ended
+        health.last_progress = time.time()
+        assert get(f"http://127.0.0.1:{port}/readyz")[0] == 200
     finally:
         server.shutdown()
         server.server_close()

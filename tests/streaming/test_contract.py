@@ -10,7 +10,7 @@ import pyarrow as pa
 import pytest
 from pyiceberg.types import BinaryType, DoubleType, StructType
 
-from streaming.contract import ContractError, load_contract, parse_contract
+from streaming.contract import ContractError, check_fresh_ids, load_contract, parse_contract
 
 SCHEMAS = Path(__file__).resolve().parents[2] / "schemas"
 CONTRACT_PATH = SCHEMAS / "demo_events.json"
@@ -112,9 +112,8 @@ def test_arrow_schema_carries_the_iceberg_field_ids_and_regular_types():
         (lambda r: r["columns"][4].update({"from": []}), ["columns[4].from"]),
         (lambda r: r["columns"][0].update(required="yes"), ["columns[0].required", "'yes'"]),
         (lambda r: r["columns"][0].update(id="1"), ["columns[0].id", "'1'"]),
-        (lambda r: r["columns"][2].update(id=5), ["columns[2].id", "expected 3"]),
-        (lambda r: r["bbox"].update(id=11), ["bbox.id", "expected 10"]),
-        (lambda r: r["geometry"].update(id=10), ["geometry.id", "expected 9"]),
+        (lambda r: r["columns"][2].update(id=1), ["columns[2].id", "already the id of columns[0].id"]),
+        (lambda r: r["bbox"].update(id=0), ["bbox.id", "positive"]),
         (lambda r: r["columns"][3].update(name="kind"), ["'kind'", "twice"]),
         (lambda r: r["columns"][3].update(name="bbox"), ["'bbox'", "twice"]),
         (lambda r: r["geometry"]["types"].append("Circle"), ["geometry.types[6]", "'Circle'"]),
@@ -143,9 +142,8 @@ def test_arrow_schema_carries_the_iceberg_field_ids_and_regular_types():
         "no-sources",
         "bad-required",
         "id-not-int",
-        "id-out-of-sequence",
-        "bbox-id-out-of-sequence",
-        "geometry-id-out-of-sequence",
+        "id-used-twice",
+        "id-not-positive",
         "duplicate-name",
         "name-clashes-with-bbox",
         "unknown-geometry-type",
@@ -395,7 +393,27 @@ def test_key_mode_and_evolution_errors_name_the_field(edit, message):
     assert error_of(edit).startswith(message)
 
 
-def test_schema_evolution_add_columns_is_refused_until_this_version_has_it():
+def test_schema_evolution_modes():
     assert parse_contract(edited(lambda r: r.update({"schema_evolution": "off"}))).schema_evolution.mode == "off"
-    with pytest.raises(ContractError, match="schema_evolution.mode: 'add-columns' is not available"):
-        parse_contract(edited(lambda r: r.update({"schema_evolution": "add-columns"})))
+    evolving = parse_contract(
+        edited(lambda r: r.update({"schema_evolution": {"mode": "add-columns", "max_columns": 40}}))
+    )
+    assert (evolving.schema_evolution.mode, evolving.schema_evolution.max_columns) == ("add-columns", 40)
+
+
+@pytest.mark.parametrize(
+    "edit, names",
+    [
+        (lambda r: r["columns"][2].update(id=50), ["columns[2].id", "expected 3"]),
+        (lambda r: r["bbox"].update(id=11), ["bbox.id", "expected 10"]),
+        (lambda r: r["geometry"].update(id=30), ["geometry.id", "expected 9"]),
+    ],
+    ids=["column", "bbox", "geometry"],
+)
+def test_a_new_table_needs_its_ids_in_declaration_order(edit, names):
+    # An existing table's contract keeps the ids it has, gaps included (columns dropped, renamed, added).
+    contract = parse_contract(edited(edit))
+    with pytest.raises(ContractError) as raised:
+        check_fresh_ids(contract)
+    for name in names:
+        assert name in str(raised.value)

@@ -125,6 +125,13 @@ def ewkb(geometry: shapely.Geometry, srid: int) -> bytes:
 
 
 # -- every reason code, with a detail naming the culprit -------------------------------------------
+def self_crossing_ring(vertices: int, seed: int = 1) -> np.ndarray:
+    """A ring through random points: it crosses itself almost everywhere, GEOS's slowest repair
+    (2,000 vertices take it far longer than a second)."""
+    points = np.random.default_rng(seed).uniform(2.0, 2.01, (vertices, 2))
+    return np.vstack([points, points[:1]])
+
+
 REASON_CASES = [
     pytest.param(Reason.NULL_VALUE, None, DEMO, None, ["null value"], id="null_value"),
     pytest.param(
@@ -322,6 +329,14 @@ REASON_CASES = [
         DecodeOptions(max_vertices=2),
         ["max_vertices=2", "3 vertices"],
         id="too_many_vertices",
+    ),
+    pytest.param(
+        Reason.TIME_BUDGET_EXCEEDED,
+        feature({"type": "Polygon", "coordinates": [self_crossing_ring(2_000).tolist()]}),
+        DEMO,
+        DecodeOptions(max_record_seconds=0.3),
+        ["2001 vertices", "max_record_seconds=0.3"],
+        id="time_budget_exceeded",
     ),
     pytest.param(
         Reason.MISSING_REQUIRED_FIELD,

@@ -1,0 +1,195 @@
+"""The GeoJSON properties no column maps: their names, the type their values have, and where they
+were first seen. Under `schema_evolution: off` they are counted and logged; under `add-columns`
+they become the table's new columns (streaming/evolution.py).
+
+A block of documents is read at once by pyarrow's JSON reader, inferring every member. It refuses
+a block whose members change type between documents (a property a number here and a string there,
+Points beside Polygons); such a block is read document by document with json.loads.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Collection
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.json as pa_json
+
+from streaming.contract import Contract
+from streaming.formats.geojson_geometry import ndjson
+
+# Under `schema_evolution: off` the decoder looks for names in the first OFF_SAMPLE GeoJSON records
+# of every OFF_SAMPLE_EVERY-th Arrow batch it decodes (the first included; 10,000 records a batch by
+# default). Reading every record would cost about half the decode (bench/evolution.py), to count
+# what the contract chose to ignore; a read has a fixed cost of about 1 ms, hence the spacing.
+OFF_SAMPLE = 256
+OFF_SAMPLE_EVERY = 4
+NESTED = "nested"  # an object or an array: no column type holds it
+# A document with more brackets than this is read by json.loads, which fails cleanly at any depth:
+# pyarrow's reader recurses once per level as it infers types and overflows the stack on very deep
+# documents (100,000 levels crash it, 10,000 do not); brackets bound the depth from above.
+MAX_BLOCK_BRACKETS = 1_000
+_GEOMETRY_TYPE = r'"geometry"\s*:\s*\{\s*"type"\s*:\s*"(?P<type>[A-Za-z]+)"'
+_PROPERTIES_ONLY = pa.schema([("properties", pa.struct([]))])
+
+
+@dataclass(frozen=True)
+class PropertySeen:
+    """One property name in a set of records: the column type its values have ("long", "double",
+    "boolean", "string" or NESTED), how many records hold a value, and the first of them in
+    Kafka order (timestamp, partition, offset)."""
+
+    type: str
+    count: int
+    first: tuple[int, int, int]
+
+    def merged(self, other: PropertySeen) -> PropertySeen:
+        earlier, later = (self, other) if self.first <= other.first else (other, self)
+        kind = earlier.type
+        # JSON has one kind of number: whole ones beside fractions make a double column.
+        if {self.type, other.type} == {"long", "double"}:
+            kind = "double"
+        return PropertySeen(kind, self.count + other.count, earlier.first)
+
+
+def merge_seen(into: dict[str, PropertySeen], more: dict[str, PropertySeen]) -> dict[str, PropertySeen]:
+    for name, seen in more.items():
+        into[name] = seen if name not in into else into[name].merged(seen)
+    return into
+
+
+def mapped_names(contract: Contract) -> frozenset[str]:
+    """Property names a column reads."""
+    return frozenset(
+        src.removeprefix("properties.")
+        for col in contract.all_columns
+        for src in col.sources
+        if src.startswith("properties.")
+    )
+
+
+def record_order(batch: pa.RecordBatch, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(timestamp ms, partition, offset) of these records of a Kafka source batch; a batch without
+    those columns (a test's) counts its rows in order."""
+    take = pa.array(rows, pa.int64())
+    names = batch.schema.names
+    if not {"timestamp", "partition", "offset"} <= set(names):
+        zeros = np.zeros(rows.size, dtype=np.int64)
+        return zeros, zeros, rows.astype(np.int64)
+    micros = pc.fill_null(pc.cast(batch.column("timestamp").take(take), pa.int64()), 0)
+    return (
+        micros.to_numpy(zero_copy_only=False) // 1000,
+        batch.column("partition").take(take).to_numpy(zero_copy_only=False),
+        batch.column("offset").take(take).to_numpy(zero_copy_only=False),
+    )
+
+
+def unmapped_properties(
+    docs: pa.Array, mapped: Collection[str], order: tuple[np.ndarray, np.ndarray, np.ndarray]
+) -> dict[str, PropertySeen]:
+    """The property names of these GeoJSON documents that are not in `mapped`, with their types.
+
+    `order` is the (timestamp ms, partition, offset) of each document. A document that is not
+    JSON, or not an object, holds no properties here (the decoder rejects it for what it is)."""
+    docs = docs.cast(pa.binary())
+    brackets = (pc.count_substring(docs, "[") + pc.count_substring(docs, "{")).to_numpy(zero_copy_only=False)
+    by_block = np.nan_to_num(brackets, nan=0) <= MAX_BLOCK_BRACKETS
+    # The reader refuses a block whose geometries differ in kind (a Point's coordinates beside a
+    # Polygon's): a block per geometry type.
+    text = pa.Array.from_buffers(pa.string(), len(docs), docs.buffers(), docs.null_count, docs.offset)
+    geometry_types = pc.fill_null(pc.struct_field(pc.extract_regex(text, _GEOMETRY_TYPE), [0]), "")
+    groups = [
+        np.flatnonzero(by_block & pc.equal(geometry_types, kind).to_numpy(zero_copy_only=False))
+        for kind in pc.unique(geometry_types.filter(pa.array(by_block))).to_pylist()
+    ]
+    seen: dict[str, PropertySeen] = {}
+    timestamps, partitions, offsets = order
+    for positions, block in [*((g, True) for g in groups), (np.flatnonzero(~by_block), False)]:
+        if positions.size == 0:
+            continue
+        part = docs.take(pa.array(positions))
+        kinds = (_kinds_by_block(part) if block else None) or _kinds_one_by_one(part)
+        for name, (kind, first, count) in kinds.items():
+            if name in mapped:
+                continue
+            at = positions[first]
+            found = PropertySeen(kind, count, (int(timestamps[at]), int(partitions[at]), int(offsets[at])))
+            merge_seen(seen, {name: found})
+    return seen
+
+
+def _kinds_by_block(docs: pa.Array) -> dict[str, tuple[str, int, int]] | None:
+    """name -> (type, first document holding a value, documents holding one); None when the
+    reader refuses the block."""
+    flat = pc.replace_substring(pc.replace_substring(docs.cast(pa.binary()), "\n", " "), "\r", " ")
+    data = ndjson(flat)
+    read_options = pa_json.ReadOptions(use_threads=False, block_size=max(data.size + 1, 1 << 20))
+    parse_options = pa_json.ParseOptions(explicit_schema=_PROPERTIES_ONLY, unexpected_field_behavior="infer")
+    try:
+        table = pa_json.read_json(pa.BufferReader(data), read_options=read_options, parse_options=parse_options)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+        return None
+    if table.num_rows != len(docs):
+        return None
+    properties = table.column("properties").combine_chunks()
+    if not pa.types.is_struct(properties.type):
+        return None
+    kinds = {}
+    for i, field in enumerate(properties.type):
+        values = properties.field(i)
+        present = pc.is_valid(values)
+        count = pc.sum(present).as_py() or 0
+        if count == 0:
+            continue
+        kinds[field.name] = (_arrow_kind(field.type), int(pc.index(present, True).as_py()), count)
+    return kinds
+
+
+def _arrow_kind(t: pa.DataType) -> str:
+    if pa.types.is_boolean(t):
+        return "boolean"
+    if pa.types.is_integer(t):
+        return "long"
+    if pa.types.is_floating(t):
+        return "double"
+    if pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_timestamp(t):
+        return "string"  # the reader takes ISO times for timestamps; the column keeps the text
+    return NESTED
+
+
+def _kinds_one_by_one(docs: pa.Array) -> dict[str, tuple[str, int, int]]:
+    kinds: dict[str, tuple[str, int, int]] = {}
+    for position, raw in enumerate(docs.to_pylist()):
+        try:
+            doc = json.loads(raw)
+        except (ValueError, TypeError, RecursionError):
+            continue
+        properties = doc.get("properties") if isinstance(doc, dict) else None
+        if not isinstance(properties, dict):
+            continue
+        for name, value in properties.items():
+            if value is None:
+                continue
+            kind = _python_kind(value)
+            known = kinds.get(name)
+            if known is None:
+                kinds[name] = (kind, position, 1)
+            else:
+                widened = "double" if {known[0], kind} == {"long", "double"} else known[0]
+                kinds[name] = (widened, known[1], known[2] + 1)
+    return kinds
+
+
+def _python_kind(value: object) -> str:
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, int):
+        return "long" if -(2**63) <= value < 2**63 else "double"
+    if isinstance(value, float):
+        return "double"
+    if isinstance(value, str):
+        return "string"
+    return NESTED

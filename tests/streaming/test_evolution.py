@@ -1,0 +1,222 @@
+"""Schemas that evolve (contract `schema_evolution`): property names no column maps are counted
+and logged ("off") or become new optional columns ("add-columns").
+
+The pure parts on hard-coded values; the commit of new columns by two writers at once on the
+SQLite catalog; then the real service (broker, Spark, catalog) over a stream whose producers add
+20 properties over time, some with values of conflicting types."""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from app.service import run
+from app.settings import load_settings
+from streaming.catalog import create_table, open_catalog, table_contract
+from streaming.commit import BatchCommit, Committer
+from streaming.contract import Column, parse_contract
+from streaming.evolution import SchemaMoved, plan_new_columns
+from streaming.maintenance import maintain
+from streaming.maintenance_plan import MaintenancePolicy
+from streaming.properties import PropertySeen, unmapped_properties
+from streaming.query import Predicate, query
+from tests.conftest import CACHE_DIR, produce_records
+
+ROOT = Path(__file__).resolve().parents[2]
+DEMO = json.loads((ROOT / "schemas" / "demo_events.json").read_text())
+EVOLVING = {**DEMO, "schema_evolution": {"mode": "add-columns", "max_new_columns_per_batch": 8}}
+# The demo table's ids: columns 1-8, geometry 9, bbox 10 and its fields 11-14.
+LAST_DEMO_ID = 14
+
+
+def feature(i: int, properties: dict) -> bytes:
+    point = {"type": "Point", "coordinates": [round(-170 + (i * 7.3) % 340, 4), round(-80 + (i * 3.1) % 160, 4)]}
+    return json.dumps({"type": "Feature", "id": f"e{i}", "geometry": point, "properties": properties}).encode()
+
+
+# -- what a batch holds ---------------------------------------------------------------------------------
+def order_of(n: int):
+    return np.arange(n) * 10, np.zeros(n, dtype=np.int64), np.arange(n)
+
+
+def test_unmapped_properties_name_type_and_first_record_whichever_way_the_block_reads():
+    docs = [
+        feature(0, {"speed": 1.0, "lanes": 2}),
+        feature(1, {"lanes": 2.5, "note": "x", "tags": ["a"], "gone": None}),
+        feature(2, {"open": True}),
+    ]
+    expected = {
+        "lanes": PropertySeen("double", 2, (0, 0, 0)),  # a whole number beside a fraction: double
+        "note": PropertySeen("string", 1, (10, 0, 1)),
+        "tags": PropertySeen("nested", 1, (10, 0, 1)),
+        "open": PropertySeen("boolean", 1, (20, 0, 2)),
+    }
+    assert unmapped_properties(pa.array(docs), {"speed"}, order_of(3)) == expected
+    # A property whose values change kind makes the block reader refuse the block: read one by one,
+    # the first value's kind stands (the others are rejects of that column later).
+    mixed = [*docs, feature(3, {"note": 7}), b"not json"]
+    assert unmapped_properties(pa.array(mixed), {"speed"}, order_of(5))["note"] == PropertySeen("string", 2, (10, 0, 1))
+
+
+def test_new_columns_take_the_next_ids_in_the_order_their_names_were_first_seen():
+    contract = parse_contract({**EVOLVING, "schema_evolution": {"mode": "add-columns", "max_new_columns_per_batch": 2}})
+    seen = {
+        "zeta": PropertySeen("long", 5, (1, 0, 0)),
+        "alpha": PropertySeen("string", 1, (3, 0, 4)),
+        "Bad-Name": PropertySeen("long", 1, (2, 0, 1)),
+        "shape": PropertySeen("nested", 1, (2, 1, 0)),
+        "late": PropertySeen("double", 1, (9, 0, 9)),
+        "speed_kmh": PropertySeen("double", 1, (4, 0, 0)),
+    }
+    plan = plan_new_columns(contract, seen, LAST_DEMO_ID)
+    assert plan.added == (
+        Column(15, "zeta", "long", False, ("properties.zeta",)),
+        Column(16, "alpha", "string", False, ("properties.alpha",)),
+    )
+    assert set(plan.ignored) == {"Bad-Name", "shape", "late", "speed_kmh"}
+    assert "name_pattern" in plan.ignored["Bad-Name"] and "objects or arrays" in plan.ignored["shape"]
+    assert "max_new_columns_per_batch (2)" in plan.ignored["speed_kmh"]
+    off = plan_new_columns(parse_contract(DEMO), seen, LAST_DEMO_ID)
+    assert off.added == () and set(off.ignored.values()) == {"schema_evolution is off"}
+
+
+# -- two writers ---------------------------------------------------------------------------------------
+def test_two_writers_adding_the_same_column_at_once_both_commit_and_a_clash_is_refused(tmp_path):
+    props = {"type": "sql", "uri": f"sqlite:///{tmp_path / 'c.db'}", "warehouse": f"file://{tmp_path / 'wh'}"}
+    contract = parse_contract(EVOLVING)
+    create_table(open_catalog("a", props), contract)
+    first, second, third = (open_catalog("a", props).load_table(contract.table) for _ in range(3))
+    lanes = Column(15, "lanes", "long", False, ("properties.lanes",))
+    # Both planned "lanes" as id 15 on the same schema; the second commits on top of the first.
+    for writer, table in (("a", first), ("b", second)):
+        outcome = Committer(table).commit(BatchCommit(writer, 0, {"t": {0: (0, 9)}}, (), added_columns=(lanes,)))
+        assert outcome.status == "committed"
+    # The third planned id 15 for another name: its files would give the table's id 15 two meanings.
+    with pytest.raises(SchemaMoved, match="'width'.*id 15.*next id is 16"):
+        Committer(third).commit(
+            BatchCommit("c", 0, {"t": {0: (0, 9)}}, (), added_columns=(Column(15, "width", "long", False, ()),))
+        )
+    table = open_catalog("a", props).load_table(contract.table)
+    assert [(f.field_id, f.name) for f in table.schema().fields][-1] == (15, "lanes")
+    assert table_contract(table, contract).added_columns == (lanes,)
+
+
+# -- through the broker, Spark and the catalog -------------------------------------------------------------
+def numbered(k: int):
+    return lambda i: i * k
+
+
+def lettered(i: int) -> str:
+    return f"v{i}"
+
+
+def evolving_stream(seed: int) -> tuple[list[bytes], dict[str, object]]:
+    """Three phases of 1,200 events; each phase's producers send properties the ones before did not.
+    Returns the records and, per new property, the kind its first value has."""
+    rng = random.Random(seed)
+    values = {
+        "lanes": lambda i: i % 5,
+        "surface": lambda i: rng.choice(["asphalt", "gravel"]),
+        "lit": lambda i: i % 2 == 0,
+        "width_m": lambda i: round(rng.uniform(2, 9), 2),
+        "osm_ref": lambda i: str(1000 + i),
+        "tags": lambda i: ["a", "b"],  # an array: no column holds it
+        "Max-Speed": lambda i: 50,  # a name the pattern refuses
+    }
+    phases = [
+        ["lanes", "surface", "lit", "tags", "Max-Speed"],
+        ["width_m", "osm_ref", *(f"p{k:02d}" for k in range(13))],
+    ]
+    for k in range(13):
+        values[f"p{k:02d}"] = numbered(k) if k % 2 else lettered
+    records, i = [], 0
+    for phase in range(3):
+        for _ in range(1_200):
+            props = {"speed": 10.5, "kind": "road"}
+            for names in phases[:phase]:
+                for name in names:
+                    props[name] = values[name](i)
+            if phase == 2 and i % 100 == 0:
+                props["lanes"] = "four"  # a string in a long column
+            if phase == 2 and i % 100 == 1:
+                props["width_m"] = 7  # a whole number in a double column: it fits
+            records.append(feature(i, props))
+            i += 1
+    return records, values
+
+
+def test_producers_add_properties_over_time_and_the_table_follows(kafka, spark, topic, tmp_path, caplog):
+    records, _ = evolving_stream(seed=7)
+    assert produce_records(kafka.bootstrap, topic, [(None, v, []) for v in records]) == len(records)
+    catalog_props = {"type": "sql", "uri": f"sqlite:///{tmp_path / 'c.db'}", "warehouse": f"file://{tmp_path / 'wh'}"}
+    settings = load_settings(
+        env={},
+        bootstrap_servers=kafka.bootstrap,
+        topic=topic,
+        catalog=catalog_props,
+        checkpoint_location=str(tmp_path / "ck"),
+        metrics_port=0,
+        cache_dir=str(CACHE_DIR),
+        max_offsets_per_trigger=1_200,
+        maintenance_mode="off",
+    )
+    contract = parse_contract({**DEMO, "schema_evolution": "add-columns"})
+    create_table(open_catalog(settings.catalog_name, settings.catalog), contract)
+    reports = []
+    with caplog.at_level(logging.WARNING, logger="geoingest.job"):
+        totals = run(settings, contract, until_idle=True, spark=spark, observers=(reports.append,))
+    assert totals.commits.get("failed", 0) == 0
+
+    table = open_catalog(settings.catalog_name, settings.catalog).load_table(contract.table)
+    added = [(f.field_id, f.name, str(f.field_type)) for f in table.schema().fields if f.field_id > LAST_DEMO_ID]
+    assert added[:3] == [(15, "lanes", "long"), (16, "surface", "string"), (17, "lit", "boolean")]
+    names = [name for _, name, _ in added]
+    assert {"width_m", "osm_ref"} <= set(names) and len(names) == 18, names
+    assert {"tags", "Max-Speed"}.isdisjoint(names), "an array and a refused name are not columns"
+    assert dict((n, t) for _, n, t in added)["width_m"] == "double"
+    assert all(not f.required for f in table.schema().fields if f.field_id > LAST_DEMO_ID)
+    ignored = {name: why for r in reports for name, why in r.ignored_properties.items()}
+    assert {"tags", "Max-Speed"} <= set(ignored)
+    logged = [r.batch["property"] for r in caplog.records if r.getMessage() == "property ignored"]
+    assert sorted(logged) == sorted(set(logged)) and {"tags", "Max-Speed"} <= set(logged), "once per name"
+
+    # Every value is in its column or its record is a reject with the reason; the oldest rows read
+    # null in the columns added after them, with every reader.
+    rejected = sum(r.rejected.get("property_type_mismatch", 0) for r in reports)
+    assert rejected == 12, "'four' in the long column lanes, once per 100 events of the last phase"
+    rows = query(table, Predicate.from_bbox((-180.0, -90.0, 180.0, 90.0))).table
+    assert rows.num_rows == len(records) - rejected
+    by_id = {r["event_id"]: r for r in rows.select(["event_id", "lanes", "width_m", "surface"]).to_pylist()}
+    assert by_id["e5"]["lanes"] is None and by_id["e1205"]["lanes"] == 1205 % 5
+    assert by_id["e2401"]["width_m"] == 7.0
+    assert "e2400" not in by_id
+    scanned = table.scan(selected_fields=("event_id", "lanes")).to_arrow()
+    assert scanned.num_rows == rows.num_rows and scanned.column("lanes").null_count == 1_200
+
+    # Compaction keeps the added columns' values (it reads the files by field id).
+    report = maintain(
+        table,
+        MaintenancePolicy(min_file_age_s=0, snapshot_max_age_s=0, keep_snapshots=1, orphan_min_age_s=0),
+        steps=("compact",),
+    )
+    assert report.compaction is not None and report.compaction.files_rewritten > 1
+    table.refresh()
+    compacted = query(table, Predicate.from_bbox((-180.0, -90.0, 180.0, 90.0))).table
+    columns = ["event_id", *names]
+    assert compacted.select(columns).sort_by("event_id") == rows.select(columns).sort_by("event_id")
+
+
+def test_the_scan_survives_every_hostile_input_the_decoder_meets():
+    from tests.streaming.test_decode import HOSTILE_CASES
+
+    deep_property = b'{"type":"Feature","properties":{"a":' + b"[" * 100_000 + b"]" * 100_000 + b"}}"
+    hostile = [case.values[0] for case in HOSTILE_CASES] + [deep_property, b"\xff\xfe{", b"{" * 5]
+    docs = [feature(0, {"lanes": 2}), *hostile, feature(1, {"lanes": 3})]
+    seen = unmapped_properties(pa.array(docs, pa.binary()), set(), order_of(len(docs)))
+    assert seen["lanes"] == PropertySeen("long", 2, (0, 0, 0))
