@@ -15,13 +15,19 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+import numpy as np
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import HistogramMetricFamily
+from prometheus_client.registry import Collector
 
+from streaming.freshness import ages_at
 from streaming.job import BatchReport
 from streaming.maintenance import MaintenanceReport
 
 _SECONDS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 _FRESHNESS = (0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 900, 3600, 21600, 86400)
+# Event to visible: fine below the seconds a streaming table is judged by, coarse above.
+_EVENT_FRESHNESS = (0.1, 0.25, 0.5, 0.75, 1, 1.5, 2, 3, 5, 10, 30, 60, 300, 900, 3600, 21600, 86400)
 _ROWS = (1_000, 10_000, 50_000, 100_000, 250_000, 500_000, 1_000_000, 2_500_000, 5_000_000)
 _RETRIES = (0, 1, 2, 3, 5, 8, 13)
 
@@ -93,6 +99,8 @@ class IngestMetrics:
             t,
             registry=registry,
         )
+        self.event_freshness = EventFreshness(table, _EVENT_FRESHNESS)
+        registry.register(self.event_freshness)
         self.properties_ignored = Gauge(
             "geoingest_properties_ignored",
             "Property names no column maps in the last batch (schema_evolution off: in the decoders' sample "
@@ -103,21 +111,25 @@ class IngestMetrics:
         self.columns_added = Counter(
             "geoingest_columns_added", "Columns added to the table by schema evolution", t, registry=registry
         )
+        self.batch_running = Gauge(
+            "geoingest_batch_running_seconds",
+            "How long the batch in progress has run (0 between batches)",
+            t,
+            registry=registry,
+        )
+        self.batch_expected = Gauge(
+            "geoingest_batch_expected_seconds",
+            "How long a batch may run before /readyz calls it slow",
+            t,
+            registry=registry,
+        )
+        for gauge in (self.batch_running, self.batch_expected):
+            gauge.labels(table).set(0)
 
     def watch_health(self, health: Health) -> None:
         """Export how long the batch in progress has run, and how long a batch may (see Health)."""
-        Gauge(
-            "geoingest_batch_running_seconds",
-            "How long the batch in progress has run (0 between batches)",
-            ("table",),
-            registry=self.registry,
-        ).labels(self.table).set_function(health.batch_running_s)
-        Gauge(
-            "geoingest_batch_expected_seconds",
-            "How long a batch may run before /readyz calls it slow",
-            ("table",),
-            registry=self.registry,
-        ).labels(self.table).set_function(health.expected_batch_s)
+        self.batch_running.labels(self.table).set_function(health.batch_running_s)
+        self.batch_expected.labels(self.table).set_function(health.expected_batch_s)
 
     def observe_batch(self, report: BatchReport) -> None:
         table, topic = self.table, self.topic
@@ -147,6 +159,7 @@ class IngestMetrics:
         self.last_commit_timestamp.labels(table).set(now)
         for oldest_ms in report.oldest_event_ms.values():
             self.freshness.labels(table).observe(max(0.0, now - oldest_ms / 1000))
+        self.event_freshness.observe(*ages_at(now, list(report.event_times)))
         self.last_progress.labels(table).set(now)
 
     def observe_failed_commit(self) -> None:
@@ -161,6 +174,38 @@ class IngestMetrics:
             for (topic, partition), end in latest.items():
                 behind = end - done.get((topic, partition), 0)
                 self.kafka_lag.labels(topic, partition, self.table).set(max(0, behind))
+
+
+class EventFreshness(Collector):
+    """geoingest_event_freshness_seconds: every committed event's age (Kafka timestamp to the
+    commit that made it visible). A histogram of its own, since a batch observes its events by
+    the bin (streaming/freshness.py), many at once, which prometheus_client's Histogram cannot."""
+
+    NAME = "geoingest_event_freshness_seconds"
+
+    def __init__(self, table: str, buckets: tuple[float, ...]):
+        self.table = table
+        self.buckets = np.array(buckets, dtype=np.float64)
+        self._counts = np.zeros(len(buckets) + 1, dtype=np.int64)  # the last one: +Inf
+        self._sum = 0.0
+        self._lock = threading.Lock()
+
+    def observe(self, ages_s: np.ndarray, counts: np.ndarray) -> None:
+        where = np.searchsorted(self.buckets, ages_s, side="left")  # le: an age on an edge is in it
+        with self._lock:
+            np.add.at(self._counts, where, counts)
+            self._sum += float(np.dot(ages_s, counts))
+
+    def collect(self):
+        with self._lock:
+            cumulative = np.cumsum(self._counts).tolist()
+            total = self._sum
+        family = HistogramMetricFamily(
+            self.NAME, "Age of every committed event at the commit that made it visible", labels=["table"]
+        )
+        edges = [repr(float(b)) for b in self.buckets] + ["+Inf"]
+        family.add_metric([self.table], buckets=list(zip(edges, cumulative)), sum_value=total)
+        yield family
 
 
 class MaintenanceMetrics:

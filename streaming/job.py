@@ -137,6 +137,8 @@ class BatchReport:
     ignored_properties: dict[str, str] = field(default_factory=dict)
     # Columns this batch added to the table (schema_evolution "add-columns")
     added_columns: tuple[str, ...] = ()
+    # Kafka timestamps of the batch's valid records, binned: (first ms, width ms, records)
+    event_times: tuple[tuple[int, int, int], ...] = ()
 
 
 class BatchProcessor:
@@ -297,6 +299,7 @@ class BatchProcessor:
             oldest,
             ignored,
             tuple(c.name for c in plan.added) if outcome.status == "committed" else (),
+            tuple(results.event_times),
         )
         log.info("batch", extra={"batch": _log_fields(report)})
         self._notify(report)

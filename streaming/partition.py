@@ -48,6 +48,7 @@ from streaming.decode import (
     DecodeOptions,
     Decoder,
 )
+from streaming.freshness import EventTimes
 from streaming.isolation import IsolatedDecoder
 from streaming.properties import PropertySeen, merge_seen
 from streaming.storage import list_files
@@ -66,6 +67,7 @@ TALLY = "tally"
 FILE = "file"
 SLICE = "slice"
 PROPERTY = "property"
+EVENT_TIMES = "event_times"
 # Rows per slice of a staged run: the unit a merge task reads. Small enough that a merge range
 # reads little beyond its own rows, large enough that a batch has few slices to plan.
 SLICE_ROWS = 8192
@@ -75,7 +77,8 @@ SLICE_ROWS = 8192
 # DataFileRecord columns, and merged_by: the task whose merge of the whole batch wrote it) or a
 # slice row (one per slice of a staged run: path, slice, key_lo, key_hi, n) or a property row (one per
 # property name no column maps, in the decoder's sample: property, property_type, n, and the first
-# record holding it: oldest_ms, partition, first).
+# record holding it: oldest_ms, partition, first) or an event-times row (one per bin of the Kafka
+# timestamps of the valid records: first = the bin's first ms, last = its width in ms, n).
 RESULT_SCHEMA = pa.schema(
     [
         ("kind", pa.string()),
@@ -189,6 +192,7 @@ class PartitionTask:
         tombstones: list[pa.Table] = []
         delete_files: list[DataFileRecord] = []
         tallies: list[pa.Table] = []
+        event_times = EventTimes()
         run: list[pa.RecordBatch] = []
         run_rows = 0
         records: list[DataFileRecord] = []
@@ -219,6 +223,10 @@ class PartitionTask:
                 valid = decoded.select(keep)
                 if rejected:
                     valid = valid.filter(pc.is_null(decoded.column(REJECT_REASON)))
+                micros = decoded.column(SOURCE_TIMESTAMP).cast(pa.int64())
+                if rejected:
+                    micros = micros.filter(pc.is_null(decoded.column(REJECT_REASON)))
+                event_times.add(micros.to_numpy(zero_copy_only=False) // 1000)
                 if valid.num_rows:
                     run.append(valid)
                     run_rows += valid.num_rows
@@ -242,7 +250,9 @@ class PartitionTask:
             if merged is not None:
                 records, merged_by = merged, number
         unmapped = decoder.unmapped if isinstance(decoder, Decoder) else {}
-        yield results_batch(merge_tallies(tallies), records + delete_files, slices, merged_by, unmapped)
+        yield results_batch(
+            merge_tallies(tallies), records + delete_files, slices, merged_by, unmapped, event_times.bins()
+        )
 
     def _latest_versions(
         self, run: list[pa.RecordBatch], tombstones: list[pa.Table], writer: GeoParquetWriter
@@ -510,6 +520,7 @@ def results_batch(
     slices: Sequence[Slice] = (),
     merged_by: int | None = None,
     unmapped: dict[str, PropertySeen] | None = None,
+    event_times: Sequence[tuple[int, int, int]] = (),
 ) -> pa.RecordBatch:
     rows = [
         {
@@ -544,6 +555,7 @@ def results_batch(
         }
         for name, seen in (unmapped or {}).items()
     ]
+    rows += [{"kind": EVENT_TIMES, "first": start, "last": width, "n": n} for start, width, n in event_times]
     return pa.RecordBatch.from_pylist(rows, schema=RESULT_SCHEMA)
 
 
@@ -560,6 +572,8 @@ class BatchResults:
     delete_files: list[DataFileRecord] = field(default_factory=list)
     # Property names no column maps, in the decoders' samples
     unmapped: dict[str, PropertySeen] = field(default_factory=dict)
+    # Kafka timestamps of the valid records, binned: (first ms, width ms, records)
+    event_times: list[tuple[int, int, int]] = field(default_factory=list)
 
     @classmethod
     def from_rows(cls, rows: Iterable) -> BatchResults:
@@ -577,6 +591,8 @@ class BatchResults:
                         row["oldest_ms"],
                     )
                 )
+            elif row["kind"] == EVENT_TIMES:
+                out.event_times.append((row["first"], row["last"], row["n"]))
             elif row["kind"] == PROPERTY:
                 seen = PropertySeen(row["property_type"], row["n"], (row["oldest_ms"], row["partition"], row["first"]))
                 merge_seen(out.unmapped, {row["property"]: seen})

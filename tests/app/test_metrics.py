@@ -97,6 +97,9 @@ def test_scraped_counters_match_what_was_produced_committed_and_rejected(kafka, 
     assert seen[("geoingest_commit_duration_seconds_count", table_only)] == len(scrapes)
     assert seen[("geoingest_last_snapshot_id", table_only)] != 0
     assert seen[("geoingest_freshness_seconds_count", table_only)] >= 1
+    # Every committed event's age, not only the oldest of each partition; produced minutes ago at most.
+    assert seen[("geoingest_event_freshness_seconds_count", table_only)] == 500
+    assert seen[("geoingest_event_freshness_seconds_bucket", (("le", "900.0"), *table_only))] == 500
     assert readiness[-1] == 200, "ready while the query runs"
     with pytest.raises(OSError):
         urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2)  # server stopped with the run

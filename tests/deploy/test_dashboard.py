@@ -249,6 +249,12 @@ def test_panels_cover_the_operator_topics(dashboard):
             r"geoingest_commits_total",
         ),
         "freshness": (r"geoingest_freshness_seconds_bucket",),
+        "every event's freshness p50/p95/p99": (
+            r"histogram_quantile\(0\.5, [^\n]*geoingest_event_freshness_seconds_bucket",
+            r"histogram_quantile\(0\.95, [^\n]*geoingest_event_freshness_seconds_bucket",
+            r"histogram_quantile\(0\.99, [^\n]*geoingest_event_freshness_seconds_bucket",
+        ),
+        "a slow batch": (r"geoingest_batch_running_seconds",),
         "kafka lag": (r"geoingest_kafka_lag",),
     }
     missing = [topic for topic, patterns in topics.items() if panel_with(dashboard, *patterns) is None]

@@ -26,7 +26,7 @@ from streaming.maintenance import maintain
 from streaming.maintenance_plan import MaintenancePolicy
 from streaming.properties import PropertySeen, unmapped_properties
 from streaming.query import Predicate, query
-from tests.conftest import CACHE_DIR, produce_records
+from tests.conftest import CACHE_DIR, duckdb_connection, produce_records
 
 ROOT = Path(__file__).resolve().parents[2]
 DEMO = json.loads((ROOT / "schemas" / "demo_events.json").read_text())
@@ -198,6 +198,12 @@ def test_producers_add_properties_over_time_and_the_table_follows(kafka, spark, 
     assert "e2400" not in by_id
     scanned = table.scan(selected_fields=("event_id", "lanes")).to_arrow()
     assert scanned.num_rows == rows.num_rows and scanned.column("lanes").null_count == 1_200
+    con = duckdb_connection()
+    con.execute("SET enable_geoparquet_conversion = false")
+    counted = con.execute(
+        f"SELECT count(*), count(lanes), count(p11) FROM iceberg_scan('{table.metadata_location}')"
+    ).fetchone()
+    assert counted == (rows.num_rows, rows.num_rows - 1_200, 1_200 - 12), "DuckDB reads the old files as null too"
 
     # Compaction keeps the added columns' values (it reads the files by field id).
     report = maintain(
