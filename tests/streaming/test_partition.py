@@ -19,6 +19,7 @@ from streaming.contract import BBOX_FIELDS
 from streaming.decode import DecodeOptions
 from streaming.hilbert import hilbert_keys_of_bounds
 from streaming.partition import (
+    EVENT_TIMES,
     FILE,
     TALLY,
     BatchResults,
@@ -127,7 +128,8 @@ def test_a_partition_of_rejects_only_writes_no_file_and_still_reports_its_offset
 
 def test_result_rows_are_told_apart_by_kind(tmp_path):
     out = list(task(tmp_path)([kafka_batch(points(3))]))[0].to_pylist()
-    assert {row["kind"] for row in out} == {TALLY, FILE}
+    assert {row["kind"] for row in out} == {TALLY, FILE, EVENT_TIMES}
+    assert sum(row["n"] for row in out if row["kind"] == EVENT_TIMES) == 3, "every valid event's timestamp"
     assert all(
         shapely.box(row["xmin"], row["ymin"], row["xmax"], row["ymax"]).is_valid for row in out if row["kind"] == FILE
     )
