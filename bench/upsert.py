@@ -44,7 +44,12 @@ from streaming.maintenance import maintain  # noqa: E402
 from streaming.maintenance_plan import MaintenancePolicy  # noqa: E402
 from streaming.query import Predicate, query  # noqa: E402
 from tests.conftest import produce_records  # noqa: E402
-from tests.streaming.test_upsert import expected_state, make_stream  # noqa: E402
+from tests.streaming.test_upsert import (  # noqa: E402
+    every_snapshot_matches,
+    expected_state,
+    make_stream,
+    record_positions,
+)
 
 RESULTS = ROOT / "bench" / "results"
 DEMO = json.loads((ROOT / "schemas" / "demo_events.json").read_text())
@@ -222,6 +227,13 @@ def main() -> None:
             report["upsert_state_matches"] = state == expected
             report["live_keys"] = len(expected)
             report["deletes"] = delete_facts(upsert)
+            try:
+                checked = every_snapshot_matches(
+                    upsert, "stream", records, record_positions(broker.bootstrap, "stream", records)
+                )
+                report["every_snapshot_matches"] = {"snapshots": checked, "all_match": True}
+            except AssertionError as exc:
+                report["every_snapshot_matches"] = {"all_match": False, "first_mismatch": str(exc)[:300]}
             report["copy_on_write"] = copy_on_write_cost(upsert)
             report["append_query"] = query_cost(append, boxes)
             report["upsert_query_before"] = query_cost(upsert, boxes)
@@ -272,7 +284,8 @@ def write_results(report: dict) -> None:
         "",
         f"Equality delete files: {d['delete_files']}, {d['deleted_keys']:,} keys, {d['delete_bytes']:,} bytes. "
         f"Live keys {report['live_keys']:,}; the upsert table equals the state computed from the records: "
-        f"{report['upsert_state_matches']} (after compaction: {report['upsert_state_matches_after_compaction']}).",
+        f"{report['upsert_state_matches']} (after compaction: {report['upsert_state_matches_after_compaction']}). "
+        f"Every snapshot against the state the records it covers make: {report['every_snapshot_matches']}.",
         "",
         f"Copy-on-write on the same stream would rewrite, over {c['batches']} batches, {c['cow_files_rewritten']:,} "
         f"data files holding a replaced or deleted key ({c['cow_bytes_rewritten']:,} bytes), on top of the "

@@ -447,6 +447,7 @@ def run_chaos(
     progress=lambda message: None,
     result: ChaosRun | None = None,
     serve_metrics: bool = False,
+    contract: Path = CONTRACT_FILE,
 ) -> ChaosRun:
     """Start the service and SIGKILL it `kills` times, restarting it each time with the same
     checkpoint; kills numbered in `hold_kills` are aimed between the Iceberg commit and the
@@ -463,7 +464,8 @@ def run_chaos(
     Once the topic is drained (all its offsets in the table) a kill waits no longer for a new
     snapshot, but comes a random fraction of a batch after the run started its query. With
     serve_metrics, every run serves /metrics on a port of its own (Service.metrics_port); `result`
-    may be passed in to watch the runs while they happen."""
+    may be passed in to watch the runs while they happen. `contract`: the service's contract file,
+    of the same table as CONTRACT (an upsert version of it, say)."""
     result = ChaosRun() if result is None else result
     try:
         _chaos(
@@ -480,6 +482,7 @@ def run_chaos(
             max_self_exits,
             progress,
             serve_metrics,
+            contract,
         )
     finally:
         for service in result.services:  # nothing of a failed run is left behind
@@ -502,6 +505,7 @@ def _chaos(
     max_self_exits,
     progress,
     serve_metrics,
+    contract,
 ) -> None:
     from app.broker import free_port
 
@@ -525,7 +529,7 @@ def _chaos(
             if serve_metrics:
                 extra["GEOINGEST_METRICS_PORT"] = str(free_port())
             in_table_before = {(i.writer_id, i.batch_id) for i in identities(table)}
-            service = Service(env, log_dir, f"run-{attempt:02d}", extra_env=extra)
+            service = Service(env, log_dir, f"run-{attempt:02d}", extra_env=extra, contract=contract)
             attempt += 1
             result.services.append(service)
             try:
@@ -580,6 +584,7 @@ def _chaos(
             f"final-{drain}",
             "--until-idle",
             extra_env={"GEOINGEST_METRICS_PORT": str(free_port())} if serve_metrics else None,
+            contract=contract,
         )
         result.services.append(final)
         code = final.wait(timeout=max(step_timeout_s, 900))

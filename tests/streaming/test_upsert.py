@@ -174,6 +174,38 @@ def spark_iceberg_state(metadata_location: str, tmp_path: Path) -> dict[str, tup
     return state
 
 
+def record_positions(bootstrap: str, topic: str, records: list) -> dict[int, list[int]]:
+    """Per partition, the produced records in offset order, as indices into `records` (the
+    versions of a key keep their order: they share a partition)."""
+    messages = partition_positions(bootstrap, topic, len(records))
+    by_key: dict[bytes, list[int]] = {}
+    for i, (key, _, _) in enumerate(records):
+        by_key.setdefault(key, []).append(i)
+    seen: dict[bytes, int] = {}
+    positions: dict[int, list[int]] = {}
+    for (partition, _), message in sorted(messages.items()):
+        n = seen.get(message.key, 0)
+        seen[message.key] = n + 1
+        positions.setdefault(partition, []).append(by_key[message.key][n])
+    return positions
+
+
+def every_snapshot_matches(table, topic: str, records: list, positions: dict[int, list[int]]) -> int:
+    """Check that every snapshot holds the state the records it covers make; returns how many."""
+    upto: dict[int, int] = {}
+    checked = 0
+    for snapshot in sorted(table.metadata.snapshots, key=lambda s: s.sequence_number):
+        offsets = (snapshot.summary or {}).get(KAFKA_OFFSETS)
+        if offsets:
+            for partition, (_, last) in json.loads(offsets).get(topic, {}).items():
+                upto[int(partition)] = max(upto.get(int(partition), -1), int(last))
+        assert table_state(table, snapshot.snapshot_id) == reference_state(records, positions, upto), (
+            f"snapshot {snapshot.snapshot_id} ({(snapshot.summary or {}).get('operation')})"
+        )
+        checked += 1
+    return checked
+
+
 def partition_positions(bootstrap: str, topic: str, n: int) -> dict:
     """(partition, offset) -> the message there, read back from the broker."""
     from kafka import KafkaConsumer
@@ -200,19 +232,7 @@ def test_every_snapshot_of_an_upsert_table_holds_exactly_the_current_versions(
     contract = parse_contract({**DEMO, "mode": "upsert"})
     records = make_stream(n_keys=2_000, n_events=20_000, seed=4)
     assert produce_records(kafka.bootstrap, topic, records) == len(records)
-    messages = partition_positions(kafka.bootstrap, topic, len(records))
-    # The produced records per partition in offset order, as indices into `records`.
-    index_of = {}
-    by_key: dict[bytes, list[int]] = {}
-    for i, (key, _, _) in enumerate(records):
-        by_key.setdefault(key, []).append(i)
-    seen: dict[bytes, int] = {}
-    positions: dict[int, list[int]] = {}
-    for (partition, offset), message in sorted(messages.items()):
-        n = seen.get(message.key, 0)
-        seen[message.key] = n + 1
-        index_of[(partition, offset)] = by_key[message.key][n]
-        positions.setdefault(partition, []).append(index_of[(partition, offset)])
+    positions = record_positions(kafka.bootstrap, topic, records)
 
     settings = load_settings(
         env={},
@@ -230,19 +250,8 @@ def test_every_snapshot_of_an_upsert_table_holds_exactly_the_current_versions(
     assert totals.commits.get("failed", 0) == 0 and totals.batches >= 8
 
     table = open_catalog(settings.catalog_name, settings.catalog).load_table(contract.table)
-    upto: dict[int, int] = {}
-    checked = 0
-    for snapshot in sorted(table.metadata.snapshots, key=lambda s: s.sequence_number):
-        offsets = (snapshot.summary or {}).get(KAFKA_OFFSETS)
-        if offsets:
-            for partition, (_, last) in json.loads(offsets).get(topic, {}).items():
-                upto[int(partition)] = max(upto.get(int(partition), -1), int(last))
-        assert table_state(table, snapshot.snapshot_id) == reference_state(records, positions, upto), (
-            f"snapshot {snapshot.snapshot_id} ({(snapshot.summary or {}).get('operation')})"
-        )
-        checked += 1
-    assert checked >= totals.batches
-    final = reference_state(records, positions, upto)
+    assert every_snapshot_matches(table, topic, records, positions) >= totals.batches
+    final = reference_state(records, positions, {p: len(indices) - 1 for p, indices in positions.items()})
     assert len(final) > 1_000 and table_state(table) == final
     if clustering == "batch":
         assert spark_iceberg_state(table.metadata_location, tmp_path) == final, "Spark's Iceberg reader agrees"
