@@ -262,14 +262,8 @@ def test_columns_schema_evolution_added_are_kept_and_counted(catalog, table: Tab
 
 
 # -- the command ------------------------------------------------------------------------------------
-def _cli(monkeypatch: pytest.MonkeyPatch, root: Path, *args: str) -> int:
-    from app.cli import main
-
-    monkeypatch.delenv("GEOINGEST_CONFIG", raising=False)
-    monkeypatch.setenv("GEOINGEST_CATALOG_NAME", "test")
-    monkeypatch.setenv("GEOINGEST_CATALOG__URI", f"sqlite:///{root}/catalog.db")
-    monkeypatch.setenv("GEOINGEST_CATALOG__WAREHOUSE", f"file://{root}/warehouse")
-    return main(list(args))
+# `geoingest` with the catalog under a test folder: test_query.py's helper.
+from tests.streaming.test_query import _cli  # noqa: E402
 
 
 def test_cli_evolve(
