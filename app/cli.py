@@ -21,8 +21,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         settings = load_settings(args.config)
-        return args.handler(args, settings) or 0
+        status = args.handler(args, settings) or 0
+        _stop_spark()
+        return status
     except KeyboardInterrupt:
+        _stop_spark()
         print("geoingest: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
     except Exception as exc:  # noqa: BLE001 - every failure ends in one line naming its cause
@@ -31,8 +34,18 @@ def main(argv: list[str] | None = None) -> int:
             if not logging.getLogger("geoingest").handlers:
                 configure_logging()
             logging.getLogger("geoingest.cli").error("failed", exc_info=True)
+        _stop_spark()
         print(f"geoingest: {one_line(exc)}", file=sys.stderr)
         return EXIT_FAILURE
+
+
+def _stop_spark() -> None:
+    """The JVM of a command that started Spark stops before the last line, so that its shutdown
+    logging cannot come after that line."""
+    if "pyspark" in sys.modules:
+        from app.spark import stop_spark
+
+        stop_spark()
 
 
 # Errors that name their input (a setting, an argument, a table) are the message; a traceback in

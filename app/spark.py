@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import glob
 import os
+import subprocess
 import sys
 from collections.abc import Mapping
 from pathlib import Path
@@ -145,3 +146,36 @@ def spark_session(
     session = builder.getOrCreate()
     session.sparkContext.setLogLevel("WARN")
     return session
+
+
+def stop_spark(timeout_s: float = 60.0) -> None:
+    """Stop this process's Spark context and wait for its JVM to exit.
+
+    Left to the interpreter's exit, the JVM stops after Python has printed its last line, and
+    what it logs on the way down (executors disconnecting, shutdown hooks) lands after that
+    line, where a user or a supervisor reads the cause of a failure."""
+    context = SparkContext._active_spark_context
+    gateway = SparkContext._gateway
+    if context is not None:
+        try:
+            context.stop()
+        except Exception:  # noqa: BLE001 - the JVM is going away either way; its exit is what counts
+            pass
+    if gateway is None:
+        return
+    process = getattr(gateway, "proc", None)
+    try:
+        gateway.shutdown()
+    except Exception:  # noqa: BLE001 - a gateway whose JVM already died
+        pass
+    if process is not None:
+        # Spark's gateway server exits when its standard input closes.
+        if process.stdin is not None:
+            process.stdin.close()
+        try:
+            process.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+    SparkContext._gateway = None
+    SparkContext._jvm = None

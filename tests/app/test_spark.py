@@ -32,3 +32,28 @@ def test_the_kafka_connector_comes_from_the_cache_not_from_ivy(spark):
     jars = spark.sparkContext.getConf().get("spark.jars", "")
     assert "spark-sql-kafka-0-10" in jars
     assert spark.sparkContext.getConf().get("spark.jars.packages", "") == ""
+
+
+def test_stop_spark_leaves_no_jvm_to_log_after_the_last_line(tmp_path):
+    """A command's last line names the cause of its failure; a JVM still stopping after it would
+    print below it. Its own interpreter: the session fixture's JVM must outlive this test."""
+    import subprocess
+    import sys
+
+    from app.settings import load_settings
+
+    script = f"""
+import os, sys
+from pyspark import SparkContext
+from app.spark import spark_session, stop_spark
+spark_session("local[1]", {load_settings(None).cache_dir!r})
+process = SparkContext._gateway.proc
+stop_spark()
+print(process.poll() is not None, SparkContext._gateway is None, SparkContext._active_spark_context is None)
+stop_spark()  # again, with nothing left to stop
+print("done", file=sys.stderr)
+"""
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.split() == ["True", "True", "True"]
+    assert result.stderr.strip().splitlines()[-1] == "done"
