@@ -26,6 +26,7 @@ from streaming.dead_letter import DeadLetterConfig
 from streaming.decode import DecodeOptions
 from streaming.job import BatchProcessor, BatchReport, JobConfig, start_query
 from streaming.kafka_admin import ensure_topic, partitions_of
+from streaming.kafka_source import caught_up
 from streaming.maintenance import MaintenanceGaveUp, MaintenanceReport, Progress, data_manifest_count, maintain
 from streaming.maintenance_plan import MaintenancePolicy, parse_steps
 
@@ -76,6 +77,7 @@ def job_config(settings: Settings, contract: Contract, table: Table) -> JobConfi
         ),
         dead_letter=dead_letter_config(settings, table),
         hold_after_commit_file=settings.hold_after_commit_file,
+        source=settings.source,
     )
 
 
@@ -269,7 +271,14 @@ def run(
         health.batch_started = lambda: processor.running_since
         metrics.watch_health(health)
         query = start_query(spark, processor, until_idle=until_idle, trigger_interval=settings.trigger_interval)
-        _supervise(query, processor, metrics, health, stop_on_signal=not until_idle)
+        _supervise(
+            query,
+            processor,
+            metrics,
+            health,
+            stop_on_signal=not until_idle,
+            stop_when_caught_up=until_idle and config.source == "python",
+        )
     finally:
         if maintenance is not None:
             maintenance.stop()
@@ -292,8 +301,16 @@ def _resume_from_table(config: JobConfig, table, settings: Settings) -> JobConfi
     return dataclasses.replace(config, starting_offsets=starting)
 
 
-def _supervise(query, processor: BatchProcessor, metrics: IngestMetrics, health: Health, stop_on_signal: bool) -> None:
-    """Wait for the query, feeding health and lag from its progress; stop it cleanly on a signal."""
+def _supervise(
+    query,
+    processor: BatchProcessor,
+    metrics: IngestMetrics,
+    health: Health,
+    stop_on_signal: bool,
+    stop_when_caught_up: bool = False,
+) -> None:
+    """Wait for the query, feeding health and lag from its progress; stop it cleanly on a signal,
+    or with stop_when_caught_up once it has read up to its source's ending offsets."""
 
     stop_requested = threading.Event()
     if stop_on_signal and threading.current_thread() is threading.main_thread():
@@ -309,7 +326,7 @@ def _supervise(query, processor: BatchProcessor, metrics: IngestMetrics, health:
     health.last_progress = time.time()
     seen_progress = None
     while query.isActive:
-        if stop_requested.is_set():
+        if stop_requested.is_set() or (stop_when_caught_up and caught_up(query)):
             _stop_after_current_batch(query)
             break
         progress = query.lastProgress

@@ -38,6 +38,9 @@ class Settings:
     max_offsets_per_trigger: int = 1_000_000
     # Extra Kafka client options, passed to the Spark source as kafka.<key> (SASL, SSL, ...).
     kafka: dict[str, str] = field(default_factory=dict)
+    # Where the records are read: "spark-kafka", Spark's Kafka source (a JVM consumer), or
+    # "python", whose tasks read their offset ranges with librdkafka (README "Kafka sources").
+    source: str = "spark-kafka"
     # Iceberg catalog (pyiceberg properties)
     catalog_name: str = "geoingest"
     catalog: dict[str, str] = field(

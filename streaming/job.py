@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
 import pyarrow as pa
@@ -60,6 +60,9 @@ from streaming.evolution import (
     seen_from_rows,
 )
 from streaming.isolation import IsolatedDecoder, worker_crashed
+from streaming.kafka_options import SourceSettings
+from streaming.kafka_read import ReadingRanges
+from streaming.kafka_source import python_kafka_stream
 from streaming.partition import (
     RESULT_SCHEMA,
     BatchResults,
@@ -91,6 +94,12 @@ STAGE_TASKS_PROPERTY = "geoingest.stage.tasks"
 
 log = logging.getLogger("geoingest.job")
 
+# Where the records come from: Spark's Kafka source (a JVM consumer, rows converted to Arrow for
+# the Python tasks), or the Python one, whose tasks read their offset ranges with librdkafka.
+SOURCES = ("spark-kafka", "python")
+
+TaskFunction = Callable[[Iterable[pa.RecordBatch]], Iterable[pa.RecordBatch]]
+
 
 @dataclass(frozen=True)
 class JobConfig:
@@ -117,6 +126,9 @@ class JobConfig:
     # Test hook: after a committed batch, write this file and hold, so a test can kill the
     # process between the Iceberg commit and Spark's checkpoint commit.
     hold_after_commit_file: str = ""
+    # spark-kafka: Spark's Kafka source; python: streaming/kafka_source.py, whose tasks read their
+    # offset ranges themselves (see SOURCES).
+    source: str = "spark-kafka"
 
 
 @dataclass(frozen=True)
@@ -154,6 +166,8 @@ class BatchProcessor:
     ):
         if config.clustering not in CLUSTERING_MODES:
             raise ValueError(f"clustering: {config.clustering!r} is not one of {list(CLUSTERING_MODES)}")
+        if config.source not in SOURCES:
+            raise ValueError(f"source: {config.source!r} is not one of {list(SOURCES)}")
         if contract.mode == "upsert" and config.clustering == "shuffle":
             raise ValueError(
                 f"clustering: 'shuffle' cannot write the upsert table {contract.table} (its versions are "
@@ -176,6 +190,11 @@ class BatchProcessor:
         self._spark_result_schema = from_arrow_schema(RESULT_SCHEMA)
         self._spark_scan_schema = from_arrow_schema(PROPERTY_SCAN_SCHEMA)
         self._parallelism = config.parallelism or spark.sparkContext.defaultParallelism
+        self._ranges_source = (
+            SourceSettings.parse(python_source_options(config, self._parallelism, until_idle=False))
+            if config.source == "python"
+            else None
+        )
         parquet_write_options(table.properties)  # a codec the writers cannot use stops the start, not a batch
         # Why the query stopped, in one line, when the cause is ours (a dead letter that could not
         # be written): Spark would report it as a Python traceback inside its own.
@@ -228,7 +247,8 @@ class BatchProcessor:
             return ColumnPlan()
         step = time.monotonic()
         scan = PropertyScan(mapped_names(self.contract))
-        rows = _source_columns(batch).coalesce(self._parallelism).mapInArrow(scan, self._spark_scan_schema).collect()
+        source, read_and_scan = self._records(batch, scan)
+        rows = source.coalesce(self._parallelism).mapInArrow(read_and_scan, self._spark_scan_schema).collect()
         plan = plan_new_columns(self.contract, seen_from_rows(rows), self.table.metadata.last_column_id)
         timings["property_scan"] = time.monotonic() - step
         return plan
@@ -356,8 +376,8 @@ class BatchProcessor:
         )
         # At most one task per core (coalesce never adds partitions): fewer, longer runs (and, with
         # clustering "task", fewer files covering the same places).
-        source = _source_columns(batch).coalesce(self._parallelism)
-        ingested = source.mapInArrow(task, self._spark_result_schema)
+        source, read_and_ingest = self._records(batch, task)
+        ingested = source.coalesce(self._parallelism).mapInArrow(read_and_ingest, self._spark_result_schema)
         results = BatchResults.from_rows(_collect_with_task_count(self.spark, ingested))
         timings["ingest"] = time.monotonic() - step
         if staging is None:
@@ -394,6 +414,13 @@ class BatchProcessor:
                 self._discard(tuple(files))
         return chosen
 
+    def _records(self, batch: DataFrame, task: TaskFunction) -> tuple[DataFrame, TaskFunction]:
+        """The batch's frame and a task function over its Kafka records: Spark's source hands the
+        records over; the Python source ("python") hands over offset ranges, read in the task."""
+        if self._ranges_source is None:
+            return _source_columns(batch), task
+        return batch, ReadingRanges(self._ranges_source, task)
+
     def _staging(self, batch_id: int) -> str:
         return f"{self.table.location().rstrip('/')}/staging/{self.config.writer_id}-b{batch_id:09d}"
 
@@ -401,10 +428,8 @@ class BatchProcessor:
         self, batch: DataFrame, batch_id: int, timings: dict[str, float], isolate_decoder: bool
     ) -> BatchResults:
         started = time.monotonic()
-        decoded = _source_columns(batch).mapInArrow(
-            _decode_fn(self.contract, self.config.decode, isolate_decoder),
-            from_arrow_schema(decoded_schema(self.contract)),
-        )
+        source, read_and_decode = self._records(batch, _decode_fn(self.contract, self.config.decode, isolate_decoder))
+        decoded = source.mapInArrow(read_and_decode, from_arrow_schema(decoded_schema(self.contract)))
         decoded = decoded.persist(StorageLevel.MEMORY_AND_DISK)
         try:
             tallies = [
@@ -582,7 +607,10 @@ def _log_fields(report: BatchReport) -> dict:
     }
 
 
-def kafka_stream(spark: SparkSession, config: JobConfig) -> DataFrame:
+def kafka_stream(spark: SparkSession, config: JobConfig, until_idle: bool = False) -> DataFrame:
+    if config.source == "python":
+        parallelism = config.parallelism or spark.sparkContext.defaultParallelism
+        return python_kafka_stream(spark, python_source_options(config, parallelism, until_idle))
     options = kafka_source_options(
         config.bootstrap_servers,
         config.topic,
@@ -596,6 +624,21 @@ def kafka_stream(spark: SparkSession, config: JobConfig) -> DataFrame:
         .option("maxOffsetsPerTrigger", str(config.max_offsets_per_trigger))
         .load()
     )
+
+
+def python_source_options(config: JobConfig, parallelism: int, until_idle: bool) -> dict[str, str]:
+    """The Python source's options: Spark's source's, offset ranges only (the tasks read them), and
+    with until_idle the offsets at the start as the end (Spark runs no Trigger.AvailableNow for a
+    Python source; the service stops the query once it has caught up, see caught_up)."""
+    options = {
+        **kafka_source_options(config.bootstrap_servers, config.topic, parallelism, config.kafka_options),
+        "startingOffsets": config.starting_offsets,
+        "maxOffsetsPerTrigger": str(config.max_offsets_per_trigger),
+        "rangesOnly": "true",
+    }
+    if until_idle:
+        options["endingOffsets"] = "latest"
+    return options
 
 
 def kafka_source_options(
@@ -634,10 +677,15 @@ def start_query(
     spark: SparkSession, processor: BatchProcessor, until_idle: bool, trigger_interval: str = "10 seconds"
 ) -> StreamingQuery:
     writer = (
-        kafka_stream(spark, processor.config)
+        kafka_stream(spark, processor.config, until_idle)
         .writeStream.foreachBatch(processor)
         .option("checkpointLocation", processor.config.checkpoint_location)
         .queryName(f"geoingest-{processor.contract.table}")
     )
-    writer = writer.trigger(availableNow=True) if until_idle else writer.trigger(processingTime=trigger_interval)
+    if until_idle and processor.config.source == "python":
+        writer = writer.trigger(processingTime="0 seconds")  # until endingOffsets, then stopped by the service
+    elif until_idle:
+        writer = writer.trigger(availableNow=True)
+    else:
+        writer = writer.trigger(processingTime=trigger_interval)
     return writer.start()

@@ -905,3 +905,11 @@ def test_a_restarted_service_survives_the_progress_of_a_recovered_batch():
     metrics = IngestMetrics(CollectorRegistry(), CONTRACT.table, "t")
     _supervise(RecoveredQuery(), QuietProcessor(), metrics, Health(max_silence_s=60), stop_on_signal=False)
     assert metrics.registry.get_sample_value("geoingest_last_progress_timestamp_seconds", {"table": CONTRACT.table}) > 0
+
+
+def test_kill_9_with_the_python_source_loses_and_duplicates_nothing(kafka, tmp_path):
+    """The same promise when the tasks read their offset ranges themselves (source "python"):
+    Spark's checkpoint still holds the offsets, the table's snapshots still recognise a replay."""
+    topic = f"chaos-py-{uuid.uuid4().hex[:8]}"
+    env, events = prepare(kafka.bootstrap, topic, tmp_path, 100_000, GEOINGEST_SOURCE="python")
+    check_kill_9_chaos(env, topic, events, tmp_path, kills=3, hold_kills={1}, write_kills={2})

@@ -168,10 +168,16 @@ def new_topic(lakehouse: Lakehouse, partitions: int = 3) -> str:
     return name
 
 
-@pytest.mark.parametrize("clustering", ["batch", "task", "shuffle"])
-def test_ingest_dead_letters_query_and_time_travel_on_the_lakehouse(lakehouse, clustering, tmp_path):
+@pytest.mark.parametrize(
+    ("clustering", "source"),
+    [("batch", "spark-kafka"), ("task", "spark-kafka"), ("shuffle", "spark-kafka"), ("batch", "python")],
+    ids=["batch", "task", "shuffle", "batch-python-source"],
+)
+def test_ingest_dead_letters_query_and_time_travel_on_the_lakehouse(lakehouse, clustering, source, tmp_path):
+    """With the Python source the executors read Kafka themselves, over SASL_SSL, from the JVMs of
+    the cluster's worker."""
     topic = new_topic(lakehouse)
-    table = f"lh_{clustering}.events"
+    table = f"lh_{clustering}{'_py' if source == 'python' else ''}.events"
     contract = contract_file(tmp_path, table)
     first = points("a", 1500)
     bad = [
@@ -189,6 +195,7 @@ def test_ingest_dead_letters_query_and_time_travel_on_the_lakehouse(lakehouse, c
         topic,
         tmp_path,
         GEOINGEST_CLUSTERING=clustering,
+        GEOINGEST_SOURCE=source,
         GEOINGEST_MAX_OFFSETS_PER_TRIGGER="600",
         GEOINGEST_DEAD_LETTER_MAX_RECORD_BYTES="4096",
     )

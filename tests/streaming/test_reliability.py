@@ -23,7 +23,7 @@ from streaming.dead_letter import (
     SOURCE_PARTITION_HEADER,
     SOURCE_TOPIC_HEADER,
 )
-from streaming.job import BatchProcessor, JobConfig
+from streaming.job import SOURCES, BatchProcessor, JobConfig
 from streaming.orphans import find_orphans
 from streaming.writer import GeoParquetWriter
 from tests.conftest import CACHE_DIR, produce_records
@@ -87,7 +87,14 @@ def consume_all(bootstrap: str, topic: str) -> list:
         consumer.close()
 
 
-def test_every_record_ends_in_the_table_or_the_dead_letter_topic(kafka, spark, topic, tmp_path):
+@pytest.fixture(params=SOURCES)
+def source(request) -> str:
+    """Both Kafka sources must keep every promise here: Spark's, and the Python one whose tasks
+    read their offset ranges themselves."""
+    return request.param
+
+
+def test_every_record_ends_in_the_table_or_the_dead_letter_topic(kafka, spark, topic, tmp_path, source):
     bad = [
         (b"bad-garbage", b"\x07 garbage", [("trace", b"abc")]),
         (b"bad-null", None, []),
@@ -100,7 +107,7 @@ def test_every_record_ends_in_the_table_or_the_dead_letter_topic(kafka, spark, t
         records.insert(100 * i + 7, record)
     assert produce_records(kafka.bootstrap, topic, records) == len(records)
 
-    settings = settings_for(tmp_path, kafka, topic)
+    settings = settings_for(tmp_path, kafka, topic, source=source)
     create_table(open_catalog(settings.catalog_name, settings.catalog), CONTRACT)
     totals = run(settings, CONTRACT, until_idle=True, spark=spark)
 
@@ -162,8 +169,8 @@ def test_a_replayed_batch_is_recognised_and_leaves_no_files_behind(kafka, spark,
     assert find_orphans(table, min_age_s=0) == [], "the replay's own files were removed"
 
 
-def test_a_lost_checkpoint_resumes_from_the_offsets_in_the_table(kafka, spark, topic, tmp_path):
-    settings = settings_for(tmp_path, kafka, topic)
+def test_a_lost_checkpoint_resumes_from_the_offsets_in_the_table(kafka, spark, topic, tmp_path, source):
+    settings = settings_for(tmp_path, kafka, topic, source=source)
     create_table(open_catalog(settings.catalog_name, settings.catalog), CONTRACT)
     produce_records(kafka.bootstrap, topic, good_records("a", 500) + [(b"bad", b"nope", [])])
     run(settings, CONTRACT, until_idle=True, spark=spark)
@@ -240,8 +247,8 @@ def test_files_of_a_batch_that_never_committed_are_listed_as_orphans(tmp_path, c
     assert table.scan().to_arrow().num_rows == 50
 
 
-def test_a_batch_of_only_rejects_still_records_its_offsets(kafka, spark, topic, tmp_path):
-    settings = settings_for(tmp_path, kafka, topic)
+def test_a_batch_of_only_rejects_still_records_its_offsets(kafka, spark, topic, tmp_path, source):
+    settings = settings_for(tmp_path, kafka, topic, source=source)
     create_table(open_catalog(settings.catalog_name, settings.catalog), CONTRACT)
     produce_records(kafka.bootstrap, topic, [(b"x", b"junk", []), (b"y", None, [])])
     totals = run(settings, CONTRACT, until_idle=True, spark=spark)
