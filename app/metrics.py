@@ -165,11 +165,16 @@ class IngestMetrics:
     def observe_failed_commit(self) -> None:
         self.commits.labels(self.table, "failed").inc()
 
-    def observe_progress(self, progress: dict) -> None:
-        """A StreamingQueryProgress (as a dict): Kafka lag per partition, and that the query is alive."""
+    def observe_progress(self, progress: dict, latest_offsets: dict[tuple[str, int], int] | None = None) -> None:
+        """A StreamingQueryProgress (as a dict): Kafka lag per partition, and that the query is alive.
+        latest_offsets: the topic's end offsets when the source does not report them (the Python
+        source reports the end of the batch it planned, capped by maxOffsetsPerTrigger)."""
         self.last_progress.labels(self.table).set(time.time())
         for source in progress.get("sources", []):
-            latest = _offsets(source.get("latestOffset"))
+            if latest_offsets is None:
+                latest = _offsets(source.get("latestOffset"))
+            else:
+                latest = {(topic, str(partition)): offset for (topic, partition), offset in latest_offsets.items()}
             done = _offsets(source.get("endOffset"))
             for (topic, partition), end in latest.items():
                 behind = end - done.get((topic, partition), 0)

@@ -24,9 +24,10 @@ from streaming.commit import resume_offsets
 from streaming.contract import Contract
 from streaming.dead_letter import DeadLetterConfig
 from streaming.decode import DecodeOptions
-from streaming.job import BatchProcessor, BatchReport, JobConfig, start_query
+from streaming.job import BatchProcessor, BatchReport, JobConfig, python_source_options, start_query
 from streaming.kafka_admin import ensure_topic, partitions_of
-from streaming.kafka_source import caught_up
+from streaming.kafka_options import SourceSettings
+from streaming.kafka_source import LatestOffsets, caught_up
 from streaming.maintenance import MaintenanceGaveUp, MaintenanceReport, Progress, data_manifest_count, maintain
 from streaming.maintenance_plan import MaintenancePolicy, parse_steps
 
@@ -235,6 +236,7 @@ def run(
         maintenance = MaintenanceRunner(settings, contract.table, MaintenanceMetrics(metrics.registry, contract.table))
         observers = (*observers, maintenance.after_batch)
     health = Health(max_silence_s=settings.ready_max_silence_s)
+    latest_offsets: LatestOffsets | None = None
     server = serve(metrics.registry, health, settings.metrics_port) if settings.metrics_port else None
     try:
         if maintenance is not None and settings.maintenance_mode == "background":
@@ -270,6 +272,10 @@ def run(
         )
         health.batch_started = lambda: processor.running_since
         metrics.watch_health(health)
+        if config.source == "python":
+            latest_offsets = LatestOffsets(
+                SourceSettings.parse(python_source_options(config, processor.parallelism, until_idle))
+            )
         query = start_query(spark, processor, until_idle=until_idle, trigger_interval=settings.trigger_interval)
         _supervise(
             query,
@@ -278,8 +284,11 @@ def run(
             health,
             stop_on_signal=not until_idle,
             stop_when_caught_up=until_idle and config.source == "python",
+            latest_offsets=latest_offsets,
         )
     finally:
+        if latest_offsets is not None:
+            latest_offsets.stop()
         if maintenance is not None:
             maintenance.stop()
         if server is not None:
@@ -308,6 +317,7 @@ def _supervise(
     health: Health,
     stop_on_signal: bool,
     stop_when_caught_up: bool = False,
+    latest_offsets: LatestOffsets | None = None,
 ) -> None:
     """Wait for the query, feeding health and lag from its progress; stop it cleanly on a signal,
     or with stop_when_caught_up once it has read up to its source's ending offsets."""
@@ -334,7 +344,7 @@ def _supervise(
             seen_progress = progress.get("timestamp")
             health.last_progress = time.time()
             try:
-                metrics.observe_progress(progress)
+                metrics.observe_progress(progress, None if latest_offsets is None else latest_offsets.get() or {})
             except (ValueError, TypeError, KeyError) as exc:  # a metric is not worth the service
                 log.warning("unreadable query progress", extra={"summary": {"error": str(exc)}})
         try:

@@ -11,14 +11,17 @@ same driver memory):
                iceberg-spark-runtime (bench/plain_stack.py)
   batch        geoingest as it ships: one pass per input partition into sorted runs, merged by
                key range into the batch's files (clustering "batch")
+  python       geoingest as "batch", reading with its Python source (source "python"): Spark's
+               rows are only offset ranges, and each task reads its ranges with librdkafka
   task         geoingest, each task writing its own runs (clustering "task")
   shuffle      geoingest with Spark's range exchange (clustering "shuffle")
 
 each the way a service runs: warm (the same query first drains a warm-up topic of the same kind
 of events into a table of its own, so the JVM has compiled much of its hot paths), then a
 processing-time trigger ("0 seconds" by default: the next batch starts when the last one is done,
-as under a backlog), from query start to the last commit. The plain stack and geoingest (batch)
-run --repeats times each, alternating, and the faster run of each is compared (see COMPARED). Then:
+as under a backlog), from query start to the last commit. The plain stack and geoingest (batch,
+python) run --repeats times each, alternating, and the faster run of each is compared (see
+COMPARED). Then:
 
   limit chain  the same decode, dead-letter tally, Hilbert sort and GeoParquet write
                (streaming/partition.py) on as many processes as the service has cores, over the
@@ -29,6 +32,10 @@ run --repeats times each, alternating, and the faster run of each is compared (s
                such batches can deliver on these cores. It runs --repeats times, the faster
                kept, and says how busy it kept the cores: what it leaves for geoingest / limit
                chain is in its own table (see source_ceilings)
+  Python source the same for geoingest's Python source: offset ranges only (rangesOnly=true),
+               each task reading its ranges with streaming/kafka_read.py's ReadingRanges and only
+               counting the rows; run alternating with Spark's source, --repeats times, the
+               faster kept
   pruning      for each geoingest table, the files and row groups a window query reads (the
                README's windows and random windows of 0.1 % of the extent on data), against the
                model ideal (sqrt(f) + 1/sqrt(G))^2 of a window holding a fraction f over G row groups
@@ -38,7 +45,8 @@ run --repeats times each, alternating, and the faster run of each is compared (s
 Writes bench/results/ingest.json and ingest.md.
 
     .venv/bin/python bench/ingest.py [--events 400000] [--datasets geojson-points,wkb-points,wkb-polygons]
-        [--batch-sizes 1000000,40000] [--stacks plain,batch,task,shuffle] [--trigger "0 seconds"] [--repeats 2]
+        [--batch-sizes 1000000,40000] [--stacks plain,batch,python,task,shuffle] [--trigger "0 seconds"]
+        [--repeats 2]
 """
 
 from __future__ import annotations
@@ -52,7 +60,10 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 ROOT = Path(__file__).resolve().parents[1]
 for path in (ROOT, ROOT / "bench"):  # run as a script: app/, streaming/ and bench/cities.py
@@ -69,6 +80,9 @@ from app.broker import LocalBroker, free_port  # noqa: E402
 from app.sample import SampleEvent, produce  # noqa: E402
 from app.settings import load_settings  # noqa: E402
 from streaming.contract import load_contract  # noqa: E402
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
 
 RESULTS = ROOT / "bench" / "results"
 CONTRACT = ROOT / "schemas" / "demo_events.json"
@@ -89,7 +103,21 @@ RANDOM_WINDOW_AREA = 0.001  # of the data extent
 # compiler threads took 30-60 % of its CPU in the measured window, in geoingest and in the Kafka
 # source alone), and what it has compiled by when moves a stack's figure by tens of percent
 # between runs: these two run --repeats times, alternating, and the faster run of each is compared.
-COMPARED = ("plain", "batch")
+COMPARED = ("plain", "batch", "python")
+# geoingest's stacks: (clustering, source)
+GEOINGEST_STACKS = {
+    "batch": ("batch", "spark-kafka"),
+    "python": ("batch", "python"),
+    "task": ("task", "spark-kafka"),
+    "shuffle": ("shuffle", "spark-kafka"),
+}
+# The sources read alone (source ceilings): the result's key for each
+SOURCE_CEILINGS = {"spark": "kafka_source", "python": "python_source"}
+# The figures the product is judged by: geoingest (Python source) against the limit chain at this
+# batch size, and against the plain stack at every batch size
+GOAL_BATCH_SIZE = 1_000_000
+GOAL_VS_LIMIT_CHAIN = 0.5
+GOAL_VS_PLAIN = 3.0
 
 
 # -- datasets -------------------------------------------------------------------------------------
@@ -154,7 +182,7 @@ def run_geoingest(
     topic: str,
     events: int,
     per_batch: int,
-    clustering: str,
+    stack: str,
     trigger: str,
     workdir: Path,
     windows: dict,
@@ -162,18 +190,20 @@ def run_geoingest(
 ) -> dict:
     """The service (`geoingest run`, not --until-idle) over `topic` in a fresh process, stopped by
     SIGTERM once every event is committed; returns its figures and its peak memory."""
+    clustering, source = GEOINGEST_STACKS[stack]
     spec = {
         "bootstrap": bootstrap,
         "topic": topic,
         "events": events,
         "per_batch": per_batch,
         "clustering": clustering,
+        "source": source,
         "trigger": trigger,
         "workdir": str(workdir),
         "windows": windows,
         "warmup_topic": warmup_topic,
     }
-    return run_child(spec, workdir, f"geoingest on {topic} ({clustering}, batches of {per_batch})")
+    return run_child(spec, workdir, f"geoingest on {topic} ({clustering}, {source}, batches of {per_batch})")
 
 
 def run_child(spec: dict, workdir: Path, what: str) -> dict:
@@ -205,41 +235,45 @@ def run_child(spec: dict, workdir: Path, what: str) -> dict:
     return result
 
 
+@dataclass(frozen=True)
+class SourceAlone:
+    """A source read alone: its stream over a topic, the rows of one of its batches counted in
+    Python workers, and the trigger of its warm-up."""
+
+    stream: Callable[[str], DataFrame]
+    count: Callable[[str, DataFrame], int]
+    warmup_trigger: dict
+
+
 def kafka_source_child(spec: dict) -> dict:
-    """Spark's Kafka source alone, as the service's query reads it: the same options, columns,
-    tasks, batch size, trigger and warm-up, each batch handed to Python workers that only count
-    its rows. From query start to the last batch: what any job on this source can deliver here."""
+    """A Kafka source alone (spec["source"]: "spark" or "python"), as the service's query reads it:
+    the same options, columns or offset ranges, tasks, batch size, trigger and warm-up, each batch
+    handed to Python workers that only count its rows (the Python source's tasks read their ranges
+    first). From query start to the last batch: what any job on this source can deliver here."""
     import threading
 
     from app.service import configure_logging, start_spark
-    from streaming.job import _source_columns, kafka_source_options
 
     configure_logging("WARNING")
     settings = load_settings(env={}, spark_master=MASTER, driver_memory=DRIVER_MEMORY)
     spark = start_spark(settings)
     cores = spark.sparkContext.defaultParallelism
     workdir = Path(spec["workdir"])
+    make_source = python_source_alone if spec.get("source") == "python" else spark_source_alone
+    source = make_source(spark, spec["bootstrap"], spec["per_batch"], cores)
 
-    def count_rows(batches):
-        yield pa.record_batch({"n": pa.array([sum(b.num_rows for b in batches)], pa.int64())})
-
-    def drain(topic: str, events: int, trigger: dict) -> tuple[float, int]:
+    def drain(topic: str, events: int, trigger: dict) -> tuple[float, float, int]:
         counted = [0]
         done = threading.Event()
 
         def count(batch, _batch_id):
-            rows = _source_columns(batch).coalesce(cores).mapInArrow(count_rows, "n long").collect()
-            counted[0] += sum(r.n for r in rows)
+            counted[0] += source.count(topic, batch)
             if counted[0] >= events:
                 done.set()
 
         started, busy_at_start = time.monotonic(), busy_cpu_seconds()
         query = (
-            spark.readStream.format("kafka")
-            .options(**kafka_source_options(spec["bootstrap"], topic, cores))
-            .option("startingOffsets", "earliest")
-            .option("maxOffsetsPerTrigger", str(spec["per_batch"]))
-            .load()
+            source.stream(topic)
             .writeStream.foreachBatch(count)
             .trigger(**trigger)
             .option("checkpointLocation", str(workdir / f"checkpoint-{topic}"))
@@ -252,7 +286,7 @@ def kafka_source_child(spec: dict) -> dict:
         query.stop()
         return elapsed, busy, counted[0]
 
-    drain(spec["warmup_topic"], spec["warmup_events"], {"availableNow": True})
+    drain(spec["warmup_topic"], spec["warmup_events"], source.warmup_trigger)
     seconds, busy, counted = drain(spec["topic"], spec["events"], {"processingTime": spec["trigger"]})
     if counted != spec["events"]:
         raise RuntimeError(f"the Kafka source read {counted} of {spec['events']} events")
@@ -260,7 +294,54 @@ def kafka_source_child(spec: dict) -> dict:
         "seconds": round(seconds, 2),
         "events_per_s": round(spec["events"] / seconds),
         "cores_busy": round(busy / seconds, 2),
+        "cpu_us_per_event": round(busy / spec["events"] * 1e6, 2),
     }
+
+
+def count_rows(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    yield pa.record_batch({"n": pa.array([sum(b.num_rows for b in batches)], pa.int64())})
+
+
+def spark_source_alone(spark: SparkSession, bootstrap: str, per_batch: int, cores: int) -> SourceAlone:
+    """Spark's Kafka source with the service's options and columns (headers as JSON text)."""
+    from streaming.job import _source_columns, kafka_source_options
+
+    def stream(topic: str) -> DataFrame:
+        return (
+            spark.readStream.format("kafka")
+            .options(**kafka_source_options(bootstrap, topic, cores))
+            .option("startingOffsets", "earliest")
+            .option("maxOffsetsPerTrigger", str(per_batch))
+            .load()
+        )
+
+    def count(_topic: str, batch: DataFrame) -> int:
+        return sum(r.n for r in _source_columns(batch).coalesce(cores).mapInArrow(count_rows, "n long").collect())
+
+    return SourceAlone(stream, count, {"availableNow": True})
+
+
+def python_source_alone(spark: SparkSession, bootstrap: str, per_batch: int, cores: int) -> SourceAlone:
+    """geoingest's Python source with the service's options (streaming.job.python_source_options:
+    offset ranges only), each task reading its ranges as the service's do (ReadingRanges)."""
+    from streaming.job import JobConfig, python_source_options
+    from streaming.kafka_options import SourceSettings
+    from streaming.kafka_read import ReadingRanges
+    from streaming.kafka_source import python_kafka_stream
+
+    def options(topic: str) -> dict[str, str]:
+        config = JobConfig(bootstrap, topic, checkpoint_location="", writer_id="", max_offsets_per_trigger=per_batch)
+        return python_source_options(config, cores, until_idle=False)
+
+    def stream(topic: str) -> DataFrame:
+        return python_kafka_stream(spark, options(topic))
+
+    def count(topic: str, batch: DataFrame) -> int:
+        read_and_count = ReadingRanges(SourceSettings.parse(options(topic)), count_rows)
+        return sum(r.n for r in batch.coalesce(cores).mapInArrow(read_and_count, "n long").collect())
+
+    # Spark runs no Trigger.AvailableNow for a Python source; the drain stops at the last event
+    return SourceAlone(stream, count, {"processingTime": "0 seconds"})
 
 
 def busy_cpu_seconds() -> float:
@@ -290,6 +371,7 @@ def geoingest_child(spec: dict) -> dict:
         checkpoint_location=str(workdir / "checkpoints"),
         max_offsets_per_trigger=spec["per_batch"],
         clustering=spec["clustering"],
+        source=spec.get("source", "spark-kafka"),
         trigger_interval=spec["trigger"],
         spark_master=MASTER,
         driver_memory=DRIVER_MEMORY,
@@ -434,7 +516,7 @@ def main() -> None:
     parser.add_argument("--events", type=int, default=400_000)
     parser.add_argument("--datasets", default="geojson-points,wkb-points,wkb-polygons")
     parser.add_argument("--batch-sizes", default="1000000,40000")
-    parser.add_argument("--stacks", default="plain,batch,task,shuffle")
+    parser.add_argument("--stacks", default="plain,batch,python,task,shuffle")
     parser.add_argument("--trigger", default="0 seconds", help="processing-time interval of every stack")
     parser.add_argument(
         "--warmup-events",
@@ -446,7 +528,8 @@ def main() -> None:
         "--repeats",
         type=int,
         default=2,
-        help="runs of the plain stack and of geoingest (batch) each, alternating; the faster of each is compared",
+        help="runs of the plain stack, geoingest (batch) and geoingest (python) each, and of each source alone, "
+        "alternating; the faster of each is compared",
     )
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -460,6 +543,7 @@ def main() -> None:
 
     batch_sizes = [int(b) for b in args.batch_sizes.split(",")]
     stacks = args.stacks.split(",")
+    run_started = time.monotonic()
     tmp = Path(tempfile.mkdtemp(prefix="geoingest-bench-"))
     cache_dir = load_settings(env={}).cache_dir
     broker = LocalBroker(tmp / "broker", Path(cache_dir), port=free_port())
@@ -516,33 +600,38 @@ def main() -> None:
                         result["runs"][label] = faster(result["runs"].get(label), run)
             result["limit_chain"] = limit_chain(events, CORES, tmp / dataset)
             print(dataset, "limit chain", json.dumps(result["limit_chain"]), flush=True)
-            result["kafka_source"] = {}
+            for key in SOURCE_CEILINGS.values():
+                result[key] = {}
             for per_batch in batch_sizes:
                 # Repeated as the compared stacks are, the faster kept: the ceiling it sets errs high
                 for repeat in range(args.repeats):
-                    source_dir = tmp / dataset / f"kafka-source-{per_batch}-{repeat}"
-                    run = run_child(
-                        {
-                            "kafka_source_only": True,
-                            "bootstrap": broker.bootstrap,
-                            "topic": dataset,
-                            "events": args.events,
-                            "per_batch": per_batch,
-                            "trigger": args.trigger,
-                            "warmup_topic": warmup_topic,
-                            "warmup_events": args.warmup_events,
-                            "workdir": str(source_dir),
-                        },
-                        source_dir,
-                        f"the Kafka source alone on {dataset} (batches of {per_batch})",
-                    )
-                    print(dataset, f"Kafka source-{per_batch}", json.dumps(run), flush=True)
-                    result["kafka_source"][str(per_batch)] = faster(result["kafka_source"].get(str(per_batch)), run)
+                    for source, key in SOURCE_CEILINGS.items():
+                        source_dir = tmp / dataset / f"{source}-source-{per_batch}-{repeat}"
+                        run = run_child(
+                            {
+                                "kafka_source_only": True,
+                                "source": source,
+                                "bootstrap": broker.bootstrap,
+                                "topic": dataset,
+                                "events": args.events,
+                                "per_batch": per_batch,
+                                "trigger": args.trigger,
+                                "warmup_topic": warmup_topic,
+                                "warmup_events": args.warmup_events,
+                                "workdir": str(source_dir),
+                            },
+                            source_dir,
+                            f"the {source} Kafka source alone on {dataset} (batches of {per_batch})",
+                        )
+                        print(dataset, f"{source} source-{per_batch}", json.dumps(run), flush=True)
+                        result[key][str(per_batch)] = faster(result[key].get(str(per_batch)), run)
             result["ratios"] = ratios(result, batch_sizes)
+            result["goals"] = goals(result, batch_sizes)
             report["datasets"][dataset] = result
             print(dataset, json.dumps(result["ratios"]), flush=True)
     finally:
         broker.stop()
+    report["wall_s"] = round(time.monotonic() - run_started)
     write_results(report)
 
 
@@ -554,25 +643,54 @@ def faster(kept: dict | None, run: dict) -> dict:
 
 
 def ratios(result: dict, batch_sizes: list[int]) -> dict:
-    """Each geoingest run against the plain stack, the limit chain and the Kafka source alone, per batch size."""
+    """Each geoingest run against the plain stack, the limit chain and the source it reads alone,
+    geoingest's Python source against Spark's, and what each source alone leaves, per batch size."""
     runs = result["runs"]
+    limit = result["limit_chain"]["events_per_s"]
     out = {}
     for per_batch in batch_sizes:
         plain = runs.get(f"plain-{per_batch}")
-        source = result.get("kafka_source", {}).get(str(per_batch))
+        alone = {key: result.get(key, {}).get(str(per_batch)) for key in SOURCE_CEILINGS.values()}
         figures = {}
-        for stack in ("batch", "task", "shuffle"):
+        for stack, (_clustering, source) in GEOINGEST_STACKS.items():
             run = runs.get(f"{stack}-{per_batch}")
             if run is None:
                 continue
             if plain:
                 figures[f"{stack}_vs_plain"] = round(run["events_per_s"] / plain["events_per_s"], 2)
-            figures[f"{stack}_vs_limit_chain"] = round(run["events_per_s"] / result["limit_chain"]["events_per_s"], 2)
-            if source:
-                figures[f"{stack}_vs_kafka_source"] = round(run["events_per_s"] / source["events_per_s"], 2)
-        if source:
-            figures.update(source_ceilings(source["events_per_s"], result["limit_chain"]["events_per_s"]))
+            figures[f"{stack}_vs_limit_chain"] = round(run["events_per_s"] / limit, 2)
+            key = SOURCE_CEILINGS["python" if source == "python" else "spark"]
+            if alone[key]:
+                figures[f"{stack}_vs_{key}"] = round(run["events_per_s"] / alone[key]["events_per_s"], 2)
+        python, batch = runs.get(f"python-{per_batch}"), runs.get(f"batch-{per_batch}")
+        if python and batch:
+            figures["python_vs_batch"] = round(python["events_per_s"] / batch["events_per_s"], 2)
+        if alone["kafka_source"]:
+            figures.update(source_ceilings(alone["kafka_source"]["events_per_s"], limit))
+        if alone["python_source"]:
+            ceilings = source_ceilings(alone["python_source"]["events_per_s"], limit)
+            figures.update({f"python_{name}": value for name, value in ceilings.items()})
+        if alone["kafka_source"] and alone["python_source"]:
+            figures["python_source_vs_kafka_source"] = round(
+                alone["python_source"]["events_per_s"] / alone["kafka_source"]["events_per_s"], 2
+            )
         out[str(per_batch)] = figures
+    return out
+
+
+def goals(result: dict, batch_sizes: list[int]) -> dict:
+    """Whether geoingest with its Python source meets the figures the product is judged by: at
+    least GOAL_VS_LIMIT_CHAIN of the limit chain at GOAL_BATCH_SIZE events per batch, and at least
+    GOAL_VS_PLAIN times the plain stack at every batch size."""
+    out = {}
+    for per_batch in batch_sizes:
+        figures = result["ratios"].get(str(per_batch), {})
+        checks = {}
+        if "python_vs_plain" in figures:
+            checks["python_vs_plain"] = figures["python_vs_plain"] >= GOAL_VS_PLAIN
+        if per_batch == GOAL_BATCH_SIZE and "python_vs_limit_chain" in figures:
+            checks["python_vs_limit_chain"] = figures["python_vs_limit_chain"] >= GOAL_VS_LIMIT_CHAIN
+        out[str(per_batch)] = checks
     return out
 
 
@@ -592,7 +710,8 @@ def write_results(report: dict) -> None:
     (RESULTS / "ingest.json").write_text(json.dumps(report, indent=2))
     lines = [
         f"Ingest, {report['events']:,} events per dataset, Spark {report['master']} on {report['cores']} cores, "
-        f"processing-time trigger {report['trigger']!r}, events/s from query start to the last commit",
+        f"processing-time trigger {report['trigger']!r}, events/s from query start to the last commit; "
+        f"the run took {report.get('wall_s', 0) / 60:.0f} min",
         "",
         "| dataset | events per batch | plain stack | geoingest | geoingest / plain | each run, plain / geoingest "
         "| geoingest, task | geoingest, shuffle | limit chain (2 processes) | geoingest / limit chain "
@@ -616,6 +735,7 @@ def write_results(report: dict) -> None:
                 f"{r['limit_chain']['events_per_s']:,} | {q.get('batch_vs_limit_chain')} | "
                 f"{r['kafka_source'][str(per_batch)]['events_per_s']:,} | {q.get('batch_vs_kafka_source')} |"
             )
+    lines += each_source_table(report)
     lines += [
         "",
         "What Spark's Kafka source leaves for geoingest / limit chain on these cores: no job outruns its "
@@ -635,6 +755,8 @@ def write_results(report: dict) -> None:
                 f"{r['limit_chain']['events_per_s']:,} | {q.get('source_vs_limit_chain')} | "
                 f"{q.get('source_then_chain_vs_limit_chain')} | {q.get('batch_vs_limit_chain')} |"
             )
+    lines += python_source_table(report)
+    lines += goals_table(report)
     lines += [
         "",
         "Where the time goes (seconds summed over the batches of one run):",
@@ -680,6 +802,82 @@ def write_results(report: dict) -> None:
                 lines.append(f"| {name} | {label} | {m['driver_python_growth']} | {m['jvm']} | {m['python_workers']} |")
     (RESULTS / "ingest.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
+
+
+def _rate(runs: dict, label: str) -> str:
+    return f"{runs[label]['events_per_s']:,}" if label in runs else "-"
+
+
+def each_source_table(report: dict) -> list[str]:
+    """geoingest (clustering "batch") reading with Spark's Kafka source and with its Python source,
+    against the plain stack and the limit chain."""
+    lines = [
+        "",
+        "geoingest (clustering batch) with each source: Spark's Kafka source (batch) and its Python source (python):",
+        "",
+        "| dataset | events per batch | plain stack | limit chain | geoingest, Spark source | geoingest, Python source "
+        "| python / Spark source | batch / plain | python / plain | batch / limit chain | python / limit chain "
+        "| each run, python |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for name, r in report["datasets"].items():
+        for per_batch in report["batch_sizes"]:
+            q = r["ratios"].get(str(per_batch), {})
+            each = ", ".join(f"{e:,}" for e in r["runs"].get(f"python-{per_batch}", {}).get("events_per_s_each", []))
+            lines.append(
+                f"| {name} | {per_batch:,} | {_rate(r['runs'], f'plain-{per_batch}')} | "
+                f"{r['limit_chain']['events_per_s']:,} | {_rate(r['runs'], f'batch-{per_batch}')} | "
+                f"{_rate(r['runs'], f'python-{per_batch}')} | {q.get('python_vs_batch')} | {q.get('batch_vs_plain')} | "
+                f"{q.get('python_vs_plain')} | {q.get('batch_vs_limit_chain')} | {q.get('python_vs_limit_chain')} | "
+                f"{each} |"
+            )
+    return lines
+
+
+def python_source_table(report: dict) -> list[str]:
+    """The Python source alone, measured as Spark's is, and what it leaves for geoingest."""
+    lines = [
+        "",
+        "What geoingest's Python source leaves, measured the same way (offset ranges only, each task reading "
+        "its ranges with librdkafka and counting the rows):",
+        "",
+        f"| dataset | events per batch | Spark source alone | cores busy (of {report['cores']}) | CPU us per event "
+        f"| Python source alone | cores busy (of {report['cores']}) | CPU us per event | Python / Spark source "
+        "| Python source / limit chain | Python source / (source + limit chain) | geoingest (python) / limit chain |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for name, r in report["datasets"].items():
+        for per_batch in report["batch_sizes"]:
+            spark = r.get("kafka_source", {}).get(str(per_batch), {})
+            python = r.get("python_source", {}).get(str(per_batch), {})
+            q = r["ratios"].get(str(per_batch), {})
+            lines.append(
+                f"| {name} | {per_batch:,} | {spark.get('events_per_s', 0):,} | {spark.get('cores_busy', '-')} | "
+                f"{spark.get('cpu_us_per_event', '-')} | {python.get('events_per_s', 0):,} | "
+                f"{python.get('cores_busy', '-')} | {python.get('cpu_us_per_event', '-')} | "
+                f"{q.get('python_source_vs_kafka_source')} | {q.get('python_source_vs_limit_chain')} | "
+                f"{q.get('python_source_then_chain_vs_limit_chain')} | {q.get('python_vs_limit_chain')} |"
+            )
+    return lines
+
+
+def goals_table(report: dict) -> list[str]:
+    lines = [
+        "",
+        f"The goals, geoingest with its Python source: at least {GOAL_VS_LIMIT_CHAIN:g} of the limit chain at "
+        f"{GOAL_BATCH_SIZE:,} events per batch, at least {GOAL_VS_PLAIN:g}x the plain stack everywhere:",
+        "",
+        "| dataset | events per batch | python / limit chain | python / plain | met |",
+        "|---|---|---|---|---|",
+    ]
+    for name, r in report["datasets"].items():
+        for per_batch in report["batch_sizes"]:
+            q = r["ratios"].get(str(per_batch), {})
+            checks = r.get("goals", {}).get(str(per_batch), {})
+            met = "yes" if checks and all(checks.values()) else ("-" if not checks else "no")
+            limit = q.get("python_vs_limit_chain") if per_batch == GOAL_BATCH_SIZE else "(no goal)"
+            lines.append(f"| {name} | {per_batch:,} | {limit} | {q.get('python_vs_plain')} | {met} |")
+    return lines
 
 
 if __name__ == "__main__":

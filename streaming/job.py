@@ -189,9 +189,9 @@ class BatchProcessor:
         # A StructType, not a DDL string: Spark parses a DDL string in the JVM, once per batch.
         self._spark_result_schema = from_arrow_schema(RESULT_SCHEMA)
         self._spark_scan_schema = from_arrow_schema(PROPERTY_SCAN_SCHEMA)
-        self._parallelism = config.parallelism or spark.sparkContext.defaultParallelism
+        self.parallelism = config.parallelism or spark.sparkContext.defaultParallelism
         self._ranges_source = (
-            SourceSettings.parse(python_source_options(config, self._parallelism, until_idle=False))
+            SourceSettings.parse(python_source_options(config, self.parallelism, until_idle=False))
             if config.source == "python"
             else None
         )
@@ -248,7 +248,7 @@ class BatchProcessor:
         step = time.monotonic()
         scan = PropertyScan(mapped_names(self.contract))
         source, read_and_scan = self._records(batch, scan)
-        rows = source.coalesce(self._parallelism).mapInArrow(read_and_scan, self._spark_scan_schema).collect()
+        rows = source.coalesce(self.parallelism).mapInArrow(read_and_scan, self._spark_scan_schema).collect()
         plan = plan_new_columns(self.contract, seen_from_rows(rows), self.table.metadata.last_column_id)
         timings["property_scan"] = time.monotonic() - step
         return plan
@@ -359,10 +359,10 @@ class BatchProcessor:
         if staging is not None and self.config.merge_in_task_max_rows > 0:
             last_merge = LastTaskMerge(
                 _stage_position,
-                self._parallelism,
+                self.parallelism,
                 self.config.rows_per_partition,
                 self.config.merge_in_task_max_rows,
-                threads=self._parallelism,
+                threads=self.parallelism,
             )
         task = PartitionTask(
             self.contract,
@@ -377,7 +377,7 @@ class BatchProcessor:
         # At most one task per core (coalesce never adds partitions): fewer, longer runs (and, with
         # clustering "task", fewer files covering the same places).
         source, read_and_ingest = self._records(batch, task)
-        ingested = source.coalesce(self._parallelism).mapInArrow(read_and_ingest, self._spark_result_schema)
+        ingested = source.coalesce(self.parallelism).mapInArrow(read_and_ingest, self._spark_result_schema)
         results = BatchResults.from_rows(_collect_with_task_count(self.spark, ingested))
         timings["ingest"] = time.monotonic() - step
         if staging is None:
@@ -388,7 +388,7 @@ class BatchProcessor:
         if merged is not None:
             results.files = merged
         else:
-            ranges = plan_merge(results.slices, range_count(valid, self._parallelism, self.config.rows_per_partition))
+            ranges = plan_merge(results.slices, range_count(valid, self.parallelism, self.config.rows_per_partition))
             if ranges:
                 merge = MergeTask(self.contract, self._file_settings(batch_id), tuple(ranges))
                 merged_rows = (
@@ -462,7 +462,7 @@ class BatchProcessor:
             valid = sum(t.n for t in tallies if t.reason is None)
             files: list[DataFileRecord] = []
             if valid:
-                partitions = range_count(valid, self._parallelism, self.config.rows_per_partition)
+                partitions = range_count(valid, self.parallelism, self.config.rows_per_partition)
                 valid_rows = decoded.where(F.col(REJECT_REASON).isNull())
                 clustered = valid_rows.repartitionByRange(partitions, HILBERT).sortWithinPartitions(HILBERT)
                 write = _write_fn(self.contract, self._file_settings(batch_id))

@@ -42,6 +42,7 @@ from __future__ import annotations
 import functools
 import logging
 import math
+import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -457,6 +458,39 @@ def python_kafka_stream(spark: SparkSession, options: Mapping[str, str]) -> Data
     SourceSettings.parse(options)  # a wrong option fails here, not in the Python planner of a trigger
     register(spark)
     return spark.readStream.format(SOURCE_NAME).options(**dict(options)).load()
+
+
+class LatestOffsets:
+    """The end offsets of the source's topics, asked every `every_s` on a thread of its own (the
+    Python source's progress reports only the end of the batch it planned, not what Kafka holds),
+    so that a broker that does not answer never holds up whoever reads them."""
+
+    def __init__(self, settings: SourceSettings, every_s: float = 5.0) -> None:
+        self._settings = settings
+        self._every_s = every_s
+        self._latest: PartitionOffsets | None = None
+        self._stopped = threading.Event()
+        self._thread = threading.Thread(target=self._poll, name="kafka-latest-offsets", daemon=True)
+        self._thread.start()
+
+    def get(self) -> PartitionOffsets | None:
+        return self._latest
+
+    def stop(self) -> None:
+        self._stopped.set()
+
+    def _poll(self) -> None:
+        cluster = _Cluster(self._settings)
+        failing = False
+        while not self._stopped.is_set():
+            try:
+                self._latest = cluster.latest(cluster.partitions())
+                failing = False
+            except KafkaSourceError as exc:
+                if not failing:  # once per spell: the query reports what stops it
+                    log.warning("the topics' end offsets are unknown, so is the lag: %s", exc)
+                failing = True
+            self._stopped.wait(self._every_s)
 
 
 # Spark's StreamingQueryStatus message after a trigger that found no new data.

@@ -105,6 +105,40 @@ def test_scraped_counters_match_what_was_produced_committed_and_rejected(kafka, 
         urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2)  # server stopped with the run
 
 
+@pytest.mark.integration
+def test_the_python_source_reports_lag_from_the_topics_end_offsets(kafka, spark, topic, tmp_path):
+    """Its progress holds only the end of the batch it planned, capped by maxOffsetsPerTrigger: the
+    lag comes from the topic's end offsets, asked by the service."""
+    feature = '{"type": "Feature", "id": "p%d", "properties": {}, "geometry": {"type": "Point", "coordinates": [1, 2]}}'
+    assert produce_records(kafka.bootstrap, topic, [(b"k", (feature % i).encode(), []) for i in range(3000)]) == 3000
+    port = free_port()
+    settings = load_settings(
+        env={},
+        bootstrap_servers=kafka.bootstrap,
+        topic=topic,
+        source="python",
+        max_offsets_per_trigger=300,
+        catalog={"type": "sql", "uri": f"sqlite:///{tmp_path / 'm.db'}", "warehouse": f"file://{tmp_path / 'wh'}"},
+        checkpoint_location=str(tmp_path / "ck"),
+        metrics_port=port,
+        cache_dir=str(CACHE_DIR),
+    )
+    contract = load_contract(CONTRACT)
+    from streaming.catalog import open_catalog
+
+    create_table(open_catalog(settings.catalog_name, settings.catalog), contract)
+    lags: list[float] = []
+
+    def scrape(_report) -> None:
+        seen = samples(get(f"http://127.0.0.1:{port}/metrics")[1])
+        lags.append(sum(v for k, v in seen.items() if k[0] == "geoingest_kafka_lag"))
+
+    totals = run(settings, contract, until_idle=True, observers=(scrape,), spark=spark)
+    assert totals.consumed == 3000 and totals.batches >= 10
+    assert max(lags) > 300, f"behind by more than a batch while it drains: {lags}"
+    assert all(0 <= lag <= 3000 for lag in lags)
+
+
 def test_lag_comes_from_the_query_progress():
     metrics = IngestMetrics(CollectorRegistry(), "demo.events", "geo")
     metrics.observe_progress(
