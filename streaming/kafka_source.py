@@ -1,14 +1,16 @@
-"""A Kafka source for Spark Structured Streaming written in Python: librdkafka (confluent-kafka)
-reads the records, in Arrow batches, in the Python workers.
+"""A Kafka source for Spark Structured Streaming written in Python, on librdkafka (confluent-kafka).
 
-Why: Spark's own Kafka source (a JVM consumer building one row per record) filled 1.73-1.88 of
-this machine's 2 cores with nothing done to the rows, and a librdkafka consumer building Arrow
-batches in a Python process of its own costs a few us of CPU per small event. Measured inside
-Spark 4.0, though (bench/kafka_source.py, results/kafka_source.json), this source does not pay
-off: Spark turns a Python source's Arrow batches into rows in the JVM, at a fixed 0.25-0.45 s
-per micro-batch and about 1 us per row even for a source that does no work, before the query
-ships them to Python again; it reached about 0.55 of Spark's source's events/s, at 1.5-1.75
-times its CPU per event.
+Two ways to use it:
+
+- rangesOnly=true, as the service does (source = "python"): the rows it gives Spark are offset
+  ranges (topic, partition, start_offset, end_offset), and the task that processes a range reads
+  its records itself (streaming/kafka_read.py ReadingRanges), in its Python worker: the records
+  become Arrow once and never cross the JVM.
+- rows: it reads the records in its own read() and gives Spark key, value, topic, partition,
+  offset, timestamp (and headers). Measured inside Spark 4.0 (bench/kafka_source.py) this does
+  not pay off: Spark turns a Python source's Arrow batches into rows in the JVM, at a fixed
+  0.25-0.45 s per micro-batch and about 1 us per row, before the query ships them to Python
+  again; it reached about 0.55 of Spark's source's events/s, at 1.5-1.75 times its CPU per event.
 
 It is read as `spark.readStream.format("geoingest-kafka")` once `register(spark)` ran, or through
 `python_kafka_stream(spark, options)`, with the option names `streaming.job.kafka_source_options`

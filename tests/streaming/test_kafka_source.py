@@ -238,6 +238,33 @@ def test_the_secured_listener_is_read_with_the_services_java_client_settings(
     assert sorted((r[0], r[1]) for r in _rows(collected.rows)) == sorted((k, v) for k, v, _ in _records(60))
 
 
+@pytest.mark.parametrize("store_type", ["JKS", "PKCS12"])
+def test_a_java_truststore_is_read_as_the_java_client_reads_it(
+    kafka: LocalBroker, spark, topic: str, tmp_path: Path, store_type: str
+) -> None:
+    """The JVM's default store type, JKS, and PKCS12: librdkafka gets their certificates as PEM."""
+    import subprocess
+
+    from streaming.kafka_options import _keytool
+
+    store = tmp_path / f"ca.{store_type.lower()}"
+    subprocess.run(
+        [str(_keytool()), "-importcert", "-noprompt", "-alias", "ca", "-file", str(kafka.ca_file)]
+        + ["-keystore", str(store), "-storetype", store_type, "-storepass", "changeit"],
+        check=True,
+        capture_output=True,
+    )
+    java = {**kafka.client_options(), "ssl.truststore.location": str(store), "ssl.truststore.password": "changeit"}
+    if store_type == "JKS":
+        del java["ssl.truststore.type"]  # the Java default
+    else:
+        java["ssl.truststore.type"] = store_type
+    assert produce_records(kafka.bootstrap, topic, _records(20)) == 20
+    options = {**kafka_source_options(kafka.secure_bootstrap, topic, 2, java), "startingOffsets": "earliest"}
+    collected = _drain(spark, options, tmp_path / "ck")
+    assert sorted((r[0], r[1]) for r in _rows(collected.rows)) == sorted((k, v) for k, v, _ in _records(20))
+
+
 def test_a_wrong_password_fails_fast_naming_the_authentication(kafka: LocalBroker, topic: str) -> None:
     options = kafka_source_options(kafka.secure_bootstrap, topic, 2, kafka.client_options(password="not-the-password"))
     reader = KafkaStreamReader(SourceSettings.parse(options))
@@ -296,8 +323,8 @@ def test_the_services_secured_client_settings_map_to_librdkafka(kafka: LocalBrok
     ("settings", "error"),
     [
         (
-            {"ssl.truststore.location": "/ca.jks"},
-            r"kafka.ssl.truststore.location: librdkafka cannot read a JKS truststore \(ssl.truststore.type, the Java default\)",
+            {"ssl.truststore.location": "/no/such/ca.jks"},
+            r"kafka.ssl.truststore.location=/no/such/ca.jks: no certificate read from this JKS truststore",
         ),
         ({"sasl.mechanism": "OAUTHBEARER", "sasl.jaas.config": "x required;"}, "sasl.mechanism=OAUTHBEARER"),
         (
