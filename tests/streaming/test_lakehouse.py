@@ -170,8 +170,8 @@ def new_topic(lakehouse: Lakehouse, partitions: int = 3) -> str:
 
 @pytest.mark.parametrize(
     ("clustering", "source"),
-    [("batch", "spark-kafka"), ("task", "spark-kafka"), ("shuffle", "spark-kafka"), ("batch", "python")],
-    ids=["batch", "task", "shuffle", "batch-python-source"],
+    [("batch", "spark-kafka"), ("task", "python"), ("shuffle", "spark-kafka")],
+    ids=["batch", "task-python-source", "shuffle"],
 )
 def test_ingest_dead_letters_query_and_time_travel_on_the_lakehouse(lakehouse, clustering, source, tmp_path):
     """With the Python source the executors read Kafka themselves, over SASL_SSL, from the JVMs of
