@@ -47,6 +47,8 @@ bench: setup
 	PYTHONPATH=$(CURDIR) $(PY) bench/defaults.py
 	PYTHONPATH=$(CURDIR) $(PY) bench/duckdb_pruning.py
 	PYTHONPATH=$(CURDIR) $(PY) bench/upsert.py
+	PYTHONPATH=$(CURDIR) $(PY) bench/freshness.py --seconds 60
+	PYTHONPATH=$(CURDIR) $(PY) bench/freshness.py --seconds 60 --rates 20000,100000 --triggers "0 seconds" --slow-record --results freshness_slow_record
 	$(MAKE) fuzz
 
 # The decoder against 100,000 generated inputs per format and engine (bench/results/fuzz.json);

@@ -14,10 +14,11 @@ With --slow-record, one GeoJSON polygon whose ring crosses itself everywhere (2,
 GEOS needs far longer than max_record_seconds to repair it) is sent halfway through each load: it
 must come out as a time_budget_exceeded reject, and p99 must stay under the budget plus 1 s.
 
-Writes bench/results/freshness.json and freshness.md.
+Writes bench/results/freshness.json and freshness.md (--results names them otherwise).
 
     .venv/bin/python bench/freshness.py [--rates 20000,50000,100000,200000] [--seconds 120]
         [--triggers "0 seconds,2 seconds"] [--sources spark-kafka,python] [--warmup 20] [--slow-record]
+        [--results freshness]
 """
 
 from __future__ import annotations
@@ -214,6 +215,7 @@ def main() -> None:
     parser.add_argument("--slow-record", action="store_true")
     parser.add_argument("--sources", default="spark-kafka,python", help="the service's Kafka source(s)")
     parser.add_argument("--warmup", type=float, default=20, help="seconds of load before the measured ones")
+    parser.add_argument("--results", default="freshness", help="name of the results files in bench/results/")
     parser.add_argument(
         "--maintenance",
         default="between-batches",
@@ -256,12 +258,12 @@ def main() -> None:
         report[f"highest_rate_p99_under_1s ({source} source, trigger {trigger}, maintenance {maintenance})"] = (
             max(under) if under else None
         )
-    write_results(report)
+    write_results(report, args.results)
 
 
-def write_results(report: dict) -> None:
+def write_results(report: dict, name: str) -> None:
     RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "freshness.json").write_text(json.dumps(report, indent=2) + "\n")
+    (RESULTS / f"{name}.json").write_text(json.dumps(report, indent=2) + "\n")
     a = report["args"]
     lines = [
         "# Freshness under steady load",
@@ -284,7 +286,7 @@ def write_results(report: dict) -> None:
         if key.startswith("highest_rate"):
             lines.append(f"- {key}: {value}")
     lines.append("")
-    (RESULTS / "freshness.md").write_text("\n".join(lines))
+    (RESULTS / f"{name}.md").write_text("\n".join(lines))
     print("\n".join(lines))
 
 
