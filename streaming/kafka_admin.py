@@ -25,12 +25,9 @@ _SASL_PROTOCOLS = ("SASL_PLAINTEXT", "SASL_SSL")
 _JAVA_SASL_MECHANISM = "GSSAPI"
 _JAVA_STORE_TYPE = "JKS"
 
-# Options read below (and those only the Java client has a use for): never passed on by name.
-_TRANSLATED = frozenset(
+# The Java client's TLS settings, read by each translation to another client's settings.
+JAVA_TLS_SETTINGS = frozenset(
     {
-        "security.protocol",
-        "sasl.mechanism",
-        "sasl.jaas.config",
         "ssl.truststore.type",
         "ssl.truststore.location",
         "ssl.truststore.certificates",
@@ -44,6 +41,8 @@ _TRANSLATED = frozenset(
         "ssl.endpoint.identification.algorithm",
     }
 )
+# Options read below (and those only the Java client has a use for): never passed on by name.
+_TRANSLATED = frozenset({"security.protocol", "sasl.mechanism", "sasl.jaas.config"}) | JAVA_TLS_SETTINGS
 
 
 def client_config(kafka_options: Mapping[str, str], client: _KafkaClient | None = None) -> dict[str, object]:
@@ -179,7 +178,7 @@ _KERBEROS_MODULE = "Krb5LoginModule"
 
 def _jaas_credentials(jaas: str) -> dict[str, str]:
     """sasl_plain_username/password from a PLAIN or SCRAM login module's options."""
-    module, options = _parse_jaas(jaas)
+    module, options = parse_jaas(jaas)
     if module.endswith(_PASSWORD_MODULES):
         missing = [name for name in ("username", "password") if name not in options]
         if missing:
@@ -193,7 +192,7 @@ def _jaas_credentials(jaas: str) -> dict[str, str]:
     )
 
 
-def _parse_jaas(jaas: str) -> tuple[str, dict[str, str]]:
+def parse_jaas(jaas: str) -> tuple[str, dict[str, str]]:
     tokens = _jaas_tokens(jaas)
 
     def take(kind: str, what: str) -> str:

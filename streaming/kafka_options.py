@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from streaming.kafka_admin import _parse_jaas
+from streaming.kafka_admin import JAVA_TLS_SETTINGS, parse_jaas
 
 SOURCE_NAME = "geoingest-kafka"
 
@@ -326,21 +326,6 @@ _READ_ELSEWHERE = frozenset({"sasl.jaas.config", "max.poll.records"})
 _TLS_PROTOCOLS = ("SSL", "SASL_SSL")
 _SASL_PROTOCOLS = ("SASL_PLAINTEXT", "SASL_SSL")
 _PASSWORD_LOGIN_MODULES = ("plain.PlainLoginModule", "scram.ScramLoginModule")
-_TLS_SETTINGS = frozenset(
-    {
-        "ssl.truststore.type",
-        "ssl.truststore.location",
-        "ssl.truststore.certificates",
-        "ssl.truststore.password",
-        "ssl.keystore.type",
-        "ssl.keystore.location",
-        "ssl.keystore.certificate.chain",
-        "ssl.keystore.key",
-        "ssl.keystore.password",
-        "ssl.key.password",
-        "ssl.endpoint.identification.algorithm",
-    }
-)
 
 
 def librdkafka_config(java_options: Mapping[str, str]) -> tuple[dict[str, str], dict[str, str]]:
@@ -360,7 +345,7 @@ def librdkafka_config(java_options: Mapping[str, str]) -> tuple[dict[str, str], 
     for key, value in options.items():
         if key in _REFUSED_AS_SPARK_DOES:
             raise KafkaSourceError(f"option kafka.{key}: not supported ({_REFUSED_AS_SPARK_DOES[key]})")
-        if key in _DROPPED or key in _TLS_SETTINGS or key in _READ_ELSEWHERE:
+        if key in _DROPPED or key in JAVA_TLS_SETTINGS or key in _READ_ELSEWHERE:
             continue
         if key not in _RENAMED:
             raise KafkaSourceError(
@@ -395,7 +380,7 @@ def _sasl_config(options: Mapping[str, str]) -> dict[str, str]:
             "username and password of a PlainLoginModule or ScramLoginModule"
         )
     try:
-        module, jaas_options = _parse_jaas(options["sasl.jaas.config"])
+        module, jaas_options = parse_jaas(options["sasl.jaas.config"])
     except ValueError as exc:
         raise KafkaSourceError(str(exc)) from None
     if not module.endswith(_PASSWORD_LOGIN_MODULES):
