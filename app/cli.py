@@ -19,13 +19,15 @@ from app.settings import Settings, SettingsError, load_settings
 def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
+    # A caller's own Spark (main() called in-process, as the tests do) is the caller's to stop.
+    spark_was_running = _spark_running()
     try:
         settings = load_settings(args.config)
         status = args.handler(args, settings) or 0
-        _stop_spark()
+        _stop_spark(spark_was_running)
         return status
     except KeyboardInterrupt:
-        _stop_spark()
+        _stop_spark(spark_was_running)
         print("geoingest: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
     except Exception as exc:  # noqa: BLE001 - every failure ends in one line naming its cause
@@ -34,15 +36,23 @@ def main(argv: list[str] | None = None) -> int:
             if not logging.getLogger("geoingest").handlers:
                 configure_logging()
             logging.getLogger("geoingest.cli").error("failed", exc_info=True)
-        _stop_spark()
+        _stop_spark(spark_was_running)
         print(f"geoingest: {one_line(exc)}", file=sys.stderr)
         return EXIT_FAILURE
 
 
-def _stop_spark() -> None:
+def _spark_running() -> bool:
+    if "pyspark" not in sys.modules:
+        return False
+    from pyspark import SparkContext
+
+    return SparkContext._gateway is not None
+
+
+def _stop_spark(was_running: bool) -> None:
     """The JVM of a command that started Spark stops before the last line, so that its shutdown
     logging cannot come after that line."""
-    if "pyspark" in sys.modules:
+    if not was_running and _spark_running():
         from app.spark import stop_spark
 
         stop_spark()
