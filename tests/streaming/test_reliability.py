@@ -247,8 +247,8 @@ def test_files_of_a_batch_that_never_committed_are_listed_as_orphans(tmp_path, c
     assert table.scan().to_arrow().num_rows == 50
 
 
-def test_a_batch_of_only_rejects_still_records_its_offsets(kafka, spark, topic, tmp_path, source):
-    settings = settings_for(tmp_path, kafka, topic, source=source)
+def test_a_batch_of_only_rejects_still_records_its_offsets(kafka, spark, topic, tmp_path):
+    settings = settings_for(tmp_path, kafka, topic)
     create_table(open_catalog(settings.catalog_name, settings.catalog), CONTRACT)
     produce_records(kafka.bootstrap, topic, [(b"x", b"junk", []), (b"y", None, [])])
     totals = run(settings, CONTRACT, until_idle=True, spark=spark)
