@@ -24,9 +24,8 @@ from streaming.commit import resume_offsets
 from streaming.contract import Contract
 from streaming.dead_letter import DeadLetterConfig
 from streaming.decode import DecodeOptions
-from streaming.job import BatchProcessor, BatchReport, JobConfig, python_source_options, start_query
+from streaming.job import BatchProcessor, BatchReport, JobConfig, start_query
 from streaming.kafka_admin import ensure_topic, partitions_of
-from streaming.kafka_options import SourceSettings
 from streaming.kafka_source import LatestOffsets, caught_up
 from streaming.maintenance import MaintenanceGaveUp, MaintenanceReport, Progress, data_manifest_count, maintain
 from streaming.maintenance_plan import MaintenancePolicy, parse_steps
@@ -272,10 +271,8 @@ def run(
         )
         health.batch_started = lambda: processor.running_since
         metrics.watch_health(health)
-        if config.source == "python":
-            latest_offsets = LatestOffsets(
-                SourceSettings.parse(python_source_options(config, processor.parallelism, until_idle))
-            )
+        if processor.ranges_source is not None:
+            latest_offsets = LatestOffsets(processor.ranges_source)
         query = start_query(spark, processor, until_idle=until_idle, trigger_interval=settings.trigger_interval)
         _supervise(
             query,

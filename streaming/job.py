@@ -190,7 +190,7 @@ class BatchProcessor:
         self._spark_result_schema = from_arrow_schema(RESULT_SCHEMA)
         self._spark_scan_schema = from_arrow_schema(PROPERTY_SCAN_SCHEMA)
         self.parallelism = config.parallelism or spark.sparkContext.defaultParallelism
-        self._ranges_source = (
+        self.ranges_source = (
             SourceSettings.parse(python_source_options(config, self.parallelism, until_idle=False))
             if config.source == "python"
             else None
@@ -417,9 +417,9 @@ class BatchProcessor:
     def _records(self, batch: DataFrame, task: TaskFunction) -> tuple[DataFrame, TaskFunction]:
         """The batch's frame and a task function over its Kafka records: Spark's source hands the
         records over; the Python source ("python") hands over offset ranges, read in the task."""
-        if self._ranges_source is None:
+        if self.ranges_source is None:
             return _source_columns(batch), task
-        return batch, ReadingRanges(self._ranges_source, task)
+        return batch, ReadingRanges(self.ranges_source, task)
 
     def _staging(self, batch_id: int) -> str:
         return f"{self.table.location().rstrip('/')}/staging/{self.config.writer_id}-b{batch_id:09d}"
