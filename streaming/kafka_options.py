@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from streaming.kafka_admin import JAVA_TLS_SETTINGS, parse_jaas
+from streaming.java_kafka_settings import JAVA_TLS_SETTINGS, parse_jaas
 
 SOURCE_NAME = "geoingest-kafka"
 

@@ -28,7 +28,8 @@ position (default.api.timeout.ms, 60 s: observed), or polling (kafkaConsumer.pol
 default spark.network.timeout, 120 s); the driver's offset lookup (AdminClient default.api.timeout.ms
 60 s, tried fetchOffset.numRetries = 3 times: a 150 s outage there was ridden out); the DLQ producer
 (max.block.ms 60 s). Under local[N] a failed task is not retried. LONG_OUTAGE_ENV lengthens them
-through the settings alone.
+through the settings alone. The restart runs on the Python source too: its tasks' librdkafka
+consumers reconnect by themselves, and give up only after kafkaConsumer.pollTimeoutMs without a record.
 """
 
 from __future__ import annotations
@@ -176,9 +177,11 @@ def broker_outage(broker: LocalBroker, tmp_path: Path, outage_s: float, extra_en
     check_exactly_once(env, topic, valid, rejected)
 
 
-def test_a_broker_restart_in_the_middle_of_a_stream_loses_nothing(own_broker, tmp_path):
-    """With the default client timeouts: a restart takes seconds, the clients wait for it."""
-    broker_outage(own_broker, tmp_path, BROKER_OUTAGE_S, {})
+@pytest.mark.parametrize("source", ["spark-kafka", "python"])
+def test_a_broker_restart_in_the_middle_of_a_stream_loses_nothing(own_broker, tmp_path, source):
+    """With the default client timeouts: a restart takes seconds, the clients wait for it, with
+    Spark's Kafka source and with the Python one (whose tasks' librdkafka consumers reconnect)."""
+    broker_outage(own_broker, tmp_path, BROKER_OUTAGE_S, {"GEOINGEST_SOURCE": source})
 
 
 def test_a_broker_away_longer_than_the_default_timeouts_is_ridden_out_with_longer_ones(own_broker, tmp_path):
