@@ -35,8 +35,12 @@ DEFAULT_RECORDS_PER_BATCH = 20_000
 DEFAULT_POLL_TIMEOUT_MS = 120_000
 # librdkafka's consume(n) waits for n messages or the timeout, even past the partition's end:
 
-# How long the planner retries a metadata or offsets request, and a read its partition's offsets.
-METADATA_TIMEOUT_S = 30.0
+# How long the planner retries a metadata or offsets request, and a read its partition's offsets,
+# as long as Spark's source does on the driver: fetchOffset.numRetries (3) tries of an admin call
+# bounded by the Java client's default.api.timeout.ms (60 s). A broker restart outlasts far less.
+DEFAULT_API_TIMEOUT_MS = 60_000
+DEFAULT_FETCH_OFFSET_RETRIES = 3
+DEFAULT_FETCH_OFFSET_RETRY_INTERVAL_MS = 1_000
 
 FAIL_ON_DATA_LOSS_HINT = (
     "Some data may have been lost because they are not available in Kafka any more (aged out by "
@@ -68,9 +72,7 @@ _REFUSED_SOURCE_OPTIONS = {
     "maxrecordsperpartition": "minPartitions splits big ranges",
 }
 # Spark Kafka source options that tune its JVM consumer: nothing here for them to tune.
-_IGNORED_SOURCE_OPTIONS = frozenset(
-    {"fetchoffset.numretries", "fetchoffset.retryintervalms", "groupidprefix", "kafkaconsumer.cachecapacity"}
-)
+_IGNORED_SOURCE_OPTIONS = frozenset({"groupidprefix", "kafkaconsumer.cachecapacity"})
 _SOURCE_OPTIONS = frozenset(
     {
         "kafka.bootstrap.servers",
@@ -82,6 +84,8 @@ _SOURCE_OPTIONS = frozenset(
         "endingoffsets",
         "maxoffsetspertrigger",
         "kafkaconsumer.polltimeoutms",
+        "fetchoffset.numretries",
+        "fetchoffset.retryintervalms",
         "rangesonly",
     }
 )
@@ -100,11 +104,19 @@ class SourceSettings:
     ending_offsets: str | None = None
     max_offsets_per_trigger: int | None = None
     poll_timeout_s: float = DEFAULT_POLL_TIMEOUT_MS / 1000
+    api_timeout_s: float = DEFAULT_API_TIMEOUT_MS / 1000
+    fetch_offset_retries: int = DEFAULT_FETCH_OFFSET_RETRIES
+    fetch_offset_retry_interval_s: float = DEFAULT_FETCH_OFFSET_RETRY_INTERVAL_MS / 1000
     records_per_batch: int = DEFAULT_RECORDS_PER_BATCH
     ranges_only: bool = False
     # librdkafka settings every client gets (connection, security) and those of consumers only.
     connection: dict[str, str] = field(default_factory=dict)
     consumer: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def metadata_timeout_s(self) -> float:
+        """How long an offsets or metadata request is retried before the query fails."""
+        return self.api_timeout_s * self.fetch_offset_retries
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> SourceSettings:
@@ -129,6 +141,9 @@ class SourceSettings:
             k[len("kafka.") :]: v for k, v in opts.items() if k.startswith("kafka.") and k != "kafka.bootstrap.servers"
         }
         records_per_batch = _positive_int("kafka.max.poll.records", java.pop("max.poll.records", None))
+        api_timeout_ms = _positive_int("kafka.default.api.timeout.ms", java.pop("default.api.timeout.ms", None))
+        offset_retries = _positive_int("fetchOffset.numRetries", opts.get("fetchoffset.numretries"))
+        retry_interval_ms = _positive_int("fetchOffset.retryIntervalMs", opts.get("fetchoffset.retryintervalms"))
         connection, consumer = librdkafka_config(java)
         for key, value in opts.items():
             if key.startswith("librdkafka."):
@@ -146,6 +161,9 @@ class SourceSettings:
             ending_offsets=(opts["endingoffsets"].strip() if "endingoffsets" in opts else None),
             max_offsets_per_trigger=_positive_int("maxOffsetsPerTrigger", opts.get("maxoffsetspertrigger")),
             poll_timeout_s=(poll_timeout_ms or DEFAULT_POLL_TIMEOUT_MS) / 1000,
+            api_timeout_s=(api_timeout_ms or DEFAULT_API_TIMEOUT_MS) / 1000,
+            fetch_offset_retries=offset_retries or DEFAULT_FETCH_OFFSET_RETRIES,
+            fetch_offset_retry_interval_s=(retry_interval_ms or DEFAULT_FETCH_OFFSET_RETRY_INTERVAL_MS) / 1000,
             records_per_batch=records_per_batch or DEFAULT_RECORDS_PER_BATCH,
             ranges_only=_boolean("rangesOnly", opts.get("rangesonly", "false")),
             connection=connection,
@@ -303,7 +321,6 @@ _DROPPED = frozenset(
         "max.poll.interval.ms",
         "partition.assignment.strategy",
         "group.instance.id",
-        "default.api.timeout.ms",
         "exclude.internal.topics",
         "allow.auto.create.topics",
         "metrics.num.samples",

@@ -17,7 +17,6 @@ import pyarrow as pa
 
 from streaming.kafka_options import (
     FAIL_ON_DATA_LOSS_HINT,
-    METADATA_TIMEOUT_S,
     SKIP_ON_DATA_LOSS_HINT,
     KafkaDataLossError,
     KafkaSourceError,
@@ -303,7 +302,7 @@ class _RangeRead:
     def _watermarks(self) -> tuple[int, int]:
         from confluent_kafka import KafkaException
 
-        timeout = min(self._settings.poll_timeout_s, METADATA_TIMEOUT_S)
+        timeout = min(self._settings.poll_timeout_s, self._settings.metadata_timeout_s)
         try:
             offsets = self._consumer.get_watermark_offsets(self._assignment, timeout=timeout, cached=False)
         except KafkaException as exc:

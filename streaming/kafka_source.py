@@ -57,7 +57,6 @@ from streaming.kafka_options import (
     EARLIEST,
     FAIL_ON_DATA_LOSS_HINT,
     LATEST,
-    METADATA_TIMEOUT_S,
     SKIP_ON_DATA_LOSS_HINT,
     SOURCE_NAME,
     KafkaDataLossError,
@@ -80,9 +79,6 @@ log = logging.getLogger("geoingest.kafka_source")
 # How long the planner retries a metadata or offsets request (librdkafka reconnects meanwhile),
 # in slices: after each, an error no retry mends (a refused login) ends the wait.
 _METADATA_SLICE_S = 2.0
-# Spark's fetchOffset.numRetries and fetchOffset.retryIntervalMs defaults.
-_OFFSET_FETCH_ATTEMPTS = 3
-_OFFSET_FETCH_RETRY_S = 1.0
 
 
 # -- offsets ------------------------------------------------------------------------------------
@@ -236,10 +232,10 @@ class _Cluster:
         )
 
     def _retrying(self, what: str, call: Callable[..., Any]) -> Any:
-        """call(timeout=...) in slices until it answers or METADATA_TIMEOUT_S pass."""
+        """call(timeout=...) in slices until it answers or the settings' metadata_timeout_s pass."""
         from confluent_kafka import KafkaException
 
-        deadline = time.monotonic() + METADATA_TIMEOUT_S
+        deadline = time.monotonic() + self._settings.metadata_timeout_s
         while True:
             try:
                 return call(timeout=_METADATA_SLICE_S)
@@ -251,7 +247,7 @@ class _Cluster:
                     ) from exc
                 if time.monotonic() > deadline:
                     raise KafkaSourceError(
-                        f"{what} at {self._settings.bootstrap_servers} failed for {METADATA_TIMEOUT_S:g} s: {exc}"
+                        f"{what} at {self._settings.bootstrap_servers} failed for {self._settings.metadata_timeout_s:g} s: {exc}"
                     ) from exc
                 log.warning("%s failed, retrying: %s", what, exc)
 
@@ -354,13 +350,14 @@ class KafkaStreamReader(DataSourceStreamReader):
         """The latest offsets; asked again when one is below where the batch starts (a broker
         that has not caught up: KAFKA-7703), as Spark's source does."""
         partitions = self._cluster.partitions()
-        for attempt in range(1, _OFFSET_FETCH_ATTEMPTS + 1):
+        attempts = self._settings.fetch_offset_retries
+        for attempt in range(1, attempts + 1):
             latest = self._cluster.latest(partitions)
             behind = [(tp, start[tp], o) for tp, o in latest.items() if tp in start and o < start[tp]]
-            if not behind or attempt == _OFFSET_FETCH_ATTEMPTS:
+            if not behind or attempt == attempts:
                 return latest
             log.warning("latest offsets below the batch's start (partition, start, latest): %s; asking again", behind)
-            time.sleep(_OFFSET_FETCH_RETRY_S)
+            time.sleep(self._settings.fetch_offset_retry_interval_s)
         raise AssertionError("unreachable")
 
     def _bounded(self, until: PartitionOffsets, start: PartitionOffsets) -> PartitionOffsets:

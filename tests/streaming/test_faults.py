@@ -29,7 +29,8 @@ default spark.network.timeout, 120 s); the driver's offset lookup (AdminClient d
 60 s, tried fetchOffset.numRetries = 3 times: a 150 s outage there was ridden out); the DLQ producer
 (max.block.ms 60 s). Under local[N] a failed task is not retried. LONG_OUTAGE_ENV lengthens them
 through the settings alone. The restart runs on the Python source too: its tasks' librdkafka
-consumers reconnect by themselves, and give up only after kafkaConsumer.pollTimeoutMs without a record.
+consumers reconnect by themselves and give up only after kafkaConsumer.pollTimeoutMs without a
+record, and its planner retries offsets requests as long as Spark's source does.
 """
 
 from __future__ import annotations

@@ -366,6 +366,20 @@ def test_source_options_are_checked_where_the_stream_is_defined() -> None:
     )
 
 
+def test_the_planner_waits_for_the_broker_as_long_as_sparks_source_does() -> None:
+    """Spark's source tries an offsets request fetchOffset.numRetries (3) times, each bounded by the
+    admin client's default.api.timeout.ms (60 s): a broker restart must not stop the Python
+    source's planner sooner, and the settings that lengthen one lengthen the other."""
+    base = {"kafka.bootstrap.servers": "b:9092", "subscribe": "t"}
+    assert SourceSettings.parse(base).metadata_timeout_s == 180
+    longer = SourceSettings.parse({**base, "kafka.default.api.timeout.ms": "600000", "fetchOffset.numRetries": "2"})
+    assert longer.metadata_timeout_s == 1200
+    # Read here, never handed to librdkafka, which has no such property.
+    assert "default.api.timeout.ms" not in {**longer.connection, **longer.consumer}
+    with pytest.raises(KafkaSourceError, match="option kafka.default.api.timeout.ms='0'"):
+        SourceSettings.parse({**base, "kafka.default.api.timeout.ms": "0"})
+
+
 def test_big_ranges_are_split_to_reach_min_partitions_as_spark_does() -> None:
     ranges = [OffsetRange("t", 0, 0, 100), OffsetRange("t", 1, 0, 10), OffsetRange("t", 2, 5, 5)]
     assert split_ranges(ranges, 4) == [
