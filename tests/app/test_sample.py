@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import json
-import os
 import time
+import uuid
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -18,7 +17,6 @@ from app.broker import LocalBroker, free_port
 from app.sample import KIND_SHARES, ProduceError, SampleEvent, produce, sample_events
 
 ROOT = Path(__file__).resolve().parents[2]
-CACHE_DIR = Path(os.environ.get("GEOINGEST_CACHE") or ROOT / ".cache")
 MIX_SAMPLE_SIZE = 20_000
 JSON_TYPES = {"string": str, "double": float, "long": int}
 
@@ -195,26 +193,16 @@ def _track_lengths_km(tracks: np.ndarray) -> np.ndarray:
 # -- against a real broker --------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalBroker]:
-    broker = LocalBroker(tmp_path_factory.mktemp("kafka"), CACHE_DIR, port=free_port())
-    try:
-        broker.start()
-        yield broker
-    finally:
-        broker.stop()  # also after a failed assertion: never leak a JVM
-
-
 @pytest.mark.integration
 @pytest.mark.parametrize("workers", [1, 2], ids=["in-process", "two-worker-processes"])
-def test_produced_events_come_back_from_the_broker(broker: LocalBroker, workers: int) -> None:
+def test_produced_events_come_back_from_the_broker(kafka: LocalBroker, workers: int) -> None:
     from kafka import KafkaAdminClient, KafkaConsumer
 
-    count, topic = 20_000, f"sample-events-{workers}"
-    acknowledged = produce(broker.bootstrap, topic, sample_events(count), total=count, progress=False, workers=workers)
+    count, topic = 20_000, f"sample-events-{workers}-{uuid.uuid4().hex[:8]}"
+    acknowledged = produce(kafka.bootstrap, topic, sample_events(count), total=count, progress=False, workers=workers)
     assert acknowledged == count
 
-    admin = KafkaAdminClient(bootstrap_servers=broker.bootstrap)
+    admin = KafkaAdminClient(bootstrap_servers=kafka.bootstrap)
     try:
         assert len(admin.describe_topics([topic])[0]["partitions"]) == 4
     finally:
@@ -222,8 +210,8 @@ def test_produced_events_come_back_from_the_broker(broker: LocalBroker, workers:
 
     consumer = KafkaConsumer(
         topic,
-        bootstrap_servers=broker.bootstrap,
-        group_id=f"sample-test-{workers}",
+        bootstrap_servers=kafka.bootstrap,
+        group_id=f"sample-test-{topic}",
         auto_offset_reset="earliest",
         consumer_timeout_ms=30_000,  # bounds a stall, not the happy path: we stop at `count`
     )
