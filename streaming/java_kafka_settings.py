@@ -10,6 +10,12 @@ from __future__ import annotations
 
 import re
 
+# The security.protocol values under which the Java client reads its TLS and its SASL settings.
+TLS_PROTOCOLS = ("SSL", "SASL_SSL")
+SASL_PROTOCOLS = ("SASL_PLAINTEXT", "SASL_SSL")
+# The JAAS login modules that log in with a username and password (sasl.mechanism PLAIN, SCRAM-*).
+PASSWORD_LOGIN_MODULES = ("plain.PlainLoginModule", "scram.ScramLoginModule")
+
 # The Java client's TLS settings, read by each translation to another client's settings.
 JAVA_TLS_SETTINGS = frozenset(
     {

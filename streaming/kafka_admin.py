@@ -14,14 +14,18 @@ from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer
 from kafka.admin import NewTopic
 from kafka.errors import KafkaError, TopicAlreadyExistsError
 
-from streaming.java_kafka_settings import JAVA_TLS_SETTINGS, parse_jaas
+from streaming.java_kafka_settings import (
+    JAVA_TLS_SETTINGS,
+    PASSWORD_LOGIN_MODULES,
+    SASL_PROTOCOLS,
+    TLS_PROTOCOLS,
+    parse_jaas,
+)
 
 log = logging.getLogger("geoingest.kafka")
 
 _KAFKA_PYTHON_CLIENTS = (KafkaAdminClient, KafkaConsumer, KafkaProducer)
 _KafkaClient = type[KafkaAdminClient] | type[KafkaConsumer] | type[KafkaProducer]
-_TLS_PROTOCOLS = ("SSL", "SASL_SSL")
-_SASL_PROTOCOLS = ("SASL_PLAINTEXT", "SASL_SSL")
 # The Java client's defaults, where kafka-python's differ and the connection would change.
 _JAVA_SASL_MECHANISM = "GSSAPI"
 _JAVA_STORE_TYPE = "JKS"
@@ -90,11 +94,11 @@ def _security_config(options: Mapping[str, str]) -> dict[str, object]:
     protocol = options.get("security.protocol", "PLAINTEXT").strip().upper()
     if "security.protocol" in options:
         config["security_protocol"] = protocol
-    if protocol in _SASL_PROTOCOLS:
+    if protocol in SASL_PROTOCOLS:
         config["sasl_mechanism"] = options.get("sasl.mechanism", _JAVA_SASL_MECHANISM).strip()
         if "sasl.jaas.config" in options:
             config.update(_jaas_credentials(options["sasl.jaas.config"]))
-    if protocol in _TLS_PROTOCOLS:  # the Java client ignores the ssl.* options otherwise
+    if protocol in TLS_PROTOCOLS:  # the Java client ignores the ssl.* options otherwise
         config.update(_tls_config(options))
     return config
 
@@ -145,14 +149,13 @@ def _require_pem(options: Mapping[str, str], store: str) -> None:
         )
 
 
-_PASSWORD_MODULES = ("plain.PlainLoginModule", "scram.ScramLoginModule")
 _KERBEROS_MODULE = "Krb5LoginModule"
 
 
 def _jaas_credentials(jaas: str) -> dict[str, str]:
     """sasl_plain_username/password from a PLAIN or SCRAM login module's options."""
     module, options = parse_jaas(jaas)
-    if module.endswith(_PASSWORD_MODULES):
+    if module.endswith(PASSWORD_LOGIN_MODULES):
         missing = [name for name in ("username", "password") if name not in options]
         if missing:
             raise ValueError(f"kafka option sasl.jaas.config: {module} has no {' and no '.join(missing)} option")

@@ -12,7 +12,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from streaming.java_kafka_settings import JAVA_TLS_SETTINGS, parse_jaas
+from streaming.java_kafka_settings import (
+    JAVA_TLS_SETTINGS,
+    PASSWORD_LOGIN_MODULES,
+    SASL_PROTOCOLS,
+    TLS_PROTOCOLS,
+    parse_jaas,
+)
 
 SOURCE_NAME = "geoingest-kafka"
 
@@ -340,9 +346,6 @@ _REFUSED_AS_SPARK_DOES = {
 # Read by the security mapping below, or by SourceSettings (max.poll.records sizes the Arrow
 # batches: librdkafka has no poll size, consume() takes a count).
 _READ_ELSEWHERE = frozenset({"sasl.jaas.config", "max.poll.records"})
-_TLS_PROTOCOLS = ("SSL", "SASL_SSL")
-_SASL_PROTOCOLS = ("SASL_PLAINTEXT", "SASL_SSL")
-_PASSWORD_LOGIN_MODULES = ("plain.PlainLoginModule", "scram.ScramLoginModule")
 
 
 def librdkafka_config(java_options: Mapping[str, str]) -> tuple[dict[str, str], dict[str, str]]:
@@ -376,9 +379,9 @@ def librdkafka_config(java_options: Mapping[str, str]) -> tuple[dict[str, str], 
         (consumer if name in _CONSUMER_ONLY_PROPERTIES else connection)[name] = value.strip()
 
     protocol = options.get("security.protocol", "PLAINTEXT").strip().upper()
-    if protocol in _SASL_PROTOCOLS:
+    if protocol in SASL_PROTOCOLS:
         connection.update(_sasl_config(options))
-    if protocol in _TLS_PROTOCOLS:  # the Java client ignores the ssl.* settings otherwise
+    if protocol in TLS_PROTOCOLS:  # the Java client ignores the ssl.* settings otherwise
         connection.update(_tls_config(options))
     return connection, consumer
 
@@ -400,7 +403,7 @@ def _sasl_config(options: Mapping[str, str]) -> dict[str, str]:
         module, jaas_options = parse_jaas(options["sasl.jaas.config"])
     except ValueError as exc:
         raise KafkaSourceError(str(exc)) from None
-    if not module.endswith(_PASSWORD_LOGIN_MODULES):
+    if not module.endswith(PASSWORD_LOGIN_MODULES):
         raise KafkaSourceError(
             f"option kafka.sasl.jaas.config: {SOURCE_NAME} logs in with the username and password of "
             f"PlainLoginModule or ScramLoginModule, not with {module}"
