@@ -21,7 +21,7 @@ demo: setup
 	$(VENV)/bin/geoingest demo
 
 # The demo on the lakehouse shape: an S3-compatible object store, Iceberg's REST catalog, a Spark
-# standalone cluster and the broker over SASL_SSL, all started and stopped by it (app/lakehouse.py).
+# standalone cluster and the broker over SASL_SSL, all started and stopped by it (app/local/lakehouse.py).
 demo-lakehouse: setup
 	$(VENV)/bin/geoingest demo --lakehouse
 
@@ -53,7 +53,7 @@ bench: setup
 	$(MAKE) fuzz
 
 # The decoder against 100,000 generated inputs per format and engine (bench/results/fuzz.json);
-# a crashing input is saved to tests/streaming/fuzz_corpus/, which `make test` replays.
+# a crashing input is saved to tests/streaming/decode/fuzz_corpus/, which `make test` replays.
 fuzz: setup
 	PYTHONPATH=$(CURDIR) $(PY) bench/fuzz_decode.py --inputs 100000
 

@@ -157,7 +157,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _broker(args, settings: Settings) -> int:
-    from app.broker import LocalBroker
+    from app.local.broker import LocalBroker
 
     port = args.port or int(settings.bootstrap_servers.rsplit(":", 1)[1])
     broker = LocalBroker(Path(args.home), Path(settings.cache_dir), port=port)
@@ -174,8 +174,8 @@ def _broker(args, settings: Settings) -> int:
 
 
 def _table(args, settings: Settings) -> int:
-    from streaming.catalog import create_table, describe, open_catalog
     from streaming.contract import load_contract
+    from streaming.table.catalog import create_table, describe, open_catalog
 
     catalog = open_catalog(settings.catalog_name, settings.catalog)
     if args.action == "create":
@@ -193,7 +193,7 @@ def _table(args, settings: Settings) -> int:
         return _maintain(args, settings, name)
     table = catalog.load_table(name)
     if args.action == "orphans":
-        from streaming.orphans import delete_files, find_orphans
+        from streaming.maintenance.orphans import delete_files, find_orphans
 
         orphans = find_orphans(table, min_age_s=args.min_age_minutes * 60)
         if args.delete:
@@ -212,7 +212,7 @@ def _table(args, settings: Settings) -> int:
 def _evolve(args, catalog) -> int:
     """The table the new contract names, changed to it (or, with --dry-run, the changes it would take)."""
     from streaming.contract import load_contract
-    from streaming.evolve import apply_evolution, plan_evolution
+    from streaming.table.evolve import apply_evolution, plan_evolution
 
     if not args.contract:
         raise ValueError("table evolve needs --contract (the table's new contract)")
@@ -237,7 +237,7 @@ def _maintain(args, settings: Settings, name: str) -> int:
 
     from app.metrics import Health, MaintenanceMetrics, serve
     from app.service import MaintenanceRunner, configure_logging
-    from streaming.maintenance_plan import STEPS
+    from streaming.maintenance.plan import STEPS
 
     configure_logging()
     steps = tuple(s for s in STEPS if getattr(args, s)) or None  # none named: the maintenance_steps setting
@@ -316,17 +316,9 @@ def _run(args, settings: Settings) -> int:
 
 
 def _query(args, settings: Settings) -> int:
-    from streaming.catalog import open_catalog
-    from streaming.query import (
-        PREDICATES,
-        Predicate,
-        feature_id_column,
-        parse_bbox,
-        query,
-        table_contract,
-        to_geojson_lines,
-        write_geoparquet,
-    )
+    from streaming.read.output import feature_id_column, to_geojson_lines, write_geoparquet
+    from streaming.read.query import PREDICATES, Predicate, parse_bbox, query, table_contract
+    from streaming.table.catalog import open_catalog
 
     if args.bbox is not None:
         predicate = Predicate.from_bbox(parse_bbox(args.bbox))
@@ -361,8 +353,8 @@ def _query(args, settings: Settings) -> int:
 
 
 def _inspect(args, settings: Settings) -> int:
-    from streaming.catalog import open_catalog
-    from streaming.inspect import file_extents, plot_file_extents
+    from streaming.read.inspect import file_extents, plot_file_extents
+    from streaming.table.catalog import open_catalog
 
     table = open_catalog(settings.catalog_name, settings.catalog).load_table(args.table)
     layout = file_extents(table, snapshot_id=args.snapshot, as_of=args.as_of)
@@ -391,7 +383,7 @@ def _inspect(args, settings: Settings) -> int:
 
 
 def _demo(args, settings: Settings) -> int:
-    from app.demo import run_demo
+    from app.local.demo import run_demo
 
     home = args.home or (".demo-lakehouse" if args.lakehouse else ".demo")
     return run_demo(settings, Path(home), args.events, lakehouse=args.lakehouse)

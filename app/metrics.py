@@ -20,9 +20,9 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, G
 from prometheus_client.core import HistogramMetricFamily
 from prometheus_client.registry import Collector
 
-from streaming.freshness import ages_at
-from streaming.job import BatchReport
-from streaming.maintenance import MaintenanceReport
+from streaming.job.processor import BatchReport
+from streaming.maintenance.maintain import MaintenanceReport
+from streaming.write.freshness import ages_at
 
 _SECONDS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 _FRESHNESS = (0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 900, 3600, 21600, 86400)
@@ -184,7 +184,7 @@ class IngestMetrics:
 class EventFreshness(Collector):
     """geoingest_event_freshness_seconds: every committed event's age (Kafka timestamp to the
     commit that made it visible). A histogram of its own, since a batch observes its events by
-    the bin (streaming/freshness.py), many at once, which prometheus_client's Histogram cannot."""
+    the bin (streaming/write/freshness.py), many at once, which prometheus_client's Histogram cannot."""
 
     NAME = "geoingest_event_freshness_seconds"
 
@@ -214,7 +214,7 @@ class EventFreshness(Collector):
 
 
 class MaintenanceMetrics:
-    """Table maintenance (streaming/maintenance.py), run by the service or `geoingest table maintain`."""
+    """Table maintenance (streaming/maintenance/maintain.py), run by the service or `geoingest table maintain`."""
 
     OUTCOMES = ("completed", "skipped", "gave_up", "failed")
 

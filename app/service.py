@@ -18,17 +18,20 @@ from app.logs import configure_logging  # noqa: F401 - the CLI and the demo take
 from app.metrics import Health, IngestMetrics, MaintenanceMetrics, serve
 from app.settings import Settings
 from app.spark import spark_session
-from streaming.catalog import load_contract_table, open_catalog
-from streaming.checkpoint import checkpoint_has_progress, writer_id_for_checkpoint
-from streaming.commit import resume_offsets
 from streaming.contract import Contract
-from streaming.dead_letter import DeadLetterConfig
-from streaming.decode import DecodeOptions
-from streaming.job import BatchProcessor, BatchReport, JobConfig, start_query
-from streaming.kafka_admin import ensure_topic, partitions_of
-from streaming.kafka_source import LatestOffsets, caught_up
-from streaming.maintenance import MaintenanceGaveUp, MaintenanceReport, Progress, data_manifest_count, maintain
-from streaming.maintenance_plan import MaintenancePolicy, parse_steps
+from streaming.decode.decoder import DecodeOptions
+from streaming.job.checkpoint import checkpoint_has_progress, writer_id_for_checkpoint
+from streaming.job.config import JobConfig
+from streaming.job.processor import BatchProcessor, BatchReport
+from streaming.job.stream import start_query
+from streaming.maintenance.commits import MaintenanceGaveUp, Progress
+from streaming.maintenance.maintain import MaintenanceReport, data_manifest_count, maintain
+from streaming.maintenance.plan import MaintenancePolicy, parse_steps
+from streaming.source.admin import ensure_topic, partitions_of
+from streaming.source.python_source import LatestOffsets, caught_up
+from streaming.table.catalog import load_contract_table, open_catalog
+from streaming.table.commit import resume_offsets
+from streaming.write.dead_letter import DeadLetterConfig
 
 log = logging.getLogger("geoingest.service")
 

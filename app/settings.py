@@ -79,17 +79,17 @@ class Settings:
     spark: dict[str, str] = field(default_factory=dict)  # any spark.* configuration
     # Local state
     cache_dir: str = field(default_factory=_default_cache_dir)
-    hold_after_commit_file: str = ""  # test hook only: see streaming/job.py JobConfig
+    hold_after_commit_file: str = ""  # test hook only: see streaming/job/processor.py JobConfig
     metrics_port: int = 9108  # /metrics, /healthz, /readyz; 0 turns the server off
     # /readyz fails when the query showed no batch or idle poll for this long
     ready_max_silence_s: int = 120
-    # Table maintenance (streaming/maintenance.py; README "Table maintenance").
+    # Table maintenance (streaming/maintenance/maintain.py; README "Table maintenance").
     # "between-batches" (default, right for one writer): the driver runs it after a batch commits;
     # "background": a thread of the service runs it beside ingest;
     # "off": run `geoingest table maintain` in its own process (the chart's CronJob does).
     # Either way every maintenance_interval_s (all steps) and after every maintenance_interval_commits
     # batches (all but orphans, which list the whole table location): the count bounds metadata at
-    # any trigger interval. A lease on the table (streaming/lease.py) lets one maintainer run at a time.
+    # any trigger interval. A lease on the table (streaming/maintenance/lease.py) lets one maintainer run at a time.
     maintenance_mode: str = "between-batches"
     maintenance_interval_s: int = 3600
     maintenance_interval_commits: int = 10  # 0: by time alone

@@ -1,6 +1,6 @@
 """The Spark session: local by default, with the Kafka connector resolved from Maven Central.
 
-A `spark://` master is a standalone cluster on this machine (app/spark_cluster.py): its
+A `spark://` master is a standalone cluster on this machine (app/local/spark_cluster.py): its
 executors are JVMs of their own, started by the cluster's worker with an environment of their
 own, so everything they need comes from the session's configuration: the Python to run
 (`spark.pyspark.python` and `spark.executorEnv.PYSPARK_PYTHON`), the JVM options, the Kafka
@@ -64,7 +64,7 @@ def _cores(master: str, conf: Mapping[str, str] | None = None) -> int:
 def _standalone_conf(master: str) -> dict[str, str]:
     """Defaults for a `spark://` master, which the caller's extra_conf overrides key by key.
 
-    Such a cluster runs on this machine beside the driver (app/spark_cluster.py), so the
+    Such a cluster runs on this machine beside the driver (app/local/spark_cluster.py), so the
     application takes the machine's cores in one executor (the worker starts one per
     application when spark.executor.cores is unset) with a heap beside the driver's."""
     conf = {

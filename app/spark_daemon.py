@@ -34,7 +34,7 @@ def _drop_bundled_archives() -> None:
 
 # Nothing here starts a thread at import (librdkafka's start with a client, pyarrow's pool with its
 # first use), so the forked workers inherit no thread that is not theirs.
-_PRELOADED = ("streaming.partition", "streaming.kafka_read", "streaming.evolution")
+_PRELOADED = ("streaming.write.task", "streaming.source.read", "streaming.write.evolution")
 
 
 def _preload() -> None:

@@ -1,7 +1,7 @@
 """Concurrent commits: N writer processes append to one table, on SQLite and on PostgreSQL.
 
 Each writer is a process with its own catalog connection (the writer of
-tests/streaming/test_concurrency.py): it writes its batches' GeoParquet files first, then all
+tests/streaming/table/test_concurrency.py): it writes its batches' GeoParquet files first, then all
 writers commit their batches back to back from the same moment, through `Committer`, so they race
 for the table. Per run: commits/s over the commit phase, conflicts, retries per commit (mean,
 max), commit latency, and rows lost or duplicated (read back from the table; must be 0).
@@ -33,7 +33,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # the writer and the PostgreSQL server live in tests/
 
 from tests.postgres import postgres_server  # noqa: E402
-from tests.streaming.test_concurrency import (  # noqa: E402
+from tests.streaming.table.test_concurrency import (  # noqa: E402
     committed_identities,
     event_id,
     new_table,

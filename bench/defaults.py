@@ -40,13 +40,13 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from app.broker import LocalBroker, free_port  # noqa: E402
-from app.sample import produce, sample_events  # noqa: E402
+from app.local.broker import LocalBroker, free_port  # noqa: E402
+from app.local.sample import produce, sample_events  # noqa: E402
 from app.settings import Settings, load_settings  # noqa: E402
 from bench.maintenance import plan_ms  # noqa: E402  (a bbox scan over Paris planned, median of 3)
-from streaming.catalog import create_table, open_catalog  # noqa: E402
 from streaming.contract import load_contract  # noqa: E402
-from streaming.maintenance import data_manifest_count  # noqa: E402
+from streaming.maintenance.maintain import data_manifest_count  # noqa: E402
+from streaming.table.catalog import create_table, open_catalog  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
 CONTRACT = ROOT / "schemas" / "demo_events.json"

@@ -41,13 +41,13 @@ from pyiceberg.manifest import DataFile, DataFileContent, FileFormat
 from pyiceberg.table import Table
 from pyiceberg.typedef import Record
 
-from streaming.catalog import create_table, open_catalog
-from streaming.commit import to_data_file
 from streaming.contract import Contract, parse_contract
-from streaming.decode import HILBERT
-from streaming.hilbert import grid_cells, hilbert_distance
-from streaming.query import query_bbox
-from streaming.writer import DataFileRecord, GeoParquetWriter
+from streaming.decode.decoder import HILBERT
+from streaming.kernels.hilbert import grid_cells, hilbert_distance
+from streaming.read.query import query_bbox
+from streaming.table.catalog import create_table, open_catalog
+from streaming.table.commit import to_data_file
+from streaming.write.data_files import DataFileRecord, GeoParquetWriter
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # tests.conftest: DuckDB with the extensions of its wheels

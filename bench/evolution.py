@@ -3,7 +3,7 @@
 For 100,000 GeoJSON Features with 4 mapped and 6 unmapped properties, in Arrow batches of 10,000
 (Spark's default to Python workers):
   - the decode under `schema_evolution: off`, which looks for unmapped names in a sample of every
-    batch (streaming/properties.py OFF_SAMPLE), against the same decode with no sample;
+    batch (streaming/decode/properties.py OFF_SAMPLE), against the same decode with no sample;
   - the property scan of every record (what `add-columns` runs before each batch, and what an
     exact count under "off" would cost), for points only and for points mixed with polygons
     (which the block reader refuses, so the scan reads them one by one).
@@ -21,10 +21,10 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-import streaming.decode as decode_module
+import streaming.decode.decoder as decode_module
 from streaming.contract import load_contract
-from streaming.decode import Decoder
-from streaming.properties import mapped_names, unmapped_properties
+from streaming.decode.decoder import Decoder
+from streaming.decode.properties import mapped_names, unmapped_properties
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"

@@ -38,8 +38,9 @@ import numpy as np  # noqa: E402
 import pyarrow.parquet as pq  # noqa: E402
 
 from bench.upsert import broker_topic  # noqa: E402
-from streaming.commit import KAFKA_OFFSETS  # noqa: E402
-from tests.streaming.test_chaos import (  # noqa: E402
+from streaming.table.commit import KAFKA_OFFSETS  # noqa: E402
+from tests.streaming.decode.test_decoder import self_crossing_ring  # noqa: E402
+from tests.streaming.job.test_chaos import (  # noqa: E402
     CONTRACT,
     Service,
     all_consumed,
@@ -49,8 +50,7 @@ from tests.streaming.test_chaos import (  # noqa: E402
     service_env,
     wait_for,
 )
-from tests.streaming.test_decode import self_crossing_ring  # noqa: E402
-from tests.streaming.test_faults import start_broker  # noqa: E402
+from tests.streaming.job.test_faults import start_broker  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
 PARTITIONS = 4
@@ -148,7 +148,7 @@ def one_load(
         # Maintenance runs as by default, but keeps every snapshot: the ages are read from them.
         GEOINGEST_MAINTENANCE_MAX_SNAPSHOTS="0",
     )
-    from streaming.catalog import create_table
+    from streaming.table.catalog import create_table
 
     create_table(catalog_of(env), CONTRACT)
     (workdir / topic).mkdir(parents=True, exist_ok=True)

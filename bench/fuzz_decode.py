@@ -7,7 +7,7 @@ processes of its own so a crash of native code (GEOS, Arrow) is caught and its i
   - structured: tests/fuzz_inputs.py builds hostile records (deep nesting, size claims, control and
     trailing bytes, encodings, wrong nesting), decoded in batches as the service does.
 An input that raises, reaches decode_failed or kills the process is saved to
-tests/streaming/fuzz_corpus/<format>/ (once, whatever its name there), which `make test` replays;
+tests/streaming/decode/fuzz_corpus/<format>/ (once, whatever its name there), which `make test` replays;
 the run then exits 1, listing it. Figures go to bench/results/fuzz.json (`make fuzz`).
 
     python bench/fuzz_decode.py [--inputs 100000] [--formats geojson,wkb,ewkb,gpkg,key_headers]
@@ -32,15 +32,15 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # the spawned workers import this file by path
     sys.path.insert(0, str(ROOT))
-CORPUS = ROOT / "tests" / "streaming" / "fuzz_corpus"
+CORPUS = ROOT / "tests" / "streaming" / "decode" / "fuzz_corpus"
 RESULTS = ROOT / "bench" / "results" / "fuzz.json"
 BATCH = 200
 
 
 # -- the check, shared by both engines -------------------------------------------------------------
 def _decoder():
-    from streaming.decode import DecodeOptions, Decoder
-    from tests.streaming.test_decode import GPKG
+    from streaming.decode.decoder import DecodeOptions, Decoder
+    from tests.streaming.decode.test_decoder import GPKG
 
     return Decoder(GPKG, DecodeOptions(max_message_bytes=8 * 1024 * 1024, max_vertices=20_000))
 
@@ -48,8 +48,8 @@ def _decoder():
 def _check(decoder, records) -> None:
     """Every record comes out once, valid or rejected for a reason that is not a decoder defect,
     a reject keeping its original value."""
-    from streaming.rejects import Reason
-    from tests.streaming.test_decode import kafka_batch
+    from streaming.decode.rejects import Reason
+    from tests.streaming.decode.test_decoder import kafka_batch
 
     batch = kafka_batch([v for _, v, _ in records], keys=[k for k, _, _ in records], headers=[h for _, _, h in records])
     out = decoder.decode(batch)

@@ -24,7 +24,7 @@ python) run --repeats times each, alternating, and the faster run of each is com
 COMPARED). Then:
 
   limit chain  the same decode, dead-letter tally, Hilbert sort and GeoParquet write
-               (streaming/partition.py) on as many processes as the service has cores, over the
+               (streaming/write/task.py) on as many processes as the service has cores, over the
                events in memory: no Spark, no Kafka
   Kafka source Spark's Kafka source alone, at each batch size, as the service's query reads it (the
                same options, columns, tasks, trigger and warm-up), each batch handed to Python
@@ -33,7 +33,7 @@ COMPARED). Then:
                kept, and says how busy it kept the cores: what it leaves for geoingest / limit
                chain is in its own table (see source_ceilings)
   Python source the same for geoingest's Python source: offset ranges only (rangesOnly=true),
-               each task reading its ranges with streaming/kafka_read.py's ReadingRanges and only
+               each task reading its ranges with streaming/source/read.py's ReadingRanges and only
                counting the rows; run alternating with Spark's source, --repeats times, the
                faster kept
   pruning      for each geoingest table, the files and row groups a window query reads (the
@@ -76,8 +76,8 @@ import shapely  # noqa: E402
 from cities import city_points  # noqa: E402
 from memory import PeakMemory  # noqa: E402
 
-from app.broker import LocalBroker, free_port  # noqa: E402
-from app.sample import SampleEvent, produce  # noqa: E402
+from app.local.broker import LocalBroker, free_port  # noqa: E402
+from app.local.sample import SampleEvent, produce  # noqa: E402
 from app.settings import load_settings  # noqa: E402
 from streaming.contract import load_contract  # noqa: E402
 
@@ -305,7 +305,8 @@ def count_rows(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
 
 def spark_source_alone(spark: SparkSession, bootstrap: str, per_batch: int, cores: int) -> SourceAlone:
     """Spark's Kafka source with the service's options and columns (headers as JSON text)."""
-    from streaming.job import _source_columns, kafka_source_options
+    from streaming.job.config import kafka_source_options
+    from streaming.job.processor import _source_columns
 
     def stream(topic: str) -> DataFrame:
         return (
@@ -323,12 +324,12 @@ def spark_source_alone(spark: SparkSession, bootstrap: str, per_batch: int, core
 
 
 def python_source_alone(spark: SparkSession, bootstrap: str, per_batch: int, cores: int) -> SourceAlone:
-    """geoingest's Python source with the service's options (streaming.job.python_source_options:
+    """geoingest's Python source with the service's options (streaming.job.processor.python_source_options:
     offset ranges only), each task reading its ranges as the service's do (ReadingRanges)."""
-    from streaming.job import JobConfig, python_source_options
-    from streaming.kafka_options import SourceSettings
-    from streaming.kafka_read import ReadingRanges
-    from streaming.kafka_source import python_kafka_stream
+    from streaming.job.config import JobConfig, python_source_options
+    from streaming.source.options import SourceSettings
+    from streaming.source.python_source import python_kafka_stream
+    from streaming.source.read import ReadingRanges
 
     def options(topic: str) -> dict[str, str]:
         config = JobConfig(bootstrap, topic, checkpoint_location="", writer_id="", max_offsets_per_trigger=per_batch)
@@ -358,8 +359,8 @@ def geoingest_child(spec: dict) -> dict:
     import dataclasses
 
     from app.service import configure_logging, run, start_spark
-    from streaming.catalog import create_table, open_catalog
-    from streaming.query import query_bbox
+    from streaming.read.query import query_bbox
+    from streaming.table.catalog import create_table, open_catalog
 
     configure_logging("WARNING")
     workdir = Path(spec["workdir"])
@@ -476,7 +477,7 @@ def limit_chain(events: list[SampleEvent], processes: int, workdir: Path) -> dic
             "partition": pa.array(np.arange(n) % processes, pa.int32()),
             "offset": pa.array(np.arange(n, dtype=np.int64)),
             "timestamp": pa.array(np.zeros(n, np.int64), pa.timestamp("us", tz="UTC")),
-            "headers": pa.array(["[]"] * n, pa.string()),  # as the job sends them (see streaming/job.py)
+            "headers": pa.array(["[]"] * n, pa.string()),  # as the job sends them (see streaming/job/processor.py)
         }
     )
     shares = [source.slice(i * n // processes, (i + 1) * n // processes - i * n // processes) for i in range(processes)]
@@ -499,8 +500,8 @@ def limit_chain(events: list[SampleEvent], processes: int, workdir: Path) -> dic
 
 
 def _limit_worker(share: pa.Table, folder: Path, ready) -> None:
-    from streaming.decode import DecodeOptions
-    from streaming.partition import FileSettings, PartitionTask
+    from streaming.decode.decoder import DecodeOptions
+    from streaming.write.task import FileSettings, PartitionTask
 
     folder.mkdir(parents=True, exist_ok=True)
     task = PartitionTask(load_contract(CONTRACT), DecodeOptions(), FileSettings({}, {}, f"file://{folder}", "limit"))

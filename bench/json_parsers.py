@@ -8,7 +8,7 @@ for GeoJSON Feature events (points, and hexagon polygons around the same places)
   to geometries     what the decoder needs: parsed documents to shapely geometries. Per-record
                     parsers collect the coordinates in Python and build the geometries with
                     shapely's array constructors; GEOS reads each geometry member
-                    (shapely.from_geojson); streaming.formats.geojson_geometry reads the block's coordinates with
+                    (shapely.from_geojson); streaming.decode.formats.geojson_geometry reads the block's coordinates with
                     pyarrow and builds the geometries with shapely.from_ragged_array
 
 Each figure is the best of --repeats runs. Prints a table and writes bench/results/json_parsers.json
@@ -35,7 +35,7 @@ import pyarrow.json as pa_json  # noqa: E402
 import shapely  # noqa: E402
 from cities import city_points  # noqa: E402
 
-from streaming.formats.geojson_geometry import ndjson, read_geometries  # noqa: E402
+from streaming.decode.formats.geojson_geometry import ndjson, read_geometries  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
 HEXAGON = np.column_stack([np.cos(np.arange(7) * np.pi / 3), np.sin(np.arange(7) * np.pi / 3)]) * 0.001
@@ -127,7 +127,7 @@ def measure(kind: str, n: int, repeats: int) -> list[dict]:
     rows.append(
         {
             "kind": kind,
-            "parser": "pyarrow JSON reader, whole block (streaming.formats.geojson_geometry)",
+            "parser": "pyarrow JSON reader, whole block (streaming.decode.formats.geojson_geometry)",
             "parse_docs_per_s": best_rate(lambda: pa_json.read_json(pa.BufferReader(block)), n, repeats),
             "geometries_docs_per_s": best_rate(lambda: read_geometries(arrow_docs, types), n, repeats),
         }
@@ -137,7 +137,7 @@ def measure(kind: str, n: int, repeats: int) -> list[dict]:
     expected = shapely.from_geojson(geometry_members)
     ours, read = read_geometries(arrow_docs, types)
     assert read.all() and shapely.equals_exact(ours, expected, 1e-9).all(), (
-        "streaming.formats.geojson_geometry differs from GEOS"
+        "streaming.decode.formats.geojson_geometry differs from GEOS"
     )
     objects = geometries_from_objects([json.loads(d) for d in docs], kind)
     assert shapely.equals_exact(objects, expected, 1e-9).all(), "the per-record build differs from GEOS"

@@ -1,8 +1,8 @@
-"""Spark's Kafka source against the Python one (streaming/kafka_source.py), reading alone.
+"""Spark's Kafka source against the Python one (streaming/source/python_source.py), reading alone.
 
 The same topic of N small GeoJSON events (bench/ingest.py's geojson-points, 4 partitions) is read
-by each source as the service's query reads it: the options of streaming.job.kafka_source_options,
-the columns of streaming.job._source_columns (headers as JSON text), coalesced to the cores, each
+by each source as the service's query reads it: the options of streaming.job.processor.kafka_source_options,
+the columns of streaming.job.processor._source_columns (headers as JSON text), coalesced to the cores, each
 batch handed to Python workers that only count its rows (bench/ingest.py, "Kafka source alone").
 Each run is a fresh process with its own JVM (local[2], the same driver memory); it first drains
 a warm-up topic the same way, then is measured from query start to the batch that brings the
@@ -37,8 +37,8 @@ for path in (ROOT, ROOT / "bench"):  # run as a script: app/, streaming/ and ben
 import pyarrow as pa  # noqa: E402
 from ingest import busy_cpu_seconds, make_events  # noqa: E402
 
-from app.broker import LocalBroker, free_port  # noqa: E402
-from app.sample import produce  # noqa: E402
+from app.local.broker import LocalBroker, free_port  # noqa: E402
+from app.local.sample import produce  # noqa: E402
 from app.settings import load_settings  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
@@ -50,8 +50,9 @@ SOURCES = ("spark", "python")
 
 def source_child(spec: dict) -> dict:
     from app.service import configure_logging, start_spark
-    from streaming.job import _source_columns, kafka_source_options
-    from streaming.kafka_source import python_kafka_stream
+    from streaming.job.config import kafka_source_options
+    from streaming.job.processor import _source_columns
+    from streaming.source.python_source import python_kafka_stream
 
     configure_logging("WARNING")
     spark = start_spark(load_settings(env={}, spark_master=MASTER, driver_memory=DRIVER_MEMORY))

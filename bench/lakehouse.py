@@ -1,12 +1,12 @@
 """geoingest on the local shape against the lakehouse shape, and what staging costs on an object store.
 
-One command, one broker, the same events for every run: the demo's sample stream (app/sample.py:
+One command, one broker, the same events for every run: the demo's sample stream (app/local/sample.py:
 GeoJSON points mostly, WKB tracks, EWKB zones, WKB sites, a trickle of malformed events) produced
 once on the plain listener of the lakehouse's broker. Then, at each batch size (max offsets per
 trigger), each run in a fresh process with its own Spark driver:
 
   local        Spark local[2], a SQLite catalog, a file:// warehouse, the broker's plain listener
-  lakehouse    app.lakehouse.Lakehouse: the table in a bucket of s3proxy through Iceberg's REST
+  lakehouse    app.local.lakehouse.Lakehouse: the table in a bucket of s3proxy through Iceberg's REST
                catalog, a Spark standalone cluster (its executor and Python workers are processes
                of their own, 2 cores), the broker over SASL_SSL (SCRAM-SHA-512 over TLS)
 
@@ -31,7 +31,7 @@ For the lakehouse runs, around the measured run only (warm-up and queries left o
                sockets, GET bodies and listings)
 
 and for every run the pruning it leaves: the files and row groups a window query reads
-(streaming.query's own stats) over random windows of 0.1 % of the data extent, against the model
+(streaming.read.query's own stats) over random windows of 0.1 % of the data extent, against the model
 ideal, as bench/ingest.py reports it.
 
 Writes bench/results/lakehouse.json and lakehouse.md.
@@ -73,9 +73,9 @@ from ingest import (  # noqa: E402
     pruning,
 )
 
-from app.lakehouse import Lakehouse  # noqa: E402
-from app.object_store import _REQUEST_LINE, _REQUEST_PREFIX, REQUEST_KINDS, LocalObjectStore, _kind  # noqa: E402
-from app.sample import produce, sample_events  # noqa: E402
+from app.local.lakehouse import Lakehouse  # noqa: E402
+from app.local.object_store import _REQUEST_LINE, _REQUEST_PREFIX, REQUEST_KINDS, LocalObjectStore, _kind  # noqa: E402
+from app.local.sample import produce, sample_events  # noqa: E402
 from app.settings import load_settings  # noqa: E402
 from streaming.contract import load_contract  # noqa: E402
 
@@ -214,8 +214,8 @@ def run_child(spec: dict, workdir: Path, what: str) -> dict:
 
 def geoingest_child(spec: dict) -> dict:
     from app.service import configure_logging, run, start_spark
-    from streaming.catalog import create_table, open_catalog
-    from streaming.query import query_bbox
+    from streaming.read.query import query_bbox
+    from streaming.table.catalog import create_table, open_catalog
 
     configure_logging("WARNING")
     workdir = Path(spec["workdir"])
@@ -485,7 +485,7 @@ def write_results(report: dict) -> None:
     intro = (
         f"geoingest on the local shape (Spark {MASTER}, SQLite catalog, file:// warehouse, plain Kafka listener) "
         f"and the lakehouse shape (s3proxy bucket, Iceberg REST catalog, Spark standalone cluster of "
-        f"{report['cores']} cores, SASL_SSL listener): {report['events']:,} sample events (app/sample.py), "
+        f"{report['cores']} cores, SASL_SSL listener): {report['events']:,} sample events (app/local/sample.py), "
         f"processing-time trigger {report['trigger']!r}, events/s from query start to the last commit, every run "
         f"in a fresh process and warm ({report['warmup_events']:,} warm-up events first), {report['repeats']} "
         f"run(s) of each, the faster kept. {report['machine_cores']} cores shared by the driver, the executor, "
@@ -500,7 +500,7 @@ def write_results(report: dict) -> None:
         "slices deleted again included. MB bucket growth: what stays. MB served: what s3proxy wrote to its "
         "sockets (GET bodies, listings); both within about 0.1 MB per batch, since the kernel counts disk writes by "
         "the page. Windows: random windows of 0.1 % of the data extent, files and row "
-        "groups read by streaming.query, against the model ideal."
+        "groups read by streaming.read.query, against the model ideal."
     )
     kinds = REQUEST_KINDS
     lines = [

@@ -23,12 +23,12 @@ import pyarrow.compute as pc
 import shapely
 from cities import city_points  # bench/cities.py, beside this script
 
-from streaming.catalog import create_table, open_catalog
-from streaming.commit import BatchCommit, Committer
 from streaming.contract import DEFAULT_TARGET_FILE_BYTES, load_contract
-from streaming.decode import HILBERT, REJECT_REASON, Decoder
-from streaming.query import query_bbox
-from streaming.writer import GeoParquetWriter
+from streaming.decode.decoder import HILBERT, REJECT_REASON, Decoder
+from streaming.read.query import query_bbox
+from streaming.table.catalog import create_table, open_catalog
+from streaming.table.commit import BatchCommit, Committer
+from streaming.write.data_files import GeoParquetWriter
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"

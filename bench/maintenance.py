@@ -47,14 +47,14 @@ sys.path.insert(0, str(ROOT))  # the batch writer and the PostgreSQL server live
 from pyiceberg.expressions import And, GreaterThanOrEqual, LessThanOrEqual  # noqa: E402
 
 from bench.cities import city_points  # noqa: E402
-from streaming.catalog import create_table, open_catalog  # noqa: E402
 from streaming.contract import load_contract, parse_contract  # noqa: E402
-from streaming.inspect import file_extents, plot_file_extents  # noqa: E402
-from streaming.maintenance import data_manifest_count, maintain  # noqa: E402
-from streaming.maintenance_plan import MaintenancePolicy  # noqa: E402
-from streaming.query import Predicate, query  # noqa: E402
+from streaming.maintenance.maintain import data_manifest_count, maintain  # noqa: E402
+from streaming.maintenance.plan import MaintenancePolicy  # noqa: E402
+from streaming.read.inspect import file_extents, plot_file_extents  # noqa: E402
+from streaming.read.query import Predicate, query  # noqa: E402
+from streaming.table.catalog import create_table, open_catalog  # noqa: E402
 from tests.postgres import postgres_server  # noqa: E402
-from tests.streaming.test_maintenance import BatchWriter, world_points  # noqa: E402
+from tests.streaming.maintenance.test_maintain import BatchWriter, world_points  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
 DOCS = ROOT / "docs"

@@ -8,7 +8,7 @@
 
 The jars come from Maven Central (app/maven.py); every session setting other than what this
 stack needs (Sedona's and Iceberg's SQL extensions, an Iceberg catalog) is geoingest's own
-(app/spark.py), and the Kafka options are those of geoingest's query (streaming/job.py).
+(app/spark.py), and the Kafka options are those of geoingest's query (streaming/job/processor.py).
 
 `run_plain_stack(...)` runs one query in a fresh Python process with its own JVM, so neither stack
 inherits the other's JIT warm-up or heap, and returns its figures: events/s from query start to the
@@ -392,8 +392,8 @@ def _child(spec: PlainStackRun) -> dict:
 
 
 def _kafka_reader(spark, spec: PlainStackRun, topic: str):
-    """The Kafka source with geoingest's options (streaming/job.py), without the headers it never reads."""
-    from streaming.job import kafka_source_options
+    """The Kafka source with geoingest's options (streaming/job/processor.py), without the headers it never reads."""
+    from streaming.job.config import kafka_source_options
 
     options = {
         **kafka_source_options(spec.bootstrap, topic, spark.sparkContext.defaultParallelism),
@@ -551,8 +551,8 @@ def main() -> None:
 
     from ingest import make_events  # bench/ingest.py, beside this script
 
-    from app.broker import LocalBroker, free_port
-    from app.sample import produce
+    from app.local.broker import LocalBroker, free_port
+    from app.local.sample import produce
     from app.settings import load_settings
 
     datasets = args.datasets.split(",")

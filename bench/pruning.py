@@ -30,13 +30,13 @@ import pyarrow.parquet as pq
 import shapely
 from cities import city_points  # bench/cities.py, beside this script
 
-from streaming.catalog import create_table, open_catalog
-from streaming.commit import BatchCommit, Committer
 from streaming.contract import load_contract
-from streaming.decode import HILBERT, REJECT_REASON, Decoder
-from streaming.hilbert import grid_cells
-from streaming.query import query_bbox
-from streaming.writer import GeoParquetWriter
+from streaming.decode.decoder import HILBERT, REJECT_REASON, Decoder
+from streaming.kernels.hilbert import grid_cells
+from streaming.read.query import query_bbox
+from streaming.table.catalog import create_table, open_catalog
+from streaming.table.commit import BatchCommit, Committer
+from streaming.write.data_files import GeoParquetWriter
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"

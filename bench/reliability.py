@@ -1,4 +1,4 @@
-"""Reliability under kill -9: the chaos run of tests/streaming/test_chaos.py at a larger scale.
+"""Reliability under kill -9: the chaos run of tests/streaming/job/test_chaos.py at a larger scale.
 
 Produces N sample events (the demo's mix, ~0.5 % malformed) to a broker of its own, then runs the
 real service (`geoingest run`, a process group of its own: driver, Spark JVM, Python workers) and
@@ -44,7 +44,7 @@ sys.path.insert(0, str(ROOT))  # the chaos harness lives in tests/
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
 from tests.conftest import CACHE_DIR  # noqa: E402
-from tests.streaming.test_chaos import (  # noqa: E402
+from tests.streaming.job.test_chaos import (  # noqa: E402
     CONTRACT,
     ChaosRun,
     catalog_of,
@@ -54,7 +54,7 @@ from tests.streaming.test_chaos import (  # noqa: E402
     run_chaos,
     verify,
 )
-from tests.streaming.test_faults import start_broker  # noqa: E402
+from tests.streaming.job.test_faults import start_broker  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
 

@@ -2,7 +2,7 @@
 
 One broker, one Spark session (local[2]). The stream: --events GeoJSON point events over --keys keys,
 every key created once, then versions that move features anywhere on the map, 10 % of them
-tombstones (tests/streaming/test_upsert.py's generator). The same topic is ingested into an append
+tombstones (tests/streaming/write/test_upsert.py's generator). The same topic is ingested into an append
 table and into an upsert table (contract `mode: upsert`), --repeats times each, alternating, with
 clustering "batch" at --batch-size events per batch, trigger as `until_idle` drains it; the faster
 run of each is kept. A warm-up table first, so the JVM and the Python workers are warm.
@@ -34,17 +34,17 @@ if str(ROOT) not in sys.path:
 
 import numpy as np  # noqa: E402
 
-from app.broker import LocalBroker, free_port  # noqa: E402
+from app.local.broker import LocalBroker, free_port  # noqa: E402
 from app.service import configure_logging, run, start_spark  # noqa: E402
 from app.settings import load_settings  # noqa: E402
-from streaming.catalog import create_table, open_catalog  # noqa: E402
 from streaming.contract import parse_contract  # noqa: E402
-from streaming.deletes import has_delete_files, snapshot_files  # noqa: E402
-from streaming.maintenance import maintain  # noqa: E402
-from streaming.maintenance_plan import MaintenancePolicy  # noqa: E402
-from streaming.query import Predicate, query  # noqa: E402
+from streaming.maintenance.maintain import maintain  # noqa: E402
+from streaming.maintenance.plan import MaintenancePolicy  # noqa: E402
+from streaming.read.query import Predicate, query  # noqa: E402
+from streaming.table.catalog import create_table, open_catalog  # noqa: E402
+from streaming.table.deletes import has_delete_files, snapshot_files  # noqa: E402
 from tests.conftest import produce_records  # noqa: E402
-from tests.streaming.test_upsert import (  # noqa: E402
+from tests.streaming.write.test_upsert import (  # noqa: E402
     every_snapshot_matches,
     expected_state,
     make_stream,

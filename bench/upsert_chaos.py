@@ -1,6 +1,6 @@
-"""kill -9 on an upsert table: the chaos run of tests/streaming/test_chaos.py, on a stream of versions.
+"""kill -9 on an upsert table: the chaos run of tests/streaming/job/test_chaos.py, on a stream of versions.
 
-Produces --events records over --keys keys (tests/streaming/test_upsert.py's stream: every key
+Produces --events records over --keys keys (tests/streaming/write/test_upsert.py's stream: every key
 created once, then updates that move features anywhere, 10 % tombstones; keyed, so the versions of
 a key share a partition) to a broker of its own, then runs the real service (`geoingest run` on the
 demo contract in `mode: upsert`) and SIGKILLs it --kills times at random moments (seeded),
@@ -30,10 +30,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # the chaos harness lives in tests/
 
 from bench.upsert import broker_topic, table_state  # noqa: E402
-from streaming.catalog import create_table  # noqa: E402
 from streaming.contract import parse_contract  # noqa: E402
+from streaming.table.catalog import create_table  # noqa: E402
 from tests.conftest import produce_records  # noqa: E402
-from tests.streaming.test_chaos import (  # noqa: E402
+from tests.streaming.job.test_chaos import (  # noqa: E402
     CONTRACT,
     catalog_of,
     coverage_problems,
@@ -44,8 +44,8 @@ from tests.streaming.test_chaos import (  # noqa: E402
     run_chaos,
     service_env,
 )
-from tests.streaming.test_faults import start_broker  # noqa: E402
-from tests.streaming.test_upsert import DEMO, expected_state, make_stream  # noqa: E402
+from tests.streaming.job.test_faults import start_broker  # noqa: E402
+from tests.streaming.write.test_upsert import DEMO, expected_state, make_stream  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
 

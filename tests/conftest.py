@@ -11,9 +11,9 @@ import pytest
 from kafka import KafkaAdminClient, KafkaProducer
 from kafka.admin import NewTopic
 
-from app.broker import LocalBroker, free_port
+from app.local.broker import LocalBroker, free_port
 from app.settings import load_settings
-from streaming.catalog import open_catalog
+from streaming.table.catalog import open_catalog
 
 # Jars (Kafka broker, Spark's Kafka connector) are shared with dev work and the demo.
 CACHE_DIR = Path(load_settings(env=dict(os.environ)).cache_dir)
@@ -26,7 +26,7 @@ from tests.spark_shapes import cluster_spark, spark, spark_cluster, spark_sessio
 @pytest.fixture(scope="session")
 def kafka(tmp_path_factory) -> Iterator[LocalBroker]:
     # Both listeners: the tests' own clients use the plain one, the lakehouse shape's service the
-    # SASL_SSL one (tests/streaming/test_lakehouse.py).
+    # SASL_SSL one (tests/streaming/job/test_lakehouse.py).
     broker = LocalBroker(tmp_path_factory.mktemp("kafka"), CACHE_DIR, port=free_port(), secure_port=free_port())
     broker.ensure_jars()
     broker.start()

@@ -9,8 +9,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from app.object_store import LocalObjectStore
-from app.rest_catalog import LocalRestCatalog
+from app.local.object_store import LocalObjectStore
+from app.local.rest_catalog import LocalRestCatalog
 
 WAREHOUSE_BUCKET = "warehouse"
 

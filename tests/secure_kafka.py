@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from app.broker import LocalBroker, free_port
+from app.local.broker import LocalBroker, free_port
 from tests.conftest import CACHE_DIR
 
 

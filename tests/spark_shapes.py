@@ -1,5 +1,5 @@
 """The Spark session a test module runs on, by shape: local (`local[2]`: the tasks run in the
-driver's own JVM) or a standalone cluster on this machine (app/spark_cluster.py: executors are
+driver's own JVM) or a standalone cluster on this machine (app/local/spark_cluster.py: executors are
 JVMs of their own with Python workers of their own).
 
 One process holds one SparkContext at a time: pyspark refuses a second, and getOrCreate() hands
@@ -29,8 +29,8 @@ import pytest
 from pyspark import SparkContext
 from pyspark.sql import SparkSession
 
+from app.local.spark_cluster import LocalSparkCluster
 from app.spark import spark_session
-from app.spark_cluster import LocalSparkCluster
 
 LOCAL_MASTER = "local[2]"
 DRIVER_MEMORY = "2g"

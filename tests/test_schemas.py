@@ -10,7 +10,7 @@ import pyarrow as pa
 import pytest
 
 from streaming.contract import load_contract
-from streaming.decode import Decoder
+from streaming.decode.decoder import Decoder
 
 SCHEMAS = Path(__file__).resolve().parents[1] / "schemas"
 EVENT_SCHEMA = json.loads((SCHEMAS / "geojson-event.schema.json").read_text())

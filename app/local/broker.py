@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from app.java import java_executable, trust_store_options
-from app.local_process import (
+from app.local.process import (
     DetachedProcess,
     LocalProcessError,
     free_port,
@@ -364,7 +364,7 @@ class LocalBroker:
             "replica.fetch.max.bytes": str(_MAX_MESSAGE_BYTES),
             **secure,
         }
-        header = "# Written by app/broker.py on every start; edit LocalBroker instead.\n"
+        header = "# Written by app/local/broker.py on every start; edit LocalBroker instead.\n"
         body = "".join(f"{k}={_properties_value(v)}\n" for k, v in settings.items())
         fd = os.open(self.properties_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         os.fchmod(fd, 0o600)  # it holds the broker's private key when the keystore is PEM

@@ -10,24 +10,24 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from app.broker import LocalBroker, free_port
-from app.lakehouse import WAREHOUSE_BUCKET, Lakehouse
-from app.sample import produce, sample_events
+from app.local.broker import LocalBroker, free_port
+from app.local.lakehouse import WAREHOUSE_BUCKET, Lakehouse
+from app.local.sample import produce, sample_events
 from app.service import RunTotals, configure_logging, run
 from app.settings import Settings
-from streaming.catalog import create_table, open_catalog
 from streaming.contract import load_contract
-from streaming.job import BatchReport
-from streaming.query import query_bbox
+from streaming.job.processor import BatchReport
+from streaming.read.query import query_bbox
+from streaming.table.catalog import create_table, open_catalog
 
-DEMO_CONTRACT = Path(__file__).resolve().parent.parent / "schemas" / "demo_events.json"
+DEMO_CONTRACT = Path(__file__).resolve().parents[2] / "schemas" / "demo_events.json"
 # Western Europe around Paris: a window of about 0.4 % of the world extent, over dense data.
 DEMO_WINDOW = (-1.0, 46.5, 6.0, 50.5)
 
 
 def run_demo(settings: Settings, home: Path, events: int, lakehouse: bool = False) -> int:
     """The demo on embedded defaults (a local broker, local Spark, a SQLite catalog and a local
-    warehouse) or, with `lakehouse`, on the lakehouse shape (app/lakehouse.py): the table in a
+    warehouse) or, with `lakehouse`, on the lakehouse shape (app/local/lakehouse.py): the table in a
     bucket of an S3-compatible store through a REST catalog, a Spark standalone cluster, the
     broker over SASL_SSL."""
     home = home.absolute()

@@ -18,12 +18,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from app.broker import LocalBroker
-from app.local_process import free_port
-from app.object_store import LocalObjectStore
-from app.rest_catalog import LocalRestCatalog
+from app.local.broker import LocalBroker
+from app.local.object_store import LocalObjectStore
+from app.local.process import free_port
+from app.local.rest_catalog import LocalRestCatalog
+from app.local.spark_cluster import LocalSparkCluster
 from app.settings import Settings
-from app.spark_cluster import LocalSparkCluster
 
 WAREHOUSE_BUCKET = "warehouse"
 

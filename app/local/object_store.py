@@ -28,7 +28,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from app.java import java_executable, trust_store_options
-from app.local_process import (
+from app.local.process import (
     HOST,
     DetachedProcess,
     LocalProcessError,
@@ -264,10 +264,10 @@ class LocalObjectStore:
             "jclouds.provider": "filesystem",
             "jclouds.filesystem.basedir": str(self.data_dir),
         }
-        header = "# Written by app/object_store.py on every start; edit LocalObjectStore instead.\n"
+        header = "# Written by app/local/object_store.py on every start; edit LocalObjectStore instead.\n"
         self.config_file.write_text(header + "".join(f"{k}={v}\n" for k, v in settings.items()))
         self.logback_file.write_text(f"""<configuration>
-  <!-- Written by app/object_store.py on every start. -->
+  <!-- Written by app/local/object_store.py on every start. -->
   <appender name="FILE" class="ch.qos.logback.core.FileAppender">
     <file>{self.log_file}</file>
     <encoder><pattern>%d{{yyyy-MM-dd HH:mm:ss.SSS}} %-5p %c{{30}} %m%n</pattern></encoder>

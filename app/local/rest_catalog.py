@@ -41,7 +41,7 @@ from xml.etree import ElementTree
 from xml.sax.saxutils import escape
 
 from app.java import java_executable, trust_store_options
-from app.local_process import (
+from app.local.process import (
     HOST,
     DetachedProcess,
     LocalProcessError,
@@ -265,7 +265,7 @@ class LocalRestCatalog:
         )
         text = f"""<?xml version="1.0"?>
 <!DOCTYPE Configure PUBLIC "-//Jetty//Configure//EN" "https://jetty.org/configure_10_0.dtd">
-<!-- Written by app/rest_catalog.py on every start; edit LocalRestCatalog instead.
+<!-- Written by app/local/rest_catalog.py on every start; edit LocalRestCatalog instead.
      The wiring of org.apache.iceberg.rest.RESTCatalogServer, with the connector on loopback. -->
 <Configure id="Server" class="org.eclipse.jetty.server.Server">
   <Set name="stopAtShutdown">true</Set>

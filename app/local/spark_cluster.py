@@ -37,7 +37,7 @@ import urllib.request
 from pathlib import Path
 
 from app.java import java_home
-from app.local_process import (
+from app.local.process import (
     HOST,
     DetachedProcess,
     LocalProcessError,

@@ -9,7 +9,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from streaming.contract import Column, Contract
-from streaming.rejects import Reason, Rejects, shown
+from streaming.decode.rejects import Reason, Rejects, shown
 
 
 def property_types(contract: Contract) -> dict[str, pa.DataType]:

@@ -9,8 +9,8 @@ keeps its row, with a stable reason code and a message naming the offending fiel
 so nothing is dropped silently: the caller routes rejects to the dead-letter topic.
 
 This module is the batch: the checks of a whole record (null, size), which format reads each
-value (streaming/formats/, by its first significant byte), then the geometry rules
-(streaming/validate.py) and the contract's columns (streaming/columns.py) for every format alike,
+value (streaming/decode/formats/, by its first significant byte), then the geometry rules
+(streaming/decode/validate.py) and the contract's columns (streaming/decode/columns.py) for every format alike,
 and the output batch. Every step is vectorised over the batch.
 """
 
@@ -25,13 +25,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.json as pa_json
 
-from streaming.buffers import NONE, offsets_and_bytes, scatter_into
-from streaming.columns import ColumnMapper, property_types
 from streaming.contract import Contract
-from streaming.formats import INPUT_FORMATS, Decoded
-from streaming.formats.wkb import to_stored_wkb
-from streaming.hilbert import hilbert_keys_of_bounds
-from streaming.properties import (
+from streaming.decode.columns import ColumnMapper, property_types
+from streaming.decode.formats import INPUT_FORMATS, Decoded
+from streaming.decode.formats.wkb import to_stored_wkb
+from streaming.decode.properties import (
     OFF_SAMPLE,
     OFF_SAMPLE_EVERY,
     PropertySeen,
@@ -40,8 +38,10 @@ from streaming.properties import (
     record_order,
     unmapped_properties,
 )
-from streaming.rejects import Reason, Rejects
-from streaming.validate import GeometryRules, bounds_of
+from streaming.decode.rejects import Reason, Rejects
+from streaming.decode.validate import GeometryRules, bounds_of
+from streaming.kernels.buffers import NONE, offsets_and_bytes, scatter_into
+from streaming.kernels.hilbert import hilbert_keys_of_bounds
 
 log = logging.getLogger("geoingest.decode")
 

@@ -19,7 +19,7 @@ from concurrent.futures.process import BrokenProcessPool
 import pyarrow as pa
 
 from streaming.contract import Contract
-from streaming.decode import DecodeOptions, Decoder
+from streaming.decode.decoder import DecodeOptions, Decoder
 
 log = logging.getLogger("geoingest.isolation")
 

@@ -1,6 +1,6 @@
 """The GeoJSON properties no column maps: their names, the type their values have, and where they
 were first seen. Under `schema_evolution: off` they are counted and logged; under `add-columns`
-they become the table's new columns (streaming/evolution.py).
+they become the table's new columns (streaming/write/evolution.py).
 
 A block of documents is read at once by pyarrow's JSON reader, inferring every member. It refuses
 a block whose members change type between documents (a property a number here and a string there,
@@ -19,7 +19,7 @@ import pyarrow.compute as pc
 import pyarrow.json as pa_json
 
 from streaming.contract import Contract
-from streaming.formats.geojson_geometry import ndjson
+from streaming.decode.formats.geojson_geometry import ndjson
 
 # Under `schema_evolution: off` the decoder looks for names in the first OFF_SAMPLE GeoJSON records
 # of every OFF_SAMPLE_EVERY-th Arrow batch it decodes (the first included; 10,000 records a batch by

@@ -9,11 +9,11 @@ import numpy as np
 import shapely
 from pyproj.exceptions import CRSError, ProjError
 
-from streaming.budget import RepairBudget
 from streaming.contract import Contract
-from streaming.crs import UnknownSrid, known_crs, reproject, transformer, valid_area
-from streaming.formats.base import Decoded
-from streaming.rejects import Reason, Rejects
+from streaming.decode.budget import RepairBudget
+from streaming.decode.crs import UnknownSrid, known_crs, reproject, transformer, valid_area
+from streaming.decode.formats.base import Decoded
+from streaming.decode.rejects import Reason, Rejects
 
 _TYPE_NAMES = {
     0: "Point",

@@ -1,6 +1,6 @@
 """The streaming query: Kafka -> decode -> Hilbert-sorted GeoParquet files -> one commit.
 
-Spark glue around the pure core (streaming/partition.py). A micro-batch is clustered one of three
+Spark glue around the pure core (streaming/write/task.py). A micro-batch is clustered one of three
 ways (`clustering`):
 
   batch (default)  one pass per input partition: each task decodes its Kafka records, sends its
@@ -34,13 +34,9 @@ from pyspark import StorageLevel, TaskContext
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import from_arrow_schema
-from pyspark.sql.streaming import StreamingQuery
 
-from streaming.catalog import table_contract
-from streaming.commit import BatchCommit, CommitOutcome, CommitRetriesExhausted, Committer, Offsets
 from streaming.contract import Contract
-from streaming.dead_letter import DeadLetterConfig, DeadLetterFailed, send_dead_letters
-from streaming.decode import (
+from streaming.decode.decoder import (
     HILBERT,
     REJECT_REASON,
     SOURCE_OFFSET,
@@ -51,7 +47,28 @@ from streaming.decode import (
     Decoder,
     decoded_schema,
 )
-from streaming.evolution import (
+from streaming.decode.isolation import IsolatedDecoder, worker_crashed
+from streaming.decode.properties import mapped_names
+from streaming.job.config import (
+    CLUSTERING_MODES,
+    SOURCES,
+    JobConfig,
+    python_source_options,
+)
+from streaming.source.options import SourceSettings
+from streaming.source.read import ReadingRanges
+from streaming.storage import data_location, delete_folder
+from streaming.table.catalog import table_contract
+from streaming.table.commit import BatchCommit, CommitOutcome, CommitRetriesExhausted, Committer, Offsets
+from streaming.write.data_files import (
+    DATA_FILE_RECORD_DDL,
+    DataFileRecord,
+    GeoParquetWriter,
+    parquet_write_options,
+    records_to_arrow,
+)
+from streaming.write.dead_letter import DeadLetterFailed, send_dead_letters
+from streaming.write.evolution import (
     PROPERTY_SCAN_SCHEMA,
     ColumnPlan,
     PropertyScan,
@@ -59,11 +76,7 @@ from streaming.evolution import (
     plan_new_columns,
     seen_from_rows,
 )
-from streaming.isolation import IsolatedDecoder, worker_crashed
-from streaming.kafka_options import SourceSettings
-from streaming.kafka_read import ReadingRanges
-from streaming.kafka_source import python_kafka_stream
-from streaming.partition import (
+from streaming.write.task import (
     RESULT_SCHEMA,
     BatchResults,
     FileSettings,
@@ -75,18 +88,8 @@ from streaming.partition import (
     prepare_worker_process,
     range_count,
 )
-from streaming.properties import mapped_names
-from streaming.storage import data_location, delete_folder
-from streaming.upsert import equality_field_ids
-from streaming.writer import (
-    DATA_FILE_RECORD_DDL,
-    DataFileRecord,
-    GeoParquetWriter,
-    parquet_write_options,
-    records_to_arrow,
-)
+from streaming.write.upsert import equality_field_ids
 
-CLUSTERING_MODES = ("batch", "task", "shuffle")
 # Writes of one batch when other writers keep changing the table's schema under it
 _SCHEMA_ATTEMPTS = 3
 # The Spark local property that tells a batch's tasks how many of them there are
@@ -94,41 +97,8 @@ STAGE_TASKS_PROPERTY = "geoingest.stage.tasks"
 
 log = logging.getLogger("geoingest.job")
 
-# Where the records come from: Spark's Kafka source (a JVM consumer, rows converted to Arrow for
-# the Python tasks), or the Python one, whose tasks read their offset ranges with librdkafka.
-SOURCES = ("spark-kafka", "python")
 
 TaskFunction = Callable[[Iterable[pa.RecordBatch]], Iterable[pa.RecordBatch]]
-
-
-@dataclass(frozen=True)
-class JobConfig:
-    bootstrap_servers: str
-    topic: str
-    checkpoint_location: str
-    writer_id: str
-    starting_offsets: str = "earliest"
-    max_offsets_per_trigger: int = 1_000_000
-    # batch, task: the rows a task sorts at once (its memory bound), and of one merge range;
-    # shuffle: the rows of one range partition.
-    rows_per_partition: int = 1_000_000
-    clustering: str = "batch"
-    # batch: a batch of at most this many valid rows is merged by its last task, on as many
-    # threads as the batch had tasks, not by a merge job (0: always a merge job). Measured in
-    # bench/ingest.py at 400k events per batch on 2 cores: a merge job took 0.5-0.9 s, the last
-    # task's merge on two threads 0.2-0.35 s. Above it a merge job spreads over the executors.
-    merge_in_task_max_rows: int = 1_000_000
-    # Tasks a batch runs in (0: Spark's default parallelism, the cores).
-    parallelism: int = 0
-    kafka_options: dict[str, str] = field(default_factory=dict)
-    decode: DecodeOptions = field(default_factory=DecodeOptions)
-    dead_letter: DeadLetterConfig | None = None  # None: rejects are counted, not sent
-    # Test hook: after a committed batch, write this file and hold, so a test can kill the
-    # process between the Iceberg commit and Spark's checkpoint commit.
-    hold_after_commit_file: str = ""
-    # spark-kafka: Spark's Kafka source; python: streaming/kafka_source.py, whose tasks read their
-    # offset ranges themselves (see SOURCES).
-    source: str = "spark-kafka"
 
 
 @dataclass(frozen=True)
@@ -605,87 +575,3 @@ def _log_fields(report: BatchReport) -> dict:
         "snapshot_id": None if report.outcome is None else report.outcome.snapshot_id,
         "seconds": {k: round(v, 3) for k, v in report.seconds.items()},
     }
-
-
-def kafka_stream(spark: SparkSession, config: JobConfig, until_idle: bool = False) -> DataFrame:
-    if config.source == "python":
-        parallelism = config.parallelism or spark.sparkContext.defaultParallelism
-        return python_kafka_stream(spark, python_source_options(config, parallelism, until_idle))
-    options = kafka_source_options(
-        config.bootstrap_servers,
-        config.topic,
-        config.parallelism or spark.sparkContext.defaultParallelism,
-        config.kafka_options,
-    )
-    return (
-        spark.readStream.format("kafka")
-        .options(**options)
-        .option("startingOffsets", config.starting_offsets)
-        .option("maxOffsetsPerTrigger", str(config.max_offsets_per_trigger))
-        .load()
-    )
-
-
-def python_source_options(config: JobConfig, parallelism: int, until_idle: bool) -> dict[str, str]:
-    """The Python source's options: Spark's source's, offset ranges only (the tasks read them), and
-    with until_idle the offsets at the start as the end (Spark runs no Trigger.AvailableNow for a
-    Python source; the service stops the query once it has caught up, see caught_up)."""
-    options = {
-        **kafka_source_options(config.bootstrap_servers, config.topic, parallelism, config.kafka_options),
-        "startingOffsets": config.starting_offsets,
-        "maxOffsetsPerTrigger": str(config.max_offsets_per_trigger),
-        "rangesOnly": "true",
-    }
-    if until_idle:
-        options["endingOffsets"] = "latest"
-    return options
-
-
-def kafka_source_options(
-    bootstrap_servers: str, topic: str, parallelism: int, kafka_options: dict[str, str] | None = None
-) -> dict[str, str]:
-    """Spark's Kafka source options for reading `topic` as the job does (the benchmark's stacks
-    read it the same way); `kafka_options` (consumer settings) override FAST_FETCH."""
-    options = {
-        "kafka.bootstrap.servers": bootstrap_servers,
-        "subscribe": topic,
-        "includeHeaders": "true",
-        "failOnDataLoss": "true",
-        # A topic with fewer partitions than cores still keeps every core busy.
-        "minPartitions": str(parallelism),
-    }
-    # Bigger fetches than the Kafka client's defaults: measured by bench (`kafka read`), reading
-    # small events went from 135k to 222k records/s on 2 cores. Settings override them.
-    options.update({f"kafka.{key}": value for key, value in {**FAST_FETCH, **(kafka_options or {})}.items()})
-    return options
-
-
-FAST_FETCH = {
-    "max.partition.fetch.bytes": str(16 * 1024 * 1024),
-    "fetch.max.bytes": str(64 * 1024 * 1024),
-    "max.poll.records": "20000",
-    # A fetch that reaches the end of a partition (the whole of it fits in one) leaves the consumer
-    # with a fetch in flight that the broker holds until fetch.max.wait.ms (500 ms) for new data;
-    # the next batch's read on that pooled consumer waited for it, measured at 0.5-0.6 s in one
-    # batch in five at 40k events per batch. Spark polls only for offsets that exist, so a short
-    # wait costs nothing.
-    "fetch.max.wait.ms": "10",
-}
-
-
-def start_query(
-    spark: SparkSession, processor: BatchProcessor, until_idle: bool, trigger_interval: str = "10 seconds"
-) -> StreamingQuery:
-    writer = (
-        kafka_stream(spark, processor.config, until_idle)
-        .writeStream.foreachBatch(processor)
-        .option("checkpointLocation", processor.config.checkpoint_location)
-        .queryName(f"geoingest-{processor.contract.table}")
-    )
-    if until_idle and processor.config.source == "python":
-        writer = writer.trigger(processingTime="0 seconds")  # until endingOffsets, then stopped by the service
-    elif until_idle:
-        writer = writer.trigger(availableNow=True)
-    else:
-        writer = writer.trigger(processingTime=trigger_interval)
-    return writer.start()

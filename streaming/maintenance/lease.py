@@ -23,7 +23,7 @@ Both tags are moved to the current snapshot at every change, so a lease pins no 
 its files) beyond one maintenance run. A maintainer that dies holding the lease blocks others until
 it expires (`maintenance_lease_s`); a holder renews it before each step. The lease is an efficiency
 guard, not the only one: compaction still checks that the files it replaces are live when it commits
-(streaming/maintenance.py), so even a holder that outlived its lease loses no row and duplicates none.
+(streaming/maintenance/maintain.py), so even a holder that outlived its lease loses no row and duplicates none.
 """
 
 from __future__ import annotations

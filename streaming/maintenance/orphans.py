@@ -54,7 +54,7 @@ def find_orphans(table: Table, min_age_s: float = 3600.0, include_metadata: bool
     write.data.path) and under <table location>/staging (and /metadata, with include_metadata)
     older than min_age_s (younger ones may belong to a commit in flight).
     Nothing in staging/ is ever referenced: it holds the sorted runs of a batch between its two
-    passes (streaming/partition.py), left behind only by a batch that died and never ran again."""
+    passes (streaming/write/task.py), left behind only by a batch that died and never ran again."""
     location = table.location().rstrip("/")
     folders = {data_location(table): referenced_files, f"{location}/staging": lambda _: set()}
     if include_metadata:

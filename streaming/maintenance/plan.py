@@ -1,6 +1,6 @@
 """What maintenance would do, from facts about a table: the policy (ages, sizes, counts), which
 small files are compacted together in which bins along the Hilbert curve, and which snapshots
-expire. Pure: records in, plans out, no table touched; streaming/maintenance.py carries the plans
+expire. Pure: records in, plans out, no table touched; streaming/maintenance/maintain.py carries the plans
 out against a table."""
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ class MaintenancePolicy:
     max_snapshots: int = 100
     # Unreferenced files younger than this may belong to a commit in flight.
     orphan_min_age_s: float = 3600.0
-    # How long a maintainer holds the table's maintenance lease without renewing it (streaming/lease.py).
+    # How long a maintainer holds the table's maintenance lease without renewing it (streaming/maintenance/lease.py).
     lease_s: float = 900.0
     # Upsert tables: once the keys the delete files list come to this share of the rows of the files
     # they reach, compaction rewrites all those files (then readers need the deletes no more).

@@ -19,8 +19,8 @@ from pyiceberg.manifest import ManifestContent
 from pyiceberg.table import Table
 
 from streaming.contract import BBOX_FIELDS
-from streaming.hilbert import hilbert_keys_of_bounds
-from streaming.query import (
+from streaming.kernels.hilbert import hilbert_keys_of_bounds
+from streaming.read.query import (
     PRIMARY_COLUMN_PROPERTY,
     BBox,
     QueryError,

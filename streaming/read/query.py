@@ -21,15 +21,12 @@ Data files are read through the table's FileIO, so the query works wherever the 
 
 from __future__ import annotations
 
-import base64
 import json
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import UTC, date, datetime, time
-from decimal import Decimal
-from pathlib import Path
-from typing import Any, BinaryIO, cast
+from datetime import UTC, datetime
+from typing import cast
 
 import numpy as np
 import pyarrow as pa
@@ -39,17 +36,17 @@ import shapely
 from pyiceberg.conversions import from_bytes
 from pyiceberg.expressions import And, BooleanExpression, GreaterThanOrEqual, LessThanOrEqual, Reference
 from pyiceberg.expressions.literals import literal
-from pyiceberg.io.pyarrow import schema_to_pyarrow
 from pyiceberg.manifest import DataFile, ManifestContent
 from pyiceberg.schema import Schema
 from pyiceberg.table import Table
 from pyiceberg.table.snapshots import Snapshot
-from pyiceberg.types import DoubleType, NestedField, StructType
+from pyiceberg.types import DoubleType
 
-from streaming.catalog import TableMismatch
-from streaming.catalog import table_contract as contract_of_table
-from streaming.contract import BBOX_FIELDS, Contract, ContractError, parse_contract, regular_types
-from streaming.deletes import EqualityDeletes, has_delete_files, snapshot_files
+from streaming.contract import BBOX_FIELDS, Contract, ContractError, parse_contract
+from streaming.read.projection import FieldIdProjection, QueryError
+from streaming.table.catalog import TableMismatch
+from streaming.table.catalog import table_contract as contract_of_table
+from streaming.table.deletes import EqualityDeletes, has_delete_files, snapshot_files
 
 BBox = tuple[float, float, float, float]
 PRIMARY_COLUMN_PROPERTY = "geo.primary-column"
@@ -83,10 +80,6 @@ class QueryStats:
 class QueryResult:
     table: pa.Table  # matching rows: all columns, geometry still WKB
     stats: QueryStats
-
-
-class QueryError(RuntimeError):
-    """The table cannot be queried as laid out (missing properties, delete files, ...)."""
 
 
 @dataclass(frozen=True)
@@ -511,128 +504,6 @@ def _exact_matches(
     return candidates.filter(pa.array(hits))
 
 
-def _result_schema(schema: Schema) -> pa.Schema:
-    """The Arrow schema of an Iceberg schema as the data files store it: regular (not large)
-    strings and binaries."""
-    return regular_types(schema_to_pyarrow(schema, include_field_ids=False))
-
-
-# -- reading data files by field id -----------------------------------------------------------------
-PARQUET_FIELD_ID = b"PARQUET:field_id"
-
-
-class FieldIdProjection:
-    """Data files read as one Iceberg schema has the table, whatever schema they were written under.
-
-    Iceberg knows a column by its field id, and every data file carries the ids in its Parquet
-    schema (`PARQUET:field_id`), so a file written before a column was renamed, widened, dropped
-    or added (`geoingest table evolve`) still reads right: each file column is found by its id and
-    takes the schema's name and type, a column the file lacks (added later) is all nulls, and one
-    the schema lacks (dropped) is not read. Whole columns at a time; no row passes through Python.
-    A file without any field id (not written by geoingest or Spark) is matched by name instead.
-    """
-
-    def __init__(self, schema: Schema):
-        self.schema = schema
-        self.arrow_schema = _result_schema(schema)
-        self._ids = {f.field_id for f in schema.fields}
-        self._names = {f.name for f in schema.fields}
-
-    def columns_to_read(self, file_schema: pa.Schema) -> list[str]:
-        """The file's top-level columns that the schema has: the only ones worth reading."""
-        if not _has_field_ids(file_schema):
-            return [f.name for f in file_schema if f.name in self._names]
-        return [f.name for f in file_schema if _field_id(f) in self._ids]
-
-    def paths_in_file(self, file_schema: pa.Schema, field_ids: Sequence[int], paths: Sequence[str]) -> list[str | None]:
-        """The file's column paths (as its row group statistics name them) of the fields
-        `field_ids`, whose paths in the schema are `paths`; None for a field the file lacks."""
-        if not _has_field_ids(file_schema):
-            return list(paths)
-        in_file = _paths_by_field_id(file_schema)
-        return [in_file.get(field_id) for field_id in field_ids]
-
-    def __call__(self, rows: pa.Table, where: str) -> pa.Table:
-        """`rows`, read from the data file `where`, as the schema has them."""
-        by_id = _has_field_ids(rows.schema)
-        position = {(_field_id(f) if by_id else f.name): i for i, f in enumerate(rows.schema)}
-        columns = []
-        for field, target in zip(self.schema.fields, self.arrow_schema):
-            i = position.get(field.field_id if by_id else field.name)
-            if i is None:
-                if field.required:
-                    raise QueryError(
-                        f"{where}: the data file lacks the required column {field.name!r} (id {field.field_id})"
-                    )
-                columns.append(pa.chunked_array([pa.nulls(rows.num_rows, target.type)], target.type))
-            else:
-                columns.append(_conformed(rows.column(i), field, target, where))
-        return pa.Table.from_arrays(columns, schema=self.arrow_schema)
-
-
-def _field_id(field: pa.Field) -> int | None:
-    raw = (field.metadata or {}).get(PARQUET_FIELD_ID)
-    return None if raw is None else int(raw)
-
-
-def _has_field_ids(schema: pa.Schema) -> bool:
-    return any(_field_id(f) is not None for f in schema)
-
-
-def _paths_by_field_id(schema: pa.Schema) -> dict[int, str]:
-    """Field id -> dotted path of every field, nested ones included (the paths Parquet's column
-    chunks have, for the fields this schema nests in structs only)."""
-    paths: dict[int, str] = {}
-
-    def visit(fields: Sequence[pa.Field], prefix: str) -> None:
-        for f in fields:
-            field_id = _field_id(f)
-            if field_id is not None:
-                paths[field_id] = prefix + f.name
-            if pa.types.is_struct(f.type):
-                visit(list(f.type), f"{prefix}{f.name}.")
-
-    visit(list(schema), "")
-    return paths
-
-
-def _conformed(column: pa.ChunkedArray, field: NestedField, target: pa.Field, where: str) -> pa.ChunkedArray:
-    """A file's column as the schema's `field` (Arrow: `target`) has it."""
-    if column.type.equals(target.type):  # the common case: nothing to do (field metadata aside)
-        return column
-    if isinstance(field.field_type, StructType) and pa.types.is_struct(column.type):
-        return _struct_by_field_id(column, field.field_type, target, where)
-    try:
-        # A widened column (int -> long, float -> double), or a string of another width.
-        return column.cast(target.type)
-    except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
-        raise QueryError(
-            f"{where}: column {field.name!r} (id {field.field_id}) is {column.type} in the data file, "
-            f"which does not convert to the table's {target.type} ({exc})"
-        ) from None
-
-
-def _struct_by_field_id(column: pa.ChunkedArray, struct: StructType, target: pa.Field, where: str) -> pa.ChunkedArray:
-    """A struct column whose fields changed: each of its fields found by id, as the top level's."""
-    array = column.combine_chunks()
-    position = {_field_id(f): i for i, f in enumerate(array.type)}
-    children = []
-    for nested, child_target in zip(struct.fields, target.type):
-        i = position.get(nested.field_id)
-        if i is None:
-            if nested.required:
-                raise QueryError(
-                    f"{where}: the data file lacks the required field {nested.name!r} (id {nested.field_id}) "
-                    f"of {target.name!r}"
-                )
-            children.append(pa.nulls(len(array), child_target.type))
-        else:
-            child = pa.chunked_array([pc.struct_field(array, [i])])
-            children.append(_conformed(child, nested, child_target, where).combine_chunks())
-    rebuilt = pa.StructArray.from_arrays(children, fields=list(target.type), mask=array.is_null())
-    return pa.chunked_array([rebuilt], target.type)
-
-
 # -- GeoParquet output ----------------------------------------------------------------------------
 def table_contract(table: Table) -> Contract:
     """The contract the table holds: the one recorded in its `geoingest.contract` property, with
@@ -642,89 +513,3 @@ def table_contract(table: Table) -> Contract:
         return contract_of_table(table, parse_contract(json.loads(raw)))
     except (json.JSONDecodeError, ContractError, TableMismatch) as exc:
         raise QueryError(f"table property {CONTRACT_PROPERTY!r} is not a usable contract ({exc})") from None
-
-
-def write_geoparquet(result: QueryResult, contract: Contract, where: str | Path | BinaryIO) -> dict:
-    """Write the result as a GeoParquet 1.1 file (WKB geometry, bbox covering, zstd) and return
-    its `geo` metadata. The file bbox is that of the rows; an empty result has none."""
-    from streaming.geoparquet import geo_metadata
-    from streaming.wkb import geometry_type_names
-
-    rows = result.table
-    g = contract.geometry.name
-    if g not in rows.column_names or contract.bbox_name not in rows.column_names:
-        raise ValueError(f"the result lacks the contract's columns {g!r} and {contract.bbox_name!r}")
-    types = sorted(geometry_type_names(rows.column(g))) if rows.num_rows else []
-    if rows.num_rows:
-        covering = rows.column(contract.bbox_name)
-        bbox = (
-            pc.min(pc.struct_field(covering, "xmin")).as_py(),
-            pc.min(pc.struct_field(covering, "ymin")).as_py(),
-            pc.max(pc.struct_field(covering, "xmax")).as_py(),
-            pc.max(pc.struct_field(covering, "ymax")).as_py(),
-        )
-        metadata = geo_metadata(contract, types, bbox)
-    else:
-        metadata = geo_metadata(contract, types, (0.0, 0.0, 0.0, 0.0))
-        del metadata["columns"][g]["bbox"]  # optional in GeoParquet; there is nothing to bound
-    schema_metadata = dict(rows.schema.metadata or {})
-    schema_metadata[b"geo"] = json.dumps(metadata, separators=(",", ":")).encode()
-    pq.write_table(
-        rows.replace_schema_metadata(schema_metadata),
-        where,
-        compression="zstd",
-        row_group_size=contract.clustering.row_group_rows,
-        write_statistics=True,
-    )
-    return metadata
-
-
-# -- GeoJSON output -------------------------------------------------------------------------------
-def feature_id_column(contract: Contract) -> str | None:
-    """The column a GeoJSON Feature's `id` comes from: the primary key's (when it has one column),
-    else the first column fed by the event's own `id`, else none."""
-    if len(contract.primary_key) == 1:
-        return contract.primary_key[0]
-    return next((c.name for c in contract.columns if "id" in c.sources), None)
-
-
-def to_geojson_lines(result: QueryResult, geometry_column: str, id_column: str | None = None) -> Iterator[str]:
-    """One GeoJSON Feature per line (GeoJSON text sequence without separators, as `ogr2ogr` and
-    `jq` read it): the geometry, every other column as a property, and `id_column` as the id."""
-    table = result.table
-    if geometry_column not in table.column_names:
-        raise ValueError(f"geometry column {geometry_column!r} is not in the result ({table.column_names})")
-    property_names = [n for n in table.column_names if n != geometry_column]
-    for batch in table.to_batches(max_chunksize=4096):
-        geometries = shapely.to_geojson(shapely.from_wkb(batch.column(geometry_column).to_numpy(zero_copy_only=False)))
-        columns = {name: _json_ready(batch.column(name)).to_pylist() for name in property_names}
-        ids = columns.get(id_column) if id_column else None
-        for i, geometry in enumerate(geometries.tolist()):
-            properties = {name: values[i] for name, values in columns.items()}
-            head = '{"type":"Feature",'
-            if ids is not None and ids[i] is not None:
-                head += f'"id":{json.dumps(ids[i])},'
-            yield (
-                f'{head}"geometry":{geometry},"properties":'
-                f"{json.dumps(properties, default=_json_default, allow_nan=False, separators=(',', ':'))}}}"
-            )
-
-
-def _json_ready(column: pa.Array) -> pa.Array:
-    # JSON has no NaN or infinity; GeoJSON readers expect null for an unknown number.
-    if pa.types.is_floating(column.type):
-        return pc.if_else(pc.is_finite(column), column, pa.nulls(len(column), column.type))
-    if pa.types.is_struct(column.type):
-        fields = [_json_ready(pc.struct_field(column, [i])) for i in range(column.type.num_fields)]
-        return pa.StructArray.from_arrays(fields, fields=list(column.type), mask=column.is_null())
-    return column
-
-
-def _json_default(value: Any) -> Any:
-    if isinstance(value, datetime | date | time):
-        return value.isoformat()
-    if isinstance(value, bytes):
-        return base64.b64encode(value).decode("ascii")
-    if isinstance(value, Decimal):
-        return str(value)
-    raise TypeError(f"{type(value).__name__} {value!r} has no JSON form")

@@ -14,7 +14,7 @@ from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer
 from kafka.admin import NewTopic
 from kafka.errors import KafkaError, TopicAlreadyExistsError
 
-from streaming.java_kafka_settings import (
+from streaming.source.java_settings import (
     JAVA_TLS_SETTINGS,
     PASSWORD_LOGIN_MODULES,
     SASL_PROTOCOLS,

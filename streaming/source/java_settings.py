@@ -1,7 +1,7 @@
 """The Java Kafka client's settings that every other client's translation reads.
 
 The service's `kafka` settings are the Java client's (Spark's source takes them as `kafka.<key>`).
-streaming/kafka_admin.py turns them into kafka-python's settings and streaming/kafka_options.py
+streaming/source/admin.py turns them into kafka-python's settings and streaming/source/options.py
 into librdkafka's; both read the TLS settings and the JAAS login from here. This module imports no
 Kafka client: the Python source's planner process starts with it on every query start.
 """

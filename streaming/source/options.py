@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from streaming.java_kafka_settings import (
+from streaming.source.java_settings import (
     JAVA_TLS_SETTINGS,
     PASSWORD_LOGIN_MODULES,
     SASL_PROTOCOLS,
@@ -25,7 +25,7 @@ SOURCE_NAME = "geoingest-kafka"
 _COLUMNS_DDL = "key binary, value binary, topic string, partition int, offset long, timestamp timestamp"
 _HEADERS_DDL = "headers array<struct<key:string,value:binary>>"
 # With rangesOnly=true: one row per offset range, read by the task that processes it
-# (streaming.kafka_read.ReadingRanges), so that the records reach Python once, never the JVM.
+# (streaming.source.read.ReadingRanges), so that the records reach Python once, never the JVM.
 RANGES_DDL = "topic string, partition int, start_offset long, end_offset long"
 
 # Spark's special offsets in a startingOffsets JSON.

@@ -4,7 +4,7 @@ Two ways to use it:
 
 - rangesOnly=true, as the service does (source = "python"): the rows it gives Spark are offset
   ranges (topic, partition, start_offset, end_offset), and the task that processes a range reads
-  its records itself (streaming/kafka_read.py ReadingRanges), in its Python worker: the records
+  its records itself (streaming/source/read.py ReadingRanges), in its Python worker: the records
   become Arrow once and never cross the JVM.
 - rows: it reads the records in its own read() and gives Spark key, value, topic, partition,
   offset, timestamp (and headers). Measured inside Spark 4.0 (bench/kafka_source.py) this does
@@ -13,7 +13,7 @@ Two ways to use it:
   again; it reached about 0.55 of Spark's source's events/s, at 1.5-1.75 times its CPU per event.
 
 It is read as `spark.readStream.format("geoingest-kafka")` once `register(spark)` ran, or through
-`python_kafka_stream(spark, options)`, with the option names `streaming.job.kafka_source_options`
+`python_kafka_stream(spark, options)`, with the option names `streaming.job.processor.kafka_source_options`
 gives Spark's source, and it behaves as that source does where the service depends on it:
 
 - columns: key, value, topic, partition, offset, timestamp and, with includeHeaders=true,
@@ -53,7 +53,7 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 
-from streaming.kafka_options import (
+from streaming.source.options import (
     EARLIEST,
     FAIL_ON_DATA_LOSS_HINT,
     LATEST,
@@ -67,7 +67,7 @@ from streaming.kafka_options import (
     UnmendableErrors,
     offsets_spec,
 )
-from streaming.kafka_read import range_batch, read_range
+from streaming.source.read import range_batch, read_range
 
 if TYPE_CHECKING:
     from confluent_kafka.admin import AdminClient
@@ -452,7 +452,7 @@ def register(spark: SparkSession) -> None:
 
 def python_kafka_stream(spark: SparkSession, options: Mapping[str, str]) -> DataFrame:
     """The stream of the Kafka records `options` name, read by this source: the option names
-    of Spark's Kafka source (streaming.job.kafka_source_options, startingOffsets,
+    of Spark's Kafka source (streaming.job.processor.kafka_source_options, startingOffsets,
     maxOffsetsPerTrigger), plus endingOffsets (see await_caught_up)."""
     SourceSettings.parse(options)  # a wrong option fails here, not in the Python planner of a trigger
     register(spark)

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, cast
 import numpy as np
 import pyarrow as pa
 
-from streaming.kafka_options import (
+from streaming.source.options import (
     FAIL_ON_DATA_LOSS_HINT,
     SKIP_ON_DATA_LOSS_HINT,
     KafkaDataLossError,

@@ -5,7 +5,7 @@ Kafka offset range of every partition the batch consumed. Before appending, the 
 for a snapshot carrying the same identity: a replayed batch (the job died after the Iceberg commit
 but before Spark recorded the batch) is then skipped instead of committed twice.
 
-Snapshot expiry (streaming/maintenance.py) removes old snapshots, and their summaries with them.
+Snapshot expiry (streaming/maintenance/maintain.py) removes old snapshots, and their summaries with them.
 Every maintenance snapshot therefore carries the history of every writer in `geoingest.writers`:
 the batch ids it committed (as ranges), the snapshot of its last batch and the Kafka offsets it
 covered. The replay check and the resume offsets read that history as well as the snapshots.
@@ -35,9 +35,9 @@ from pyiceberg.typedef import Record
 from sqlalchemy.exc import InterfaceError, OperationalError
 
 from streaming.contract import Column
-from streaming.evolution import add_columns
-from streaming.row_delta import RowDelta
-from streaming.writer import EQUALITY_DELETES, DataFileRecord
+from streaming.table.row_delta import RowDelta
+from streaming.write.data_files import EQUALITY_DELETES, DataFileRecord
+from streaming.write.evolution import add_columns
 
 log = logging.getLogger("geoingest.commit")
 

@@ -18,7 +18,7 @@ input formats cannot change (the files already written and the table's geo.* pro
 of them); the description, `schema_evolution`, the columns' sources and the file and row group
 sizes can. Every change and the new `geoingest.contract` land in one commit, or nothing does: the
 first refusal raises an `EvolutionError` naming the column before anything is committed. Data
-files are not rewritten; readers map their columns by field id (streaming/query.py).
+files are not rewritten; readers map their columns by field id (streaming/read/query.py).
 """
 
 from __future__ import annotations
@@ -311,7 +311,7 @@ def _check_names(schema: Schema, new: Contract, changes: list[Change]) -> None:
 
 def _check_staged_schema(table_name: str, staged: Schema, new: Contract) -> None:
     """Every field of the new contract is the evolved table's field of its id: what
-    `streaming.catalog.table_contract` checks whenever the service opens the table."""
+    `streaming.table.catalog.table_contract` checks whenever the service opens the table."""
     for expected in new.iceberg_schema.fields:
         try:
             found: NestedField | None = staged.find_field(expected.field_id)

@@ -28,8 +28,8 @@ from pyiceberg.table import TableProperties
 from pyiceberg.types import DoubleType
 
 from streaming.contract import BBOX_FIELDS, Contract
-from streaming.geoparquet import geo_metadata_bytes
-from streaming.wkb import geometry_type_names
+from streaming.kernels.geoparquet import geo_metadata_bytes
+from streaming.kernels.wkb import geometry_type_names
 
 # Spark DDL of the rows the write stage returns to the driver.
 DATA_FILE_RECORD_DDL = (
@@ -52,7 +52,7 @@ class DataFileRecord:
     # Iceberg DataFile statistics: column_sizes, value_counts, null_value_counts, nan_value_counts,
     # lower_bounds, upper_bounds (field id -> value; bounds hex-encoded) and split_offsets.
     metrics: dict
-    # DATA, or EQUALITY_DELETES: the primary keys an upsert batch replaces or deletes (streaming/upsert.py)
+    # DATA, or EQUALITY_DELETES: the primary keys an upsert batch replaces or deletes (streaming/write/upsert.py)
     content: str = DATA
 
     def to_row(self) -> dict:

@@ -1,7 +1,7 @@
 """The dead-letter topic: every rejected record, untouched, with where it came from and why.
 
 A DLQ record keeps the original key, value and headers, and adds headers:
-  geoingest.reason            stable reason code (see streaming.rejects.Reason)
+  geoingest.reason            stable reason code (see streaming.decode.rejects.Reason)
   geoingest.detail            a message naming the offending field or value
   geoingest.source.topic      \
   geoingest.source.partition   | where the record was consumed from; consumers dedupe on these,
@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from streaming.decode import (
+from streaming.decode.decoder import (
     HEADERS_TYPE,
     RAW_HEADERS,
     RAW_KEY,
@@ -49,7 +49,7 @@ from streaming.decode import (
     SOURCE_TIMESTAMP,
     SOURCE_TOPIC,
 )
-from streaming.kafka_admin import client_config
+from streaming.source.admin import client_config
 from streaming.storage import file_io, read_bytes, write_bytes
 
 REASON_HEADER = "geoingest.reason"

@@ -21,8 +21,8 @@ from pyiceberg.schema import Schema
 from pyiceberg.table import Transaction
 
 from streaming.contract import Column, Contract
-from streaming.decode import first_significant_byte
-from streaming.properties import NESTED, PropertySeen, merge_seen, record_order, unmapped_properties
+from streaming.decode.decoder import first_significant_byte
+from streaming.decode.properties import NESTED, PropertySeen, merge_seen, record_order, unmapped_properties
 
 PROPERTY_SCAN_SCHEMA = pa.schema(
     [

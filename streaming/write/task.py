@@ -37,8 +37,7 @@ import pyarrow.compute as pc
 from pyiceberg.io import FileIO
 
 from streaming.contract import Contract
-from streaming.dead_letter import DeadLetterConfig, DeadLetterWriter
-from streaming.decode import (
+from streaming.decode.decoder import (
     HILBERT,
     REJECT_REASON,
     SOURCE_OFFSET,
@@ -48,11 +47,13 @@ from streaming.decode import (
     DecodeOptions,
     Decoder,
 )
-from streaming.freshness import EventTimes
-from streaming.isolation import IsolatedDecoder
-from streaming.properties import PropertySeen, merge_seen
+from streaming.decode.isolation import IsolatedDecoder
+from streaming.decode.properties import PropertySeen, merge_seen
 from streaming.storage import list_files
-from streaming.upsert import (
+from streaming.write.data_files import EQUALITY_DELETES, RECORD_SCHEMA, DataFileRecord, GeoParquetWriter
+from streaming.write.dead_letter import DeadLetterConfig, DeadLetterWriter
+from streaming.write.freshness import EventTimes
+from streaming.write.upsert import (
     OFFSET,
     PARTITION,
     TIMESTAMP,
@@ -61,7 +62,6 @@ from streaming.upsert import (
     split_tombstones,
     write_equality_deletes,
 )
-from streaming.writer import EQUALITY_DELETES, RECORD_SCHEMA, DataFileRecord, GeoParquetWriter
 
 TALLY = "tally"
 FILE = "file"
@@ -258,7 +258,7 @@ class PartitionTask:
         self, run: list[pa.RecordBatch], tombstones: list[pa.Table], writer: GeoParquetWriter
     ) -> tuple[list[pa.RecordBatch], list[DataFileRecord]]:
         """The task's rows reduced to each key's last version, and the equality delete file of
-        every key it touched (streaming/upsert.py). The whole range at once: an upsert task holds
+        every key it touched (streaming/write/upsert.py). The whole range at once: an upsert task holds
         its rows until the end (memory bounded by the batch's maxOffsetsPerTrigger share)."""
         schema = pa.schema([*self.contract.arrow_schema, pa.field(HILBERT, pa.int64())])
         rows = pa.Table.from_batches(run) if run else pa.table({f.name: pa.array([], f.type) for f in schema})

@@ -14,7 +14,7 @@ versions. If a producer sends one key to several partitions, a task choosing bet
 later timestamp; two tasks each write their own last version, and the table holds one row per task
 for that key until a later batch touches the key again. The README states the producer-side rule.
 
-Pure functions over Arrow and numpy, run by the tasks (streaming/partition.py).
+Pure functions over Arrow and numpy, run by the tasks (streaming/write/task.py).
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from pyiceberg.io.pyarrow import (
 )
 
 from streaming.contract import Contract
-from streaming.writer import EQUALITY_DELETES, DataFileRecord, parquet_write_options, serializable_metrics
+from streaming.write.data_files import EQUALITY_DELETES, DataFileRecord, parquet_write_options, serializable_metrics
 
 # Columns of the Kafka source batch that place a record, and order versions (TIMESTAMP as int64 us).
 TOPIC, PARTITION, OFFSET, TIMESTAMP = "topic", "partition", "offset", "timestamp"

@@ -12,8 +12,8 @@ from kafka import KafkaAdminClient
 from kafka.admin import NewTopic
 
 from tests.app.test_poison_pill import good, landed
-from tests.streaming.test_chaos import CONTRACT_FILE, Service, geoingest, service_env
-from tests.streaming.test_dead_letter_corpus import dead_letters, large_record_topic, produce
+from tests.streaming.decode.test_dead_letter_corpus import dead_letters, large_record_topic, produce
+from tests.streaming.job.test_chaos import CONTRACT_FILE, Service, geoingest, service_env
 
 pytestmark = pytest.mark.integration
 

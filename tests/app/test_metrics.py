@@ -12,13 +12,13 @@ import pytest
 from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
-from app.broker import free_port
+from app.local.broker import free_port
 from app.metrics import Health, IngestMetrics, serve
 from app.service import run
 from app.settings import load_settings
-from streaming.catalog import create_table
 from streaming.contract import load_contract
-from streaming.job import BatchReport
+from streaming.job.processor import BatchReport
+from streaming.table.catalog import create_table
 from tests.conftest import CACHE_DIR, produce_records
 
 CONTRACT = Path(__file__).resolve().parents[2] / "schemas" / "demo_events.json"
@@ -71,7 +71,7 @@ def test_scraped_counters_match_what_was_produced_committed_and_rejected(kafka, 
         cache_dir=str(CACHE_DIR),
     )
     contract = load_contract(CONTRACT)
-    from streaming.catalog import open_catalog
+    from streaming.table.catalog import open_catalog
 
     create_table(open_catalog(settings.catalog_name, settings.catalog), contract)
     scrapes: list[str] = []
@@ -124,7 +124,7 @@ def test_the_python_source_reports_lag_from_the_topics_end_offsets(kafka, spark,
         cache_dir=str(CACHE_DIR),
     )
     contract = load_contract(CONTRACT)
-    from streaming.catalog import open_catalog
+    from streaming.table.catalog import open_catalog
 
     create_table(open_catalog(settings.catalog_name, settings.catalog), contract)
     lags: list[float] = []

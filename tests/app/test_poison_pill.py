@@ -16,14 +16,14 @@ import numpy as np
 import pytest
 import shapely
 
-from app.broker import free_port
-from tests.streaming.test_chaos import CONTRACT, CONTRACT_FILE, Service, catalog_of, geoingest, service_env
-from tests.streaming.test_dead_letter_corpus import dead_letters, large_record_topic, padded_to, produce
+from app.local.broker import free_port
+from tests.streaming.decode.test_dead_letter_corpus import dead_letters, large_record_topic, padded_to, produce
+from tests.streaming.job.test_chaos import CONTRACT, CONTRACT_FILE, Service, catalog_of, geoingest, service_env
 
 pytestmark = pytest.mark.integration
 
 # A WKB GeometryCollection header of one part, repeated: GEOS reads each level recursively and
-# overflows its stack at this depth (tests/streaming/test_isolation.py).
+# overflows its stack at this depth (tests/streaming/decode/test_isolation.py).
 CRASHING_WKB = b"\x01\x07\x00\x00\x00\x01\x00\x00\x00" * 50_000 + shapely.to_wkb(shapely.Point(1, 2))
 
 

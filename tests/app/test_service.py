@@ -11,12 +11,12 @@ from prometheus_client import CollectorRegistry
 from app.metrics import MaintenanceMetrics
 from app.service import MaintenanceRunner
 from app.settings import load_settings
-from streaming.catalog import create_table, open_catalog
-from streaming.commit import CommitOutcome
 from streaming.contract import load_contract
-from streaming.job import BatchReport
-from streaming.lease import MaintenanceLease
-from tests.streaming.test_maintenance import CONTRACT_PATH, write_batches
+from streaming.job.processor import BatchReport
+from streaming.maintenance.lease import MaintenanceLease
+from streaming.table.catalog import create_table, open_catalog
+from streaming.table.commit import CommitOutcome
+from tests.streaming.maintenance.test_maintain import CONTRACT_PATH, write_batches
 
 
 def committed(batch_id: int) -> BatchReport:

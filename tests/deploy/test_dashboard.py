@@ -14,10 +14,11 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from app.metrics import IngestMetrics, MaintenanceMetrics
-from streaming.commit import CommitOutcome
-from streaming.job import BatchReport
-from streaming.maintenance import CompactionReport, ExpiryReport, MaintenanceReport, OrphanReport
-from streaming.writer import DataFileRecord
+from streaming.job.processor import BatchReport
+from streaming.maintenance.compaction import CompactionReport
+from streaming.maintenance.maintain import ExpiryReport, MaintenanceReport, OrphanReport
+from streaming.table.commit import CommitOutcome
+from streaming.write.data_files import DataFileRecord
 
 ROOT = Path(__file__).resolve().parents[2]
 DASHBOARD = ROOT / "dashboards" / "geoingest.json"

@@ -593,11 +593,11 @@ def test_notes_render(helm: Helm, case: str, tmp_path):
 
 
 def test_lakehouse_values_reach_the_bucket_the_broker_and_the_executors_as_the_tests_run_them(render, tmp_path):
-    """ci/lakehouse-values.yaml is the shape tests/streaming/test_lakehouse.py runs: REST catalog
+    """ci/lakehouse-values.yaml is the shape tests/streaming/job/test_lakehouse.py runs: REST catalog
     and bucket through the catalog's properties, SASL_SSL with a PEM CA that the driver and every
     executor mount (both read Kafka; executors also write dead letters), and so does the maintenance
     job, which gets the same settings."""
-    from streaming.kafka_admin import client_config
+    from streaming.source.admin import client_config
 
     docs = render("lakehouse-values.yaml")
     values = values_of("lakehouse-values.yaml")

@@ -308,8 +308,8 @@ def test_geojson_event_schema_agrees_with_the_decoder_on_the_shape_of_a_feature(
         pytest.skip("no GeoJSON event JSON Schema in schemas/ yet")
     import jsonschema
 
-    from streaming.rejects import Reason
-    from tests.streaming.test_decode import HOLE, SQUARE, decode, feature, point
+    from streaming.decode.rejects import Reason
+    from tests.streaming.decode.test_decoder import HOLE, SQUARE, decode, feature, point
 
     accepted = [
         feature(point(2.35, 48.86), fid=7, speed=1.5),

@@ -1,18 +1,18 @@
 """The input formats, each a module of its own, and the one place they are registered.
 
-A format is an `InputFormat` (streaming/formats/base.py): the contract `formats` names it reads,
+A format is an `InputFormat` (streaming/decode/formats/base.py): the contract `formats` names it reads,
 the first byte that tells its values apart, and `decode`, which reads the values it claims into
-the batch's `Decoded`. The decoder (streaming/decode.py) routes each value to the format its first
-significant byte names; the geometry rules (streaming/validate.py) and the column mapping
-(streaming/columns.py) then apply to every format alike.
+the batch's `Decoded`. The decoder (streaming/decode/decoder.py) routes each value to the format its first
+significant byte names; the geometry rules (streaming/decode/validate.py) and the column mapping
+(streaming/decode/columns.py) then apply to every format alike.
 """
 
 from __future__ import annotations
 
-from streaming.formats.base import Decoded, InputFormat
-from streaming.formats.geojson import GeoJsonFormat
-from streaming.formats.gpkg import GeoPackageFormat
-from streaming.formats.wkb import WkbFormat
+from streaming.decode.formats.base import Decoded, InputFormat
+from streaming.decode.formats.geojson import GeoJsonFormat
+from streaming.decode.formats.gpkg import GeoPackageFormat
+from streaming.decode.formats.wkb import WkbFormat
 
 # Every input format; their `names` together are the contract's FORMATS.
 INPUT_FORMATS: tuple[type[InputFormat], ...] = (GeoJsonFormat, WkbFormat, GeoPackageFormat)

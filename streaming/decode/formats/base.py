@@ -10,7 +10,7 @@ import numpy as np
 import pyarrow as pa
 
 from streaming.contract import Contract
-from streaming.rejects import Reason, Rejects
+from streaming.decode.rejects import Reason, Rejects
 
 
 @dataclass
@@ -49,8 +49,8 @@ class InputFormat(ABC):
     them into a `Decoded`. A format rejects the records it cannot read (its own reasons and
     format_not_accepted); the geometry rules of the table are checked after it, for every format.
 
-    To add a format: a module in streaming/formats/ with a subclass, listed in
-    streaming/formats/__init__.py, its name in streaming/contract.py FORMATS."""
+    To add a format: a module in streaming/decode/formats/ with a subclass, listed in
+    streaming/decode/formats/__init__.py, its name in streaming/contract.py FORMATS."""
 
     # The contract `formats` names this format reads (WKB reads two: "wkb" and "ewkb").
     names: ClassVar[tuple[str, ...]]

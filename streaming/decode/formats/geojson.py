@@ -20,10 +20,10 @@ import pyarrow.compute as pc
 import pyarrow.json as pa_json
 import shapely
 
-from streaming.buffers import NONE, scatter
-from streaming.formats.base import Decoded, InputFormat
-from streaming.formats.geojson_geometry import ndjson, read_geometries
-from streaming.rejects import Reason, Rejects, shown
+from streaming.decode.formats.base import Decoded, InputFormat
+from streaming.decode.formats.geojson_geometry import ndjson, read_geometries
+from streaming.decode.rejects import Reason, Rejects, shown
+from streaming.kernels.buffers import NONE, scatter
 
 GEOJSON_SRID = 4326  # RFC 7946: GeoJSON coordinates are always WGS 84 lon/lat
 GEOJSON_GEOMETRY_TYPES = (

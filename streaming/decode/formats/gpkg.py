@@ -13,7 +13,7 @@ A value is an 8-byte header, an optional envelope and one ISO WKB geometry:
     bytes 8-   the envelope's doubles (header byte order), then the WKB (its own byte order)
 
 The headers of a batch are read with numpy straight from the Arrow buffers; the WKB after them
-goes, still in the same buffer, to the WKB reader of streaming/formats/wkb.py, so it is read,
+goes, still in the same buffer, to the WKB reader of streaming/decode/formats/wkb.py, so it is read,
 checked and stored exactly as a WKB value would be. srs_id 0 and -1 (GeoPackage's undefined
 geographic and Cartesian systems; Kart always writes 0) mean the table CRS; any other srs_id is
 taken as an EPSG code, as an EWKB SRID is: reprojected, or rejected as unknown_srid.
@@ -27,10 +27,10 @@ import numpy as np
 import pyarrow as pa
 import shapely
 
-from streaming.buffers import offsets_and_bytes
-from streaming.formats.base import Decoded, InputFormat
-from streaming.formats.wkb import EWKB_SRID_FLAG, read_wkb
-from streaming.rejects import Reason
+from streaming.decode.formats.base import Decoded, InputFormat
+from streaming.decode.formats.wkb import EWKB_SRID_FLAG, read_wkb
+from streaming.decode.rejects import Reason
+from streaming.kernels.buffers import offsets_and_bytes
 
 HEADER_BYTES = 8
 # the values of the envelope each envelope contents indicator announces, in order

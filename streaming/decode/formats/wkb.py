@@ -18,10 +18,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import shapely
 
-from streaming.buffers import NONE, offsets_and_bytes
 from streaming.contract import Contract
-from streaming.formats.base import Decoded, InputFormat
-from streaming.rejects import Reason
+from streaming.decode.formats.base import Decoded, InputFormat
+from streaming.decode.rejects import Reason
+from streaming.kernels.buffers import NONE, offsets_and_bytes
 
 # WKB types made of other geometries: Multi*, GeometryCollection, CompoundCurve, CurvePolygon,
 # MultiCurve, MultiSurface, PolyhedralSurface, TIN.

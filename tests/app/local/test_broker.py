@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer
 
-from app.broker import BrokerError, LocalBroker, free_port
+from app.local.broker import BrokerError, LocalBroker, free_port
 from tests.conftest import CACHE_DIR
 
 pytestmark = pytest.mark.integration

@@ -12,9 +12,9 @@ import pytest
 from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer
 from kafka.errors import KafkaError
 
-from app.broker import LocalBroker
-from streaming.job import kafka_source_options
-from streaming.kafka_admin import client_config, ensure_topic, partitions_of
+from app.local.broker import LocalBroker
+from streaming.job.config import kafka_source_options
+from streaming.source.admin import client_config, ensure_topic, partitions_of
 from tests.conftest import CACHE_DIR
 from tests.secure_kafka import distinct_free_ports, secure_kafka  # noqa: F401 (a fixture)
 

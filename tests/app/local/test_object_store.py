@@ -14,7 +14,7 @@ from pyarrow import fs as pafs
 from pyiceberg.io import load_file_io
 from pyiceberg.io.pyarrow import PyArrowFileIO
 
-from app.object_store import REQUEST_KINDS, LocalObjectStore, ObjectStoreError
+from app.local.object_store import REQUEST_KINDS, LocalObjectStore, ObjectStoreError
 from tests.conftest import CACHE_DIR
 
 pytestmark = pytest.mark.integration

@@ -15,9 +15,9 @@ import requests
 from pyiceberg.catalog import Catalog, load_catalog
 from pyiceberg.exceptions import CommitFailedException
 
-from app.local_process import port_answers
-from app.object_store import LocalObjectStore
-from app.rest_catalog import LocalRestCatalog, RestCatalogError
+from app.local.object_store import LocalObjectStore
+from app.local.process import port_answers
+from app.local.rest_catalog import LocalRestCatalog, RestCatalogError
 from tests.conftest import CACHE_DIR
 from tests.lakehouse import WAREHOUSE_BUCKET
 

@@ -12,11 +12,11 @@ import numpy as np
 import pytest
 import shapely
 
-from app import sample
-from app.broker import LocalBroker, free_port
-from app.sample import KIND_SHARES, ProduceError, SampleEvent, produce, sample_events
+from app.local import sample
+from app.local.broker import LocalBroker, free_port
+from app.local.sample import KIND_SHARES, ProduceError, SampleEvent, produce, sample_events
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 MIX_SAMPLE_SIZE = 20_000
 JSON_TYPES = {"string": str, "double": float, "long": int}
 

@@ -15,8 +15,8 @@ import pytest
 from pyspark import SparkContext, cloudpickle
 
 from app.java import java_home
+from app.local.spark_cluster import LocalSparkCluster
 from app.spark import _cores, spark_session
-from app.spark_cluster import LocalSparkCluster
 from tests.conftest import CACHE_DIR, produce_records
 from tests.spark_shapes import LOCAL_MASTER, session_for
 
@@ -26,7 +26,7 @@ pytestmark = pytest.mark.integration
 DRIVER_ONLY = {"GEOINGEST_DRIVER_ONLY": "1", "AWS_ACCESS_KEY_ID": "driver-only"}
 CLUSTER_CONF = {"spark.executorEnv.GeoIngest_Case": "Kept"}
 # Executors import the installed project only, not the tests: this module's functions travel by
-# value, as closures do, rather than as a reference to tests.app.test_spark_cluster.
+# value, as closures do, rather than as a reference to tests.app.local.test_spark_cluster.
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 PROBE_SCHEMA = "rows long, jvm long, jvm_command string, daemon_command string, python string, env string, zips long"
 

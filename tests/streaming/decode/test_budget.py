@@ -1,4 +1,4 @@
-"""The clock on geometry repair (streaming/budget.py): no record holds a batch for longer than
+"""The clock on geometry repair (streaming/decode/budget.py): no record holds a batch for longer than
 `max_record_seconds`, whatever its shape (the decoder's reject: test_decode.py's reason cases)."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import time
 import numpy as np
 import shapely
 
-from streaming.budget import INLINE_VERTICES, RepairBudget
-from tests.streaming.test_decode import self_crossing_ring
+from streaming.decode.budget import INLINE_VERTICES, RepairBudget
+from tests.streaming.decode.test_decoder import self_crossing_ring
 
 
 def bowtie(dx: float = 0.0) -> shapely.Polygon:

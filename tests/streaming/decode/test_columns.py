@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import shapely
 
-from streaming.decode import REJECT_DETAIL, REJECT_REASON
-from streaming.rejects import Reason
-from tests.streaming.test_decode import (
+from streaming.decode.decoder import REJECT_DETAIL, REJECT_REASON
+from streaming.decode.rejects import Reason
+from tests.streaming.decode.test_decoder import (
     assert_valid,
     decode,
     feature,

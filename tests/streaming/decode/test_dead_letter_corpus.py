@@ -21,9 +21,9 @@ from kafka.admin import NewTopic
 
 from app.service import run
 from app.settings import load_settings
-from streaming.catalog import create_table, open_catalog
 from streaming.contract import load_contract
-from streaming.dead_letter import (
+from streaming.table.catalog import create_table, open_catalog
+from streaming.write.dead_letter import (
     PAYLOAD_BYTES_HEADER,
     PAYLOAD_URI_HEADER,
     PRODUCER_HEADER_PREFIX,
@@ -37,7 +37,7 @@ from tests.conftest import CACHE_DIR, produce_records
 
 pytestmark = pytest.mark.integration
 
-DEMO = load_contract(Path(__file__).resolve().parents[2] / "schemas" / "demo_events.json")
+DEMO = load_contract(Path(__file__).resolve().parents[3] / "schemas" / "demo_events.json")
 # Reject invalid polygons here, so that policy is exercised end to end too; allow XYM, so that an
 # M geometry outside the table CRS meets the reprojection rule rather than the dimension rule.
 CONTRACT = dataclasses.replace(

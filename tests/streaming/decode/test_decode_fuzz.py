@@ -21,7 +21,7 @@ import shapely
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from streaming.decode import (
+from streaming.decode.decoder import (
     HILBERT,
     RAW_VALUE,
     REJECT_REASON,
@@ -29,9 +29,9 @@ from streaming.decode import (
     DecodeOptions,
     Decoder,
 )
-from streaming.rejects import Reason
+from streaming.decode.rejects import Reason
 from tests.fuzz_inputs import FORMATS, record, saved_record
-from tests.streaming.test_decode import GPKG, kafka_batch
+from tests.streaming.decode.test_decoder import GPKG, kafka_batch
 
 CORPUS = Path(__file__).parent / "fuzz_corpus"
 DECODER = Decoder(GPKG, DecodeOptions(max_message_bytes=8 * 1024 * 1024, max_vertices=20_000))
@@ -105,7 +105,7 @@ def test_arbitrary_bytes(values, keys):
 @pytest.mark.skipif(importlib.util.find_spec("atheris") is None, reason="atheris has wheels for Linux x86-64 alone")
 def test_a_short_coverage_guided_run_finds_no_crash(tmp_path):
     results = tmp_path / "fuzz.json"
-    root = Path(__file__).resolve().parents[2]
+    root = Path(__file__).resolve().parents[3]
     run = subprocess.run(
         [
             sys.executable,

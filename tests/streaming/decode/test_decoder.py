@@ -18,7 +18,7 @@ import shapely
 from pyproj import Transformer
 
 from streaming.contract import Contract, load_contract, parse_contract
-from streaming.decode import (
+from streaming.decode.decoder import (
     HEADERS_TYPE,
     HILBERT,
     RAW_KEY,
@@ -32,12 +32,12 @@ from streaming.decode import (
     Decoder,
     decoded_schema,
 )
-from streaming.hilbert import hilbert_keys_of_bounds
-from streaming.rejects import Reason
-from streaming.validate import GeometryRules
+from streaming.decode.rejects import Reason
+from streaming.decode.validate import GeometryRules
+from streaming.kernels.hilbert import hilbert_keys_of_bounds
 from tests.gpkg_blobs import gpkg, header
 
-CONTRACT_PATH = Path(__file__).resolve().parents[2] / "schemas" / "demo_events.json"
+CONTRACT_PATH = Path(__file__).resolve().parents[3] / "schemas" / "demo_events.json"
 DEMO = load_contract(CONTRACT_PATH)
 RAW_CONTRACT = json.loads(CONTRACT_PATH.read_text())
 TOPIC = "demo-events"

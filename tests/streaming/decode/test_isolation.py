@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import shapely
 
-from streaming.decode import REJECT_REASON, DecodeOptions
-from streaming.isolation import IsolatedDecoder
-from streaming.rejects import Reason
-from tests.streaming.test_decode import DEMO, GOOD, kafka_batch
+from streaming.decode.decoder import REJECT_REASON, DecodeOptions
+from streaming.decode.isolation import IsolatedDecoder
+from streaming.decode.rejects import Reason
+from tests.streaming.decode.test_decoder import DEMO, GOOD, kafka_batch
 
 DEEP = b"\x01\x07\x00\x00\x00\x01\x00\x00\x00" * 50_000 + shapely.to_wkb(shapely.Point(1, 2))
 UNGUARDED = DecodeOptions(max_nesting=10**6)

@@ -37,26 +37,26 @@ import pyarrow as pa
 import pytest
 from kafka import KafkaConsumer
 
-from app.sample import SampleEvent, produce, sample_events
+from app.local.sample import SampleEvent, produce, sample_events
 from app.settings import load_settings
-from streaming.catalog import create_table, open_catalog
-from streaming.commit import BATCH_ID, KAFKA_OFFSETS, WRITER_ID
 from streaming.contract import load_contract
-from streaming.dead_letter import (
+from streaming.decode.decoder import REJECT_REASON, Decoder
+from streaming.maintenance.orphans import referenced_files
+from streaming.source.admin import client_config
+from streaming.storage import list_files
+from streaming.table.catalog import create_table, open_catalog
+from streaming.table.commit import BATCH_ID, KAFKA_OFFSETS, WRITER_ID
+from streaming.write.dead_letter import (
     REASON_HEADER,
     SOURCE_OFFSET_HEADER,
     SOURCE_PARTITION_HEADER,
     SOURCE_TOPIC_HEADER,
 )
-from streaming.decode import REJECT_REASON, Decoder
-from streaming.kafka_admin import client_config
-from streaming.orphans import referenced_files
-from streaming.storage import list_files
 from tests.conftest import CACHE_DIR
 
 pytestmark = pytest.mark.integration
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 CONTRACT_FILE = ROOT / "schemas" / "demo_events.json"
 CONTRACT = load_contract(CONTRACT_FILE)
 GEOINGEST = Path(sys.executable).parent / "geoingest"
@@ -254,7 +254,7 @@ def writer_id_of(ckpt: Path) -> str | None:
 
 
 def files_of_batch(table, writer_id: str, batch_id: int, since_wall: float) -> list[str]:
-    """Data files of one batch written since a wall-clock time (streaming/job.py names them
+    """Data files of one batch written since a wall-clock time (streaming/job/processor.py names them
     <writer id>-b<batch id, 9 digits>-<uuid>.parquet), wherever the table keeps them."""
     prefix = f"{writer_id}-b{batch_id:09d}-"
     return [
@@ -507,7 +507,7 @@ def _chaos(
     serve_metrics,
     contract,
 ) -> None:
-    from app.broker import free_port
+    from app.local.broker import free_port
 
     hold_kills = set(hold_kills)
     max_self_exits = 2 * kills if max_self_exits is None else max_self_exits

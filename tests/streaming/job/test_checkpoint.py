@@ -1,6 +1,6 @@
 import pytest
 
-from streaming.checkpoint import (
+from streaming.job.checkpoint import (
     WRITER_ID_FILE,
     CheckpointLocationError,
     checkpoint_has_progress,

@@ -12,8 +12,8 @@ no longer leads to it (SQLITE_READONLY_DBMOVED): pyiceberg's commit raises
 sqlalchemy.exc.OperationalError "attempt to write a readonly database" from SqlCatalog.commit_table.
 Moving the folder back makes the same connection writable again. (Moving only the file would do
 the same to the running service, but any fresh connection would create an empty database at the
-old path, and streaming.catalog.open_catalog re-creates a missing folder: so nothing here opens the
-catalog while it is away.) streaming/commit.py treats that error as the catalog being unavailable
+old path, and streaming.table.catalog.open_catalog re-creates a missing folder: so nothing here opens the
+catalog while it is away.) streaming/table/commit.py treats that error as the catalog being unavailable
 and retries the commit with Iceberg's backoff within commit.retry.total-timeout-ms; the batch in
 flight waits, the job goes on afterwards.
 
@@ -44,12 +44,12 @@ from pathlib import Path
 
 import pytest
 
-from app.broker import LocalBroker, free_port
-from app.sample import produce, sample_events
-from streaming.catalog import create_table
-from streaming.orphans import referenced_files
+from app.local.broker import LocalBroker, free_port
+from app.local.sample import produce, sample_events
+from streaming.maintenance.orphans import referenced_files
+from streaming.table.catalog import create_table
 from tests.conftest import CACHE_DIR
-from tests.streaming.test_chaos import (
+from tests.streaming.job.test_chaos import (
     CONTRACT,
     PARTITIONS,
     Service,
@@ -195,11 +195,11 @@ def test_a_broker_away_longer_than_the_default_timeouts_is_ridden_out_with_longe
 def test_the_local_broker_formats_any_cluster_id(tmp_path, monkeypatch):
     """A random base64url cluster id starts with '-' 1 time in 64; kafka-storage's argparse took
     `-t -xyz` for two flags and the broker never started (seen twice in these test sessions)."""
-    import app.broker
+    import app.local.broker
 
     real_urandom = os.urandom
     # 0xf8 = 0b111110..: the first base64url character is '-'
-    monkeypatch.setattr(app.broker.os, "urandom", lambda n: b"\xf8" + real_urandom(n - 1))
+    monkeypatch.setattr(app.local.broker.os, "urandom", lambda n: b"\xf8" + real_urandom(n - 1))
     broker = LocalBroker(tmp_path / "broker", CACHE_DIR, port=free_port())
     broker.ensure_jars()
     try:
@@ -302,7 +302,7 @@ def catalog_outage(kafka, tmp_path_factory) -> OutageRun:
 
 
 def test_commits_retry_through_a_30_s_catalog_outage_and_the_job_continues(catalog_outage):
-    """streaming/commit.py retries a commit that cannot reach the catalog (sqlalchemy's
+    """streaming/table/commit.py retries a commit that cannot reach the catalog (sqlalchemy's
     OperationalError here) with Iceberg's backoff, for up to commit.retry.total-timeout-ms."""
     run = catalog_outage
     if run.service_died:
@@ -336,12 +336,13 @@ def test_a_lost_commit_answer_and_a_long_outage_leave_the_committed_files_alone(
     from pyiceberg.table import Table
     from sqlalchemy.exc import OperationalError
 
-    from streaming.catalog import open_catalog
-    from streaming.commit import committed_snapshot
-    from streaming.job import BatchProcessor, JobConfig
-    from streaming.orphans import referenced_files
+    from streaming.job.config import JobConfig
+    from streaming.job.processor import BatchProcessor
+    from streaming.maintenance.orphans import referenced_files
+    from streaming.table.catalog import open_catalog
+    from streaming.table.commit import committed_snapshot
     from tests.conftest import produce_records
-    from tests.streaming.test_reliability import good_records
+    from tests.streaming.job.test_reliability import good_records
 
     assert produce_records(kafka.bootstrap, topic, good_records("l", 50)) == 50
     catalog = open_catalog(

@@ -23,21 +23,21 @@ import pytest
 import shapely
 from kafka import KafkaConsumer
 
-from app.broker import LocalBroker
-from app.object_store import LocalObjectStore
-from app.rest_catalog import LocalRestCatalog
-from app.sample import produce, sample_events
-from app.spark_cluster import LocalSparkCluster
-from streaming.catalog import create_table, open_catalog
+from app.local.broker import LocalBroker
+from app.local.object_store import LocalObjectStore
+from app.local.rest_catalog import LocalRestCatalog
+from app.local.sample import produce, sample_events
+from app.local.spark_cluster import LocalSparkCluster
 from streaming.contract import load_contract
-from streaming.dead_letter import PAYLOAD_URI_HEADER, REASON_HEADER, read_spilled
-from streaming.kafka_admin import client_config
+from streaming.source.admin import client_config
+from streaming.table.catalog import create_table, open_catalog
+from streaming.write.dead_letter import PAYLOAD_URI_HEADER, REASON_HEADER, read_spilled
 from tests.conftest import CACHE_DIR, produce_records
-from tests.streaming.test_chaos import CONTRACT, PARTITIONS, Service, check_kill_9_chaos
+from tests.streaming.job.test_chaos import CONTRACT, PARTITIONS, Service, check_kill_9_chaos
 
 pytestmark = pytest.mark.integration
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 DEMO_CONTRACT = ROOT / "schemas" / "demo_events.json"
 GEOINGEST = Path(sys.executable).parent / "geoingest"
 # Files of these kinds are the table's, its staging runs' and its spilled dead letters'.
@@ -488,7 +488,7 @@ def test_the_rest_catalog_stopped_then_frozen_for_30_s_during_commits(lakehouse,
 
 
 def test_an_upsert_table_on_the_lakehouse_holds_the_current_versions_before_and_after_compaction(lakehouse, tmp_path):
-    from tests.streaming.test_upsert import expected_state, make_stream
+    from tests.streaming.write.test_upsert import expected_state, make_stream
 
     topic = new_topic(lakehouse)
     table = "lh_upsert.events"

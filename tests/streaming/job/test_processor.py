@@ -15,17 +15,19 @@ from pyiceberg.conversions import from_bytes
 from pyiceberg.types import DoubleType
 from pyproj import Transformer
 
-from streaming.catalog import create_table
-from streaming.commit import BATCH_ID, KAFKA_OFFSETS, WRITER_ID
 from streaming.contract import BBOX_FIELDS, load_contract
-from streaming.hilbert import hilbert_keys_of_bounds
-from streaming.job import BatchProcessor, JobConfig, start_query
-from streaming.query import query_bbox
+from streaming.job.config import JobConfig
+from streaming.job.processor import BatchProcessor
+from streaming.job.stream import start_query
+from streaming.kernels.hilbert import hilbert_keys_of_bounds
+from streaming.read.query import query_bbox
+from streaming.table.catalog import create_table
+from streaming.table.commit import BATCH_ID, KAFKA_OFFSETS, WRITER_ID
 from tests.conftest import duckdb_connection, produce_records
 
 pytestmark = pytest.mark.integration
 
-CONTRACT = Path(__file__).resolve().parents[2] / "schemas" / "demo_events.json"
+CONTRACT = Path(__file__).resolve().parents[3] / "schemas" / "demo_events.json"
 CITIES = np.array(
     [
         (2.35, 48.86),
@@ -129,7 +131,7 @@ def ingested(kafka, spark, tmp_path_factory):
     """One ingest of the mix, shared by the checks below."""
     from kafka.admin import KafkaAdminClient, NewTopic
 
-    from streaming.catalog import open_catalog
+    from streaming.table.catalog import open_catalog
 
     home = tmp_path_factory.mktemp("ingest")
     topic = "mix"

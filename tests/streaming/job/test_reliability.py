@@ -13,24 +13,25 @@ from kafka import KafkaConsumer
 
 from app.service import run
 from app.settings import load_settings
-from streaming.catalog import create_table, open_catalog
-from streaming.commit import recorded_offsets
 from streaming.contract import load_contract
-from streaming.dead_letter import (
+from streaming.job.config import SOURCES, JobConfig
+from streaming.job.processor import BatchProcessor
+from streaming.maintenance.orphans import find_orphans
+from streaming.table.catalog import create_table, open_catalog
+from streaming.table.commit import recorded_offsets
+from streaming.write.data_files import GeoParquetWriter
+from streaming.write.dead_letter import (
     DETAIL_HEADER,
     REASON_HEADER,
     SOURCE_OFFSET_HEADER,
     SOURCE_PARTITION_HEADER,
     SOURCE_TOPIC_HEADER,
 )
-from streaming.job import SOURCES, BatchProcessor, JobConfig
-from streaming.orphans import find_orphans
-from streaming.writer import GeoParquetWriter
 from tests.conftest import CACHE_DIR, produce_records
 
 pytestmark = pytest.mark.integration
 
-CONTRACT = load_contract(Path(__file__).resolve().parents[2] / "schemas" / "demo_events.json")
+CONTRACT = load_contract(Path(__file__).resolve().parents[3] / "schemas" / "demo_events.json")
 
 
 def point_feature(event_id: str, x: float, y: float) -> bytes:
@@ -207,8 +208,8 @@ def test_files_of_a_batch_that_never_committed_are_listed_as_orphans(tmp_path, c
     table, _ = create_table(catalog, CONTRACT)
     from pyarrow import RecordBatch
 
-    from streaming.commit import BatchCommit, Committer
-    from streaming.decode import Decoder
+    from streaming.decode.decoder import Decoder
+    from streaming.table.commit import BatchCommit, Committer
 
     def files(prefix: str):
         import pyarrow as pa
@@ -240,7 +241,7 @@ def test_files_of_a_batch_that_never_committed_are_listed_as_orphans(tmp_path, c
     assert find_orphans(table, min_age_s=3600) == [], "young files may still be committing"
     table.refresh()
     assert table.scan().to_arrow().num_rows == 50, "orphans are never read as data"
-    from streaming.orphans import delete_files
+    from streaming.maintenance.orphans import delete_files
 
     delete_files(table, [o.path for o in orphans])
     assert find_orphans(table, min_age_s=0) == []

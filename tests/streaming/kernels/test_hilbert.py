@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from streaming.hilbert import grid_cells, hilbert_distance, hilbert_keys_of_bounds
+from streaming.kernels.hilbert import grid_cells, hilbert_distance, hilbert_keys_of_bounds
 
 
 def test_order_one_visits_the_four_quadrants_in_u_shape():

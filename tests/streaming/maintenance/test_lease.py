@@ -1,4 +1,4 @@
-"""The maintenance lease (streaming/lease.py): maintainers racing on one table, on the embedded
+"""The maintenance lease (streaming/maintenance/lease.py): maintainers racing on one table, on the embedded
 SQLite catalog and on Iceberg's REST catalog server (whose own commit check decides the race)."""
 
 from __future__ import annotations
@@ -14,10 +14,9 @@ import pytest
 from pyiceberg.exceptions import CommitFailedException
 from pyiceberg.table import Table
 
-from app.rest_catalog import LocalRestCatalog
-from streaming.catalog import create_table, open_catalog
+from app.local.rest_catalog import LocalRestCatalog
 from streaming.contract import load_contract
-from streaming.lease import (
+from streaming.maintenance.lease import (
     ANCHOR_TAG,
     LEASE_PROPERTY,
     LeaseHeld,
@@ -28,11 +27,12 @@ from streaming.lease import (
     generation_tag,
     lease_state,
 )
-from streaming.maintenance import maintain
-from streaming.maintenance_plan import MaintenancePolicy
+from streaming.maintenance.maintain import maintain
+from streaming.maintenance.plan import MaintenancePolicy
+from streaming.table.catalog import create_table, open_catalog
 from tests.conftest import CACHE_DIR
 from tests.lakehouse import WAREHOUSE_BUCKET
-from tests.streaming.test_maintenance import (
+from tests.streaming.maintenance.test_maintain import (
     CONTRACT_PATH,
     EAGER,
     expected_ids,
@@ -187,7 +187,7 @@ def test_lease_tags_pin_no_old_snapshot_after_a_run(catalog_config, table, contr
     writer = write_batches(table, contract, 3)
     maintain(own_table(catalog_config, contract), policy, steps=("compact", "expire"))
     rng = np.random.default_rng(8)
-    from tests.streaming.test_maintenance import world_points
+    from tests.streaming.maintenance.test_maintain import world_points
 
     for batch_id in range(3, 6):
         writer.commit(batch_id, *world_points(rng, 100))

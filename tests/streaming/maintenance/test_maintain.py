@@ -2,7 +2,7 @@
 catalog) whose micro-batches are written the way ingest writes them, without Spark or Kafka:
 Kafka-like record batches of GeoJSON points through `PartitionTask` (decode, Hilbert sort,
 GeoParquet files: the code a Spark task runs), committed by `Committer`. The batch writer here is
-shared with tests/streaming/test_maintenance_integration.py and bench/maintenance.py."""
+shared with tests/streaming/maintenance/test_maintenance_integration.py and bench/maintenance.py."""
 
 from __future__ import annotations
 
@@ -19,8 +19,25 @@ from pyiceberg.conversions import from_bytes
 from pyiceberg.table import Table
 from pyiceberg.types import DoubleType
 
-from streaming.catalog import create_table, open_catalog
-from streaming.commit import (
+from streaming.contract import Contract, load_contract
+from streaming.decode.decoder import DecodeOptions
+from streaming.kernels.hilbert import hilbert_keys_of_bounds
+from streaming.maintenance.commits import MAINTENANCE, MaintenanceGaveUp
+from streaming.maintenance.compaction import COMPACTION_FILE_PREFIX, compact
+from streaming.maintenance.maintain import data_manifest_count, delete_orphans, expire_snapshots, maintain
+from streaming.maintenance.orphans import referenced_files, referenced_metadata_files
+from streaming.maintenance.plan import (
+    LiveFile,
+    MaintenancePolicy,
+    SnapshotFacts,
+    compaction_candidates,
+    parse_steps,
+    plan_bins,
+    plan_expiry,
+)
+from streaming.read.query import Predicate, query
+from streaming.table.catalog import create_table, open_catalog
+from streaming.table.commit import (
     BATCH_ID,
     WRITER_ID,
     WRITERS,
@@ -32,31 +49,7 @@ from streaming.commit import (
     recorded_offsets,
     resume_offsets,
 )
-from streaming.contract import Contract, load_contract
-from streaming.decode import DecodeOptions
-from streaming.hilbert import hilbert_keys_of_bounds
-from streaming.maintenance import (
-    COMPACTION_FILE_PREFIX,
-    MAINTENANCE,
-    MaintenanceGaveUp,
-    compact,
-    data_manifest_count,
-    delete_orphans,
-    expire_snapshots,
-    maintain,
-)
-from streaming.maintenance_plan import (
-    LiveFile,
-    MaintenancePolicy,
-    SnapshotFacts,
-    compaction_candidates,
-    parse_steps,
-    plan_bins,
-    plan_expiry,
-)
-from streaming.orphans import referenced_files, referenced_metadata_files
-from streaming.partition import BatchResults, FileSettings, PartitionTask
-from streaming.query import Predicate, query
+from streaming.write.task import BatchResults, FileSettings, PartitionTask
 
 TOPIC = "geo-events"
 
@@ -139,7 +132,7 @@ def world_points(rng: np.random.Generator, n: int) -> tuple[np.ndarray, np.ndarr
     return rng.uniform(-179.0, 179.0, n), rng.uniform(-85.0, 85.0, n)
 
 
-CONTRACT_PATH = Path(__file__).resolve().parents[2] / "schemas" / "demo_events.json"
+CONTRACT_PATH = Path(__file__).resolve().parents[3] / "schemas" / "demo_events.json"
 # Maintenance that touches everything at once: the tests have no commit in flight.
 EAGER = MaintenancePolicy(min_file_age_s=0, snapshot_max_age_s=0, keep_snapshots=3, orphan_min_age_s=0, max_manifests=2)
 MiB = 1024 * 1024

@@ -19,15 +19,16 @@ from prometheus_client import CollectorRegistry
 
 from app.service import run
 from app.settings import load_settings
-from streaming.catalog import create_table, open_catalog
-from streaming.checkpoint import writer_id_for_checkpoint
-from streaming.commit import committed_snapshot, recorded_offsets
 from streaming.contract import load_contract
-from streaming.maintenance import COMPACTION_FILE_PREFIX, maintain
-from streaming.orphans import referenced_files, referenced_metadata_files
+from streaming.job.checkpoint import writer_id_for_checkpoint
+from streaming.maintenance.compaction import COMPACTION_FILE_PREFIX
+from streaming.maintenance.maintain import maintain
+from streaming.maintenance.orphans import referenced_files, referenced_metadata_files
+from streaming.table.catalog import create_table, open_catalog
+from streaming.table.commit import committed_snapshot, recorded_offsets
 from tests.conftest import CACHE_DIR, produce_records
 from tests.postgres import postgres_server_info, postgres_uri  # noqa: F401  (fixtures)
-from tests.streaming.test_maintenance import (
+from tests.streaming.maintenance.test_maintain import (
     EAGER,
     BatchWriter,
     data_paths,
@@ -39,7 +40,7 @@ from tests.streaming.test_maintenance import (
 
 pytestmark = pytest.mark.integration
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 CONTRACT_FILE = ROOT / "schemas" / "demo_events.json"
 GEOINGEST = Path(sys.executable).parent / "geoingest"
 

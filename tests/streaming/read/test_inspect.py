@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from streaming.hilbert import hilbert_keys_of_bounds
-from streaming.inspect import FileExtent, file_extents, plot_file_extents
-from tests.streaming.test_query import (  # noqa: F401 (fixtures)
+from streaming.kernels.hilbert import hilbert_keys_of_bounds
+from streaming.read.inspect import FileExtent, file_extents, plot_file_extents
+from tests.streaming.read.test_query import (  # noqa: F401 (fixtures)
     EVENT_COUNT,
     Built,
     TwoCommits,

@@ -26,24 +26,14 @@ import shapely.affinity
 from pyiceberg.catalog.sql import SqlCatalog
 from pyiceberg.table import Table
 
-from streaming.commit import to_data_file
 from streaming.contract import Contract, load_contract
-from streaming.decode import HILBERT, REJECT_REASON, Decoder
-from streaming.query import (
-    Predicate,
-    QueryResult,
-    QueryStats,
-    feature_id_column,
-    parse_bbox,
-    query,
-    query_bbox,
-    table_contract,
-    to_geojson_lines,
-    write_geoparquet,
-)
-from streaming.writer import DataFileRecord, GeoParquetWriter
+from streaming.decode.decoder import HILBERT, REJECT_REASON, Decoder
+from streaming.read.output import feature_id_column, to_geojson_lines, write_geoparquet
+from streaming.read.query import Predicate, QueryResult, QueryStats, parse_bbox, query, query_bbox, table_contract
+from streaming.table.commit import to_data_file
+from streaming.write.data_files import DataFileRecord, GeoParquetWriter
 
-CONTRACT_PATH = Path(__file__).resolve().parents[2] / "schemas" / "demo_events.json"
+CONTRACT_PATH = Path(__file__).resolve().parents[3] / "schemas" / "demo_events.json"
 EVENT_COUNT = 20_000
 POLYGON_EVERY = 50  # one event in 50 is a WKB polygon, one in 50 a WKB line, the rest GeoJSON points
 LINE_EVERY = 50

@@ -21,11 +21,11 @@ import pyarrow.parquet as pq
 import pytest
 import shapely
 
-from streaming.catalog import check_table_matches, describe
 from streaming.contract import ContractError, parse_contract
-from streaming.query import query_bbox
+from streaming.read.query import query_bbox
+from streaming.table.catalog import check_table_matches, describe
 from tests.conftest import duckdb_connection
-from tests.streaming.test_query import (
+from tests.streaming.read.test_query import (
     CONTRACT_PATH,
     Built,
     _append,
@@ -38,7 +38,7 @@ from tests.streaming.test_query import (
     contract,  # noqa: F401 (a fixture)
 )
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+README = Path(__file__).resolve().parents[3] / "README.md"
 METADATA_PLACEHOLDER = "<metadata_location>"
 # The README's example window (Paris and around), which the fixture's Paris cluster fills.
 README_WINDOW = (2.0, 48.5, 3.0, 49.2)

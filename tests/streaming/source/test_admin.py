@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer
 
-from app.broker import LocalBroker
-from streaming.kafka_admin import client_config, ensure_topic
+from app.local.broker import LocalBroker
+from streaming.source.admin import client_config, ensure_topic
 
 SCRAM = "org.apache.kafka.common.security.scram.ScramLoginModule"
 PLAIN = "org.apache.kafka.common.security.plain.PlainLoginModule"

@@ -1,4 +1,4 @@
-"""The Python Kafka source (streaming/kafka_source.py, kafka_options.py, kafka_read.py) against the real broker and Spark: what it
+"""The Python Kafka source (streaming/source/python_source.py, kafka_options.py, kafka_read.py) against the real broker and Spark: what it
 reads is what Spark's own Kafka source reads of the same topic, row for row."""
 
 from __future__ import annotations
@@ -13,11 +13,17 @@ from confluent_kafka import Producer
 from confluent_kafka import TopicPartition as KafkaTopicPartition
 from confluent_kafka.admin import AdminClient, NewPartitions
 
-from app.broker import LocalBroker
-from streaming.job import FAST_FETCH, kafka_source_options
-from streaming.kafka_options import KafkaDataLossError, KafkaSourceError, SourceSettings, librdkafka_config
-from streaming.kafka_read import close_pooled_consumers, read_range
-from streaming.kafka_source import KafkaStreamReader, OffsetRange, await_caught_up, python_kafka_stream, split_ranges
+from app.local.broker import LocalBroker
+from streaming.job.config import FAST_FETCH, kafka_source_options
+from streaming.source.options import KafkaDataLossError, KafkaSourceError, SourceSettings, librdkafka_config
+from streaming.source.python_source import (
+    KafkaStreamReader,
+    OffsetRange,
+    await_caught_up,
+    python_kafka_stream,
+    split_ranges,
+)
+from streaming.source.read import close_pooled_consumers, read_range
 from tests.conftest import produce_records
 
 pytestmark = pytest.mark.integration
@@ -245,7 +251,7 @@ def test_a_java_truststore_is_read_as_the_java_client_reads_it(
     """The JVM's default store type, JKS, and PKCS12: librdkafka gets their certificates as PEM."""
     import subprocess
 
-    from streaming.kafka_options import _keytool
+    from streaming.source.options import _keytool
 
     store = tmp_path / f"ca.{store_type.lower()}"
     subprocess.run(

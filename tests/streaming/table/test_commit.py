@@ -19,8 +19,10 @@ from pyiceberg.conversions import from_bytes
 from pyiceberg.table import Table
 from pyiceberg.types import DoubleType
 
-from streaming.catalog import create_table, open_catalog
-from streaming.commit import (
+from streaming.contract import Contract, load_contract
+from streaming.decode.decoder import HILBERT, REJECT_REASON, Decoder
+from streaming.table.catalog import create_table, open_catalog
+from streaming.table.commit import (
     BATCH_ID,
     KAFKA_OFFSETS,
     REJECTED,
@@ -33,11 +35,9 @@ from streaming.commit import (
     committed_snapshot,
     recorded_offsets,
 )
-from streaming.contract import Contract, load_contract
-from streaming.decode import HILBERT, REJECT_REASON, Decoder
-from streaming.writer import DataFileRecord, GeoParquetWriter
+from streaming.write.data_files import DataFileRecord, GeoParquetWriter
 
-CONTRACT_PATH = Path(__file__).resolve().parents[2] / "schemas" / "demo_events.json"
+CONTRACT_PATH = Path(__file__).resolve().parents[3] / "schemas" / "demo_events.json"
 TOPIC = "demo-events"
 
 

@@ -27,9 +27,11 @@ import pyarrow.compute as pc
 import pytest
 from pyiceberg.table import Table
 
-from app.rest_catalog import LocalRestCatalog
-from streaming.catalog import create_table, open_catalog
-from streaming.commit import (
+from app.local.rest_catalog import LocalRestCatalog
+from streaming.contract import Contract, load_contract
+from streaming.decode.decoder import HILBERT, REJECT_REASON, Decoder
+from streaming.table.catalog import create_table, open_catalog
+from streaming.table.commit import (
     BATCH_ID,
     WRITER_ID,
     BatchCommit,
@@ -37,16 +39,14 @@ from streaming.commit import (
     Committer,
     committed_snapshot,
 )
-from streaming.contract import Contract, load_contract
-from streaming.decode import HILBERT, REJECT_REASON, Decoder
-from streaming.writer import DataFileRecord, GeoParquetWriter
+from streaming.write.data_files import DataFileRecord, GeoParquetWriter
 from tests.conftest import CACHE_DIR
 from tests.lakehouse import WAREHOUSE_BUCKET
 from tests.postgres import postgres_server_info, postgres_uri  # noqa: F401  (fixtures)
 
 pytestmark = pytest.mark.integration
 
-CONTRACT_PATH = Path(__file__).resolve().parents[2] / "schemas" / "demo_events.json"
+CONTRACT_PATH = Path(__file__).resolve().parents[3] / "schemas" / "demo_events.json"
 TOPIC = "demo-events"
 WRITERS = 4
 BATCHES = 20

@@ -17,17 +17,18 @@ from pyiceberg.schema import Schema
 from pyiceberg.table import Table
 from pyiceberg.types import DoubleType, IntegerType, LongType, NestedField, StructType
 
-from streaming.catalog import create_table, table_contract
-from streaming.commit import to_data_file
 from streaming.contract import Contract, parse_contract
-from streaming.decode import HILBERT, REJECT_REASON, Decoder
-from streaming.evolve import CONTRACT_PROPERTY, EvolutionError, apply_evolution, plan_evolution
-from streaming.query import PARQUET_FIELD_ID, FieldIdProjection, query_bbox
-from streaming.row_delta import RowDelta
-from streaming.upsert import equality_field_ids, write_equality_deletes
-from streaming.writer import GeoParquetWriter
+from streaming.decode.decoder import HILBERT, REJECT_REASON, Decoder
+from streaming.read.projection import PARQUET_FIELD_ID, FieldIdProjection
+from streaming.read.query import query_bbox
+from streaming.table.catalog import create_table, table_contract
+from streaming.table.commit import to_data_file
+from streaming.table.evolve import CONTRACT_PROPERTY, EvolutionError, apply_evolution, plan_evolution
+from streaming.table.row_delta import RowDelta
+from streaming.write.data_files import GeoParquetWriter
+from streaming.write.upsert import equality_field_ids, write_equality_deletes
 
-CONTRACT_PATH = Path(__file__).resolve().parents[2] / "schemas" / "demo_events.json"
+CONTRACT_PATH = Path(__file__).resolve().parents[3] / "schemas" / "demo_events.json"
 WORLD = (-180.0, -90.0, 180.0, 90.0)
 ROWS_PER_BATCH = 30
 
@@ -263,7 +264,7 @@ def test_columns_schema_evolution_added_are_kept_and_counted(catalog, table: Tab
 
 # -- the command ------------------------------------------------------------------------------------
 # `geoingest` with the catalog under a test folder: test_query.py's helper.
-from tests.streaming.test_query import _cli  # noqa: E402
+from tests.streaming.read.test_query import _cli  # noqa: E402
 
 
 def test_cli_evolve(

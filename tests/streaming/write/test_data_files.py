@@ -12,12 +12,12 @@ import pyarrow.parquet as pq
 import pytest
 from pyiceberg.table import Table
 
-from streaming.catalog import create_table
 from streaming.contract import Contract, load_contract
-from streaming.decode import HILBERT, REJECT_REASON, Decoder
-from streaming.writer import GeoParquetWriter, parquet_write_options
+from streaming.decode.decoder import HILBERT, REJECT_REASON, Decoder
+from streaming.table.catalog import create_table
+from streaming.write.data_files import GeoParquetWriter, parquet_write_options
 
-CONTRACT_PATH = Path(__file__).resolve().parents[2] / "schemas" / "demo_events.json"
+CONTRACT_PATH = Path(__file__).resolve().parents[3] / "schemas" / "demo_events.json"
 
 
 @pytest.fixture

@@ -18,17 +18,17 @@ import pytest
 
 from app.service import run
 from app.settings import load_settings
-from streaming.catalog import create_table, open_catalog, table_contract
-from streaming.commit import BatchCommit, Committer
 from streaming.contract import Column, parse_contract
-from streaming.evolution import SchemaMoved, plan_new_columns
-from streaming.maintenance import maintain
-from streaming.maintenance_plan import MaintenancePolicy
-from streaming.properties import PropertySeen, unmapped_properties
-from streaming.query import Predicate, query
+from streaming.decode.properties import PropertySeen, unmapped_properties
+from streaming.maintenance.maintain import maintain
+from streaming.maintenance.plan import MaintenancePolicy
+from streaming.read.query import Predicate, query
+from streaming.table.catalog import create_table, open_catalog, table_contract
+from streaming.table.commit import BatchCommit, Committer
+from streaming.write.evolution import SchemaMoved, plan_new_columns
 from tests.conftest import CACHE_DIR, duckdb_connection, produce_records
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 DEMO = json.loads((ROOT / "schemas" / "demo_events.json").read_text())
 EVOLVING = {**DEMO, "schema_evolution": {"mode": "add-columns", "max_new_columns_per_batch": 8}}
 # The demo table's ids: columns 1-8, geometry 9, bbox 10 and its fields 11-14.
@@ -219,7 +219,7 @@ def test_producers_add_properties_over_time_and_the_table_follows(kafka, spark, 
 
 
 def test_the_scan_survives_every_hostile_input_the_decoder_meets():
-    from tests.streaming.test_decode import HOSTILE_CASES
+    from tests.streaming.decode.test_decoder import HOSTILE_CASES
 
     deep_property = b'{"type":"Feature","properties":{"a":' + b"[" * 100_000 + b"]" * 100_000 + b"}}"
     hostile = [case.values[0] for case in HOSTILE_CASES] + [deep_property, b"\xff\xfe{", b"{" * 5]

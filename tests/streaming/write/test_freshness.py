@@ -1,11 +1,11 @@
-"""Event time to visible (streaming/freshness.py), on hard-coded values."""
+"""Event time to visible (streaming/write/freshness.py), on hard-coded values."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from streaming.freshness import BIN_MS, MAX_BINS, EventTimes, ages_at
+from streaming.write.freshness import BIN_MS, MAX_BINS, EventTimes, ages_at
 
 
 def test_events_are_counted_in_bins_of_their_timestamps():

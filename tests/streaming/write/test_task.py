@@ -16,9 +16,9 @@ import pyarrow.parquet as pq
 import shapely
 
 from streaming.contract import BBOX_FIELDS
-from streaming.decode import DecodeOptions
-from streaming.hilbert import hilbert_keys_of_bounds
-from streaming.partition import (
+from streaming.decode.decoder import DecodeOptions
+from streaming.kernels.hilbert import hilbert_keys_of_bounds
+from streaming.write.task import (
     EVENT_TIMES,
     FILE,
     TALLY,
@@ -32,7 +32,7 @@ from streaming.partition import (
     Tally,
     plan_merge,
 )
-from tests.streaming.test_decode import DEMO, FIRST_OFFSET, TOPIC, feature, kafka_batch, point
+from tests.streaming.decode.test_decoder import DEMO, FIRST_OFFSET, TOPIC, feature, kafka_batch, point
 
 
 def task(tmp_path, rows_per_run: int = 1_000_000) -> PartitionTask:
@@ -281,7 +281,7 @@ def test_a_batch_above_the_limit_is_left_to_the_merge_job(tmp_path):
 # -- worker processes ------------------------------------------------------------------------------
 def memory_pool_of_a_prepared_worker(env: dict[str, str]) -> str:
     code = (
-        "import pyarrow as pa; from streaming.partition import prepare_worker_process; "
+        "import pyarrow as pa; from streaming.write.task import prepare_worker_process; "
         "prepare_worker_process(); print(pa.default_memory_pool().backend_name)"
     )
     clean = {k: v for k, v in os.environ.items() if k != "ARROW_DEFAULT_MEMORY_POOL"}
@@ -291,7 +291,7 @@ def memory_pool_of_a_prepared_worker(env: dict[str, str]) -> str:
         capture_output=True,
         text=True,
         check=True,
-        cwd=Path(__file__).parents[2],
+        cwd=Path(__file__).parents[3],
     )
     return done.stdout.strip()
 

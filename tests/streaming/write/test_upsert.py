@@ -1,6 +1,6 @@
 """Upsert tables (contract `mode: upsert`): one current row per primary key, tombstones delete.
 
-The pure part (streaming/upsert.py) on hard-coded values; then the real service (broker, Spark,
+The pure part (streaming/write/upsert.py) on hard-coded values; then the real service (broker, Spark,
 SQLite catalog) over a stream of creations, updates that move features across the map and
 tombstones, checked at every snapshot against the state computed from the produced records."""
 
@@ -16,17 +16,17 @@ import shapely
 
 from app.service import run
 from app.settings import load_settings
-from streaming.catalog import create_table, open_catalog
-from streaming.commit import KAFKA_OFFSETS
 from streaming.contract import load_contract, parse_contract
-from streaming.deletes import snapshot_files
-from streaming.maintenance import maintain
-from streaming.maintenance_plan import MaintenancePolicy
-from streaming.query import Predicate, query
-from streaming.upsert import OFFSET, PARTITION, TIMESTAMP, latest_versions
+from streaming.maintenance.maintain import maintain
+from streaming.maintenance.plan import MaintenancePolicy
+from streaming.read.query import Predicate, query
+from streaming.table.catalog import create_table, open_catalog
+from streaming.table.commit import KAFKA_OFFSETS
+from streaming.table.deletes import snapshot_files
+from streaming.write.upsert import OFFSET, PARTITION, TIMESTAMP, latest_versions
 from tests.conftest import CACHE_DIR, duckdb_connection, produce_records
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 DEMO = json.loads((ROOT / "schemas" / "demo_events.json").read_text())
 WORLD = Predicate.from_bbox((-180.0, -90.0, 180.0, 90.0))
 
@@ -286,7 +286,7 @@ def test_every_snapshot_of_an_upsert_table_holds_exactly_the_current_versions(
 
 def test_a_tombstone_of_an_append_table_is_still_a_null_value_reject():
     contract = load_contract(ROOT / "schemas" / "demo_events.json")
-    from streaming.upsert import tombstone_key_column
+    from streaming.write.upsert import tombstone_key_column
 
     assert tombstone_key_column(contract) is None
     assert tombstone_key_column(parse_contract({**DEMO, "mode": "upsert"})) == "event_id"

@@ -11,9 +11,9 @@ import pyarrow.json as pa_json
 import pytest
 import shapely
 
-from streaming.decode import RAW_KEY, RAW_VALUE, REJECT_DETAIL, REJECT_REASON, Decoder
-from streaming.rejects import Reason
-from tests.streaming.test_decode import (
+from streaming.decode.decoder import RAW_KEY, RAW_VALUE, REJECT_DETAIL, REJECT_REASON, Decoder
+from streaming.decode.rejects import Reason
+from tests.streaming.decode.test_decoder import (
     DEMO,
     GOOD,
     HOLE,

@@ -12,7 +12,7 @@ import shapely
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from streaming.formats.geojson_geometry import read_geometries
+from streaming.decode.formats.geojson_geometry import read_geometries
 
 WELL_FORMED = [
     "POINT (2.35 48.86)",

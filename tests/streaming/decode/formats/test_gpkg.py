@@ -13,10 +13,10 @@ import shapely
 from pyproj import Transformer
 
 from streaming.contract import FORMATS
-from streaming.formats import INPUT_FORMATS
-from streaming.rejects import Reason
+from streaming.decode.formats import INPUT_FORMATS
+from streaming.decode.rejects import Reason
 from tests.gpkg_blobs import envelope_of, gpkg, header, kart, read_geopackage, write_geopackage
-from tests.streaming.test_decode import (
+from tests.streaming.decode.test_decoder import (
     DEMO,
     REJECT_DETAIL,
     REJECT_REASON,

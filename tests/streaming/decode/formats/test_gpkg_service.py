@@ -13,11 +13,11 @@ from pyproj import Transformer
 
 from app.service import run
 from app.settings import load_settings
-from streaming.catalog import create_table, open_catalog
+from streaming.table.catalog import create_table, open_catalog
 from tests.conftest import CACHE_DIR, produce_records
 from tests.gpkg_blobs import gpkg, header, kart
-from tests.streaming.formats.test_gpkg import GPKG
-from tests.streaming.test_dead_letter_corpus import dead_letters
+from tests.streaming.decode.formats.test_gpkg import GPKG
+from tests.streaming.decode.test_dead_letter_corpus import dead_letters
 
 pytestmark = pytest.mark.integration
 

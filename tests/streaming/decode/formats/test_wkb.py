@@ -11,9 +11,9 @@ import shapely
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from streaming.decode import HILBERT, REJECT_DETAIL, REJECT_REASON
-from streaming.rejects import Reason
-from tests.streaming.test_decode import (
+from streaming.decode.decoder import HILBERT, REJECT_DETAIL, REJECT_REASON
+from streaming.decode.rejects import Reason
+from tests.streaming.decode.test_decoder import (
     DEMO,
     POINT_WKB,
     WEB_MERCATOR_TO_WGS84,

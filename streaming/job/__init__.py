@@ -1,0 +1,2 @@
+"""The streaming query that ties the stages: processor.py (BatchProcessor: one micro-batch, decode to commit),
+stream.py (start_query, the Kafka source options), checkpoint.py (the checkpoint and the writer id kept beside it)."""

@@ -1,0 +1,330 @@
+"""Compaction along the Hilbert curve: the small files of each bin rewritten as one sorted run,
+with an upsert table's equality deletes applied, committed as one replace on a fresh table."""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+from pyiceberg.exceptions import CommitFailedException, ValidationException
+from pyiceberg.manifest import DataFile, ManifestContent
+from pyiceberg.table import Table
+
+from streaming.contract import BBOX_FIELDS, Contract
+from streaming.kernels.hilbert import hilbert_keys_of_bounds
+from streaming.maintenance.commits import (
+    MaintenanceGaveUp,
+    Progress,
+    Retrier,
+    adopt,
+    carry,
+    current_snapshot_id,
+    delete_quietly,
+    no_progress,
+)
+from streaming.maintenance.plan import Bin, LiveFile, MaintenancePolicy, compaction_candidates, plan_bins
+from streaming.read.inspect import file_bbox
+from streaming.read.projection import FieldIdProjection
+from streaming.read.query import table_contract
+from streaming.storage import data_location
+from streaming.table.commit import single_attempt_view, to_data_file
+from streaming.table.deletes import EqualityDeletes, has_delete_files, snapshot_files
+from streaming.write.data_files import DataFileRecord, GeoParquetWriter
+
+log = logging.getLogger("geoingest.maintenance")
+
+
+COMPACTION_FILE_PREFIX = "compacted"
+
+
+# -- reports ------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class CompactionReport:
+    candidates: int
+    bins: int
+    files_rewritten: int  # source files replaced
+    bytes_rewritten: int
+    files_written: int
+    bytes_written: int
+    rows: int
+    bins_abandoned: int  # sources replaced meanwhile by someone else: given up, outputs deleted
+    conflicts: int
+    snapshot_id: int | None
+    seconds: float
+
+
+# -- reading the table --------------------------------------------------------------------------
+def live_files(table: Table, contract: Contract) -> list[tuple[LiveFile, DataFile]]:
+    """Data files of the current snapshot with their Hilbert key and the time they were added."""
+    snapshot = table.current_snapshot()
+    if snapshot is None:
+        return []
+    added_ms = {s.snapshot_id: s.timestamp_ms for s in table.metadata.snapshots}
+    ids = contract.bbox_field_ids
+    out: list[tuple[LiveFile, DataFile]] = []
+    bounds: list[tuple[float, float, float, float] | None] = []
+    for manifest in snapshot.manifests(table.io):
+        if manifest.content != ManifestContent.DATA:
+            continue
+        for entry in manifest.fetch_manifest_entry(table.io, discard_deleted=True):
+            f = entry.data_file
+            bounds.append(file_bbox(f, ids))
+            out.append(
+                (
+                    LiveFile(
+                        f.file_path,
+                        int(f.file_size_in_bytes),
+                        int(f.record_count),
+                        None,
+                        None if entry.snapshot_id is None else added_ms.get(entry.snapshot_id),
+                    ),
+                    f,
+                )
+            )
+    placed = [i for i, b in enumerate(bounds) if b is not None]
+    if placed:
+        b = np.array([bounds[i] for i in placed])
+        keys = hilbert_keys_of_bounds(
+            b[:, 0], b[:, 1], b[:, 2], b[:, 3], contract.clustering.extent, contract.clustering.hilbert_bits
+        )
+        for i, key in zip(placed, keys.tolist()):
+            live, data_file = out[i]
+            out[i] = (LiveFile(live.path, live.file_size_in_bytes, live.record_count, key, live.added_ms), data_file)
+    return out
+
+
+# -- compaction ---------------------------------------------------------------------------------
+def rewrite_bin(
+    table: Table,
+    contract: Contract,
+    bin_: Bin,
+    progress: Progress = no_progress,
+    deletes: EqualityDeletes | None = None,
+    sequence_numbers: dict[str, int] | None = None,
+) -> list[DataFileRecord]:
+    """The bin's rows, Hilbert-sorted again, written as new data files like ingest writes them.
+
+    In an upsert table the equality deletes that apply to a source file are applied as it is read:
+    the new files get a newer sequence number, which those deletes no longer reach."""
+    names = contract.arrow_schema.names
+    # By field id: files written before a column was renamed, widened or added read as the table is now.
+    projection = FieldIdProjection(table.schema())
+    parts: list[pa.Table] = []
+    for f in bin_.files:
+        with table.io.new_input(f.path).open() as stream:
+            parquet = pq.ParquetFile(stream)
+            rows = projection(parquet.read(columns=projection.columns_to_read(parquet.schema_arrow)), f.path)
+        if rows.num_rows != f.record_count:
+            raise RuntimeError(
+                f"data file {f.path} holds {rows.num_rows} rows, its manifest entry says "
+                f"{f.record_count}; not compacting it"
+            )
+        if deletes is not None and sequence_numbers is not None:
+            rows = deletes.live(rows, sequence_numbers[f.path])
+        parts.append(rows.select(names))
+        progress("compact: read", f.file_size_in_bytes, bin_.bytes, "B")
+    rows = pa.concat_tables(parts, promote_options="permissive").combine_chunks()
+    bbox = rows.column(contract.bbox_name).chunk(0) if rows.num_rows else None
+    if bbox is None:
+        keys = np.zeros(0, np.int64)
+    else:
+        xmin, ymin, xmax, ymax = (bbox.field(n).to_numpy() for n in BBOX_FIELDS)
+        keys = hilbert_keys_of_bounds(
+            xmin, ymin, xmax, ymax, contract.clustering.extent, contract.clustering.hilbert_bits
+        )
+    # Re-sorted, not merged: see the module docstring. The order of equal keys does not matter here.
+    ordered = rows.take(pa.array(np.argsort(keys, kind="quicksort")))
+    writer = GeoParquetWriter(
+        contract,
+        dict(table.properties),
+        dict(table.io.properties),
+        data_location(table),
+        f"{COMPACTION_FILE_PREFIX}-{uuid.uuid4().hex[:12]}",
+    )
+    written = list(writer.write(ordered.to_batches(max_chunksize=contract.clustering.row_group_rows)))
+    if sum(r.record_count for r in written) != rows.num_rows:
+        delete_quietly(table, [r.path for r in written])
+        raise RuntimeError(
+            f"compaction of {len(bin_.files)} files wrote {sum(r.record_count for r in written)} "
+            f"rows for {rows.num_rows}; nothing replaced"
+        )
+    return written
+
+
+def _equality_deletes(table: Table) -> tuple[EqualityDeletes | None, dict[str, int], set[str]]:
+    """An upsert table's equality deletes, the sequence number of each data file, the delete files'
+    paths; (None, {}, set()) for a table without delete files."""
+    snapshot = table.current_snapshot()
+    if not has_delete_files(table, snapshot):
+        return None, {}, set()
+    assert snapshot is not None
+    planned = snapshot_files(table, snapshot)
+    return (
+        EqualityDeletes(table, planned.reaching_deletes()),
+        {p.file.file_path: p.sequence_number for p in planned.data},
+        {p.file.file_path for p in planned.equality_deletes},
+    )
+
+
+def _files_to_apply_deletes(
+    files: list[LiveFile],
+    deletes: EqualityDeletes | None,
+    sequence_numbers: dict[str, int],
+    policy: MaintenancePolicy,
+) -> list[LiveFile]:
+    """The data files an upsert table's deletes reach, once the keys the delete files list (each
+    listing supersedes about one older row) come to `delete_ratio` of those files' rows (Iceberg's
+    rewrite uses a ratio alike): rewriting them all is what lets readers drop the deletes, and the
+    ratio spaces those rewrites out."""
+    if deletes is None or not len(deletes):
+        return []
+    newest = deletes.newest_sequence_number
+    reached = [f for f in files if f.hilbert_key is not None and sequence_numbers.get(f.path, newest) < newest]
+    rows = sum(f.record_count for f in reached)
+    return reached if rows and deletes.listed >= policy.delete_ratio * rows else []
+
+
+def _delete_file_paths(table: Table) -> set[str]:
+    snapshot = table.current_snapshot()
+    if not has_delete_files(table, snapshot):
+        return set()
+    assert snapshot is not None
+    return {p.file.file_path for p in snapshot_files(table, snapshot).equality_deletes}
+
+
+@dataclass(frozen=True)
+class _CompactionPlan:
+    contract: Contract
+    candidates: list[LiveFile]
+    bins: list[Bin]
+    # Upsert tables: the deletes to apply while rewriting, each data file's sequence number, and
+    # the delete files' paths (a delete file beyond them at commit time gives the rewrite up)
+    deletes: EqualityDeletes | None
+    sequence_numbers: dict[str, int]
+    planned_deletes: set[str]
+
+
+def plan_compaction(table: Table, policy: MaintenancePolicy, now_ms: int | None) -> _CompactionPlan:
+    """The bins a compaction of the table (as last refreshed) would rewrite now."""
+    contract = table_contract(table)
+    now_ms = int(time.time() * 1000) if now_ms is None else now_ms
+    small = policy.small_file_bytes or (contract.clustering.target_file_bytes * 3) // 4
+    files = [live for live, _ in live_files(table, contract)]
+    candidates = compaction_candidates(files, small, int(policy.min_file_age_s * 1000), now_ms)
+    deletes, sequence_numbers, planned_deletes = _equality_deletes(table)
+    reached = _files_to_apply_deletes(files, deletes, sequence_numbers, policy)
+    if reached:
+        # Every file the deletes reach is rewritten, whatever its size or age, alone if need be:
+        # only then do the delete files reach nothing, and readers stop loading them.
+        chosen = {f.path for f in candidates} | {f.path for f in reached}
+        bins = plan_bins([f for f in files if f.path in chosen], policy.max_bin_bytes, 1)
+    else:
+        bins = plan_bins(candidates, policy.max_bin_bytes, policy.min_files_per_bin)
+    return _CompactionPlan(contract, candidates, bins, deletes, sequence_numbers, planned_deletes)
+
+
+@dataclass
+class _Rewrite:
+    sources: tuple[str, ...]
+    outputs: list[DataFileRecord]
+
+
+def compact(
+    table: Table,
+    policy: MaintenancePolicy,
+    dry_run: bool = False,
+    progress: Progress = no_progress,
+    now_ms: int | None = None,
+    retrier: Retrier | None = None,
+) -> CompactionReport:
+    """Rewrite the small, old files of the current snapshot into large Hilbert-clustered ones and
+    replace them in one overwrite snapshot (see the module docstring for concurrency)."""
+    started = time.monotonic()
+    table.refresh()
+    plan = plan_compaction(table, policy, now_ms)
+    contract, candidates, bins = plan.contract, plan.candidates, plan.bins
+    deletes, sequence_numbers, planned_deletes = plan.deletes, plan.sequence_numbers, plan.planned_deletes
+    if dry_run or not bins:
+        return CompactionReport(
+            len(candidates),
+            len(bins),
+            sum(len(b.files) for b in bins),
+            sum(b.bytes for b in bins),
+            0,
+            0,
+            sum(b.records for b in bins),
+            0,
+            0,
+            None,
+            time.monotonic() - started,
+        )
+
+    rewrites: list[_Rewrite] = []
+    total = sum(b.bytes for b in bins)
+
+    def overall(step: str, advance: int, _bin_total: int, unit: str) -> None:
+        progress(step, advance, total, unit)
+
+    try:
+        for bin_ in bins:
+            written = rewrite_bin(table, contract, bin_, overall, deletes, sequence_numbers)
+            rewrites.append(_Rewrite(tuple(f.path for f in bin_.files), written))
+    except BaseException:
+        delete_quietly(table, [r.path for rw in rewrites for r in rw.outputs])
+        raise
+    abandoned: list[_Rewrite] = []
+
+    def attempt() -> int | None:
+        table.refresh()
+        live = {f.file_path: f for _, f in live_files(table, contract)}
+        # Equality deletes committed since the plan would not reach the new files (their sequence
+        # number is newer): a key they delete or replace would come back. Given up, as Iceberg does.
+        new_deletes = _delete_file_paths(table) - planned_deletes
+        for rw in list(rewrites):
+            if new_deletes or not all(p in live for p in rw.sources):
+                rewrites.remove(rw)
+                abandoned.append(rw)
+                delete_quietly(table, [r.path for r in rw.outputs])
+        if not rewrites:
+            return None
+        view = single_attempt_view(table)
+        spec_id = view.metadata.default_spec_id
+        # An overwrite, not a replace: pyiceberg 0.12 cannot summarise a "replace" snapshot.
+        with view.transaction() as tx:
+            with tx.update_snapshot(snapshot_properties=carry(view, "compaction")).overwrite() as overwrite:
+                for rw in rewrites:
+                    for path in rw.sources:
+                        overwrite.delete_data_file(live[path])
+                    for record in rw.outputs:
+                        overwrite.append_data_file(to_data_file(record, spec_id))
+        adopt(table, view)
+        return current_snapshot_id(view)
+
+    retrier = retrier or Retrier(table)
+    try:
+        snapshot_id, conflicts = retrier.run("compaction", attempt)
+    except (MaintenanceGaveUp, CommitFailedException, ValidationException):
+        # Refused for sure: the new files are garbage. (After an unanswered attempt, CATALOG_UNAVAILABLE,
+        # the commit may have landed: the files stay, and orphan deletion takes them if it did not.)
+        delete_quietly(table, [r.path for rw in rewrites for r in rw.outputs])
+        raise
+    kept = [b for b in bins if tuple(f.path for f in b.files) in {rw.sources for rw in rewrites}]
+    outputs = [r for rw in rewrites for r in rw.outputs]
+    return CompactionReport(
+        candidates=len(candidates),
+        bins=len(bins),
+        files_rewritten=sum(len(b.files) for b in kept),
+        bytes_rewritten=sum(b.bytes for b in kept),
+        files_written=len(outputs),
+        bytes_written=sum(r.file_size_in_bytes for r in outputs),
+        rows=sum(b.records for b in kept),
+        bins_abandoned=len(abandoned),
+        conflicts=conflicts,
+        snapshot_id=snapshot_id,
+        seconds=time.monotonic() - started,
+    )
