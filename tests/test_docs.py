@@ -1,6 +1,6 @@
-"""The README and every page under docs/ say only what is there.
+"""The README, every page under docs/ and the chart's README say only what is there.
 
-For README.md and each docs/*.md (pages added later included):
+For README.md, each docs/*.md (pages added later included) and helm/geoingest/README.md:
 - every relative link and image resolves to a file of the repository, and its `#anchor` to a
   heading of the page it names (GitHub's slugs);
 - every `geoingest ...` line of a fenced block parses with the command's own argparse parser (parsed,
@@ -32,7 +32,7 @@ README = ROOT / "README.md"
 
 
 def pages(root: Path = ROOT) -> list[Path]:
-    return [root / "README.md", *sorted((root / "docs").glob("*.md"))]
+    return [root / "README.md", *sorted((root / "docs").glob("*.md")), root / "helm" / "geoingest" / "README.md"]
 
 
 # -- reading a page -----------------------------------------------------------------------------
