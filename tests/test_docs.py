@@ -11,7 +11,8 @@ For README.md, each docs/*.md (pages added later included) and helm/geoingest/RE
   `helm/...`, ...) or in a fenced block exists;
 - every page under docs/ is linked from the README.
 And the README's file map is the tree of app/ and streaming/. Each check is also run on a page
-broken on purpose, so that it is seen to fail.
+broken on purpose, so that it is seen to fail. The command lines of some pages also run (tests/app/test_cli.py),
+and the DuckDB SQL of docs/reading.md (tests/streaming/read/test_readers.py).
 """
 
 from __future__ import annotations
@@ -120,6 +121,12 @@ def _argv(line: str) -> list[str] | None:
 def _lines(block: str) -> list[str]:
     """A block's lines, with backslash continuations joined."""
     return block.replace("\\\n", " ").splitlines()
+
+
+def geoingest_lines(page: Path) -> list[list[str]]:
+    """The arguments of every `geoingest` command line in the page's fenced blocks, in order."""
+    lines = [line for block in fenced_blocks(page.read_text()) for line in _lines(block)]
+    return [argv for argv in map(_argv, lines) if argv is not None]
 
 
 def parse_problem(argv: list[str]) -> str | None:
