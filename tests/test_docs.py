@@ -7,6 +7,7 @@ For README.md, each docs/*.md (pages added later included) and helm/geoingest/RE
   never run; placeholders such as `T` or `X.json` are arguments like any other); a `geoingest ...`
   in inline code, often a synopsis (`[--dry-run]`, `a|b`), names a subcommand and options that exist;
 - every `make <target>` shown is a target of the Makefile;
+- every `helm install|upgrade|template` shown names the chart, and each `--set` a key of its values.yaml;
 - every repository path named in inline code (`streaming/...py`, `app/...`, `schemas/...`, `bench/...`,
   `helm/...`, ...) or in a fenced block exists;
 - every page under docs/ is linked from the README.
@@ -25,6 +26,7 @@ import shlex
 from pathlib import Path
 
 import pytest
+import yaml
 
 from app.cli import _parser
 
@@ -202,6 +204,30 @@ def make_problems(page: Path, text: str, root: Path) -> list[str]:
     return problems
 
 
+def helm_problems(page: Path, text: str, root: Path) -> list[str]:
+    """`helm install|upgrade|template ... --set key.path=value`: the chart exists and its values.yaml
+    has every key set."""
+    problems = []
+    for block in fenced_blocks(text):
+        for line in _lines(block):
+            words = line.split("#")[0].split()
+            if len(words) < 3 or words[0] != "helm" or words[1] not in ("install", "upgrade", "template"):
+                continue
+            charts = [w for w in words[2:] if (root / w / "Chart.yaml").exists()]
+            if not charts:
+                problems.append(f"{page.name}: `{line.strip()}`: names no chart of the repository")
+                continue
+            values = yaml.safe_load((root / charts[0] / "values.yaml").read_text())
+            for key in (words[i + 1].split("=")[0] for i, w in enumerate(words[:-1]) if w == "--set"):
+                node = values
+                for part in key.split("."):
+                    if not isinstance(node, dict) or part not in node:
+                        problems.append(f"{page.name}: `--set {key}`: no such value in {charts[0]}/values.yaml")
+                        break
+                    node = node[part]
+    return problems
+
+
 def path_problems(page: Path, text: str, root: Path) -> list[str]:
     named = [span for span in inline_code(text) if REPO_PATH_SPAN.fullmatch(span)]
     named += [m.group(0) for block in fenced_blocks(text) for m in REPO_PATH.finditer(block)]
@@ -229,6 +255,7 @@ def problems(page: Path, root: Path = ROOT) -> list[str]:
         *link_problems(page, text, root),
         *command_problems(page, text),
         *make_problems(page, text, root),
+        *helm_problems(page, text, root),
         *path_problems(page, text, root),
     ]
 
@@ -312,6 +339,8 @@ geoingest query --table T --bbox 1,2,3,4 --format count
 GEOINGEST_X=1 geoingest table describe --table T --limit 3
 make demo
 make bench-all
+helm install geo helm/geoingest --set image.repository=r \\
+  --set config.bootstrap_server=k:9092
   -> the pass                                        streaming/gone/task.py
 ```
 
@@ -326,6 +355,11 @@ def test_the_checks_find_what_is_broken(tmp_path: Path) -> None:
     (tmp_path / "Makefile").write_text((ROOT / "Makefile").read_text())
     (tmp_path / "streaming").mkdir()
     (tmp_path / "streaming" / "contract.py").write_text("")
+    (tmp_path / "helm" / "geoingest").mkdir(parents=True)
+    (tmp_path / "helm" / "geoingest" / "Chart.yaml").write_text("name: geoingest\n")
+    (tmp_path / "helm" / "geoingest" / "values.yaml").write_text(
+        "image:\n  repository: x\nconfig:\n  bootstrap_servers: y\n"
+    )
     docs = tmp_path / "docs"
     docs.mkdir()
     (docs / "other.md").write_text("# What's there\n")
@@ -343,6 +377,7 @@ def test_the_checks_find_what_is_broken(tmp_path: Path) -> None:
         "`GEOINGEST_X=1 geoingest table describe --table T --limit 3`: geoingest: error: unrecognized arguments: --limit 3",
         "`make tset`: no such target in the Makefile",
         "`make bench-all`: no such target in the Makefile",
+        "`--set config.bootstrap_server`: no such value in helm/geoingest/values.yaml",
         "`streaming/nowhere.py` does not exist",
         "`streaming/gone/task.py` does not exist",
     ]
