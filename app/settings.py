@@ -39,7 +39,7 @@ class Settings:
     # Extra Kafka client options, passed to the Spark source as kafka.<key> (SASL, SSL, ...).
     kafka: dict[str, str] = field(default_factory=dict)
     # Where the records are read: "spark-kafka", Spark's Kafka source (a JVM consumer), or
-    # "python", whose tasks read their offset ranges with librdkafka (README "Kafka sources").
+    # "python", whose tasks read their offset ranges with librdkafka (docs/sources.md).
     source: str = "spark-kafka"
     # Iceberg catalog (pyiceberg properties)
     catalog_name: str = "geoingest"
@@ -55,7 +55,7 @@ class Settings:
     writer_id: str = ""  # default: made once and kept in the checkpoint location
     trigger_interval: str = "10 seconds"
     rows_per_partition: int = 1_000_000
-    # How a micro-batch is clustered along the Hilbert curve (README, "How a micro-batch flows"):
+    # How a micro-batch is clustered along the Hilbert curve (docs/flow.md):
     # "batch" sorts the whole batch without a Spark shuffle, "task" sorts each input partition on
     # its own (cheapest; files of one batch overlap), "shuffle" uses Spark's range exchange.
     clustering: str = "batch"
@@ -83,7 +83,7 @@ class Settings:
     metrics_port: int = 9108  # /metrics, /healthz, /readyz; 0 turns the server off
     # /readyz fails when the query showed no batch or idle poll for this long
     ready_max_silence_s: int = 120
-    # Table maintenance (streaming/maintenance/maintain.py; README "Table maintenance").
+    # Table maintenance (streaming/maintenance/maintain.py; docs/maintenance.md).
     # "between-batches" (default, right for one writer): the driver runs it after a batch commits;
     # "background": a thread of the service runs it beside ingest;
     # "off": run `geoingest table maintain` in its own process (the chart's CronJob does).

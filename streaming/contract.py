@@ -65,7 +65,7 @@ FORMATS = ("geojson", "wkb", "ewkb", "gpkg")
 KAFKA_SOURCES = ("kafka.key", "kafka.timestamp", "kafka.topic", "kafka.partition", "kafka.offset")
 BBOX_FIELDS = ("xmin", "ymin", "xmax", "ymax")
 DEFAULT_HILBERT_BITS = 16
-# Defaults measured by bench/layout.py (see README, "Layout defaults").
+# Defaults measured by bench/layout.py (see docs/settings.md, "Layout defaults").
 DEFAULT_TARGET_FILE_BYTES = 64 * 1024 * 1024
 DEFAULT_ROW_GROUP_ROWS = 16_384
 

@@ -12,7 +12,7 @@ key normally share a partition (Kafka's default partitioner puts a keyed record 
 key hashes to), and a task reads whole partition ranges, so the task that holds a key holds all its
 versions. If a producer sends one key to several partitions, a task choosing between them takes the
 later timestamp; two tasks each write their own last version, and the table holds one row per task
-for that key until a later batch touches the key again. The README states the producer-side rule.
+for that key until a later batch touches the key again. docs/upsert.md states the producer-side rule.
 
 Pure functions over Arrow and numpy, run by the tasks (streaming/write/task.py).
 """

@@ -1,4 +1,5 @@
-"""The `geoingest` command as a user runs it: table create/describe, run --until-idle, query."""
+"""The `geoingest` command as a user runs it: table create/describe, run --until-idle, query; and the
+command lines the docs show, as they show them."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import pytest
 import shapely
 
 from tests.conftest import CACHE_DIR, produce_records
+from tests.test_docs import ROOT, geoingest_lines
 
 pytestmark = pytest.mark.integration
 
@@ -19,8 +21,10 @@ CONTRACT = Path(__file__).resolve().parents[2] / "schemas" / "demo_events.json"
 GEOINGEST = Path(sys.executable).parent / "geoingest"
 
 
-def geoingest(env: dict[str, str], *args: str, check: bool = True) -> subprocess.CompletedProcess:
-    result = subprocess.run([str(GEOINGEST), *args], env=env, capture_output=True, text=True, timeout=600)
+def geoingest(
+    env: dict[str, str], *args: str, check: bool = True, cwd: Path | None = None
+) -> subprocess.CompletedProcess:
+    result = subprocess.run([str(GEOINGEST), *args], env=env, capture_output=True, text=True, timeout=600, cwd=cwd)
     if check and result.returncode != 0:
         raise AssertionError(f"geoingest {' '.join(args)} exited {result.returncode}:\n{result.stderr[-3000:]}")
     return result
@@ -152,3 +156,39 @@ def test_service_runs_until_sigterm_and_stops_after_the_batch(env, kafka, topic,
     assert service.returncode == 0, err[-3000:]
     assert json.loads(out)["committed_rows"] == sent
     assert '"msg": "stop requested"' in err
+
+
+# Pages whose `geoingest` command lines run here, in this order: the first makes the table and fills it.
+RUN_PAGES = ("docs/cli.md", "README.md", "docs/reading.md")
+
+
+def test_the_documented_commands_run(env, kafka, topic, tmp_path):
+    """Every `geoingest` line of the fenced blocks of RUN_PAGES, as written, on a demo table of a few
+    events (docs/cli.md makes it): each exits 0; a line shown twice runs once. The settings are the
+    test's; relative paths (`schemas/...`, output files) are taken from a folder of the test's own."""
+    lines = [(page, argv) for page in RUN_PAGES for argv in geoingest_lines(ROOT / page)]
+    assert [argv[:2] for _, argv in lines[:2]] == [["table", "create"], ["run", "--contract"]], (
+        "docs/cli.md's block starts by making the table and filling it"
+    )
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "schemas").symlink_to(ROOT / "schemas")
+    features = [
+        json.dumps(
+            {
+                "type": "Feature",
+                "id": f"p{i}",
+                "geometry": {"type": "Point", "coordinates": [2.2 + i * 0.01, 48.8 + i * 0.003]},
+            }
+        ).encode()
+        for i in range(30)
+    ]
+    assert produce_records(kafka.bootstrap, topic, [(f"p{i}".encode(), v, []) for i, v in enumerate(features)]) == 30
+    ran: set[tuple[str, ...]] = set()
+    for page, argv in lines:
+        if tuple(argv) in ran:  # the same line on another page
+            continue
+        ran.add(tuple(argv))
+        result = geoingest(env, *argv, check=False, cwd=work)
+        assert result.returncode == 0, f"{page}: geoingest {' '.join(argv)}: {result.stderr[-2000:]}"
+    assert (work / "files.png").stat().st_size > 0 and (work / "window.parquet").stat().st_size > 0

@@ -2,7 +2,7 @@
 (s3proxy), Iceberg's REST catalog server, a Spark standalone cluster whose executors are other
 processes with their own Python workers, and the broker over SASL_SSL (SCRAM-SHA-512 over TLS).
 
-Everything runs as `geoingest` commands configured by the environment alone, the way the README
+Everything runs as `geoingest` commands configured by the environment alone, the way docs/deploy.md
 and the chart set it up: the catalog's `s3.*` properties are the only way to the bucket (no AWS_*
 variable anywhere), and the broker is reached only through the secured listener. The checkpoint is
 the driver's local volume; no table, staging, marker or spill file may land on a local disk.

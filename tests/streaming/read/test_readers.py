@@ -1,6 +1,6 @@
-"""Other engines read the table as the README says: DuckDB runs the README's own SQL.
+"""Other engines read the table as docs/reading.md says: DuckDB runs the page's own SQL.
 
-The SQL is taken from README.md ("Reading with DuckDB") at test time, so the README cannot drift
+The SQL is taken from docs/reading.md ("Reading with DuckDB") at test time, so the page cannot drift
 from what works: its metadata location placeholder is replaced by that of a table the query
 tests' fixture builds, and every statement runs on a real DuckDB with its iceberg and spatial
 extensions. Then the opt-in flat bbox columns (`bbox.flat_columns`): DuckDB prunes files with
@@ -38,26 +38,26 @@ from tests.streaming.read.test_query import (
     contract,  # noqa: F401 (a fixture)
 )
 
-README = Path(__file__).resolve().parents[3] / "README.md"
+READING_PAGE = Path(__file__).resolve().parents[3] / "docs" / "reading.md"
 METADATA_PLACEHOLDER = "<metadata_location>"
-# The README's example window (Paris and around), which the fixture's Paris cluster fills.
-README_WINDOW = (2.0, 48.5, 3.0, 49.2)
+# The page's example window (Paris and around), which the fixture's Paris cluster fills.
+PAGE_WINDOW = (2.0, 48.5, 3.0, 49.2)
 
 
-def readme_duckdb_sql() -> str:
-    """The first ```sql block after the README's "Reading with DuckDB" heading."""
-    text = README.read_text()
-    heading = text.find("### Reading with DuckDB")
-    assert heading >= 0, "README.md has no '### Reading with DuckDB' section"
+def page_duckdb_sql() -> str:
+    """The first ```sql block after the "Reading with DuckDB" heading of docs/reading.md."""
+    text = READING_PAGE.read_text()
+    heading = text.find("## Reading with DuckDB")
+    assert heading >= 0, "docs/reading.md has no '## Reading with DuckDB' section"
     block = re.search(r"```sql\n(.*?)```", text[heading:], re.DOTALL)
-    assert block, "the README's 'Reading with DuckDB' section has no ```sql block"
+    assert block, "docs/reading.md's 'Reading with DuckDB' section has no ```sql block"
     return block.group(1)
 
 
-def run_readme_sql(metadata_location: str) -> list[list[tuple]]:
-    """Every statement of the README's block, in order; the rows of each SELECT."""
-    sql = readme_duckdb_sql()
-    assert METADATA_PLACEHOLDER in sql, f"the README's DuckDB block has no {METADATA_PLACEHOLDER} to fill in"
+def run_page_sql(metadata_location: str) -> list[list[tuple]]:
+    """Every statement of the page's block, in order; the rows of each SELECT."""
+    sql = page_duckdb_sql()
+    assert METADATA_PLACEHOLDER in sql, f"the page's DuckDB block has no {METADATA_PLACEHOLDER} to fill in"
     con = duckdb_connection()  # the extensions from their wheels: LOAD in the block finds them loaded
     results = []
     for statement in con.extract_statements(sql.replace(METADATA_PLACEHOLDER, metadata_location)):
@@ -67,18 +67,18 @@ def run_readme_sql(metadata_location: str) -> list[list[tuple]]:
     return results
 
 
-def test_readme_duckdb_sql_reads_the_table(built: Built) -> None:
+def test_reading_page_duckdb_sql_reads_the_table(built: Built) -> None:
     metadata_location = describe(built.table)["metadata_location"]
     assert metadata_location == built.table.metadata_location
 
-    results = run_readme_sql(metadata_location)
-    assert len(results) == 2, "the README's block: a row count, then a bbox query"
+    results = run_page_sql(metadata_location)
+    assert len(results) == 2, "the page's block: a row count, then a bbox query"
     (count,), *_ = results[0]
     assert count == built.rows.num_rows
 
     window_rows = results[1]
-    expected = _brute_force_ids(built.rows, README_WINDOW)
-    assert len(expected) > 50, "the fixture's Paris cluster should fill the README's window"
+    expected = _brute_force_ids(built.rows, PAGE_WINDOW)
+    assert len(expected) > 50, "the fixture's Paris cluster should fill the page's window"
     ids = [row[0] for row in window_rows]
     assert len(ids) == len(set(ids)) and set(ids) == expected
 
@@ -159,7 +159,7 @@ def test_flat_columns_let_duckdb_prune_files_with_equal_results(built: Built, tm
     geo = json.loads(pq.read_metadata(records[0].path.removeprefix("file://")).metadata[b"geo"])
     assert geo["columns"]["geometry"]["covering"]["bbox"]["xmin"] == ["bbox", "xmin"]
 
-    x0, y0, x1, y1 = README_WINDOW
+    x0, y0, x1, y1 = PAGE_WINDOW
     exact = f"ST_Intersects(ST_GeomFromWKB(geometry), ST_MakeEnvelope({x0}, {y0}, {x1}, {y1}))"
     nested_files, nested_rows = _files_duckdb_reads(
         built.table.metadata_location,
@@ -171,12 +171,12 @@ def test_flat_columns_let_duckdb_prune_files_with_equal_results(built: Built, tm
     )
     assert nested_files == len(built.records), "DuckDB 1.5.5 prunes nothing on the struct's bounds"
     assert flat_files < nested_files / 4, (flat_files, nested_files)
-    assert flat_rows == nested_rows and {r[0] for r in flat_rows} == _brute_force_ids(built.rows, README_WINDOW)
+    assert flat_rows == nested_rows and {r[0] for r in flat_rows} == _brute_force_ids(built.rows, PAGE_WINDOW)
 
     # pyiceberg and geoingest's own query read the table as they read one without the columns.
-    ours = query_bbox(table, README_WINDOW)
+    ours = query_bbox(table, PAGE_WINDOW)
     assert set(ours.table.column("event_id").to_pylist()) == {r[0] for r in flat_rows}
-    assert ours.stats.files_scanned == query_bbox(built.table, README_WINDOW).stats.files_scanned
+    assert ours.stats.files_scanned == query_bbox(built.table, PAGE_WINDOW).stats.files_scanned
     assert table.scan().to_arrow().num_rows == built.rows.num_rows
 
 

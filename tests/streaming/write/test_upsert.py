@@ -262,7 +262,7 @@ def test_every_snapshot_of_an_upsert_table_holds_exactly_the_current_versions(
         ).fetchone()
         assert (rows, keys) == (len(final), len(final)), "DuckDB's iceberg_scan applies the equality deletes"
 
-    # pyiceberg 0.12 cannot plan a scan that meets equality deletes (the README says so) ...
+    # pyiceberg 0.12 cannot plan a scan that meets equality deletes (docs/upsert.md says so) ...
     with pytest.raises(ValueError, match="equality deletes"):
         list(table.scan().plan_files())
 
