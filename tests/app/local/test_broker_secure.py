@@ -30,15 +30,6 @@ _FAIL_FAST = {
 }
 
 
-@pytest.fixture(scope="session")
-def spark():
-    from app.spark import spark_session
-
-    session = spark_session("local[2]", str(CACHE_DIR), driver_memory="2g")
-    yield session
-    session.stop()
-
-
 @pytest.fixture
 def secure_topic(secure_kafka: LocalBroker) -> str:  # noqa: F811
     """A fresh topic with 3 partitions holding MESSAGE_COUNT records, made over SASL_SSL."""
