@@ -468,6 +468,8 @@ def _spans(texts: pa.Array) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
 def hex_decode(texts: pa.Array) -> tuple[pa.Array, np.ndarray]:
     """Bytes of hexadecimal texts (either case), and which texts were hexadecimal (others: empty)."""
+    if len(texts) == 0:
+        return pa.array([], pa.binary()), np.zeros(0, dtype=bool)
     offsets, data, lengths = _spans(texts)
     nibbles = _HEX[data]
     ok = (lengths % 2 == 0) & (lengths > 0) & (_per_row(nibbles == 255, offsets) == 0)
@@ -479,6 +481,8 @@ def hex_decode(texts: pa.Array) -> tuple[pa.Array, np.ndarray]:
 
 def base64_decode(texts: pa.Array) -> tuple[pa.Array, np.ndarray]:
     """Bytes of base64 texts (standard alphabet, padded), and which texts were base64 (others: empty)."""
+    if len(texts) == 0:
+        return pa.array([], pa.binary()), np.zeros(0, dtype=bool)
     offsets, data, lengths = _spans(texts)
     sextets = _B64[data]
     pads = _per_row(sextets == _PAD, offsets)
