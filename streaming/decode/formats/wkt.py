@@ -30,6 +30,7 @@ _KEYWORDS = (
 _WKT_LOOK = rf"(?i)^\s*(SRID\s*=|({_KEYWORDS})\b)"
 _EWKT = r"(?i)^\s*SRID\s*=\s*(?P<srid>[-+]?\d{1,9})\s*;(?P<wkt>.*)$"
 _SRID_PREFIX = r"(?i)^\s*SRID\s*="
+_EWKT_PREFIX = r"(?i)^\s*SRID\s*=\s*[-+]?\d{1,9}\s*;"
 # Types GEOS does not read (curves, surfaces): shapely refuses a whole array over one of them.
 _UNREAD_TYPES = (
     r"(?i)\b(CIRCULARSTRING|COMPOUNDCURVE|CURVEPOLYGON|MULTICURVE|MULTISURFACE|TRIANGLE|TIN|POLYHEDRALSURFACE)\b"
@@ -106,10 +107,7 @@ def read_wkt(
             f"{where}: an EWKT SRID is spelt 'SRID=<code>;' with a code of at most 9 digits",
         )
         srids[at[spelt]] = pc.struct_field(parts, "srid").filter(pc.is_valid(parts)).cast(pa.int64()).to_numpy()
-        bodies = pc.struct_field(parts, "wkt").to_numpy(zero_copy_only=False)
-        text_values = texts.to_numpy(zero_copy_only=False)
-        text_values[at[spelt]] = bodies[spelt]
-        texts = pa.array(text_values, pa.string())
+        texts = pc.replace_substring_regex(texts, _EWKT_PREFIX, "", max_replacements=1)
     unread = pc.fill_null(pc.match_substring_regex(texts, _UNREAD_TYPES), False).to_numpy(zero_copy_only=False)
     rejects.add(
         rows[unread],
