@@ -32,6 +32,7 @@ from streaming.decode.crs import valid_area
 from streaming.decode.formats.base import Decoded, InputFormat
 from streaming.decode.formats.geojson import (
     _coerce_property,
+    _geojson_nesting_problem,
     _invalid_utf8,
     _load_json,
     _raw_control_characters,
@@ -231,6 +232,10 @@ class JsonFieldsFormat(InputFormat):
             value = _at_path(doc, spec.geometry_path)
             geometry = None
             if isinstance(value, dict):
+                too_deep = _geojson_nesting_problem(json.dumps({"geometry": value}).encode(), self.max_nesting)
+                if too_deep is not None:
+                    rejects.add(rows[[local]], too_deep[0], f"{spec.geometry_path}: {too_deep[1]}")
+                    continue
                 with np.errstate(all="ignore"):
                     geometry = shapely.from_geojson(json.dumps(value), on_invalid="ignore")
             if geometry is None or shapely.get_type_id(geometry) not in range(8):

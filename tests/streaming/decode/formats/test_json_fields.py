@@ -246,6 +246,16 @@ GEOMETRY_FIELD_BAD = [
     ("geojson", shaped("POINT (1 2)"), Reason.INVALID_GEOJSON_GEOMETRY, ["shape"]),
     ("geojson", shaped({"type": "Feature"}), Reason.INVALID_GEOJSON_GEOMETRY, ["shape"]),
     ("geojson", shaped({"type": "Point", "coordinates": []}), Reason.EMPTY_GEOMETRY, []),
+    (
+        "geojson",
+        b'{"shape": '
+        + b'{"type": "GeometryCollection", "geometries": [' * 40
+        + b'{"type": "Point", "coordinates": [1, 2]}'
+        + b"]}" * 40
+        + b"}",
+        Reason.NESTING_TOO_DEEP,
+        ["shape", "max_nesting=32"],
+    ),
 ]
 
 
