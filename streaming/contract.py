@@ -61,7 +61,11 @@ GEOMETRY_TYPES = (
     "GeometryCollection",
 )
 DIMENSIONS = ("XY", "XYZ", "XYM", "XYZM")
-FORMATS = ("geojson", "wkb", "ewkb", "gpkg")
+FORMATS = ("geojson", "wkb", "ewkb", "gpkg", "json", "wkt", "ewkt")
+# How the one JSON field that holds a whole geometry spells it (`json.geometry.encoding`).
+JSON_GEOMETRY_ENCODINGS = ("wkt", "geojson", "wkb_hex", "wkb_base64")
+JSON_SOURCE_PREFIX = "json."
+_JSON_PATH = re.compile(r"^[^.\s]+(\.[^.\s]+)*$")
 KAFKA_SOURCES = ("kafka.key", "kafka.timestamp", "kafka.topic", "kafka.partition", "kafka.offset")
 BBOX_FIELDS = ("xmin", "ymin", "xmax", "ymax")
 DEFAULT_HILBERT_BITS = 16
@@ -86,7 +90,10 @@ KNOWN_KEYS = {
         "primary_key",
         "mode",
         "schema_evolution",
+        "json",
     ),
+    "json": ("lon", "lat", "z", "geometry", "crs"),
+    "json.geometry": ("path", "encoding"),
     "columns[]": ("id", "name", "type", "required", "from", "description"),
     "geometry": ("id", "name", "types", "dimensions", "crs", "encoding", "invalid_polygons"),
     "bbox": ("id", "name", "flat_columns"),
@@ -154,6 +161,25 @@ class SchemaEvolution:
 
 
 @dataclass(frozen=True)
+class JsonFields:
+    """Where a plain JSON event (format "json") holds its geometry: a lon / lat (/ z) triple of
+    number fields, or one field holding a whole geometry in `encoding`; paths are dotted member
+    names from the document's root (`position.lon`). `epsg` is the CRS of the coordinates (for
+    lon / lat, a geographic one); an EWKT / EWKB SRID in the geometry field overrides it."""
+
+    lon: str | None = None
+    lat: str | None = None
+    z: str | None = None
+    geometry_path: str | None = None
+    geometry_encoding: str | None = None
+    epsg: int = 4326
+
+    @property
+    def coordinate_paths(self) -> tuple[str, ...]:
+        return tuple(p for p in (self.lon, self.lat, self.z) if p is not None)
+
+
+@dataclass(frozen=True)
 class Contract:
     table: str
     description: str
@@ -173,6 +199,8 @@ class Contract:
     # Columns the table has and the contract file does not: added by schema evolution (or by
     # `geoingest table evolve` from another contract), each read from the property of its name.
     added_columns: tuple[Column, ...] = ()
+    # Where JSON events hold their geometry (format "json"); None for contracts without it.
+    json: JsonFields | None = None
 
     @property
     def all_columns(self) -> tuple[Column, ...]:
@@ -306,6 +334,11 @@ def parse_contract(raw: Any) -> Contract:
             raise ContractError(f"formats[{i}]: {fmt!r} is not one of {list(FORMATS)}")
     if not formats:
         raise ContractError("formats: at least one event format is needed")
+    if "geojson" in formats and "json" in formats:
+        raise ContractError(
+            "formats: 'geojson' and 'json' both read JSON objects; a table takes one of them "
+            "(GeoJSON geometries in a field of plain JSON events: json.geometry.encoding 'geojson')"
+        )
 
     raw_columns = _require(raw, "columns", list)
     columns = tuple(_parse_column(c, f"columns[{i}]") for i, c in enumerate(raw_columns))
@@ -343,6 +376,7 @@ def parse_contract(raw: Any) -> Contract:
         raise ContractError(f"mode: {mode!r} is not one of {list(WRITE_MODES)}")
     primary_key = _parse_primary_key(raw, columns, mode)
     schema_evolution = _parse_schema_evolution(raw.get("schema_evolution", "off"))
+    json_fields = _parse_json_fields(raw, formats, columns)
     return Contract(
         table=table,
         description=str(raw.get("description", "")),
@@ -357,7 +391,85 @@ def parse_contract(raw: Any) -> Contract:
         primary_key=primary_key,
         mode=mode,
         schema_evolution=schema_evolution,
+        json=json_fields,
     )
+
+
+def _json_path(value: Any, where: str) -> str:
+    if not isinstance(value, str) or not _JSON_PATH.match(value):
+        raise ContractError(f"{where}: {value!r} is not a JSON path (member names joined by dots, e.g. 'position.lon')")
+    return value
+
+
+def _parse_json_fields(raw: dict, formats: tuple[str, ...], columns: tuple[Column, ...]) -> JsonFields | None:
+    """The `json` section: required with format "json", refused without it; and columns read
+    `json.<path>` only from JSON events."""
+    if "json" not in formats:
+        if "json" in raw:
+            raise ContractError("json: given, but 'json' is not in formats")
+        for i, col in enumerate(columns):
+            for j, src in enumerate(col.sources):
+                if src.startswith(JSON_SOURCE_PREFIX):
+                    raise ContractError(
+                        f"columns[{i}].from[{j}]: {src!r} reads a field of JSON events, but 'json' is not in formats"
+                    )
+        return None
+    section = raw.get("json")
+    if not isinstance(section, dict):
+        raise ContractError(
+            "json: missing or not an object; format 'json' needs where the geometry is "
+            '({"lon": "<path>", "lat": "<path>"} or {"geometry": {"path": "<path>", "encoding": "wkt"}})'
+        )
+    _known_keys_only(section, "json", "json.")
+    crs_text = section.get("crs", "EPSG:4326")
+    if not isinstance(crs_text, str):
+        raise ContractError(f"json.crs: expected a string, got {crs_text!r}")
+    epsg = _epsg_code(crs_text, "json.crs")
+    has_coordinates = any(k in section for k in ("lon", "lat", "z"))
+    if has_coordinates == ("geometry" in section):
+        raise ContractError("json: name either lon and lat (and optionally z) or geometry, not both and not neither")
+    if has_coordinates:
+        for key in ("lon", "lat"):
+            if key not in section:
+                raise ContractError(f"json.{key}: missing; lon and lat come together")
+        if not CRS.from_epsg(epsg).is_geographic:
+            raise ContractError(f"json.crs: {crs_text!r} is not a geographic CRS; lon and lat are degrees")
+        paths = {k: _json_path(section[k], f"json.{k}") for k in ("lon", "lat", "z") if k in section}
+        if len(set(paths.values())) != len(paths):
+            raise ContractError(f"json: lon, lat and z must be different fields, got {paths}")
+        fields = JsonFields(lon=paths["lon"], lat=paths["lat"], z=paths.get("z"), epsg=epsg)
+    else:
+        geometry = section["geometry"]
+        if not isinstance(geometry, dict):
+            raise ContractError(f"json.geometry: expected an object, got {geometry!r}")
+        _known_keys_only(geometry, "json.geometry", "json.geometry.")
+        path = _json_path(_require(geometry, "path", str, "json.geometry."), "json.geometry.path")
+        encoding = _require(geometry, "encoding", str, "json.geometry.")
+        if encoding not in JSON_GEOMETRY_ENCODINGS:
+            raise ContractError(f"json.geometry.encoding: {encoding!r} is not one of {list(JSON_GEOMETRY_ENCODINGS)}")
+        fields = JsonFields(geometry_path=path, geometry_encoding=encoding, epsg=epsg)
+    # A member is a value or an object of members, never both.
+    read = [(f"json.{k}", p) for k, p in (("lon", fields.lon), ("lat", fields.lat), ("z", fields.z))] + [
+        ("json.geometry.path", fields.geometry_path)
+    ]
+    read += [
+        (f"columns[{i}].from[{j}]", src.removeprefix(JSON_SOURCE_PREFIX))
+        for i, col in enumerate(columns)
+        for j, src in enumerate(col.sources)
+        if src.startswith(JSON_SOURCE_PREFIX)
+    ]
+    named = [(where, p) for where, p in read if p is not None]
+    for where, path in named:
+        for other_where, other in named:
+            if other.startswith(path + "."):
+                raise ContractError(
+                    f"{where}: {path!r} is a value there, but {other_where} reads {other!r} inside it as an object"
+                )
+    coordinate_or_geometry = {p for w, p in named if not w.startswith("columns")}
+    for where, path in named:
+        if where.startswith("columns") and path in coordinate_or_geometry:
+            raise ContractError(f"{where}: {path!r} holds the geometry; a column cannot read it too")
+    return fields
 
 
 def _declared_ids(columns: tuple[Column, ...], geometry_id: int, bbox_id: int) -> list[tuple[str, int]]:
@@ -459,7 +571,8 @@ def _parse_column(raw: Any, where: str) -> Column:
         if not isinstance(src, str) or not _is_source(src):
             raise ContractError(
                 f"{where}.from[{j}]: {src!r} is not an event field "
-                "(id, properties.<name>, kafka.key|timestamp|topic|partition|offset, kafka.headers.<name>)"
+                "(id, properties.<name>, json.<path>, kafka.key|timestamp|topic|partition|offset, "
+                "kafka.headers.<name>)"
             )
     return Column(id=_require(raw, "id", int, f"{where}."), name=name, type=ctype, required=required, sources=sources)
 
@@ -470,7 +583,7 @@ def _is_source(src: str) -> bool:
     for prefix in ("properties.", "kafka.headers."):
         if src.startswith(prefix) and len(src) > len(prefix):
             return True
-    return False
+    return src.startswith(JSON_SOURCE_PREFIX) and bool(_JSON_PATH.match(src.removeprefix(JSON_SOURCE_PREFIX)))
 
 
 def _parse_geometry(raw: dict) -> GeometrySpec:
@@ -484,7 +597,7 @@ def _parse_geometry(raw: dict) -> GeometrySpec:
         if d not in DIMENSIONS:
             raise ContractError(f"geometry.dimensions[{i}]: {d!r} is not one of {list(DIMENSIONS)}")
     crs_text = _require(raw, "crs", str, "geometry.")
-    epsg = _epsg_code(crs_text)
+    epsg = _epsg_code(crs_text, "geometry.crs")
     encoding = raw.get("encoding", "WKB")
     if encoding != "WKB":
         raise ContractError(f"geometry.encoding: {encoding!r} is not supported; tables store WKB")
@@ -504,14 +617,14 @@ def _parse_geometry(raw: dict) -> GeometrySpec:
     )
 
 
-def _epsg_code(text: str) -> int:
+def _epsg_code(text: str, where: str) -> int:
     prefix, _, code = text.partition(":")
     if prefix.upper() != "EPSG" or not code.isdigit():
-        raise ContractError(f"geometry.crs: {text!r} is not of the form 'EPSG:<code>'")
+        raise ContractError(f"{where}: {text!r} is not of the form 'EPSG:<code>'")
     try:
         CRS.from_epsg(int(code))
     except Exception:
-        raise ContractError(f"geometry.crs: {text!r} is not a CRS known to PROJ") from None
+        raise ContractError(f"{where}: {text!r} is not a CRS known to PROJ") from None
     return int(code)
 
 

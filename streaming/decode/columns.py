@@ -1,4 +1,5 @@
-"""The contract's columns of each record: from the GeoJSON Feature's id and properties, the Kafka
+"""The contract's columns of each record: from the GeoJSON Feature's id and properties, a JSON
+event's fields (`json.<path>`), the Kafka
 key, timestamp, topic, partition and offset, or a Kafka header, the first source that is set
 winning; each cast to its column's type, a value that does not fit rejecting its record."""
 
@@ -8,7 +9,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from streaming.contract import Column, Contract
+from streaming.contract import JSON_SOURCE_PREFIX, Column, Contract
 from streaming.decode.rejects import Reason, Rejects, shown
 
 
@@ -23,13 +24,30 @@ def property_types(contract: Contract) -> dict[str, pa.DataType]:
     return types
 
 
+def json_field_types(contract: Contract) -> dict[str, pa.DataType]:
+    """The JSON event fields the contract's columns read (`json.<path>` sources), by path, and
+    their column types; read with these types, the values need no cast."""
+    schema = contract.arrow_schema
+    types: dict[str, pa.DataType] = {}
+    for col in contract.all_columns:
+        for src in col.sources:
+            if src.startswith(JSON_SOURCE_PREFIX):
+                types[src.removeprefix(JSON_SOURCE_PREFIX)] = schema.field(col.name).type
+    return types
+
+
 class ColumnMapper:
     def __init__(self, contract: Contract):
         self.contract = contract
         self._data_schema = contract.arrow_schema
 
     def map(
-        self, batch: pa.RecordBatch, feature_ids: pa.Array, properties: dict[str, pa.Array], rejects: Rejects
+        self,
+        batch: pa.RecordBatch,
+        feature_ids: pa.Array,
+        properties: dict[str, pa.Array],
+        rejects: Rejects,
+        fields: dict[str, pa.Array] | None = None,
     ) -> dict[str, pa.Array]:
         """Each contract column of each record, from the first of its sources that is set; a
         required column none of them sets rejects the record."""
@@ -39,7 +57,9 @@ class ColumnMapper:
             merged: pa.Array | None = None
             for src in col.sources:
                 wanted = None if merged is None else pc.is_null(merged)
-                candidate = self._source_array(batch, src, feature_ids, properties, col, target, rejects, wanted)
+                candidate = self._source_array(
+                    batch, src, feature_ids, properties, fields or {}, col, target, rejects, wanted
+                )
                 merged = candidate if merged is None else pc.coalesce(merged, candidate)
             if col.required:
                 missing = rejects.ok & pc.is_null(merged).to_numpy(zero_copy_only=False)
@@ -57,6 +77,7 @@ class ColumnMapper:
         src: str,
         feature_ids: pa.Array,
         properties: dict[str, pa.Array],
+        fields: dict[str, pa.Array],
         col: Column,
         target: pa.DataType,
         rejects: Rejects,
@@ -65,6 +86,12 @@ class ColumnMapper:
         """Values of one source as the column's type, for the rows in `wanted` (all if None)."""
         if src.startswith("properties."):
             return properties[src.removeprefix("properties.")]
+        if src.startswith(JSON_SOURCE_PREFIX):
+            path = src.removeprefix(JSON_SOURCE_PREFIX)
+            raw = fields[path] if path in fields else pa.nulls(batch.num_rows, target)
+            if wanted is not None:
+                raw = pc.if_else(wanted, raw, pa.nulls(len(raw), raw.type))
+            return _cast_or_reject(raw, target, f"{col.name} (from {src})", rejects)
         if src == "id":
             raw = feature_ids
         elif src == "kafka.key":

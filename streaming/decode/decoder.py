@@ -98,15 +98,17 @@ class Decoder:
         self._data_schema = contract.arrow_schema
         self._table_epsg = contract.geometry.epsg
         self._property_types = property_types(contract)
-        self._formats = [f(contract, self.options.max_nesting, self._property_types) for f in INPUT_FORMATS]
+        self._formats = [
+            f(contract, self.options.max_nesting, self._property_types) for f in INPUT_FORMATS if f.active(contract)
+        ]
         self._rules = GeometryRules(contract, self.options.max_vertices, self.options.max_record_seconds)
         self._columns = ColumnMapper(contract)
         # Property names no column maps, seen in a sample of each batch's GeoJSON records.
         self.unmapped: dict[str, PropertySeen] = {}
         self._decoded_batches = 0
         self._mapped = mapped_names(contract)
-        described = [f.described for f in self._formats]
-        shown = [b for f in self._formats for b in f.first_bytes_shown]
+        described = list(dict.fromkeys(f.described for f in self._formats))
+        shown = list(dict.fromkeys(b for f in self._formats for b in f.first_bytes_shown))
         self._unknown_format = (
             f"value is neither {', '.join(described[:-1])} nor {described[-1]} "
             f"(first byte is not {', '.join(shown[:-1])} or {shown[-1]})"
@@ -174,7 +176,11 @@ class Decoder:
 
         # Each value goes to the format its first significant byte names.
         first = first_significant_byte(values, rejects.ok)
-        claimed = [np.isin(first, fmt.first_bytes) for fmt in self._formats]
+        claimed = [np.zeros(n, dtype=bool) for _ in self._formats]
+        taken = np.zeros(n, dtype=bool)
+        for i in sorted(range(len(self._formats)), key=lambda i: -self._formats[i].precedence):
+            claimed[i] = self._formats[i].claims(values, first) & ~taken
+            taken |= claimed[i]
         unknown = rejects.ok & ~np.logical_or.reduce(claimed)
         for fmt in self._formats:
             for byte, (reason, detail) in fmt.refused_first_bytes.items():
@@ -192,7 +198,7 @@ class Decoder:
 
         self._rules.apply(decoded)
         self._decoded_batches += 1
-        columns = self._columns.map(batch, decoded.feature_ids, decoded.properties, rejects)
+        columns = self._columns.map(batch, decoded.feature_ids, decoded.properties, rejects, decoded.fields)
         return self._assemble(batch, columns, decoded.geoms, rejects, decoded.wkb, decoded.points_xy)
 
     def _assemble(

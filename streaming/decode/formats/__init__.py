@@ -12,9 +12,17 @@ from __future__ import annotations
 from streaming.decode.formats.base import Decoded, InputFormat
 from streaming.decode.formats.geojson import GeoJsonFormat
 from streaming.decode.formats.gpkg import GeoPackageFormat
+from streaming.decode.formats.json_fields import JsonFieldsFormat
 from streaming.decode.formats.wkb import WkbFormat
+from streaming.decode.formats.wkt import WktFormat
 
 # Every input format; their `names` together are the contract's FORMATS.
-INPUT_FORMATS: tuple[type[InputFormat], ...] = (GeoJsonFormat, WkbFormat, GeoPackageFormat)
+INPUT_FORMATS: tuple[type[InputFormat], ...] = (
+    GeoJsonFormat,
+    WkbFormat,
+    GeoPackageFormat,
+    JsonFieldsFormat,
+    WktFormat,
+)
 
 __all__ = ["INPUT_FORMATS", "Decoded", "InputFormat"]

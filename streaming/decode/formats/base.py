@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import ClassVar
 
 import numpy as np
@@ -30,6 +30,8 @@ class Decoded:
     # the Feature id and properties of GeoJSON records (null for the other formats)
     feature_ids: pa.Array
     properties: dict[str, pa.Array]
+    # the values of the `json.<path>` columns of JSON events, by path (a path absent: all null)
+    fields: dict[str, pa.Array] = field(default_factory=dict)
 
     @classmethod
     def empty(cls, n: int, table_epsg: int, property_types: dict[str, pa.DataType]) -> Decoded:
@@ -61,6 +63,19 @@ class InputFormat(ABC):
     first_bytes_shown: ClassVar[tuple[str, ...]]
     # First bytes it does not claim but knows a reason for (a JSON array is no Feature).
     refused_first_bytes: ClassVar[dict[int, tuple[Reason, str]]] = {}
+    # Formats that claim values more narrowly than by their first byte (a WKT keyword) claim them
+    # before the others (GeoPackage's 'G').
+    precedence: ClassVar[int] = 0
+
+    @classmethod
+    def active(cls, contract: Contract) -> bool:
+        """Whether the decoder of this contract routes values to it at all (of the two readings of a
+        JSON object, GeoJSON Feature and plain JSON event, the contract names one)."""
+        return True
+
+    def claims(self, values: pa.Array, first: np.ndarray) -> np.ndarray:
+        """Which values are this format's, given their first significant byte (-1: none or rejected)."""
+        return np.isin(first, self.first_bytes)
 
     def __init__(self, contract: Contract, max_nesting: int, property_types: dict[str, pa.DataType]):
         self.contract = contract

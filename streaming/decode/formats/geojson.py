@@ -20,6 +20,7 @@ import pyarrow.compute as pc
 import pyarrow.json as pa_json
 import shapely
 
+from streaming.contract import Contract
 from streaming.decode.formats.base import Decoded, InputFormat
 from streaming.decode.formats.geojson_geometry import ndjson, read_geometries
 from streaming.decode.rejects import Reason, Rejects, shown
@@ -47,6 +48,11 @@ class GeoJsonFormat(InputFormat):
     refused_first_bytes: ClassVar[dict[int, tuple[Reason, str]]] = {
         ord("["): (Reason.NOT_A_FEATURE, "a JSON array is not a GeoJSON Feature")
     }
+
+    @classmethod
+    def active(cls, contract: Contract) -> bool:
+        # A table that reads plain JSON events (format "json") reads every JSON object so.
+        return "json" not in contract.formats
 
     def decode(self, values: pa.Array, rows: np.ndarray, out: Decoded) -> None:
         if "geojson" not in self.contract.formats:

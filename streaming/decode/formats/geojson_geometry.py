@@ -43,10 +43,13 @@ _ROW_IN_ERROR = re.compile(r"in row (\d+)")
 _MAX_ISOLATED = 8
 
 
-def read_geometries(docs: pa.Array, geometry_types: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def read_geometries(
+    docs: pa.Array, geometry_types: np.ndarray, member: tuple[str, ...] = ("geometry",)
+) -> tuple[np.ndarray, np.ndarray]:
     """Geometries of GeoJSON Feature documents (one per line: no raw line breaks), given each
     document's geometry type name (None where unknown). Returns (geometries, read): `read` is
-    False where the document is left for GEOS, and its geometry is then None."""
+    False where the document is left for GEOS, and its geometry is then None. `member` is where
+    the geometry object is in each document (a Feature's "geometry"; any path in a JSON event)."""
     n = len(docs)
     geoms = np.full(n, None, dtype=object)
     read = np.zeros(n, dtype=bool)
@@ -54,7 +57,7 @@ def read_geometries(docs: pa.Array, geometry_types: np.ndarray) -> tuple[np.ndar
         rows = np.flatnonzero(geometry_types == name)
         if rows.size == 0:
             continue
-        coordinates, parsed = _parse_coordinates(docs.take(pa.array(rows)), layout[1])
+        coordinates, parsed = _parse_coordinates(docs.take(pa.array(rows)), layout[1], member)
         if coordinates is None:
             continue
         built, ok = _build(coordinates, layout, closed_rings=name in _RINGS)
@@ -63,14 +66,19 @@ def read_geometries(docs: pa.Array, geometry_types: np.ndarray) -> tuple[np.ndar
     return geoms, read
 
 
-def _parse_coordinates(docs: pa.Array, levels: int) -> tuple[pa.ListArray | None, np.ndarray]:
+def _parse_coordinates(
+    docs: pa.Array, levels: int, member: tuple[str, ...] = ("geometry",)
+) -> tuple[pa.ListArray | None, np.ndarray]:
     """geometry.coordinates of each document, typed with `levels` lists above the positions, and
     which documents it holds (the reader refuses a whole block over one document of another shape:
     up to _MAX_ISOLATED such documents are set aside and the rest read again)."""
     coordinate_type = _POSITION
     for _ in range(levels):
         coordinate_type = pa.list_(coordinate_type)
-    schema = pa.schema([("geometry", pa.struct([("coordinates", coordinate_type)]))])
+    node: pa.DataType = pa.struct([("coordinates", coordinate_type)])
+    for name in reversed(member[1:]):
+        node = pa.struct([(name, node)])
+    schema = pa.schema([(member[0], node)])
     options = pa_json.ParseOptions(explicit_schema=schema, unexpected_field_behavior="ignore")
     keep = np.ones(len(docs), dtype=bool)
     for _ in range(_MAX_ISOLATED + 1):
@@ -92,7 +100,9 @@ def _parse_coordinates(docs: pa.Array, levels: int) -> tuple[pa.ListArray | None
             continue
         if table.num_rows != len(block):  # a value holding several documents
             return None, keep
-        geometry = table.column("geometry").combine_chunks()
+        geometry = table.column(member[0]).combine_chunks()
+        for name in member[1:]:
+            geometry = pc.struct_field(geometry, name)
         return pc.struct_field(geometry, "coordinates"), keep
     return None, keep
 

@@ -387,6 +387,65 @@ REASON_CASES = [
     ),
 ]
 
+# Plain JSON events (format "json") and WKT: WKB points stay accepted, for the good records around.
+WKT_CONTRACT = dataclasses.replace(DEMO, formats=(*DEMO.formats, "wkt", "ewkt"))
+
+
+def json_contract(section: dict | None = None) -> Contract:
+    raw = copy.deepcopy(RAW_CONTRACT)
+    raw["formats"] = ["json", "wkb", "ewkb"]
+    raw["json"] = section or {"lon": "lon", "lat": "lat"}
+    raw["columns"][4]["from"] = ["json.speed"]
+    return parse_contract(raw)
+
+
+JSON_LON_LAT = json_contract()
+REASON_CASES += [
+    pytest.param(Reason.BAD_WKT, b"POINT (1 2) junk", WKT_CONTRACT, None, ["Unexpected text", "junk"], id="bad_wkt"),
+    pytest.param(Reason.NOT_A_JSON_OBJECT, b"[1, 2]", JSON_LON_LAT, None, ["array"], id="not_a_json_object"),
+    pytest.param(
+        Reason.MISSING_COORDINATES, b'{"lon": 1.5, "lat": null}', JSON_LON_LAT, None, ["lat"], id="missing_coordinates"
+    ),
+    pytest.param(
+        Reason.COORDINATE_AS_STRING,
+        b'{"lon": "1.5", "lat": 2}',
+        JSON_LON_LAT,
+        None,
+        ["lon", "'1.5'"],
+        id="coordinate_as_string",
+    ),
+    pytest.param(
+        Reason.COORDINATE_NOT_A_NUMBER,
+        b'{"lon": [1.5], "lat": 2}',
+        JSON_LON_LAT,
+        None,
+        ["lon", "[1.5]"],
+        id="coordinate_not_a_number",
+    ),
+    pytest.param(
+        Reason.LATITUDE_OUT_OF_RANGE, b'{"lon": 100, "lat": 95}', JSON_LON_LAT, None, ["lat", "95"], id="lat_range"
+    ),
+    pytest.param(
+        Reason.LONGITUDE_OUT_OF_RANGE, b'{"lon": 190, "lat": 10}', JSON_LON_LAT, None, ["lon", "190"], id="lon_range"
+    ),
+    pytest.param(
+        Reason.SWAPPED_AXES,
+        b'{"lon": 48.85, "lat": 2.35}',
+        json_contract({"lon": "lon", "lat": "lat", "crs": "EPSG:4258"}),
+        None,
+        ["EPSG:4258", "swapped"],
+        id="swapped_axes",
+    ),
+    pytest.param(
+        Reason.BAD_GEOMETRY_ENCODING,
+        b'{"geom": "01zz"}',
+        json_contract({"geometry": {"path": "geom", "encoding": "wkb_hex"}}),
+        None,
+        ["geom", "hexadecimal"],
+        id="bad_geometry_encoding",
+    ),
+]
+
 
 def test_reason_cases_cover_every_reason_code():
     # decode_failed marks a defect of the decoder, which no input is meant to reach:

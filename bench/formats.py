@@ -1,0 +1,213 @@
+"""Decode throughput of each input format against GeoJSON points on the same places, on one core.
+
+The whole decoder (streaming/decode/decoder.py: routing, reading, the geometry rules, the contract's
+columns, WKB, bbox and Hilbert key out) over batches of --batch records, as a Python worker gets
+them, pinned to one core with Arrow's thread pools at one thread. The places are real cities
+(bench/cities.py), the coordinates written with every digit (repr), so every format carries the
+same doubles; each record carries an id and two other columns (kind, speed) where its format can.
+
+  geojson points        GeoJSON Feature events, the baseline
+  json lon/lat          {"vehicle": .., "position": {"lon": .., "lat": ..}, "kind": .., "speed": ..}
+  json lon/lat (flat)   {"vehicle": .., "lon": .., "lat": .., "kind": .., "speed": ..}
+  json wkt / wkb_hex / wkb_base64 / geojson field
+                        the point in one field of a JSON event, in each encoding
+  wkt points, ewkt points
+                        `POINT (x y)`, `SRID=4326;POINT (x y)` values (no other columns: the Kafka key)
+  geojson / wkt hexagons
+                        7-vertex polygons around the same places
+
+Each figure is the best of --repeats runs. Prints a table and writes bench/results/formats.json and .md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import copy
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+for path in (ROOT, ROOT / "bench"):  # run as a script: streaming/ and bench/cities.py
+    if str(path) not in sys.path:
+        sys.path.insert(0, str(path))
+
+import numpy as np  # noqa: E402
+import pyarrow as pa  # noqa: E402
+import shapely  # noqa: E402
+from cities import city_points  # noqa: E402
+
+from streaming.contract import Contract, parse_contract  # noqa: E402
+from streaming.decode.decoder import REJECT_REASON, Decoder  # noqa: E402
+
+RESULTS = ROOT / "bench" / "results"
+DEMO = json.loads((ROOT / "schemas" / "demo_events.json").read_text())
+HEXAGON = np.column_stack([np.cos(np.arange(7) * np.pi / 3), np.sin(np.arange(7) * np.pi / 3)]) * 0.001
+HEXAGON[-1] = HEXAGON[0]
+
+
+def contract(formats: list[str], json_section: dict | None = None) -> Contract:
+    raw = copy.deepcopy(DEMO)
+    raw["formats"] = formats
+    if json_section is not None:
+        raw["json"] = json_section
+        for column in raw["columns"]:
+            column["from"] = [
+                "json.vehicle" if s == "id" else s.replace("properties.", "json.") for s in column["from"]
+            ]
+    raw["geometry"]["invalid_polygons"] = "reject"
+    return parse_contract(raw)
+
+
+def cases(n: int) -> dict[str, tuple[Contract, list[bytes]]]:
+    x, y = city_points(n, seed=5, jitter_deg=0.05, bounds=(-179.0, -84.0, 179.0, 84.0))
+    xs, ys = x.tolist(), y.tolist()
+    points = [shapely.Point(a, b) for a, b in zip(xs, ys)]
+
+    def event(i: int, **geometry) -> bytes:
+        return json.dumps({"vehicle": f"e{i}", **geometry, "kind": "ping", "speed": i % 120}).encode()
+
+    def json_field(encoding: str, spell) -> tuple[Contract, list[bytes]]:
+        c = contract(["json"], {"geometry": {"path": "geom", "encoding": encoding}})
+        return c, [event(i, geom=spell(p)) for i, p in enumerate(points)]
+
+    def hexagon_wkt(a: float, b: float) -> str:
+        return "POLYGON ((%s))" % ", ".join(f"{a + dx!r} {b + dy!r}" for dx, dy in HEXAGON.tolist())
+
+    def hexagon_geojson(a: float, b: float) -> dict:
+        return {"type": "Polygon", "coordinates": [[[a + dx, b + dy] for dx, dy in HEXAGON.tolist()]]}
+
+    geojson = contract(["geojson", "wkb"])
+    wkt = contract(["wkt", "ewkt"])
+    return {
+        "geojson points": (
+            geojson,
+            [
+                json.dumps(
+                    {
+                        "type": "Feature",
+                        "id": f"e{i}",
+                        "geometry": {"type": "Point", "coordinates": [a, b]},
+                        "properties": {"kind": "ping", "speed": i % 120},
+                    }
+                ).encode()
+                for i, (a, b) in enumerate(zip(xs, ys))
+            ],
+        ),
+        "json lon/lat": (
+            contract(["json"], {"lon": "position.lon", "lat": "position.lat"}),
+            [event(i, position={"lon": a, "lat": b}) for i, (a, b) in enumerate(zip(xs, ys))],
+        ),
+        "json lon/lat (flat)": (
+            contract(["json"], {"lon": "lon", "lat": "lat"}),
+            [event(i, lon=a, lat=b) for i, (a, b) in enumerate(zip(xs, ys))],
+        ),
+        "json wkt field": json_field("wkt", lambda p: f"POINT ({p.x!r} {p.y!r})"),
+        "json wkb_hex field": json_field("wkb_hex", lambda p: shapely.to_wkb(p, hex=True)),
+        "json wkb_base64 field": json_field("wkb_base64", lambda p: base64.b64encode(shapely.to_wkb(p)).decode()),
+        "json geojson field": json_field("geojson", lambda p: {"type": "Point", "coordinates": [p.x, p.y]}),
+        "wkt points": (wkt, [f"POINT ({a!r} {b!r})".encode() for a, b in zip(xs, ys)]),
+        "ewkt points": (wkt, [f"SRID=4326;POINT ({a!r} {b!r})".encode() for a, b in zip(xs, ys)]),
+        "geojson hexagons": (
+            geojson,
+            [
+                json.dumps(
+                    {"type": "Feature", "id": f"e{i}", "geometry": hexagon_geojson(a, b), "properties": {}}
+                ).encode()
+                for i, (a, b) in enumerate(zip(xs, ys))
+            ],
+        ),
+        "wkt hexagons": (wkt, [hexagon_wkt(a, b).encode() for a, b in zip(xs, ys)]),
+    }
+
+
+def kafka_batch(values: list[bytes], start: int) -> pa.RecordBatch:
+    n = len(values)
+    return pa.record_batch(
+        {
+            "key": pa.array([f"k{start + i}".encode() for i in range(n)], pa.binary()),
+            "value": pa.array(values, pa.binary()),
+            "topic": pa.array(["bench"] * n, pa.string()),
+            "partition": pa.array([0] * n, pa.int32()),
+            "offset": pa.array(np.arange(start, start + n), pa.int64()),
+            "timestamp": pa.array(1_700_000_000_000_000 + np.arange(n), pa.timestamp("us")),
+        }
+    )
+
+
+def measure(c: Contract, values: list[bytes], batch: int, repeats: int) -> tuple[float, float, int]:
+    """Best events per CPU second and per wall second over `repeats` passes, and the rejects of one
+    pass (0: every event landed). CPU time is the figure: the machine is shared, and a pass that
+    waits for the core counts that wait in wall time only."""
+    batches = [kafka_batch(values[i : i + batch], i) for i in range(0, len(values), batch)]
+    decoder = Decoder(c)
+    out = [decoder.decode(b) for b in batches]  # warm-up, and the reject count
+    rejects = sum(o.num_rows - o.column(REJECT_REASON).null_count for o in out)
+    best_cpu = best_wall = 0.0
+    for _ in range(repeats):
+        cpu, wall = time.process_time(), time.perf_counter()
+        for b in batches:
+            decoder.decode(b)
+        best_cpu = max(best_cpu, len(values) / (time.process_time() - cpu))
+        best_wall = max(best_wall, len(values) / (time.perf_counter() - wall))
+    return best_cpu, best_wall, rejects
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--events", type=int, default=200_000)
+    parser.add_argument("--batch", type=int, default=20_000)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--only", help="comma-separated case names")
+    args = parser.parse_args()
+    if hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]})
+    pa.set_cpu_count(1)
+    pa.set_io_thread_count(1)
+
+    results = {}
+    baseline = None
+    for name, (c, values) in cases(args.events).items():
+        if args.only and name not in args.only.split(","):
+            continue
+        per_second, per_wall_second, rejects = measure(c, values, args.batch, args.repeats)
+        if name == "geojson points":
+            baseline = per_second
+        results[name] = {
+            "events_per_cpu_second": round(per_second),
+            "events_per_wall_second": round(per_wall_second),
+            "vs_geojson_points": round(per_second / baseline, 2) if baseline else None,
+            "mean_value_bytes": round(sum(map(len, values)) / len(values), 1),
+            "rejects": rejects,
+        }
+        print(
+            f"{name:24s} {per_second:12,.0f} events/CPU-s ({per_wall_second:,.0f}/s wall)  "
+            f"{results[name]['vs_geojson_points'] or '':>5}x GeoJSON points  "
+            f"{results[name]['mean_value_bytes']:6.1f} B/event  rejects {rejects}",
+            flush=True,
+        )
+    meta = {"events": args.events, "batch": args.batch, "repeats": args.repeats, "cores": 1}
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / "formats.json").write_text(json.dumps({"settings": meta, "results": results}, indent=2) + "\n")
+    lines = [
+        "# Decode throughput per input format (one core)",
+        "",
+        f"Whole decoder, {args.events:,} events in batches of {args.batch:,}, best of {args.repeats}; "
+        "the same real-city places in every format (bench/formats.py).",
+        "",
+        "| format | events per CPU second | vs GeoJSON points | events per wall second | bytes/event | rejects |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    for name, r in results.items():
+        lines.append(
+            f"| {name} | {r['events_per_cpu_second']:,} | {r['vs_geojson_points']} | {r['events_per_wall_second']:,} "
+            f"| {r['mean_value_bytes']} | {r['rejects']} |"
+        )
+    (RESULTS / "formats.md").write_text("\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    main()
