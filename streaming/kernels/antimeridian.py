@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 import shapely
+from numpy.typing import ArrayLike
 
 _MULTI_TYPES = (4, 5, 6, 7)  # MultiPoint, MultiLineString, MultiPolygon, GeometryCollection
 _POLYGON = 3
@@ -21,12 +22,12 @@ _BAND = 1e9
 
 
 # -- boxes ---------------------------------------------------------------------------------------
-def is_wrapped(xmin: np.ndarray, xmax: np.ndarray) -> np.ndarray:
+def is_wrapped(xmin: ArrayLike, xmax: ArrayLike) -> np.ndarray:
     """Whether each box crosses the anti-meridian (xmin > xmax)."""
     return np.asarray(xmin, dtype=np.float64) > np.asarray(xmax, dtype=np.float64)
 
 
-def centre_x(xmin: np.ndarray, xmax: np.ndarray) -> np.ndarray:
+def centre_x(xmin: ArrayLike, xmax: ArrayLike) -> np.ndarray:
     """Longitude of each box's centre; a wrapped box's centre lies on its own side of ±180."""
     lo = np.asarray(xmin, dtype=np.float64)
     hi = np.asarray(xmax, dtype=np.float64)
@@ -35,7 +36,7 @@ def centre_x(xmin: np.ndarray, xmax: np.ndarray) -> np.ndarray:
     return np.where(wrapped & (c > 180.0), c - 360.0, c)
 
 
-def x_overlaps(xmin: np.ndarray, xmax: np.ndarray, lo: float, hi: float) -> np.ndarray:
+def x_overlaps(xmin: ArrayLike, xmax: ArrayLike, lo: float, hi: float) -> np.ndarray:
     """Whether each x range (plain, or wrapped when xmin > xmax) meets the plain interval
     [lo, hi], edges included. A wrapped range is [xmin, 180] and [-180, xmax]."""
     a = np.asarray(xmin, dtype=np.float64)
