@@ -90,3 +90,13 @@ def test_contains_and_within_read_wrapped_rows_the_short_way(short_table):
     whole = shapely.box(-180, -90, 180, 90)
     within = set(query(short_table, Predicate("within", whole)).table.column("event_id").to_pylist())
     assert within == {e for e, _, _ in DATA}
+
+
+def test_inspect_draws_a_file_of_wrapped_rows_on_both_sides(short_table, tmp_path):
+    from streaming.read.inspect import file_extents, plot_file_extents
+
+    layout = file_extents(short_table)
+    wrapped = [f.bbox for f in layout.files if f.bbox is not None and f.bbox[0] > f.bbox[2]]
+    assert len(wrapped) == 1
+    assert layout.data_extent is not None and layout.data_extent[0] == -180.0 and layout.data_extent[2] == 180.0
+    assert plot_file_extents(layout, tmp_path / "files.png").stat().st_size > 0
