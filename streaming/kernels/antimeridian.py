@@ -220,6 +220,26 @@ def _unwrapped(geoms: np.ndarray):
     return sizes, owner, part, hole, xu, cut
 
 
+def unwrapped(geoms: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Each geometry read by the short-way rule as one planar shape: longitudes continuous along
+    its edges, each path moved by whole turns so that its least longitude is in [-180, 180)
+    (so up to 540 for one that crosses); and whether it crosses. XY only. A geometry meets a
+    window W in [-180, 180] iff its unwrapped shape meets W, W + 360 or W + 720."""
+    geoms = np.asarray(geoms, dtype=object)
+    flat = shapely.force_2d(geoms)
+    crosses = np.zeros(geoms.size, dtype=bool)
+    if geoms.size == 0:
+        return flat, crosses
+    sizes, owner, _part, _hole, xu, cut = _unwrapped(flat)
+    if not cut.any():
+        return flat, crosses
+    path = np.repeat(np.arange(sizes.size), sizes)
+    crosses[np.unique(owner[path[cut]])] = True
+    coords = shapely.get_coordinates(flat)
+    coords[:, 0] = xu
+    return shapely.set_coordinates(flat.copy(), coords), crosses
+
+
 def split_at_antimeridian(geoms: np.ndarray) -> np.ndarray:
     """Each geometry read by the short-way rule, cut at ±180 into parts within [-180, 180]
     (a geometry that does not cross comes back as it is). For exact predicates in plain x/y."""

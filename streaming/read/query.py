@@ -43,7 +43,7 @@ from pyiceberg.table.snapshots import Snapshot
 from pyiceberg.types import DoubleType
 
 from streaming.contract import BBOX_FIELDS, Contract, ContractError, parse_contract
-from streaming.kernels.antimeridian import split_at_antimeridian, window_intervals, x_overlaps
+from streaming.kernels.antimeridian import split_at_antimeridian, unwrapped, window_intervals, x_overlaps
 from streaming.read.projection import FieldIdProjection, QueryError
 from streaming.table.catalog import TableMismatch
 from streaming.table.catalog import table_contract as contract_of_table
@@ -593,15 +593,29 @@ def _exact_matches(
     if candidates.num_rows == 0:
         return candidates
     geometries = shapely.from_wkb(candidates.column(geometry_column).to_numpy(zero_copy_only=False))
-    if x_intervals is not None:
-        # Read the short way, a geometry with an edge longer than 180 degrees of longitude is cut
-        # at ±180 first (only a geometry wider than 180 degrees can have one).
-        bounds = shapely.bounds(geometries)
-        wide = np.flatnonzero(bounds[:, 2] - bounds[:, 0] > 180.0)
-        if wide.size:
-            geometries[wide] = split_at_antimeridian(geometries[wide])
     q = predicate.geometry
     shapely.prepare(q)
+    wide = np.zeros(0, dtype=np.int64)
+    if x_intervals is not None:
+        # Read the short way, only a geometry wider than 180 degrees can have an edge that long.
+        bounds = shapely.bounds(geometries)
+        wide = np.flatnonzero(bounds[:, 2] - bounds[:, 0] > 180.0)
+    if wide.size and predicate.kind == "intersects":
+        # Q against the unwrapped shapes, and Q moved a turn and two east: no cutting needed.
+        plain = np.ones(len(geometries), dtype=bool)
+        plain[wide] = False
+        hits = np.zeros(len(geometries), dtype=bool)
+        hits[plain] = shapely.intersects(q, geometries[plain])
+        shapes, _ = unwrapped(geometries[wide])
+        near = np.zeros(wide.size, dtype=bool)
+        for turn in (0.0, 360.0, 720.0):
+            moved = q if turn == 0.0 else shapely.transform(q, lambda c, t=turn: c + np.array([t, 0.0]))
+            near |= shapely.intersects(moved, shapes)
+        hits[wide] = near
+        return candidates.filter(pa.array(hits))
+    if wide.size:
+        # within and contains: the geometry cut at ±180 into parts in [-180, 180]
+        geometries[wide] = split_at_antimeridian(geometries[wide])
     if predicate.kind == "intersects":
         hits = shapely.intersects(q, geometries)
     elif predicate.kind == "within":

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import shapely
+import shapely.affinity
 
 from streaming.kernels.antimeridian import (
     centre_x,
@@ -111,3 +112,16 @@ def test_hilbert_key_of_a_wrapped_box_is_that_of_its_centre():
     wrapped = hilbert_keys_of_bounds(np.array([170.0]), np.array([0.0]), np.array([-150.0]), np.array([0.0]), world, 16)
     centre = hilbert_keys_of_bounds(np.array([-170.0]), np.array([0.0]), np.array([-170.0]), np.array([0.0]), world, 16)
     assert wrapped.tolist() == centre.tolist()
+
+
+def test_unwrapped_shapes_meet_a_window_or_its_turns():
+    from streaming.kernels.antimeridian import unwrapped
+
+    line = shapely.LineString([(179.5, 0), (-179.5, 1)])
+    shapes, crosses = unwrapped(np.array([line, shapely.Point(3, 4)], dtype=object))
+    assert crosses.tolist() == [True, False]
+    assert shapes[0].equals(shapely.LineString([(179.5, 0), (180.5, 1)]))
+    assert shapes[1].equals(shapely.Point(3, 4))
+    west = shapely.box(-180, -1, -179.6, 2)  # meets the line only a turn east, at 180.4 to 180.5
+    assert not shapely.intersects(west, shapes[0])
+    assert shapely.intersects(shapely.affinity.translate(west, 360), shapes[0])
