@@ -100,3 +100,13 @@ def test_inspect_draws_a_file_of_wrapped_rows_on_both_sides(short_table, tmp_pat
     assert len(wrapped) == 1
     assert layout.data_extent is not None and layout.data_extent[0] == -180.0 and layout.data_extent[2] == 180.0
     assert plot_file_extents(layout, tmp_path / "files.png").stat().st_size > 0
+
+
+def test_a_result_across_the_antimeridian_is_written_with_a_wrapped_geo_bbox(short_table, tmp_path):
+    from streaming.read.output import write_geoparquet
+    from streaming.read.query import table_contract
+
+    result = query_bbox(short_table, (179.0, -5.0, -179.0, 5.0))
+    metadata = write_geoparquet(result, table_contract(short_table), tmp_path / "across.parquet")
+    xmin, _, xmax, _ = metadata["columns"]["geometry"]["bbox"]
+    assert xmin > 170 > -170 > xmax  # wrapped: the rows lie within a few degrees of ±180
