@@ -39,6 +39,7 @@ bench: setup
 	PYTHONPATH=$(CURDIR) $(PY) bench/ingest.py
 	PYTHONPATH=$(CURDIR) $(PY) bench/lakehouse.py
 	PYTHONPATH=$(CURDIR) $(PY) bench/pruning.py
+	PYTHONPATH=$(CURDIR) $(PY) bench/antimeridian.py
 	PYTHONPATH=$(CURDIR) $(PY) bench/layout.py
 	PYTHONPATH=$(CURDIR) $(PY) bench/json_parsers.py
 	PYTHONPATH=$(CURDIR) $(PY) bench/formats.py

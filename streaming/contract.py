@@ -95,11 +95,14 @@ KNOWN_KEYS = {
     "json": ("lon", "lat", "z", "geometry", "crs"),
     "json.geometry": ("path", "encoding"),
     "columns[]": ("id", "name", "type", "required", "from", "description"),
-    "geometry": ("id", "name", "types", "dimensions", "crs", "encoding", "invalid_polygons"),
+    "geometry": ("id", "name", "types", "dimensions", "crs", "encoding", "invalid_polygons", "antimeridian"),
     "bbox": ("id", "name", "flat_columns"),
     "clustering": ("hilbert_bits", "extent", "target_file_bytes", "row_group_rows"),
     "schema_evolution": ("mode", "max_new_columns_per_batch", "max_columns", "name_pattern"),
 }
+
+
+ANTIMERIDIAN_READINGS = ("short", "planar")
 
 
 class ContractError(ValueError):
@@ -134,6 +137,10 @@ class GeometrySpec:
     epsg: int
     encoding: str
     invalid_polygons: str  # "reject" or "repair"
+    # "short": in a geographic CRS, an edge whose longitudes are more than 180 degrees apart goes
+    # the short way across ±180 and its bbox is wrapped (xmin > xmax), see docs/antimeridian.md;
+    # "planar": coordinates are a plane (the only reading of a projected CRS).
+    antimeridian: str = "planar"
 
     @property
     def crs(self) -> str:
@@ -606,6 +613,14 @@ def _parse_geometry(raw: dict) -> GeometrySpec:
         raise ContractError(f"geometry.invalid_polygons: {invalid!r} is not 'reject' or 'repair'")
     if not types or not dims:
         raise ContractError("geometry: types and dimensions must not be empty")
+    geographic = CRS.from_epsg(epsg).is_geographic
+    antimeridian = raw.get("antimeridian", "short" if geographic else "planar")
+    if antimeridian not in ANTIMERIDIAN_READINGS:
+        raise ContractError(f"geometry.antimeridian: {antimeridian!r} is not one of {list(ANTIMERIDIAN_READINGS)}")
+    if antimeridian == "short" and not geographic:
+        raise ContractError(
+            f"geometry.antimeridian: 'short' needs a geographic CRS; {crs_text} is projected, its x is a plane"
+        )
     return GeometrySpec(
         id=_require(raw, "id", int, "geometry."),
         name=_require(raw, "name", str, "geometry."),
@@ -614,6 +629,7 @@ def _parse_geometry(raw: dict) -> GeometrySpec:
         epsg=epsg,
         encoding=encoding,
         invalid_polygons=invalid,
+        antimeridian=antimeridian,
     )
 
 

@@ -40,6 +40,7 @@ from streaming.decode.properties import (
 )
 from streaming.decode.rejects import Reason, Rejects
 from streaming.decode.validate import GeometryRules, bounds_of
+from streaming.kernels.antimeridian import short_way_bounds
 from streaming.kernels.buffers import NONE, offsets_and_bytes, scatter_into
 from streaming.kernels.hilbert import hilbert_keys_of_bounds
 
@@ -217,6 +218,11 @@ class Decoder:
         unwritten = ok & np.equal(wkb, NONE)
         wkb[unwritten] = to_stored_wkb(geoms[unwritten])
         bounds = bounds_of(keep, points_xy)
+        if self.contract.geometry.antimeridian == "short":
+            # Only a geometry wider than 180 degrees can have an edge that long.
+            wide = np.flatnonzero(ok & (bounds[:, 2] - bounds[:, 0] > 180.0))
+            if wide.size:
+                bounds[wide] = short_way_bounds(keep[wide])[0]
         extent = self.contract.clustering.extent
         keys = np.zeros(n, dtype=np.int64)
         if ok.any():

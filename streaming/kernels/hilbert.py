@@ -11,6 +11,8 @@ from functools import lru_cache
 
 import numpy as np
 
+from streaming.kernels.antimeridian import centre_x
+
 
 def hilbert_distance(ix: np.ndarray, iy: np.ndarray, bits: int) -> np.ndarray:
     """Distance along the Hilbert curve of order `bits` for integer grid cells (ix, iy).
@@ -88,8 +90,9 @@ def hilbert_keys_of_bounds(
     extent: tuple[float, float, float, float],
     bits: int,
 ) -> np.ndarray:
-    """Hilbert key of each bbox centre."""
-    cx = (np.asarray(xmin) + np.asarray(xmax)) * 0.5
+    """Hilbert key of each bbox centre; a box with xmin > xmax crosses the anti-meridian, and its
+    centre lies between xmin and xmax the short way across ±180."""
+    cx = centre_x(xmin, xmax)
     cy = (np.asarray(ymin) + np.asarray(ymax)) * 0.5
     ix, iy = grid_cells(cx, cy, extent, bits)
     return hilbert_distance(ix, iy, bits)

@@ -19,6 +19,7 @@ from pyiceberg.manifest import ManifestContent
 from pyiceberg.table import Table
 
 from streaming.contract import BBOX_FIELDS
+from streaming.kernels.antimeridian import centre_x, window_intervals
 from streaming.kernels.hilbert import hilbert_keys_of_bounds
 from streaming.read.query import (
     PRIMARY_COLUMN_PROPERTY,
@@ -65,7 +66,9 @@ class TableLayout:
         if not boxes:
             return None
         b = np.array(boxes)
-        return (float(b[:, 0].min()), float(b[:, 1].min()), float(b[:, 2].max()), float(b[:, 3].max()))
+        wrapped = b[:, 0] > b[:, 2]  # across the anti-meridian: they reach both -180 and 180
+        xmin, xmax = np.where(wrapped, -180.0, b[:, 0]), np.where(wrapped, 180.0, b[:, 2])
+        return (float(xmin.min()), float(b[:, 1].min()), float(xmax.max()), float(b[:, 3].max()))
 
     def summary(self) -> dict:
         """Counts, extents and how much the files overlap, as plain JSON values."""
@@ -188,16 +191,18 @@ def plot_file_extents(layout: TableLayout, path: str | Path, title: str | None =
     rectangles, colours = [], []
     for i in order:
         xmin, ymin, xmax, ymax = drawn[i]
-        # A file of one point (or of points on one line) still gets a visible outline.
-        rectangles.append(Rectangle((xmin, ymin), max(xmax - xmin, width * 1e-3), max(ymax - ymin, height * 1e-3)))
-        colours.append(cmap(norm(i)))
+        # A file of rows across the anti-meridian (xmin > xmax) is drawn as its two halves.
+        for lo, hi in window_intervals(xmin, xmax):
+            # A file of one point (or of points on one line) still gets a visible outline.
+            rectangles.append(Rectangle((lo, ymin), max(hi - lo, width * 1e-3), max(ymax - ymin, height * 1e-3)))
+            colours.append(cmap(norm(i)))
     if rectangles:
         ax.add_collection(
             PatchCollection(
                 rectangles, facecolors=[(*c[:3], 0.18) for c in colours], edgecolors=colours, linewidths=0.9
             )
         )
-        centres = np.array([((b[0] + b[2]) / 2, (b[1] + b[3]) / 2) for b in drawn])
+        centres = np.array([(float(centre_x(b[0], b[2])), (b[1] + b[3]) / 2) for b in drawn])
         ax.plot(centres[:, 0], centres[:, 1], color="0.35", linewidth=0.6, alpha=0.7, zorder=3)
         ax.scatter(
             centres[:, 0],
@@ -252,4 +257,5 @@ def plot_file_extents(layout: TableLayout, path: str | Path, title: str | None =
 
 
 def _area(bbox: BBox) -> float:
-    return (bbox[2] - bbox[0]) * (bbox[3] - bbox[1])
+    width = bbox[2] - bbox[0]
+    return (width + 360.0 if width < 0 else width) * (bbox[3] - bbox[1])  # xmin > xmax: across ±180

@@ -16,6 +16,7 @@ import pyarrow.parquet as pq
 import shapely
 
 from streaming.contract import Contract
+from streaming.kernels.antimeridian import union_x
 from streaming.kernels.geoparquet import geo_metadata
 from streaming.kernels.wkb import geometry_type_names
 from streaming.read.query import QueryResult
@@ -31,12 +32,17 @@ def write_geoparquet(result: QueryResult, contract: Contract, where: str | Path 
     types = sorted(geometry_type_names(rows.column(g))) if rows.num_rows else []
     if rows.num_rows:
         covering = rows.column(contract.bbox_name)
+        xmin, xmax = pc.struct_field(covering, "xmin"), pc.struct_field(covering, "xmax")
         bbox = (
-            pc.min(pc.struct_field(covering, "xmin")).as_py(),
+            pc.min(xmin).as_py(),
             pc.min(pc.struct_field(covering, "ymin")).as_py(),
-            pc.max(pc.struct_field(covering, "xmax")).as_py(),
+            pc.max(xmax).as_py(),
             pc.max(pc.struct_field(covering, "ymax")).as_py(),
         )
+        if pc.any(pc.greater(xmin, xmax)).as_py():
+            # rows across the anti-meridian: the shortest x range covering them all, maybe wrapped
+            lo, hi = union_x(xmin.to_numpy(zero_copy_only=False), xmax.to_numpy(zero_copy_only=False))
+            bbox = (lo, bbox[1], hi, bbox[3])
         metadata = geo_metadata(contract, types, bbox)
     else:
         metadata = geo_metadata(contract, types, (0.0, 0.0, 0.0, 0.0))

@@ -43,10 +43,12 @@ from pyiceberg.table.snapshots import Snapshot
 from pyiceberg.types import DoubleType
 
 from streaming.contract import BBOX_FIELDS, Contract, ContractError, parse_contract
+from streaming.kernels.antimeridian import split_at_antimeridian, unwrapped, window_intervals, x_overlaps
 from streaming.read.projection import FieldIdProjection, QueryError
 from streaming.table.catalog import TableMismatch
 from streaming.table.catalog import table_contract as contract_of_table
 from streaming.table.deletes import EqualityDeletes, has_delete_files, snapshot_files
+from streaming.write.data_files import WRAPPED_ROWS_KEY
 
 BBox = tuple[float, float, float, float]
 PRIMARY_COLUMN_PROPERTY = "geo.primary-column"
@@ -92,6 +94,9 @@ class Predicate:
 
     kind: str
     geometry: shapely.Geometry
+    # A window across the anti-meridian: its (xmin, xmax) with xmin > xmax; `geometry` is then its
+    # two halves, [xmin, 180] and [-180, xmax].
+    wrapped_x: tuple[float, float] | None = None
 
     def __post_init__(self) -> None:
         if self.kind not in PREDICATES:
@@ -120,8 +125,25 @@ class Predicate:
 
     @classmethod
     def from_bbox(cls, bbox: BBox) -> Predicate:
-        """Intersects the window `bbox` (edges included); a degenerate window is a line or point."""
-        return cls("intersects", _window_geometry(_validated_bbox(tuple(bbox), f"bbox {tuple(bbox)!r}")))
+        """Intersects the window `bbox` (edges included); a degenerate window is a line or point.
+        A window with xmin > xmax crosses the anti-meridian (longitudes, tables read the short way)."""
+        xmin, ymin, xmax, ymax = _validated_bbox(tuple(bbox), f"bbox {tuple(bbox)!r}", wrapped=True)
+        if xmin <= xmax:
+            return cls("intersects", _window_geometry((xmin, ymin, xmax, ymax)))
+        halves = shapely.union(
+            _window_geometry((xmin, ymin, 180.0, ymax)), _window_geometry((-180.0, ymin, xmax, ymax))
+        )
+        return cls("intersects", halves, wrapped_x=(xmin, xmax))
+
+    def x_intervals(self) -> list[tuple[float, float]]:
+        """For tables read the short way: intervals (lo, hi) of which every match's x range
+        (xmin, xmax), plain or wrapped, passes one by `x_overlaps`: Q's x range, or the two of a
+        wrapped window. For contains, (Q's xmax, Q's xmin): then `x_overlaps` asks a plain range
+        to hold Q's and a wrapped one to hold it on either side of ±180."""
+        if self.wrapped_x is not None:
+            return window_intervals(*self.wrapped_x)
+        xmin, _, xmax, _ = self.bounds
+        return [(xmax, xmin)] if self.kind == "contains" else [(xmin, xmax)]
 
     @property
     def bounds(self) -> BBox:
@@ -167,7 +189,8 @@ def _short(text: str, limit: int = 200) -> str:
 
 
 def parse_bbox(text: str) -> BBox:
-    """'xmin,ymin,xmax,ymax' as four finite floats with xmin <= xmax and ymin <= ymax."""
+    """'xmin,ymin,xmax,ymax' as four finite floats with ymin <= ymax and xmin <= xmax, or
+    xmin > xmax for longitudes across the anti-meridian (both within [-180, 180])."""
     parts = text.split(",")
     if len(parts) != 4:
         raise ValueError(f"bbox {text!r}: expected four numbers 'xmin,ymin,xmax,ymax', got {len(parts)} values")
@@ -175,17 +198,20 @@ def parse_bbox(text: str) -> BBox:
         values = tuple(float(p) for p in parts)
     except ValueError:
         raise ValueError(f"bbox {text!r}: every value must be a number") from None
-    return _validated_bbox(values, f"bbox {text!r}")
+    return _validated_bbox(values, f"bbox {text!r}", wrapped=True)
 
 
-def _validated_bbox(values: tuple[float, ...], label: str) -> BBox:
+def _validated_bbox(values: tuple[float, ...], label: str, wrapped: bool = False) -> BBox:
     if len(values) != 4:
         raise ValueError(f"{label}: expected (xmin, ymin, xmax, ymax)")
     xmin, ymin, xmax, ymax = (float(v) for v in values)
     if not all(math.isfinite(v) for v in (xmin, ymin, xmax, ymax)):
         raise ValueError(f"{label}: values must be finite numbers")
-    if xmin > xmax:
-        raise ValueError(f"{label}: xmin {xmin:g} is greater than xmax {xmax:g}")
+    if xmin > xmax and not (wrapped and -180.0 <= xmax and xmin <= 180.0):
+        raise ValueError(
+            f"{label}: xmin {xmin:g} is greater than xmax {xmax:g}"
+            + (" (a window across the anti-meridian has both within [-180, 180])" if wrapped else "")
+        )
     if ymin > ymax:
         raise ValueError(f"{label}: ymin {ymin:g} is greater than ymax {ymax:g}")
     return (xmin, ymin, xmax, ymax)
@@ -288,6 +314,14 @@ def query(
     if limit is not None and limit < 0:
         raise ValueError(f"limit: {limit} must not be negative")
 
+    # Read the short way, a row's or file's x range may be wrapped (xmin > xmax): the conditions
+    # on x are replaced by a test of the ranges against Q's x intervals, which knows both kinds.
+    short_way = antimeridian_reading(table) == "short"
+    if predicate.wrapped_x is not None and not short_way:
+        raise ValueError(
+            f"bbox xmin {predicate.wrapped_x[0]:g} > xmax {predicate.wrapped_x[1]:g} (across the anti-meridian) "
+            "needs a table whose contract reads longitudes the short way (geometry.antimeridian = 'short')"
+        )
     snapshot = resolve_snapshot(table, snapshot_id, as_of)
     geometry_column = _property(table, PRIMARY_COLUMN_PROPERTY)
     covering_column = _property(table, f"geo.column.{geometry_column}.covering")
@@ -304,6 +338,11 @@ def query(
         return QueryResult(result_schema.empty_table(), QueryStats(files_total, 0, 0, 0, 0, 0, snapshot.snapshot_id))
 
     conditions = predicate.bbox_conditions()
+    x_intervals = predicate.x_intervals() if short_way else None
+    if x_intervals is not None and predicate.kind != "within":
+        # A wrapped row's xmin and xmax need not bracket a window it meets. The conditions of
+        # "within" stay: a row within a plain Q is plain, or Q spans [-180, 180] and they all hold.
+        conditions = [c for c in conditions if c[0] in (_YMIN, _YMAX)]
     field_ids = [schema.find_field(f"{covering_column}.{name}").field_id for name in BBOX_FIELDS]
     deletes = None
     files: list[tuple[DataFile, int | None]]
@@ -319,6 +358,8 @@ def query(
             row_filter=_manifest_filter(covering_column, conditions), snapshot_id=snapshot.snapshot_id
         ).plan_files()
         files = [(task.file, None) for task in tasks]
+    if x_intervals is not None:
+        files = [(file, seq) for file, seq in files if _file_x_may_touch(file, field_ids, x_intervals)]
     shape = None
     if predicate.prunes_by_shape():
         shape = predicate.geometry
@@ -337,7 +378,13 @@ def query(
             file_schema = parquet.schema_arrow
             row_groups_total += parquet.metadata.num_row_groups
             file_covering_paths = projection.paths_in_file(file_schema, field_ids, covering_paths)
-            surviving = _row_groups_that_may_match(parquet.metadata, file_covering_paths, conditions, shape)
+            wrapped_rows = None
+            if x_intervals is not None:
+                footer = parquet.metadata.metadata or {}
+                wrapped_rows = int(footer.get(WRAPPED_ROWS_KEY.encode(), b"0") or 0)
+            surviving = _row_groups_that_may_match(
+                parquet.metadata, file_covering_paths, conditions, shape, x_intervals, wrapped_rows
+            )
             read_columns = projection.columns_to_read(file_schema)
             row_groups_scanned += len(surviving)
             # Unlimited queries read a file's row groups in one call, letting Arrow coalesce the
@@ -355,7 +402,7 @@ def query(
                 rows_read += rows.num_rows
                 if deletes is not None and sequence_number is not None:
                     rows = deletes.live(rows, sequence_number)
-                hits = _exact_matches(rows, geometry_column, covering_column, predicate, conditions)
+                hits = _exact_matches(rows, geometry_column, covering_column, predicate, conditions, x_intervals)
                 if limit is not None:
                     hits = hits.slice(0, limit - rows_matched)
                 rows_matched += hits.num_rows
@@ -388,6 +435,32 @@ def _manifest_filter(covering_column: str, conditions: list[Condition]) -> Boole
         for k, op, value in conditions
     ]
     return And(*terms)
+
+
+def antimeridian_reading(table: Table) -> str:
+    """How the table's contract reads longitudes across ±180: "short" or "planar" (tables without
+    a readable contract are planar)."""
+    raw = table.properties.get(CONTRACT_PROPERTY)
+    if not raw:
+        return "planar"
+    try:
+        return parse_contract(json.loads(raw)).geometry.antimeridian
+    except (json.JSONDecodeError, ContractError):
+        return "planar"
+
+
+def _file_x_may_touch(data_file: DataFile, field_ids: list[int], intervals: list[tuple[float, float]]) -> bool:
+    """Whether the file's x range, from the manifest bounds (wrapped when the least xmin exceeds
+    the greatest xmax: then every row of the file is wrapped), meets one of `intervals`."""
+    lower, upper = data_file.lower_bounds or {}, data_file.upper_bounds or {}
+    try:
+        xmin = _double(lower[field_ids[_XMIN]])
+        xmax = _double(upper[field_ids[_XMAX]])
+    except KeyError:
+        return True
+    if not (math.isfinite(xmin) and math.isfinite(xmax)):
+        return True
+    return any(bool(x_overlaps(xmin, xmax, lo, hi)) for lo, hi in intervals)
 
 
 def _file_may_touch(data_file: DataFile, field_ids: list[int], shape: shapely.Geometry) -> bool:
@@ -432,12 +505,18 @@ def _row_groups_that_may_match(
     covering_paths: Sequence[str | None],
     conditions: list[Condition],
     shape: shapely.Geometry | None = None,
+    x_intervals: list[tuple[float, float]] | None = None,
+    wrapped_rows: int | None = None,
 ) -> list[int]:
     """Indices of the row groups whose bbox.* statistics do not rule out a match.
 
     The statistics are the min and max of each of the four columns, so a condition "xmin <= v"
     can hold for some row only if min(xmin) <= v, and "xmax >= v" only if max(xmax) >= v. With
     `shape`, the group's MBR (min xmin, min ymin, max xmax, max ymax) must also intersect it.
+
+    With `x_intervals` (short-way tables), the group's x range must meet one of them: a group
+    whose min(xmin) exceeds its max(xmax) holds only wrapped rows and covers [min xmin, 180] and
+    [-180, max xmax]; in a file with `wrapped_rows`, any other group may span the world.
     """
     n = metadata.num_row_groups
     if n == 0:
@@ -454,9 +533,17 @@ def _row_groups_that_may_match(
             stats = metadata.row_group(g).column(j).statistics
             if stats is not None and stats.has_min_max:
                 minima[g, k], maxima[g, k] = stats.min, stats.max
+    if x_intervals is not None and wrapped_rows:
+        unknown = ~(minima[:, _XMIN] > maxima[:, _XMAX])
+        minima[unknown, _XMIN], maxima[unknown, _XMAX] = -np.inf, np.inf
     may_match = np.ones(n, dtype=bool)
     for k, op, value in conditions:
         may_match &= (minima[:, k] <= value) if op == "<=" else (maxima[:, k] >= value)
+    if x_intervals is not None:
+        touches = np.zeros(n, dtype=bool)
+        for lo, hi in x_intervals:
+            touches |= x_overlaps(minima[:, _XMIN], maxima[:, _XMAX], lo, hi)
+        may_match &= touches
     groups = np.flatnonzero(may_match).tolist()
     if shape is not None:
         groups = [
@@ -479,7 +566,12 @@ def _window_geometry(bbox: BBox) -> shapely.Geometry:
 
 
 def _exact_matches(
-    rows: pa.Table, geometry_column: str, covering_column: str, predicate: Predicate, conditions: list[Condition]
+    rows: pa.Table,
+    geometry_column: str,
+    covering_column: str,
+    predicate: Predicate,
+    conditions: list[Condition],
+    x_intervals: list[tuple[float, float]] | None = None,
 ) -> pa.Table:
     # The bbox conditions are a cheap necessary test (exact for points and intersects with a
     # box), so GEOS only sees the rows they leave.
@@ -489,12 +581,41 @@ def _exact_matches(
         field = pc.struct_field(covering, BBOX_FIELDS[k])
         test = pc.less_equal(field, value) if op == "<=" else pc.greater_equal(field, value)
         keep = test if keep is None else pc.and_(keep, test)
-    candidates = rows.filter(keep)
+    if x_intervals is not None:
+        xmin = pc.struct_field(covering, "xmin").to_numpy(zero_copy_only=False)
+        xmax = pc.struct_field(covering, "xmax").to_numpy(zero_copy_only=False)
+        touches = np.zeros(len(xmin), dtype=bool)
+        for lo, hi in x_intervals:
+            touches |= x_overlaps(xmin, xmax, lo, hi)
+        test = pa.array(touches)
+        keep = test if keep is None else pc.and_(keep, test)
+    candidates = rows.filter(keep) if keep is not None else rows
     if candidates.num_rows == 0:
         return candidates
     geometries = shapely.from_wkb(candidates.column(geometry_column).to_numpy(zero_copy_only=False))
     q = predicate.geometry
     shapely.prepare(q)
+    wide = np.zeros(0, dtype=np.int64)
+    if x_intervals is not None:
+        # Read the short way, only a geometry wider than 180 degrees can have an edge that long.
+        bounds = shapely.bounds(geometries)
+        wide = np.flatnonzero(bounds[:, 2] - bounds[:, 0] > 180.0)
+    if wide.size and predicate.kind == "intersects":
+        # Q against the unwrapped shapes, and Q moved a turn and two east: no cutting needed.
+        plain = np.ones(len(geometries), dtype=bool)
+        plain[wide] = False
+        hits = np.zeros(len(geometries), dtype=bool)
+        hits[plain] = shapely.intersects(q, geometries[plain])
+        shapes, _ = unwrapped(geometries[wide])
+        near = np.zeros(wide.size, dtype=bool)
+        for turn in (0.0, 360.0, 720.0):
+            moved = q if turn == 0.0 else shapely.transform(q, lambda c, t=turn: c + np.array([t, 0.0]))
+            near |= shapely.intersects(moved, shapes)
+        hits[wide] = near
+        return candidates.filter(pa.array(hits))
+    if wide.size:
+        # within and contains: the geometry cut at ±180 into parts in [-180, 180]
+        geometries[wide] = split_at_antimeridian(geometries[wide])
     if predicate.kind == "intersects":
         hits = shapely.intersects(q, geometries)
     elif predicate.kind == "within":

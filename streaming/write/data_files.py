@@ -39,6 +39,8 @@ DATA_FILE_RECORD_DDL = (
 DATA = "data"
 EQUALITY_DELETES = "equality_deletes"
 _BOUND_KEYS = ("lower_bounds", "upper_bounds")
+# Footer key: how many rows of the file have a bbox crossing the anti-meridian (short-way tables).
+WRAPPED_ROWS_KEY = "geoingest.wrapped_rows"
 
 
 @dataclass(frozen=True)
@@ -152,18 +154,42 @@ class GeoParquetWriter:
         self._bbox_ids = contract.bbox_field_ids
 
     def write(self, batches: Iterable[pa.RecordBatch]) -> Iterator[DataFileRecord]:
-        file = None
-        for group in _row_groups(batches, self.contract.clustering.row_group_rows):
-            table = _with_flat_bbox(pa.Table.from_batches([group]), self.contract)
-            table = table.select(self.schema.names).cast(self.schema)
-            if file is None:
-                file = _OpenFile(self._new_path(), self.io, self.schema, self._parquet_options)
-            file.write(table, self.contract)
-            if file.bytes_written() >= self.contract.clustering.target_file_bytes:
-                yield self._finish(file)
-                file = None
-        if file is not None:
-            yield self._finish(file)
+        """Files of the rows in their order. Under the short-way reading, rows whose bbox crosses
+        the anti-meridian (xmin > xmax) go to files of their own, so that every file's manifest
+        bounds describe either plain boxes or wrapped ones (docs/antimeridian.md)."""
+        rows = self.contract.clustering.row_group_rows
+        lanes = {False: _Lane(), True: _Lane()}
+        for batch in batches:
+            for wrapped, part in self._lanes_of(batch):
+                lane = lanes[wrapped]
+                for group in lane.add(part, rows):
+                    yield from self._write_group(lane, group)
+        for lane in lanes.values():
+            group = lane.rest()
+            if group is not None:
+                yield from self._write_group(lane, group)
+            if lane.file is not None:
+                yield self._finish(lane.file)
+                lane.file = None
+
+    def _lanes_of(self, batch: pa.RecordBatch) -> list[tuple[bool, pa.RecordBatch]]:
+        if self.contract.geometry.antimeridian != "short" or batch.num_rows == 0:
+            return [(False, batch)]
+        bbox = batch.column(self.contract.bbox_name)
+        wrapped = pc.fill_null(pc.greater(bbox.field("xmin"), bbox.field("xmax")), False)
+        if not pc.any(wrapped).as_py():
+            return [(False, batch)]
+        return [(False, batch.filter(pc.invert(wrapped))), (True, batch.filter(wrapped))]
+
+    def _write_group(self, lane: _Lane, group: pa.RecordBatch) -> Iterator[DataFileRecord]:
+        table = _with_flat_bbox(pa.Table.from_batches([group]), self.contract)
+        table = table.select(self.schema.names).cast(self.schema)
+        if lane.file is None:
+            lane.file = _OpenFile(self._new_path(), self.io, self.schema, self._parquet_options)
+        lane.file.write(table, self.contract)
+        if lane.file.bytes_written() >= self.contract.clustering.target_file_bytes:
+            yield self._finish(lane.file)
+            lane.file = None
 
     def _new_path(self) -> str:
         return f"{self._data_location}/{self._file_prefix}-{uuid.uuid4().hex}.parquet"
@@ -177,6 +203,11 @@ class GeoParquetWriter:
             bounds = dict(metrics.get(key) or {})
             for i, name in enumerate(BBOX_FIELDS):
                 value = file.bbox_min[i] if key == "lower_bounds" else file.bbox_max[i]
+                if file.wrapped_rows and file.bbox_min[0] <= file.bbox_max[2] and name in ("xmin", "xmax"):
+                    # Wrapped rows whose least xmin is not above their greatest xmax: no wrapped
+                    # MBR of the file can be read from these bounds, so they widen to the world
+                    # (still true bounds: every xmin >= -180, every xmax <= 180).
+                    value = -180.0 if name == "xmin" else 180.0
                 bounds[self._bbox_ids[name]] = to_bytes(DoubleType(), value)
             metrics[key] = bounds
         return DataFileRecord(
@@ -215,9 +246,12 @@ class _OpenFile:
         self.bbox_min = [np.inf] * 4
         self.bbox_max = [-np.inf] * 4
         self.geometry_types: set[str] = set()
+        self.wrapped_rows = 0
 
     def write(self, table: pa.Table, contract: Contract) -> None:
         bbox = table.column(contract.bbox_name).combine_chunks()
+        if contract.geometry.antimeridian == "short":
+            self.wrapped_rows += int(pc.sum(pc.greater(bbox.field("xmin"), bbox.field("xmax"))).as_py() or 0)
         for i, name in enumerate(BBOX_FIELDS):
             lo_hi = pc.min_max(bbox.field(name))
             self.bbox_min[i] = min(self.bbox_min[i], lo_hi["min"].as_py())
@@ -230,12 +264,18 @@ class _OpenFile:
 
     def bbox(self) -> tuple[float, float, float, float]:
         # The file bbox: xmin/ymin are the least row minima, xmax/ymax the greatest row maxima.
-        return (self.bbox_min[0], self.bbox_min[1], self.bbox_max[2], self.bbox_max[3])
+        # A file of wrapped rows (the writer keeps them apart) covers [xmin, 180] and [-180, xmax]:
+        # wrapped too, unless its least xmin is not above its greatest xmax (then the world).
+        xmin, xmax = self.bbox_min[0], self.bbox_max[2]
+        if self.wrapped_rows and xmin <= xmax:
+            xmin, xmax = -180.0, 180.0
+        return (xmin, self.bbox_min[1], xmax, self.bbox_max[3])
 
     def close(self, contract: Contract) -> pq.FileMetaData:
-        self._writer.add_key_value_metadata(
-            {"geo": geo_metadata_bytes(contract, sorted(self.geometry_types), self.bbox())}
-        )
+        metadata = {"geo": geo_metadata_bytes(contract, sorted(self.geometry_types), self.bbox())}
+        if contract.geometry.antimeridian == "short":
+            metadata[WRAPPED_ROWS_KEY] = str(self.wrapped_rows).encode()
+        self._writer.add_key_value_metadata(metadata)
         self._writer.close()
         self._stream.close()
         return self._writer.writer.metadata
@@ -254,18 +294,28 @@ def _with_flat_bbox(table: pa.Table, contract: Contract) -> pa.Table:
     return table
 
 
-def _row_groups(batches: Iterable[pa.RecordBatch], rows: int) -> Iterator[pa.RecordBatch]:
-    """Re-chunk a stream of batches into batches of exactly `rows` rows (the last may be short)."""
-    pending: list[pa.RecordBatch] = []
-    pending_rows = 0
-    for batch in batches:
+class _Lane:
+    """Rows on their way to one kind of file: whole row groups of them cut as they come."""
+
+    def __init__(self) -> None:
+        self.pending: list[pa.RecordBatch] = []
+        self.pending_rows = 0
+        self.file: _OpenFile | None = None
+
+    def add(self, batch: pa.RecordBatch, rows: int) -> Iterator[pa.RecordBatch]:
         while batch.num_rows:
-            take = min(rows - pending_rows, batch.num_rows)
-            pending.append(batch.slice(0, take))
-            pending_rows += take
+            take = min(rows - self.pending_rows, batch.num_rows)
+            self.pending.append(batch.slice(0, take))
+            self.pending_rows += take
             batch = batch.slice(take)
-            if pending_rows == rows:
-                yield pa.Table.from_batches(pending).combine_chunks().to_batches()[0]
-                pending, pending_rows = [], 0
-    if pending_rows:
-        yield pa.Table.from_batches(pending).combine_chunks().to_batches()[0]
+            if self.pending_rows == rows:
+                group = self.rest()
+                assert group is not None
+                yield group
+
+    def rest(self) -> pa.RecordBatch | None:
+        if not self.pending_rows:
+            return None
+        group = pa.Table.from_batches(self.pending).combine_chunks().to_batches()[0]
+        self.pending, self.pending_rows = [], 0
+        return group

@@ -369,7 +369,7 @@ def test_empty_table_gives_an_empty_result(tmp_path: Path, contract: Contract) -
 
 @pytest.mark.parametrize(
     "text",
-    ["1,2,3", "1,2,3,4,5", "", "a,b,c,d", "1,2,,4", "3,0,1,1", "0,3,1,1", "nan,0,1,1", "0,0,inf,1"],
+    ["1,2,3", "1,2,3,4,5", "", "a,b,c,d", "1,2,,4", "300,0,1,1", "0,3,1,1", "nan,0,1,1", "0,0,inf,1"],
 )
 def test_parse_bbox_errors_name_the_text(text: str) -> None:
     with pytest.raises(ValueError) as error:
