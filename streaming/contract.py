@@ -61,7 +61,10 @@ GEOMETRY_TYPES = (
     "GeometryCollection",
 )
 DIMENSIONS = ("XY", "XYZ", "XYM", "XYZM")
-FORMATS = ("geojson", "wkb", "ewkb", "gpkg")
+FORMATS = ("geojson", "wkb", "ewkb", "gpkg", "avro")
+# Formats whose values are in the Confluent wire format (0x00, a 4-byte schema id, the record):
+# their first byte is that of big-endian WKB too, so a topic is either registry-encoded or not.
+REGISTRY_FORMATS = ("avro",)
 KAFKA_SOURCES = ("kafka.key", "kafka.timestamp", "kafka.topic", "kafka.partition", "kafka.offset")
 BBOX_FIELDS = ("xmin", "ymin", "xmax", "ymax")
 DEFAULT_HILBERT_BITS = 16
@@ -86,7 +89,9 @@ KNOWN_KEYS = {
         "primary_key",
         "mode",
         "schema_evolution",
+        "registry",
     ),
+    "registry": ("geometry_field", "lon_field", "lat_field", "srid_field"),
     "columns[]": ("id", "name", "type", "required", "from", "description"),
     "geometry": ("id", "name", "types", "dimensions", "crs", "encoding", "invalid_polygons"),
     "bbox": ("id", "name", "flat_columns"),
@@ -154,6 +159,17 @@ class SchemaEvolution:
 
 
 @dataclass(frozen=True)
+class RegistrySpec:
+    """Where a registry-encoded record holds its geometry: one field (bytes: WKB or EWKB; a string:
+    WKT), or a longitude and a latitude field (numbers); and optionally a field with its EPSG code."""
+
+    geometry_field: str = ""
+    lon_field: str = ""
+    lat_field: str = ""
+    srid_field: str = ""
+
+
+@dataclass(frozen=True)
 class Contract:
     table: str
     description: str
@@ -173,6 +189,8 @@ class Contract:
     # Columns the table has and the contract file does not: added by schema evolution (or by
     # `geoingest table evolve` from another contract), each read from the property of its name.
     added_columns: tuple[Column, ...] = ()
+    # For registry-encoded topics (REGISTRY_FORMATS): where the records hold their geometry.
+    registry: RegistrySpec | None = None
 
     @property
     def all_columns(self) -> tuple[Column, ...]:
@@ -343,6 +361,7 @@ def parse_contract(raw: Any) -> Contract:
         raise ContractError(f"mode: {mode!r} is not one of {list(WRITE_MODES)}")
     primary_key = _parse_primary_key(raw, columns, mode)
     schema_evolution = _parse_schema_evolution(raw.get("schema_evolution", "off"))
+    registry = _parse_registry(raw, formats)
     return Contract(
         table=table,
         description=str(raw.get("description", "")),
@@ -357,7 +376,34 @@ def parse_contract(raw: Any) -> Contract:
         primary_key=primary_key,
         mode=mode,
         schema_evolution=schema_evolution,
+        registry=registry,
     )
+
+
+def _parse_registry(raw: dict, formats: tuple[str, ...]) -> RegistrySpec | None:
+    registered = [f for f in formats if f in REGISTRY_FORMATS]
+    if not registered:
+        if "registry" in raw:
+            raise ContractError(f"registry: only for the registry-encoded formats {list(REGISTRY_FORMATS)}")
+        return None
+    if len(registered) != len(formats):
+        raise ContractError(
+            f"formats: {registered} (Confluent wire format, first byte 0x00) cannot share a topic with "
+            f"{[f for f in formats if f not in REGISTRY_FORMATS]}: big-endian WKB starts with 0x00 as well"
+        )
+    section = raw.get("registry")
+    if not isinstance(section, dict):
+        raise ContractError("registry: missing; name the record field(s) that hold the geometry")
+    _known_keys_only(section, "registry", "registry.")
+    for key, value in section.items():
+        if not isinstance(value, str) or not value:
+            raise ContractError(f"registry.{key}: expected a field name, got {value!r}")
+    spec = RegistrySpec(**section)
+    if bool(spec.geometry_field) == bool(spec.lon_field or spec.lat_field):
+        raise ContractError("registry: name either geometry_field, or lon_field and lat_field")
+    if bool(spec.lon_field) != bool(spec.lat_field):
+        raise ContractError("registry: lon_field and lat_field go together")
+    return spec
 
 
 def _declared_ids(columns: tuple[Column, ...], geometry_id: int, bbox_id: int) -> list[tuple[str, int]]:

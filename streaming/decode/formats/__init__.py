@@ -9,12 +9,13 @@ significant byte names; the geometry rules (streaming/decode/validate.py) and th
 
 from __future__ import annotations
 
+from streaming.decode.formats.avro import AvroFormat
 from streaming.decode.formats.base import Decoded, InputFormat
 from streaming.decode.formats.geojson import GeoJsonFormat
 from streaming.decode.formats.gpkg import GeoPackageFormat
 from streaming.decode.formats.wkb import WkbFormat
 
 # Every input format; their `names` together are the contract's FORMATS.
-INPUT_FORMATS: tuple[type[InputFormat], ...] = (GeoJsonFormat, WkbFormat, GeoPackageFormat)
+INPUT_FORMATS: tuple[type[InputFormat], ...] = (GeoJsonFormat, WkbFormat, GeoPackageFormat, AvroFormat)
 
 __all__ = ["INPUT_FORMATS", "Decoded", "InputFormat"]

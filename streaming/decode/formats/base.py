@@ -11,6 +11,7 @@ import pyarrow as pa
 
 from streaming.contract import Contract
 from streaming.decode.rejects import Reason, Rejects
+from streaming.decode.schema_registry import RegistrySettings
 
 
 @dataclass
@@ -61,11 +62,18 @@ class InputFormat(ABC):
     first_bytes_shown: ClassVar[tuple[str, ...]]
     # First bytes it does not claim but knows a reason for (a JSON array is no Feature).
     refused_first_bytes: ClassVar[dict[int, tuple[Reason, str]]] = {}
+    # Values in the Confluent wire format (schema registry): a contract that names such a format
+    # is read by the registry formats it names alone (their 0x00 is big-endian WKB's first byte).
+    registry_encoded: ClassVar[bool] = False
 
     def __init__(self, contract: Contract, max_nesting: int, property_types: dict[str, pa.DataType]):
         self.contract = contract
         self.max_nesting = max_nesting
         self.property_types = property_types
+
+    def use_registry(self, settings: RegistrySettings) -> None:
+        """The schema registry a registry-encoded format reads its schemas from (others need none)."""
+        return None
 
     @abstractmethod
     def decode(self, values: pa.Array, rows: np.ndarray, out: Decoded) -> None:
