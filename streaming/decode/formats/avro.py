@@ -353,6 +353,36 @@ class RecordReader:
         return pa.array(out, pa.string())
 
 
+def _wire(values: pa.Array, rows: np.ndarray) -> tuple[pa.Array, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The values at rows as binary, their bytes and offsets, the schema id of each and which are
+    too short to have one."""
+    taken = values.take(pa.array(rows)).cast(pa.binary())
+    offsets32, data = offsets_and_bytes(taken)
+    offsets = offsets32.astype(np.int64)
+    short = np.diff(offsets) < WIRE_HEADER
+    padded = np.concatenate([data, np.zeros(WIRE_HEADER, dtype=np.uint8)])
+    head = offsets[:-1]
+    ids = (
+        (padded[head + 1].astype(np.int64) << 24)
+        | (padded[head + 2].astype(np.int64) << 16)
+        | (padded[head + 3].astype(np.int64) << 8)
+        | padded[head + 4].astype(np.int64)
+    )
+    return taken, data, offsets, ids, short
+
+
+# The column type of an Avro leaf, as schema evolution names them (streaming/decode/properties.py).
+_EVOLVED_KIND = {
+    "boolean": "boolean",
+    "int": "long",
+    "long": "long",
+    "float": "double",
+    "double": "double",
+    "string": "string",
+    "enum": "string",
+}
+
+
 _POINT_WKB = np.dtype([("order", "u1"), ("type", "<u4"), ("x", "<f8"), ("y", "<f8")])
 
 
@@ -409,24 +439,13 @@ class AvroFormat(InputFormat):
 
     def decode(self, values: pa.Array, rows: np.ndarray, out: Decoded) -> None:
         rejects = out.rejects
-        taken = values.take(pa.array(rows)).cast(pa.binary())
-        offsets, data = offsets_and_bytes(taken)
-        offsets = offsets.astype(np.int64)
-        lengths = np.diff(offsets)
-        short = lengths < WIRE_HEADER
+        taken, data, offsets, ids, short = _wire(values, rows)
         rejects.add(
             rows[short],
             Reason.BAD_WIRE_FORMAT,
             "shorter than the Confluent wire format's header (a zero byte and a 4-byte schema id)",
         )
-        padded = np.concatenate([data, np.zeros(WIRE_HEADER, dtype=np.uint8)])
         head = offsets[:-1]
-        ids = (
-            (padded[head + 1].astype(np.int64) << 24)
-            | (padded[head + 2].astype(np.int64) << 16)
-            | (padded[head + 3].astype(np.int64) << 8)
-            | padded[head + 4].astype(np.int64)
-        )
         for schema_id in np.unique(ids[~short]):
             local = np.flatnonzero(~short & (ids == schema_id))
             try:
@@ -541,6 +560,33 @@ class AvroFormat(InputFormat):
                 out.rejects.add(rows[bad], Reason.PROPERTY_TYPE_MISMATCH, list(local.detail[bad]))
             out.properties[name] = scatter_into(out.properties[name], cast, rows)
 
-    def field_names(self, schema_id: int) -> list[str]:
-        """The columns a schema's records have (for the unmapped-field report)."""
-        return list(self.plan(schema_id).leaves)
+    def unmapped_fields(
+        self, values: pa.Array, rows: np.ndarray, mapped: frozenset[str], order: tuple[np.ndarray, ...]
+    ) -> dict[str, Any]:
+        """The record fields no column maps, of the schemas these values name (schema evolution's
+        scan: a field a new schema version adds becomes a column under `add-columns`). A field
+        counts every record of a schema that has it; its first record is the group's first in
+        Kafka order. Records whose schema is unknown or unsupported name none (the decoder
+        rejects them)."""
+        # Here, not at the top: streaming.decode.properties imports the formats package.
+        from streaming.decode.properties import NESTED, PropertySeen, merge_seen
+
+        spec = self.contract.registry
+        own = {spec.geometry_field, spec.lon_field, spec.lat_field, spec.srid_field} if spec else set()
+        _, _, _, ids, short = _wire(values, rows)
+        timestamps, partitions, offsets = order
+        seen: dict[str, PropertySeen] = {}
+        for schema_id in np.unique(ids[~short]):
+            local = np.flatnonzero(~short & (ids == schema_id))
+            try:
+                plan = self.plan(int(schema_id))
+            except (UnknownSchemaId, UnsupportedSchema):
+                continue
+            k = local[np.lexsort((offsets[local], partitions[local], timestamps[local]))[0]]
+            first = (int(timestamps[k]), int(partitions[k]), int(offsets[k]))
+            for name, node in plan.leaves.items():
+                if name in mapped or name in own:
+                    continue
+                found = PropertySeen(_EVOLVED_KIND.get(node.kind, NESTED), int(local.size), first)
+                merge_seen(seen, {name: found})
+        return seen
