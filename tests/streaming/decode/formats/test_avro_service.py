@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 import shapely
 
+from app.local.process import free_port
 from app.service import run
 from app.settings import load_settings
 from streaming.contract import parse_contract
@@ -101,3 +102,27 @@ def test_avro_records_through_the_registry_with_a_schema_change_midstream(
     dead = dead_letters(kafka.bootstrap, settings.dead_letter_topic)
     assert {d.key: d.reason for d in dead.values()} == {key: reason for key, (_, reason) in malformed.items()}
     assert len(rows) + len(dead) == len(records) == totals.consumed
+
+
+def test_an_unreachable_registry_stops_the_service_naming_it(kafka, spark, topic, tmp_path):
+    nowhere = f"http://127.0.0.1:{free_port()}/apis/ccompat/v7"
+    value = wire(1, avro_bytes(V1, {"id": "a", "lon": 1.0, "lat": 2.0, "speed": None}))
+    assert produce_records(kafka.bootstrap, topic, [(b"a", value, [])]) == 1
+    settings = load_settings(
+        env={},
+        bootstrap_servers=kafka.bootstrap,
+        topic=topic,
+        metrics_port=0,
+        cache_dir=str(CACHE_DIR),
+        catalog={"type": "sql", "uri": f"sqlite:///{tmp_path / 'c.db'}", "warehouse": f"file://{tmp_path / 'wh'}"},
+        checkpoint_location=str(tmp_path / "ck"),
+        schema_registry={"url": nowhere},
+    )
+    contract = parse_contract({**CONTRACT, "schema_evolution": "off"})
+    create_table(open_catalog(settings.catalog_name, settings.catalog), contract)
+    with pytest.raises(Exception, match=f"schema registry at {nowhere} is unreachable"):
+        run(settings, contract, until_idle=True, spark=spark)
+    # Nothing was taken for the registry's fault: no commit, no dead letter.
+    table = open_catalog(settings.catalog_name, settings.catalog).load_table(contract.table)
+    assert table.current_snapshot() is None
+    assert dead_letters(kafka.bootstrap, settings.dead_letter_topic) == {}
