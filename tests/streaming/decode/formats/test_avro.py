@@ -271,3 +271,40 @@ def test_contract_keeps_registry_topics_apart_from_wkb():
         parse_contract({k: v for k, v in contract({"geometry_field": "g"}).items() if k != "registry"})
     with pytest.raises(ContractError, match="either geometry_field"):
         parse_contract(contract({"geometry_field": "g", "lon_field": "x", "lat_field": "y"}))
+
+
+def test_an_srid_field_or_an_ewkb_srid_is_honoured_and_reprojected():
+    mercator = {
+        "type": "record",
+        "name": "M",
+        "fields": [
+            {"name": "id", "type": "string"},
+            {"name": "x", "type": "double"},
+            {"name": "y", "type": "double"},
+            {"name": "epsg", "type": ["null", "int"]},
+        ],
+    }
+    ewkb = {"type": "record", "name": "E", "fields": [{"name": "id", "type": "string"}, {"name": "g", "type": "bytes"}]}
+    paris_3857 = (261_600.0, 6_250_000.0)
+    by_fields = decoder_with(contract({"lon_field": "x", "lat_field": "y", "srid_field": "epsg"}), {1: mercator})
+    out = by_fields.decode(
+        kafka_batch(
+            [
+                wire(1, avro_bytes(mercator, {"id": "m", "x": paris_3857[0], "y": paris_3857[1], "epsg": 3857})),
+                wire(1, avro_bytes(mercator, {"id": "d", "x": 2.35, "y": 48.86, "epsg": None})),  # the table's CRS
+            ]
+        )
+    )
+    assert out.column(REJECT_REASON).to_pylist() == [None, None]
+    reprojected, as_sent = shapely.from_wkb(out.column("geometry").to_numpy(zero_copy_only=False))
+    assert reprojected.x == pytest.approx(2.35, abs=0.01) and reprojected.y == pytest.approx(48.86, abs=0.05)
+    assert (as_sent.x, as_sent.y) == (2.35, 48.86)
+
+    by_ewkb = decoder_with(contract({"geometry_field": "g"}), {2: ewkb})
+    point = shapely.set_srid(shapely.Point(*paris_3857), 3857)
+    out = by_ewkb.decode(
+        kafka_batch([wire(2, avro_bytes(ewkb, {"id": "e", "g": shapely.to_wkb(point, include_srid=True)}))])
+    )
+    assert out.column(REJECT_REASON).to_pylist() == [None]
+    stored = shapely.from_wkb(out.column("geometry")[0].as_py())
+    assert stored.x == pytest.approx(2.35, abs=0.01) and stored.y == pytest.approx(48.86, abs=0.05)
