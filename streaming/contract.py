@@ -61,10 +61,10 @@ GEOMETRY_TYPES = (
     "GeometryCollection",
 )
 DIMENSIONS = ("XY", "XYZ", "XYM", "XYZM")
-FORMATS = ("geojson", "wkb", "ewkb", "gpkg", "avro")
+FORMATS = ("geojson", "wkb", "ewkb", "gpkg", "avro", "protobuf")
 # Formats whose values are in the Confluent wire format (0x00, a 4-byte schema id, the record):
 # their first byte is that of big-endian WKB too, so a topic is either registry-encoded or not.
-REGISTRY_FORMATS = ("avro",)
+REGISTRY_FORMATS = ("avro", "protobuf")
 KAFKA_SOURCES = ("kafka.key", "kafka.timestamp", "kafka.topic", "kafka.partition", "kafka.offset")
 BBOX_FIELDS = ("xmin", "ymin", "xmax", "ymax")
 DEFAULT_HILBERT_BITS = 16
@@ -391,6 +391,8 @@ def _parse_registry(raw: dict, formats: tuple[str, ...]) -> RegistrySpec | None:
             f"formats: {registered} (Confluent wire format, first byte 0x00) cannot share a topic with "
             f"{[f for f in formats if f not in REGISTRY_FORMATS]}: big-endian WKB starts with 0x00 as well"
         )
+    if len(registered) > 1:
+        raise ContractError(f"formats: {registered}: a registry-encoded topic holds one of them")
     section = raw.get("registry")
     if not isinstance(section, dict):
         raise ContractError("registry: missing; name the record field(s) that hold the geometry")

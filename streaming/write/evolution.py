@@ -23,6 +23,7 @@ from pyiceberg.table import Transaction
 from streaming.contract import Column, Contract
 from streaming.decode.decoder import first_significant_byte
 from streaming.decode.formats.avro import AvroFormat
+from streaming.decode.formats.protobuf import ProtobufFormat
 from streaming.decode.properties import NESTED, PropertySeen, merge_seen, record_order, unmapped_properties
 from streaming.decode.schema_registry import RegistrySettings
 
@@ -122,7 +123,8 @@ class PropertyScan:
         seen: dict[str, PropertySeen] = {}
         avro = None
         if self.registry_contract is not None:
-            avro = AvroFormat(self.registry_contract, 0, {})
+            kind = ProtobufFormat if "protobuf" in self.registry_contract.formats else AvroFormat
+            avro = kind(self.registry_contract, 0, {})
             avro.use_registry(self.registry)
         for batch in batches:
             values = batch.column("value")

@@ -13,9 +13,10 @@ from streaming.decode.formats.avro import AvroFormat
 from streaming.decode.formats.base import Decoded, InputFormat
 from streaming.decode.formats.geojson import GeoJsonFormat
 from streaming.decode.formats.gpkg import GeoPackageFormat
+from streaming.decode.formats.protobuf import ProtobufFormat
 from streaming.decode.formats.wkb import WkbFormat
 
 # Every input format; their `names` together are the contract's FORMATS.
-INPUT_FORMATS: tuple[type[InputFormat], ...] = (GeoJsonFormat, WkbFormat, GeoPackageFormat, AvroFormat)
+INPUT_FORMATS: tuple[type[InputFormat], ...] = (GeoJsonFormat, WkbFormat, GeoPackageFormat, AvroFormat, ProtobufFormat)
 
 __all__ = ["INPUT_FORMATS", "Decoded", "InputFormat"]

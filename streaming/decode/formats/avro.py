@@ -203,10 +203,15 @@ class RecordReader:
         self.detail[fresh] = message
         self.pos[idx] = self.end[idx]
 
-    def _varint(self, sel: np.ndarray, what: str) -> np.ndarray:
+    def _varint(self, sel: np.ndarray, what: str, zigzag: bool = True) -> np.ndarray:
+        """A variable-length integer at each cursor: zigzag-encoded (Avro's, Protobuf's sint) or
+        plain (Protobuf's other integers, whose negatives are their 64-bit two's complement)."""
         p = self.pos[sel]
         first = self.data[p]
-        value = (first >> 1).astype(np.int64) ^ -(first & 1).astype(np.int64)
+        if zigzag:
+            value = (first >> 1).astype(np.int64) ^ -(first & 1).astype(np.int64)
+        else:
+            value = first.astype(np.int64)
         length = np.ones(len(sel), dtype=np.int64)
         long = np.flatnonzero(first >= 0x80)
         if long.size:
@@ -217,7 +222,10 @@ class RecordReader:
             raw = np.zeros(long.size, dtype=np.uint64)
             for k in range(10):
                 raw |= np.where(k < n_bytes, (b[:, k] & 0x7F).astype(np.uint64) << _SHIFTS[k], np.uint64(0))
-            value[long] = (raw >> np.uint64(1)).astype(np.int64) ^ -(raw & np.uint64(1)).astype(np.int64)
+            if zigzag:
+                value[long] = (raw >> np.uint64(1)).astype(np.int64) ^ -(raw & np.uint64(1)).astype(np.int64)
+            else:
+                value[long] = raw.view(np.int64)
             length[long] = np.where(has, n_bytes, 11)
         over = p + length > self.end[sel]
         self._fail(sel, over, f"{what}: the record ends inside a variable-length integer")
@@ -404,6 +412,8 @@ class AvroFormat(InputFormat):
     first_bytes_shown: ClassVar[tuple[str, ...]] = ("0x00",)
     # Its values start with 0x00, as big-endian WKB does: a topic is either registry-encoded or not.
     registry_encoded: ClassVar[bool] = True
+    # The registry's name of the schemas it reads (streaming/decode/formats/protobuf.py reads "PROTOBUF").
+    schema_type: ClassVar[str] = "AVRO"
 
     def __init__(self, contract: Contract, max_nesting: int, property_types: dict[str, pa.DataType]):
         super().__init__(contract, max_nesting, property_types)
@@ -425,17 +435,25 @@ class AvroFormat(InputFormat):
         cached = self._plans.get(schema_id)
         if cached is None:
             registered = self.client.schema(schema_id)
-            if registered.schema_type != "AVRO":
-                cached = UnsupportedSchema(f"schema id {schema_id} is a {registered.schema_type} schema, not Avro")
+            if registered.schema_type != self.schema_type:
+                cached = UnsupportedSchema(
+                    f"schema id {schema_id} is of type {registered.schema_type}, not {self.schema_type}"
+                )
             else:
                 try:
-                    cached = compile_schema(schema_id, registered.text)
+                    cached = self.compile(schema_id, registered.text)
                 except UnsupportedSchema as exc:
                     cached = exc
             self._plans[schema_id] = cached
         if isinstance(cached, UnsupportedSchema):
             raise cached
         return cached
+
+    def compile(self, schema_id: int, text: str) -> Plan:
+        return compile_schema(schema_id, text)
+
+    def reader(self, plan: Plan, data: np.ndarray, start: np.ndarray, end: np.ndarray) -> RecordReader:
+        return RecordReader(plan, data, start, end)
 
     def decode(self, values: pa.Array, rows: np.ndarray, out: Decoded) -> None:
         rejects = out.rejects
@@ -460,7 +478,7 @@ class AvroFormat(InputFormat):
             except UnsupportedSchema as exc:
                 rejects.add(rows[local], Reason.SCHEMA_NOT_SUPPORTED, str(exc))
                 continue
-            reader = RecordReader(plan, data, head[local] + WIRE_HEADER, offsets[1:][local])
+            reader = self.reader(plan, data, head[local] + WIRE_HEADER, offsets[1:][local])
             reader.read()
             bad = reader.bad
             rejects.add(

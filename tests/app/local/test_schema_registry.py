@@ -22,6 +22,7 @@ from streaming.decode.schema_registry import (
     UnknownSchemaId,
 )
 from tests.streaming.decode.formats.test_avro import avro_bytes, contract, wire
+from tests.streaming.decode.formats.test_protobuf import PING_PROTO, Ping
 from tests.streaming.decode.test_decoder import kafka_batch
 
 V1 = {
@@ -39,11 +40,12 @@ V1 = {
 V2 = {**V1, "fields": [*V1["fields"], {"name": "note", "type": ["null", "string"], "default": None}]}
 
 
-def register(registry_url: str, subject: str, schema: dict) -> int:
-    """Registers a schema under a subject through the ccompat API; returns its global id."""
+def register(registry_url: str, subject: str, schema: dict | str, schema_type: str = "AVRO") -> int:
+    """Registers a schema under a subject through the ccompat API; returns its id."""
+    text = schema if isinstance(schema, str) else json.dumps(schema)
     request = urllib.request.Request(
         f"{registry_url}/subjects/{subject}/versions",
-        data=json.dumps({"schema": json.dumps(schema), "schemaType": "AVRO"}).encode(),
+        data=json.dumps({"schema": text, "schemaType": schema_type}).encode(),
         headers={"Content-Type": "application/vnd.schemaregistry.v1+json"},
         method="POST",
     )
@@ -105,6 +107,22 @@ def test_avro_records_decode_across_a_schema_change_with_every_record_accounted_
         ("a", 1.5, None),
         ("b", None, "after the change"),
     ]
+
+
+def test_protobuf_messages_decode_with_the_schema_the_registry_holds(schema_registry: LocalSchemaRegistry):
+    schema_id = register(schema_registry.url, "pings-proto-value", PING_PROTO, "PROTOBUF")
+    assert get(schema_registry.url, f"/schemas/ids/{schema_id}")["schemaType"] == "PROTOBUF"  # type: ignore[index]
+    raw = {**contract({"lon_field": "lon", "lat_field": "lat"}), "formats": ["protobuf"]}
+    decoder = Decoder(parse_contract(raw), DecodeOptions(schema_registry=RegistrySettings(url=schema_registry.url)))
+    avro_id = register(schema_registry.url, "pings-proto-avro-value", V1)
+    values = [
+        wire(schema_id, b"\x00" + Ping(id="a", lon=2.35, lat=48.86, speed=1.5).SerializeToString()),
+        wire(avro_id, b"\x00" + Ping(id="b", lon=2.35, lat=48.86).SerializeToString()),  # an Avro schema's id
+    ]
+    out = decoder.decode(kafka_batch(values)).to_pylist()
+    assert [r[REJECT_REASON] for r in out] == [None, "schema_not_supported"]
+    assert (out[0]["event_id"], out[0]["speed"]) == ("a", 1.5)
+    assert "is of type AVRO, not PROTOBUF" in out[1][REJECT_DETAIL]
 
 
 def test_an_unreachable_registry_stops_the_batch_naming_it():
