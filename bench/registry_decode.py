@@ -5,6 +5,7 @@ batch), on one core, for the same places.
   geojson   GeoJSON Feature documents {"type":"Feature","id":..,"geometry":{Point},"properties":{kind, speed}}
   avro      the same events as Avro records {id, lon, lat, kind, speed} behind the wire format's
             5-byte header, the geometry from the lon / lat fields (contract registry section)
+  protobuf  the same events as Protobuf messages {id, lon, lat, kind, speed}, likewise
   fastavro  for reference: fastavro's per-record reader (schemaless_reader in a Python loop) on
             the same Avro bodies, to Python dicts only (no geometry, no columns)
 
@@ -39,6 +40,7 @@ from cities import city_points  # noqa: E402
 from streaming.contract import parse_contract  # noqa: E402
 from streaming.decode.decoder import REJECT_REASON, Decoder  # noqa: E402
 from streaming.decode.formats.avro import AvroFormat, compile_schema  # noqa: E402
+from streaming.decode.formats.protobuf import ProtobufFormat, compile_proto  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
 SCHEMA_ID = 1
@@ -55,6 +57,33 @@ SCHEMA = {
 }
 
 
+PROTO = """syntax = "proto3";
+message Ping { string id = 1; double lon = 2; double lat = 3; string kind = 4; int64 speed = 5; }
+"""
+
+
+def ping_class():
+    from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+
+    F = descriptor_pb2.FieldDescriptorProto
+    fdp = descriptor_pb2.FileDescriptorProto(name="bench_ping.proto", syntax="proto3")
+    m = fdp.message_type.add(name="Ping")
+    for number, (name, kind) in enumerate(
+        [
+            ("id", F.TYPE_STRING),
+            ("lon", F.TYPE_DOUBLE),
+            ("lat", F.TYPE_DOUBLE),
+            ("kind", F.TYPE_STRING),
+            ("speed", F.TYPE_INT64),
+        ],
+        start=1,
+    ):
+        m.field.add(name=name, number=number, type=kind, label=F.LABEL_OPTIONAL)
+    pool = descriptor_pool.DescriptorPool()
+    pool.Add(fdp)
+    return message_factory.GetMessageClass(pool.FindMessageTypeByName("Ping"))
+
+
 def contract(formats: list[str]) -> dict:
     raw = {
         "table": "bench.pings",
@@ -69,7 +98,7 @@ def contract(formats: list[str]) -> dict:
         "bbox": {"id": 6, "name": "bbox"},
         "clustering": {"extent": [-180.0, -90.0, 180.0, 90.0]},
     }
-    if formats == ["avro"]:
+    if formats in (["avro"], ["protobuf"]):
         raw["registry"] = {"lon_field": "lon", "lat_field": "lat"}
     return raw
 
@@ -111,6 +140,17 @@ def events(n: int) -> tuple[list[bytes], list[bytes], list[bytes]]:
     return geojson, bodies, [header + body for body in bodies]
 
 
+def protobuf_events(n: int) -> list[bytes]:
+    x, y = city_points(n, seed=5, jitter_deg=0.05, bounds=(-179.0, -84.0, 179.0, 84.0))
+    x, y = np.round(x, 6), np.round(y, 6)
+    ping = ping_class()
+    header = b"\x00" + struct.pack(">I", SCHEMA_ID) + b"\x00"  # message indexes: the first message
+    return [
+        header + ping(id=f"e{i}", lon=float(a), lat=float(b), kind="ping", speed=i % 120).SerializeToString()
+        for i, (a, b) in enumerate(zip(x, y))
+    ]
+
+
 def best_rate(work: Callable[[], object], n: int, repeats: int) -> int:
     best = float("inf")
     for _ in range(repeats):
@@ -136,8 +176,16 @@ def main() -> None:
     (avro_format,) = [f for f in avro_decoder._formats if isinstance(f, AvroFormat)]
     avro_format._plans[SCHEMA_ID] = compile_schema(SCHEMA_ID, json.dumps(SCHEMA))
 
-    # Both read every event, and to the same places.
+    protobuf_batch = kafka_batch(protobuf_events(args.events))
+    protobuf_decoder = Decoder(parse_contract(contract(["protobuf"])))
+    (protobuf_format,) = [f for f in protobuf_decoder._formats if isinstance(f, ProtobufFormat)]
+    protobuf_format._plans[SCHEMA_ID] = compile_proto(SCHEMA_ID, PROTO)
+
+    # All read every event, and to the same places.
     out_geojson, out_avro = geojson_decoder.decode(geojson_batch), avro_decoder.decode(avro_batch)
+    out_protobuf = protobuf_decoder.decode(protobuf_batch)
+    assert out_protobuf.column(REJECT_REASON).null_count == args.events
+    assert out_protobuf.column("geometry").equals(out_geojson.column("geometry"))
     assert out_geojson.column(REJECT_REASON).null_count == args.events
     assert out_avro.column(REJECT_REASON).null_count == args.events
     assert out_avro.column("geometry").equals(out_geojson.column("geometry"))
@@ -159,17 +207,23 @@ def main() -> None:
             "events_per_s": best_rate(lambda: avro_decoder.decode(avro_batch), args.events, args.repeats),
         },
         {
+            "path": "protobuf points (lon/lat fields), Decoder",
+            "events_per_s": best_rate(lambda: protobuf_decoder.decode(protobuf_batch), args.events, args.repeats),
+        },
+        {
             "path": "fastavro schemaless_reader per record, to dicts only",
             "events_per_s": best_rate(fastavro_loop, args.events, args.repeats),
         },
     ]
     ratio = rows[1]["events_per_s"] / rows[0]["events_per_s"]
+    protobuf_ratio = rows[2]["events_per_s"] / rows[0]["events_per_s"]
     report = {
         "events": args.events,
         "repeats": args.repeats,
         "cores": 1,
         "rows": rows,
         "avro_over_geojson": round(ratio, 2),
+        "protobuf_over_geojson": round(protobuf_ratio, 2),
     }
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "registry_decode.json").write_text(json.dumps(report, indent=2))
@@ -180,7 +234,7 @@ def main() -> None:
         "|---|---|",
         *(f"| {row['path']} | {row['events_per_s']:,} |" for row in rows),
         "",
-        f"Avro over GeoJSON: {ratio:.2f}x",
+        f"Avro over GeoJSON: {ratio:.2f}x; Protobuf over GeoJSON: {protobuf_ratio:.2f}x",
     ]
     text = "\n".join(lines) + "\n"
     (RESULTS / "registry_decode.md").write_text(text)
