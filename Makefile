@@ -43,6 +43,7 @@ bench: setup
 	PYTHONPATH=$(CURDIR) $(PY) bench/layout.py
 	PYTHONPATH=$(CURDIR) $(PY) bench/json_parsers.py
 	PYTHONPATH=$(CURDIR) $(PY) bench/formats.py
+	PYTHONPATH=$(CURDIR) $(PY) bench/registry_decode.py
 	PYTHONPATH=$(CURDIR) $(PY) bench/concurrency.py
 	PYTHONPATH=$(CURDIR) $(PY) bench/reliability.py
 	PYTHONPATH=$(CURDIR) $(PY) bench/maintenance.py

@@ -20,6 +20,7 @@ from app.settings import Settings
 from app.spark import spark_session
 from streaming.contract import Contract
 from streaming.decode.decoder import DecodeOptions
+from streaming.decode.schema_registry import RegistrySettings
 from streaming.job.checkpoint import checkpoint_has_progress, writer_id_for_checkpoint
 from streaming.job.config import JobConfig
 from streaming.job.processor import BatchProcessor, BatchReport
@@ -77,6 +78,7 @@ def job_config(settings: Settings, contract: Contract, table: Table) -> JobConfi
             max_vertices=settings.max_vertices,
             max_record_seconds=settings.max_record_seconds,
             max_nesting=settings.max_nesting,
+            schema_registry=RegistrySettings.from_mapping(settings.schema_registry),
         ),
         dead_letter=dead_letter_config(settings, table),
         hold_after_commit_file=settings.hold_after_commit_file,

@@ -38,6 +38,11 @@ class Settings:
     max_offsets_per_trigger: int = 1_000_000
     # Extra Kafka client options, passed to the Spark source as kafka.<key> (SASL, SSL, ...).
     kafka: dict[str, str] = field(default_factory=dict)
+    # The schema registry of registry-encoded topics (contract format "avro"): its Confluent-compatible
+    # API's base URL (`url`; Apicurio: .../apis/ccompat/v7), HTTP basic auth (`username`,
+    # `password`, masked when shown), the CA file of an https registry (`ca_file`), `timeout_s`.
+    # GEOINGEST_SCHEMA_REGISTRY__URL=https://... (docs/registry.md).
+    schema_registry: dict[str, str] = field(default_factory=dict)
     # Where the records are read: "spark-kafka", Spark's Kafka source (a JVM consumer), or
     # "python", whose tasks read their offset ranges with librdkafka (docs/sources.md).
     source: str = "spark-kafka"

@@ -61,11 +61,14 @@ GEOMETRY_TYPES = (
     "GeometryCollection",
 )
 DIMENSIONS = ("XY", "XYZ", "XYM", "XYZM")
-FORMATS = ("geojson", "wkb", "ewkb", "gpkg", "json", "wkt", "ewkt")
+FORMATS = ("geojson", "wkb", "ewkb", "gpkg", "json", "wkt", "ewkt", "avro", "protobuf")
 # How the one JSON field that holds a whole geometry spells it (`json.geometry.encoding`).
 JSON_GEOMETRY_ENCODINGS = ("wkt", "geojson", "wkb_hex", "wkb_base64")
 JSON_SOURCE_PREFIX = "json."
 _JSON_PATH = re.compile(r"^[^.\s]+(\.[^.\s]+)*$")
+# Formats whose values are in the Confluent wire format (0x00, a 4-byte schema id, the record):
+# their first byte is that of big-endian WKB too, so a topic is either registry-encoded or not.
+REGISTRY_FORMATS = ("avro", "protobuf")
 KAFKA_SOURCES = ("kafka.key", "kafka.timestamp", "kafka.topic", "kafka.partition", "kafka.offset")
 BBOX_FIELDS = ("xmin", "ymin", "xmax", "ymax")
 DEFAULT_HILBERT_BITS = 16
@@ -91,9 +94,11 @@ KNOWN_KEYS = {
         "mode",
         "schema_evolution",
         "json",
+        "registry",
     ),
     "json": ("lon", "lat", "z", "geometry", "crs"),
     "json.geometry": ("path", "encoding"),
+    "registry": ("geometry_field", "lon_field", "lat_field", "srid_field"),
     "columns[]": ("id", "name", "type", "required", "from", "description"),
     "geometry": ("id", "name", "types", "dimensions", "crs", "encoding", "invalid_polygons", "antimeridian"),
     "bbox": ("id", "name", "flat_columns"),
@@ -187,6 +192,17 @@ class JsonFields:
 
 
 @dataclass(frozen=True)
+class RegistrySpec:
+    """Where a registry-encoded record holds its geometry: one field (bytes: WKB or EWKB; a string:
+    WKT), or a longitude and a latitude field (numbers); and optionally a field with its EPSG code."""
+
+    geometry_field: str = ""
+    lon_field: str = ""
+    lat_field: str = ""
+    srid_field: str = ""
+
+
+@dataclass(frozen=True)
 class Contract:
     table: str
     description: str
@@ -208,6 +224,8 @@ class Contract:
     added_columns: tuple[Column, ...] = ()
     # Where JSON events hold their geometry (format "json"); None for contracts without it.
     json: JsonFields | None = None
+    # For registry-encoded topics (REGISTRY_FORMATS): where the records hold their geometry.
+    registry: RegistrySpec | None = None
 
     @property
     def all_columns(self) -> tuple[Column, ...]:
@@ -384,6 +402,7 @@ def parse_contract(raw: Any) -> Contract:
     primary_key = _parse_primary_key(raw, columns, mode)
     schema_evolution = _parse_schema_evolution(raw.get("schema_evolution", "off"))
     json_fields = _parse_json_fields(raw, formats, columns)
+    registry = _parse_registry(raw, formats)
     return Contract(
         table=table,
         description=str(raw.get("description", "")),
@@ -399,6 +418,7 @@ def parse_contract(raw: Any) -> Contract:
         mode=mode,
         schema_evolution=schema_evolution,
         json=json_fields,
+        registry=registry,
     )
 
 
@@ -477,6 +497,34 @@ def _parse_json_fields(raw: dict, formats: tuple[str, ...], columns: tuple[Colum
         if where.startswith("columns") and path in coordinate_or_geometry:
             raise ContractError(f"{where}: {path!r} holds the geometry; a column cannot read it too")
     return fields
+
+
+def _parse_registry(raw: dict, formats: tuple[str, ...]) -> RegistrySpec | None:
+    registered = [f for f in formats if f in REGISTRY_FORMATS]
+    if not registered:
+        if "registry" in raw:
+            raise ContractError(f"registry: only for the registry-encoded formats {list(REGISTRY_FORMATS)}")
+        return None
+    if len(registered) != len(formats):
+        raise ContractError(
+            f"formats: {registered} (Confluent wire format, first byte 0x00) cannot share a topic with "
+            f"{[f for f in formats if f not in REGISTRY_FORMATS]}: big-endian WKB starts with 0x00 as well"
+        )
+    if len(registered) > 1:
+        raise ContractError(f"formats: {registered}: a registry-encoded topic holds one of them")
+    section = raw.get("registry")
+    if not isinstance(section, dict):
+        raise ContractError("registry: missing; name the record field(s) that hold the geometry")
+    _known_keys_only(section, "registry", "registry.")
+    for key, value in section.items():
+        if not isinstance(value, str) or not value:
+            raise ContractError(f"registry.{key}: expected a field name, got {value!r}")
+    spec = RegistrySpec(**section)
+    if bool(spec.geometry_field) == bool(spec.lon_field or spec.lat_field):
+        raise ContractError("registry: name either geometry_field, or lon_field and lat_field")
+    if bool(spec.lon_field) != bool(spec.lat_field):
+        raise ContractError("registry: lon_field and lat_field go together")
+    return spec
 
 
 def _declared_ids(columns: tuple[Column, ...], geometry_id: int, bbox_id: int) -> list[tuple[str, int]]:

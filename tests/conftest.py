@@ -12,6 +12,7 @@ from kafka import KafkaAdminClient, KafkaProducer
 from kafka.admin import NewTopic
 
 from app.local.broker import LocalBroker, free_port
+from app.local.schema_registry import LocalSchemaRegistry
 from app.settings import load_settings
 from streaming.table.catalog import open_catalog
 
@@ -87,3 +88,12 @@ def duckdb_connection():
         for extension in Path(module.__file__).parent.glob("extensions/*/*.duckdb_extension"):
             con.execute(f"LOAD '{extension}'")
     return con
+
+
+@pytest.fixture(scope="session")
+def schema_registry(tmp_path_factory) -> Iterator[LocalSchemaRegistry]:
+    """Apicurio Registry on loopback, in-memory storage (assembled from Maven Central once)."""
+    registry = LocalSchemaRegistry(tmp_path_factory.mktemp("schema-registry"), CACHE_DIR)
+    registry.start()
+    yield registry
+    registry.stop()

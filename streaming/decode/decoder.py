@@ -39,6 +39,7 @@ from streaming.decode.properties import (
     unmapped_properties,
 )
 from streaming.decode.rejects import Reason, Rejects
+from streaming.decode.schema_registry import RegistrySettings, RegistryUnavailable
 from streaming.decode.validate import GeometryRules, bounds_of
 from streaming.kernels.antimeridian import short_way_bounds
 from streaming.kernels.buffers import NONE, offsets_and_bytes, scatter_into
@@ -70,6 +71,8 @@ class DecodeOptions:
     # Geometries nested in geometries (GeometryCollection, Multi*, Feature in a geometry member):
     # GEOS reads and walks them recursively, and a few thousand levels overflow its stack.
     max_nesting: int = 32
+    # The schema registry of registry-encoded formats (Avro in the Confluent wire format).
+    schema_registry: RegistrySettings = RegistrySettings()
 
 
 def decoded_schema(contract: Contract) -> pa.Schema:
@@ -99,9 +102,13 @@ class Decoder:
         self._data_schema = contract.arrow_schema
         self._table_epsg = contract.geometry.epsg
         self._property_types = property_types(contract)
-        self._formats = [
+        formats = [
             f(contract, self.options.max_nesting, self._property_types) for f in INPUT_FORMATS if f.active(contract)
         ]
+        registry = [f for f in formats if f.registry_encoded and set(f.names) & set(contract.formats)]
+        self._formats = registry or [f for f in formats if not f.registry_encoded]
+        for fmt in registry:
+            fmt.use_registry(self.options.schema_registry)
         self._rules = GeometryRules(contract, self.options.max_vertices, self.options.max_record_seconds)
         self._columns = ColumnMapper(contract)
         # Property names no column maps, seen in a sample of each batch's GeoJSON records.
@@ -121,6 +128,8 @@ class Decoder:
         batch = _normalized(batch)
         try:
             return self._decode(batch)
+        except RegistryUnavailable:
+            raise  # every record behind it would fail alike: stop, naming the registry
         except Exception as exc:  # noqa: BLE001 - isolate the record behind a defect, keep the stream going
             log.warning(
                 "decoder failed on a batch; isolating the record",
@@ -136,6 +145,8 @@ class Decoder:
         for part in (batch.slice(0, half), batch.slice(half)):
             try:
                 parts.append(self._decode(part))
+            except RegistryUnavailable:
+                raise
             except Exception as part_exc:  # noqa: BLE001
                 parts.append(self._decode_isolating(part, part_exc))
         return pa.Table.from_batches(parts, schema=self.schema).combine_chunks().to_batches()[0]

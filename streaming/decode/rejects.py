@@ -52,6 +52,11 @@ class Reason(StrEnum):
     TIME_BUDGET_EXCEEDED = "time_budget_exceeded"
     MISSING_REQUIRED_FIELD = "missing_required_field"
     PROPERTY_TYPE_MISMATCH = "property_type_mismatch"
+    # Registry-encoded formats (Confluent wire format: 0x00, a 4-byte schema id, the record).
+    BAD_WIRE_FORMAT = "bad_wire_format"
+    UNKNOWN_SCHEMA_ID = "unknown_schema_id"
+    SCHEMA_NOT_SUPPORTED = "schema_not_supported"
+    SCHEMA_MISMATCH = "schema_mismatch"
     # The decoder itself failed on the record (a defect, logged with its cause); the record is
     # dead-lettered rather than stopping the stream behind it.
     DECODE_FAILED = "decode_failed"

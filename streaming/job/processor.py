@@ -216,7 +216,8 @@ class BatchProcessor:
         if self.contract.schema_evolution.mode != "add-columns":
             return ColumnPlan()
         step = time.monotonic()
-        scan = PropertyScan(mapped_names(self.contract))
+        registry = self.contract if self.contract.registry is not None else None
+        scan = PropertyScan(mapped_names(self.contract), registry, self.config.decode.schema_registry)
         source, read_and_scan = self._records(batch, scan)
         rows = source.coalesce(self.parallelism).mapInArrow(read_and_scan, self._spark_scan_schema).collect()
         plan = plan_new_columns(self.contract, seen_from_rows(rows), self.table.metadata.last_column_id)

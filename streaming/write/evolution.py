@@ -22,7 +22,10 @@ from pyiceberg.table import Transaction
 
 from streaming.contract import Column, Contract
 from streaming.decode.decoder import first_significant_byte
+from streaming.decode.formats.avro import AvroFormat
+from streaming.decode.formats.protobuf import ProtobufFormat
 from streaming.decode.properties import NESTED, PropertySeen, merge_seen, record_order, unmapped_properties
+from streaming.decode.schema_registry import RegistrySettings
 
 PROPERTY_SCAN_SCHEMA = pa.schema(
     [
@@ -111,13 +114,28 @@ class PropertyScan:
     name no column maps out (its type and first record)."""
 
     mapped: frozenset[str]
+    # A registry-encoded contract (format "avro"): the fields of each record's writer schema are
+    # its properties, read from the schema registry.
+    registry_contract: Contract | None = None
+    registry: RegistrySettings = RegistrySettings()
 
     def __call__(self, batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         seen: dict[str, PropertySeen] = {}
+        avro = None
+        if self.registry_contract is not None:
+            kind = ProtobufFormat if "protobuf" in self.registry_contract.formats else AvroFormat
+            avro = kind(self.registry_contract, 0, {})
+            avro.use_registry(self.registry)
         for batch in batches:
             values = batch.column("value")
             live = pc.is_valid(values).to_numpy(zero_copy_only=False)
-            rows = np.flatnonzero(first_significant_byte(values, live) == ord("{"))
+            first = first_significant_byte(values, live)
+            if avro is not None:
+                rows = np.flatnonzero(first == 0)
+                if rows.size:
+                    merge_seen(seen, avro.unmapped_fields(values, rows, self.mapped, record_order(batch, rows)))
+                continue
+            rows = np.flatnonzero(first == ord("{"))
             if rows.size == 0:
                 continue
             merge_seen(seen, unmapped_properties(values.take(pa.array(rows)), self.mapped, record_order(batch, rows)))

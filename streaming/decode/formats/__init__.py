@@ -9,10 +9,12 @@ significant byte names; the geometry rules (streaming/decode/validate.py) and th
 
 from __future__ import annotations
 
+from streaming.decode.formats.avro import AvroFormat
 from streaming.decode.formats.base import Decoded, InputFormat
 from streaming.decode.formats.geojson import GeoJsonFormat
 from streaming.decode.formats.gpkg import GeoPackageFormat
 from streaming.decode.formats.json_fields import JsonFieldsFormat
+from streaming.decode.formats.protobuf import ProtobufFormat
 from streaming.decode.formats.wkb import WkbFormat
 from streaming.decode.formats.wkt import WktFormat
 
@@ -23,6 +25,8 @@ INPUT_FORMATS: tuple[type[InputFormat], ...] = (
     GeoPackageFormat,
     JsonFieldsFormat,
     WktFormat,
+    AvroFormat,
+    ProtobufFormat,
 )
 
 __all__ = ["INPUT_FORMATS", "Decoded", "InputFormat"]

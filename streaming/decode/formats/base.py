@@ -11,6 +11,7 @@ import pyarrow as pa
 
 from streaming.contract import Contract
 from streaming.decode.rejects import Reason, Rejects
+from streaming.decode.schema_registry import RegistrySettings
 
 
 @dataclass
@@ -77,10 +78,18 @@ class InputFormat(ABC):
         """Which values are this format's, given their first significant byte (-1: none or rejected)."""
         return np.isin(first, self.first_bytes)
 
+    # Values in the Confluent wire format (schema registry): a contract that names such a format
+    # is read by the registry formats it names alone (their 0x00 is big-endian WKB's first byte).
+    registry_encoded: ClassVar[bool] = False
+
     def __init__(self, contract: Contract, max_nesting: int, property_types: dict[str, pa.DataType]):
         self.contract = contract
         self.max_nesting = max_nesting
         self.property_types = property_types
+
+    def use_registry(self, settings: RegistrySettings) -> None:
+        """The schema registry a registry-encoded format reads its schemas from (others need none)."""
+        return None
 
     @abstractmethod
     def decode(self, values: pa.Array, rows: np.ndarray, out: Decoded) -> None:

@@ -1,0 +1,610 @@
+"""Avro records in the Confluent wire format (contract format "avro"), their schemas from a registry.
+
+A value is a zero byte, the 4-byte big-endian id of its writer schema in the schema registry, and
+the record in Avro's binary encoding. The values of a batch are grouped by schema id; each schema
+is fetched once (streaming/decode/schema_registry.py) and compiled to a plan, and the records of a
+group are read together, field after field, with numpy over the batch's bytes: one cursor per
+record, every variable-length integer, string and number of a field read for all records at once.
+No Python code runs per record on this path.
+
+The geometry comes from the field(s) the contract's `registry` section names: bytes (WKB or EWKB),
+a string (WKT), or a longitude and a latitude field; an optional field holds its EPSG code.
+Other fields are the record's properties: a column `from` `properties.<field>` takes the field of
+that name (a field of a nested record is `<record>.<field>`). A record that does not match its
+schema (truncated, bytes left over, a union branch or enum symbol out of range, a string that is
+not UTF-8) is rejected with the field and the fault; so is a record whose schema id the registry
+does not know. A registry that cannot be reached stops the batch (RegistryUnavailable).
+
+Supported schemas: records (nested too) of null, boolean, int, long, float, double, bytes, string,
+enum and fixed, unions of null and one other type (optional fields), logical types on them
+(timestamp-millis / -micros read as timestamps). Arrays, maps and unions of several non-null types
+reject their records with `schema_not_supported`.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import shapely
+
+from streaming.contract import Contract
+from streaming.decode.columns import _cast_or_reject
+from streaming.decode.formats.base import Decoded, InputFormat
+from streaming.decode.formats.wkb import EWKB_SRID_FLAG, read_wkb
+from streaming.decode.rejects import Reason, Rejects
+from streaming.decode.schema_registry import (
+    RegistrySettings,
+    SchemaRegistryClient,
+    UnknownSchemaId,
+    client_for,
+)
+from streaming.kernels.buffers import NONE, offsets_and_bytes, scatter_into
+
+WIRE_HEADER = 5  # magic byte 0x00 + 4-byte schema id
+_PAD = 16  # zero bytes after the data, so a gather of up to 10 bytes past a cursor never overruns
+_VARINT_BYTES = np.arange(10)
+_SHIFTS = (7 * np.arange(10)).astype(np.uint64)
+_PRIMITIVES = ("null", "boolean", "int", "long", "float", "double", "bytes", "string")
+_NUMPY = {"int": np.int64, "long": np.int64, "float": np.float64, "double": np.float64, "boolean": np.bool_}
+_ARROW = {
+    "boolean": pa.bool_(),
+    "int": pa.int32(),
+    "long": pa.int64(),
+    "float": pa.float32(),
+    "double": pa.float64(),
+    "bytes": pa.binary(),
+    "fixed": pa.binary(),
+    "string": pa.string(),
+    "enum": pa.string(),
+}
+_LOGICAL = {"timestamp-millis": pa.timestamp("ms", tz="UTC"), "timestamp-micros": pa.timestamp("us", tz="UTC")}
+
+
+class UnsupportedSchema(ValueError):
+    """A schema this reader does not read (the records are rejected, not misread)."""
+
+
+@dataclass
+class Node:
+    """One type of a compiled schema."""
+
+    kind: str  # a primitive name, "record", "enum", "fixed" or "union"
+    name: str = ""  # the column a leaf fills ("a.b" for field b of record field a)
+    fields: list[Node] = field(default_factory=list)  # record: its fields' types, in order
+    branches: list[Node] = field(default_factory=list)  # union
+    symbols: list[str] = field(default_factory=list)  # enum
+    size: int = 0  # fixed
+    logical: str = ""
+
+
+@dataclass
+class Plan:
+    schema_id: int
+    root: Node
+    leaves: dict[str, Node]  # column name -> its leaf node
+
+
+def compile_schema(schema_id: int, text: str) -> Plan:
+    """A reading plan of an Avro schema (JSON text); raises UnsupportedSchema."""
+    try:
+        raw = json.loads(text)
+    except ValueError as exc:
+        raise UnsupportedSchema(f"schema id {schema_id} is not Avro schema JSON: {exc}") from None
+    named: dict[str, Any] = {}
+    leaves: dict[str, Node] = {}
+    root = _compile(raw, "", named, leaves, None)
+    if root.kind != "record":
+        raise UnsupportedSchema(f"schema id {schema_id} is a {root.kind}, not a record")
+    return Plan(schema_id, root, leaves)
+
+
+def _compile(raw: Any, name: str, named: dict[str, Any], leaves: dict[str, Node], namespace: str | None) -> Node:
+    if isinstance(raw, list):
+        branches = [_compile(b, name, named, {}, namespace) for b in raw]
+        others = [b for b in branches if b.kind != "null"]
+        if len(others) > 1:
+            raise UnsupportedSchema(f"field {name!r}: a union of several non-null types is not supported")
+        if others and others[0].kind in ("record",):
+            # The branch's own leaves are those of the field.
+            branches = [_compile(b, name, named, leaves, namespace) if b != "null" else Node("null") for b in raw]
+        elif others:
+            leaves[name] = others[0]
+        return Node("union", name, branches=branches)
+    if isinstance(raw, str):
+        if raw in _PRIMITIVES:
+            node = Node(raw, name)
+            if raw != "null":
+                leaves[name] = node
+            return node
+        full = raw if "." in raw or namespace is None else f"{namespace}.{raw}"
+        target = named.get(full, named.get(raw))
+        if target is None:
+            raise UnsupportedSchema(f"field {name!r}: unknown type name {raw!r}")
+        return _compile(target, name, named, leaves, namespace)
+    if not isinstance(raw, dict) or "type" not in raw:
+        raise UnsupportedSchema(f"field {name!r}: {str(raw)[:80]!r} is not an Avro type")
+    kind = raw["type"]
+    if isinstance(kind, dict | list):
+        return _compile(kind, name, named, leaves, namespace)
+    space = raw.get("namespace", namespace)
+    if kind in ("record", "error", "enum", "fixed") and "name" in raw:
+        type_name = raw["name"] if "." in raw["name"] or space is None else f"{space}.{raw['name']}"
+        named[type_name] = raw
+        named[raw["name"]] = raw
+    if kind in ("record", "error"):
+        fields = raw.get("fields")
+        if not isinstance(fields, list):
+            raise UnsupportedSchema(f"record {raw.get('name')!r} has no fields list")
+        prefix = f"{name}." if name else ""
+        return Node(
+            "record",
+            name,
+            fields=[_compile(f["type"], f"{prefix}{f['name']}", named, leaves, space) for f in fields],
+        )
+    if kind == "enum":
+        node = Node("enum", name, symbols=[str(s) for s in raw.get("symbols", [])])
+    elif kind == "fixed":
+        node = Node("fixed", name, size=int(raw.get("size", 0)))
+    elif kind in _PRIMITIVES:
+        node = Node(kind, name, logical=str(raw.get("logicalType", "")))
+    elif kind in ("array", "map"):
+        raise UnsupportedSchema(f"field {name!r}: Avro {kind}s are not supported")
+    else:
+        raise UnsupportedSchema(f"field {name!r}: unknown Avro type {kind!r}")
+    if node.kind != "null":
+        leaves[name] = node
+    return node
+
+
+class _Column:
+    """A leaf's values for every record of a group: numbers, or (start, length) of byte strings."""
+
+    def __init__(self, node: Node, n: int):
+        self.node = node
+        self.valid = np.zeros(n, dtype=bool)
+        if node.kind in ("bytes", "string", "fixed"):
+            self.start = np.zeros(n, dtype=np.int64)
+            self.length = np.zeros(n, dtype=np.int64)
+        else:
+            self.values: np.ndarray = np.zeros(n, dtype=_NUMPY.get(node.kind, np.int64))
+
+
+class RecordReader:
+    """Reads the records of one schema, all at once: `data` holds them at [pos[i], end[i])."""
+
+    def __init__(self, plan: Plan, data: np.ndarray, pos: np.ndarray, end: np.ndarray):
+        self.plan = plan
+        self.data = np.concatenate([data, np.zeros(_PAD, dtype=np.uint8)])
+        self.pos = pos.astype(np.int64).copy()
+        self.end = end.astype(np.int64)
+        n = len(pos)
+        self.bad = np.zeros(n, dtype=bool)
+        self.detail = np.full(n, None, dtype=object)
+        self.columns = {name: _Column(node, n) for name, node in plan.leaves.items()}
+
+    def read(self) -> None:
+        everyone = np.arange(len(self.pos))
+        self._read(self.plan.root, everyone)
+        left = ~self.bad & (self.pos != self.end)
+        for i in np.flatnonzero(left):
+            self.detail[i] = f"{int(self.end[i] - self.pos[i])} bytes after the record's last field"
+        self.bad |= left
+
+    # -- the encoding ------------------------------------------------------------------------------
+    def _fail(self, sel: np.ndarray, mask: np.ndarray, message: str) -> None:
+        idx = sel[mask]
+        fresh = idx[~self.bad[idx]]
+        self.bad[fresh] = True
+        self.detail[fresh] = message
+        self.pos[idx] = self.end[idx]
+
+    def _varint(self, sel: np.ndarray, what: str, zigzag: bool = True) -> np.ndarray:
+        """A variable-length integer at each cursor: zigzag-encoded (Avro's, Protobuf's sint) or
+        plain (Protobuf's other integers, whose negatives are their 64-bit two's complement)."""
+        p = self.pos[sel]
+        first = self.data[p]
+        if zigzag:
+            value = (first >> 1).astype(np.int64) ^ -(first & 1).astype(np.int64)
+        else:
+            value = first.astype(np.int64)
+        length = np.ones(len(sel), dtype=np.int64)
+        long = np.flatnonzero(first >= 0x80)
+        if long.size:
+            b = self.data[p[long, None] + _VARINT_BYTES]
+            term = b < 0x80
+            has = term.any(axis=1)
+            n_bytes = term.argmax(axis=1) + 1
+            raw = np.zeros(long.size, dtype=np.uint64)
+            for k in range(10):
+                raw |= np.where(k < n_bytes, (b[:, k] & 0x7F).astype(np.uint64) << _SHIFTS[k], np.uint64(0))
+            if zigzag:
+                value[long] = (raw >> np.uint64(1)).astype(np.int64) ^ -(raw & np.uint64(1)).astype(np.int64)
+            else:
+                value[long] = raw.view(np.int64)
+            length[long] = np.where(has, n_bytes, 11)
+        over = p + length > self.end[sel]
+        self._fail(sel, over, f"{what}: the record ends inside a variable-length integer")
+        self.pos[sel[~over]] = p[~over] + length[~over]
+        return value
+
+    def _fixed(self, sel: np.ndarray, size: int, what: str) -> tuple[np.ndarray, np.ndarray]:
+        """Start of `size` bytes at each cursor (the cursor moves past them), and which fit."""
+        p = self.pos[sel]
+        fits = p + size <= self.end[sel]
+        self._fail(sel, ~fits, f"{what}: the record ends inside its {size} bytes")
+        self.pos[sel[fits]] = p[fits] + size
+        return p, fits
+
+    def _read(self, node: Node, sel: np.ndarray) -> None:
+        sel = sel[~self.bad[sel]]
+        if sel.size == 0 or node.kind == "null":
+            return
+        what = f"field {node.name!r}" if node.name else "record"
+        kind = node.kind
+        if kind == "record":
+            for child in node.fields:
+                self._read(child, sel)
+            return
+        if kind == "union":
+            branch = self._varint(sel, what)
+            live = ~self.bad[sel]
+            out_of_range = live & ((branch < 0) | (branch >= len(node.branches)))
+            self._fail(sel, out_of_range, f"{what}: union branch {branch[out_of_range][:1]} of {len(node.branches)}")
+            for b, child in enumerate(node.branches):
+                self._read(child, sel[live & (branch == b)])
+            return
+        column = self.columns[node.name]
+        if kind in ("int", "long", "enum"):
+            value = self._varint(sel, what)
+            ok = ~self.bad[sel]
+            if kind == "int":
+                wide = ok & ((value < -(2**31)) | (value >= 2**31))
+                self._fail(sel, wide, f"{what}: {value[wide][:1]} does not fit an Avro int")
+                ok &= ~wide
+            if kind == "enum":
+                wrong = ok & ((value < 0) | (value >= len(node.symbols)))
+                self._fail(sel, wrong, f"{what}: enum index {value[wrong][:1]} of {len(node.symbols)} symbols")
+                ok &= ~wrong
+            column.values[sel[ok]] = value[ok]
+            column.valid[sel[ok]] = True
+        elif kind in ("float", "double"):
+            size = 4 if kind == "float" else 8
+            p, fits = self._fixed(sel, size, what)
+            raw = self.data[p[fits, None] + np.arange(size)]
+            column.values[sel[fits]] = np.ascontiguousarray(raw).view("<f4" if size == 4 else "<f8").ravel()
+            column.valid[sel[fits]] = True
+        elif kind == "boolean":
+            p, fits = self._fixed(sel, 1, what)
+            byte = self.data[p]
+            wrong = fits & (byte > 1)
+            self._fail(sel, wrong, f"{what}: boolean byte {byte[wrong][:1]} is neither 0 nor 1")
+            ok = fits & ~wrong
+            column.values[sel[ok]] = byte[ok] == 1
+            column.valid[sel[ok]] = True
+        elif kind in ("bytes", "string"):
+            length = self._varint(sel, what)
+            ok = ~self.bad[sel]
+            negative = ok & (length < 0)
+            self._fail(sel, negative, f"{what}: negative length {length[negative][:1]}")
+            ok &= ~negative
+            p = self.pos[sel]
+            over = ok & (p + length > self.end[sel])
+            self._fail(sel, over, f"{what}: a length of {length[over][:1]} bytes runs past the record's end")
+            ok &= ~over
+            good = sel[ok]
+            column.start[good] = p[ok]
+            column.length[good] = length[ok]
+            column.valid[good] = True
+            self.pos[good] = p[ok] + length[ok]
+        elif kind == "fixed":
+            p, fits = self._fixed(sel, node.size, what)
+            column.start[sel[fits]] = p[fits]
+            column.length[sel[fits]] = node.size
+            column.valid[sel[fits]] = True
+        else:  # pragma: no cover - compile_schema admits no other kind
+            raise UnsupportedSchema(kind)
+
+    # -- columns -------------------------------------------------------------------------------
+    def arrow(self, name: str) -> pa.Array:
+        """The column of a leaf as Arrow (null where a record has no value, or was rejected)."""
+        column = self.columns[name]
+        node = column.node
+        valid = column.valid & ~self.bad
+        if node.kind in ("bytes", "string", "fixed"):
+            binary = self._binary(column.start, np.where(valid, column.length, 0), valid)
+            if node.kind != "string":
+                return binary
+            try:
+                return binary.cast(pa.string())
+            except pa.ArrowInvalid:
+                return self._strings_or_reject(binary, node)
+        if node.kind == "enum":
+            symbols = pa.array(node.symbols, pa.string())
+            return symbols.take(pa.array(np.where(valid, column.values, 0), mask=~valid))
+        arrow_type = _LOGICAL.get(node.logical, _ARROW[node.kind])
+        return pa.array(column.values, mask=~valid).cast(arrow_type)
+
+    def _binary(self, start: np.ndarray, length: np.ndarray, valid: np.ndarray) -> pa.Array:
+        offsets = np.zeros(len(start) + 1, dtype=np.int64)
+        np.cumsum(length, out=offsets[1:])
+        total = int(offsets[-1])
+        gather = np.repeat(start - offsets[:-1], length) + np.arange(total)
+        data = self.data[gather]
+        if total < 2**31:
+            return pa.Array.from_buffers(
+                pa.binary(),
+                len(start),
+                [pa.array(valid).buffers()[1], pa.py_buffer(offsets.astype(np.int32)), pa.py_buffer(data)],
+                null_count=int((~valid).sum()),
+            )
+        return pa.Array.from_buffers(  # pragma: no cover - a batch over 2 GiB of strings
+            pa.large_binary(),
+            len(start),
+            [pa.array(valid).buffers()[1], pa.py_buffer(offsets), pa.py_buffer(data)],
+            null_count=int((~valid).sum()),
+        ).cast(pa.binary())
+
+    def _strings_or_reject(self, binary: pa.Array, node: Node) -> pa.Array:
+        """Rare: a string field holds bytes that are not UTF-8; those records are rejected."""
+        out: list[str | None] = []
+        for i, value in enumerate(binary.to_pylist()):
+            try:
+                out.append(None if value is None else value.decode("utf-8"))
+            except UnicodeDecodeError as exc:
+                self._fail(np.array([i]), np.array([True]), f"field {node.name!r}: not UTF-8 ({exc.reason})")
+                out.append(None)
+        return pa.array(out, pa.string())
+
+
+def _wire(values: pa.Array, rows: np.ndarray) -> tuple[pa.Array, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The values at rows as binary, their bytes and offsets, the schema id of each and which are
+    too short to have one."""
+    taken = values.take(pa.array(rows)).cast(pa.binary())
+    offsets32, data = offsets_and_bytes(taken)
+    offsets = offsets32.astype(np.int64)
+    short = np.diff(offsets) < WIRE_HEADER
+    padded = np.concatenate([data, np.zeros(WIRE_HEADER, dtype=np.uint8)])
+    head = offsets[:-1]
+    ids = (
+        (padded[head + 1].astype(np.int64) << 24)
+        | (padded[head + 2].astype(np.int64) << 16)
+        | (padded[head + 3].astype(np.int64) << 8)
+        | padded[head + 4].astype(np.int64)
+    )
+    return taken, data, offsets, ids, short
+
+
+# The column type of an Avro leaf, as schema evolution names them (streaming/decode/properties.py).
+_EVOLVED_KIND = {
+    "boolean": "boolean",
+    "int": "long",
+    "long": "long",
+    "float": "double",
+    "double": "double",
+    "string": "string",
+    "enum": "string",
+}
+
+
+_POINT_WKB = np.dtype([("order", "u1"), ("type", "<u4"), ("x", "<f8"), ("y", "<f8")])
+
+
+def point_wkb(xy: np.ndarray) -> np.ndarray:
+    """The stored form (little-endian ISO WKB) of each x, y: 21 bytes, written for all at once."""
+    packed = np.zeros(len(xy), dtype=_POINT_WKB)
+    packed["order"], packed["type"], packed["x"], packed["y"] = 1, 1, xy[:, 0], xy[:, 1]
+    offsets = np.arange(len(xy) + 1, dtype=np.int32) * _POINT_WKB.itemsize
+    blobs = pa.Array.from_buffers(pa.binary(), len(xy), [None, pa.py_buffer(offsets), pa.py_buffer(packed.tobytes())])
+    return blobs.to_numpy(zero_copy_only=False)
+
+
+class AvroFormat(InputFormat):
+    """Avro in the Confluent wire format, read with the writer schema the registry holds for its id."""
+
+    names: ClassVar[tuple[str, ...]] = ("avro",)
+    first_bytes: ClassVar[tuple[int, ...]] = (0,)
+    described: ClassVar[str] = "an Avro record in the Confluent wire format"
+    first_bytes_shown: ClassVar[tuple[str, ...]] = ("0x00",)
+    # Its values start with 0x00, as big-endian WKB does: a topic is either registry-encoded or not.
+    registry_encoded: ClassVar[bool] = True
+    # The registry's name of the schemas it reads (streaming/decode/formats/protobuf.py reads "PROTOBUF").
+    schema_type: ClassVar[str] = "AVRO"
+
+    def __init__(self, contract: Contract, max_nesting: int, property_types: dict[str, pa.DataType]):
+        super().__init__(contract, max_nesting, property_types)
+        self._client: SchemaRegistryClient | None = None
+        self._settings = RegistrySettings()
+        self._plans: dict[int, Plan | UnsupportedSchema] = {}
+
+    def use_registry(self, settings: RegistrySettings) -> None:
+        self._settings = settings
+
+    @property
+    def client(self) -> SchemaRegistryClient:
+        if self._client is None:
+            self._client = client_for(self._settings)
+        return self._client
+
+    def plan(self, schema_id: int) -> Plan:
+        """The compiled schema of an id; raises UnknownSchemaId, UnsupportedSchema, RegistryUnavailable."""
+        cached = self._plans.get(schema_id)
+        if cached is None:
+            registered = self.client.schema(schema_id)
+            if registered.schema_type != self.schema_type:
+                cached = UnsupportedSchema(
+                    f"schema id {schema_id} is of type {registered.schema_type}, not {self.schema_type}"
+                )
+            else:
+                try:
+                    cached = self.compile(schema_id, registered.text)
+                except UnsupportedSchema as exc:
+                    cached = exc
+            self._plans[schema_id] = cached
+        if isinstance(cached, UnsupportedSchema):
+            raise cached
+        return cached
+
+    def compile(self, schema_id: int, text: str) -> Plan:
+        return compile_schema(schema_id, text)
+
+    def reader(self, plan: Plan, data: np.ndarray, start: np.ndarray, end: np.ndarray) -> RecordReader:
+        return RecordReader(plan, data, start, end)
+
+    def decode(self, values: pa.Array, rows: np.ndarray, out: Decoded) -> None:
+        rejects = out.rejects
+        taken, data, offsets, ids, short = _wire(values, rows)
+        rejects.add(
+            rows[short],
+            Reason.BAD_WIRE_FORMAT,
+            "shorter than the Confluent wire format's header (a zero byte and a 4-byte schema id)",
+        )
+        head = offsets[:-1]
+        for schema_id in np.unique(ids[~short]):
+            local = np.flatnonzero(~short & (ids == schema_id))
+            try:
+                plan = self.plan(int(schema_id))
+            except UnknownSchemaId:
+                rejects.add(
+                    rows[local],
+                    Reason.UNKNOWN_SCHEMA_ID,
+                    f"schema id {int(schema_id)} is not in the schema registry at {self._settings.url}",
+                )
+                continue
+            except UnsupportedSchema as exc:
+                rejects.add(rows[local], Reason.SCHEMA_NOT_SUPPORTED, str(exc))
+                continue
+            reader = self.reader(plan, data, head[local] + WIRE_HEADER, offsets[1:][local])
+            reader.read()
+            bad = reader.bad
+            rejects.add(
+                rows[local[bad]],
+                Reason.SCHEMA_MISMATCH,
+                [f"the record does not match its schema (id {int(schema_id)}): {d}" for d in reader.detail[bad]],
+            )
+            self._geometry(reader, rows[local], out)
+            self._properties(reader, rows[local], out)
+
+    # -- geometry and properties -----------------------------------------------------------------
+    def _geometry(self, reader: RecordReader, rows: np.ndarray, out: Decoded) -> None:
+        spec = self.contract.registry
+        assert spec is not None, "an avro contract has a registry section (streaming/contract.py)"
+        rejects = out.rejects
+        if spec.geometry_field:
+            names = [spec.geometry_field]
+        else:
+            names = [spec.lon_field, spec.lat_field]
+        for name in names:
+            if name not in reader.columns:
+                rejects.add(
+                    rows,
+                    Reason.MISSING_GEOMETRY,
+                    f"schema id {reader.plan.schema_id} has no field {name!r} (registry.* of the contract)",
+                )
+                return
+        if spec.srid_field:
+            srid = self._field_or_none(reader, spec.srid_field)
+            if srid is not None:
+                codes = pc.fill_null(srid.cast(pa.int64()), self.contract.geometry.epsg).to_numpy()
+                out.srids[rows] = codes
+        if not spec.geometry_field:
+            lon = reader.arrow(spec.lon_field)
+            lat = reader.arrow(spec.lat_field)
+            for arr, name in ((lon, spec.lon_field), (lat, spec.lat_field)):
+                if not (pa.types.is_floating(arr.type) or pa.types.is_integer(arr.type)):
+                    rejects.add(rows, Reason.SCHEMA_NOT_SUPPORTED, f"field {name!r} is a {arr.type}, not a number")
+                    return
+            missing = pc.is_null(lon).to_numpy(zero_copy_only=False) | pc.is_null(lat).to_numpy(zero_copy_only=False)
+            rejects.add(rows[missing], Reason.MISSING_GEOMETRY, f"{spec.lon_field} or {spec.lat_field} is null")
+            xy = np.column_stack(
+                [
+                    pc.fill_null(lon.cast(pa.float64()), np.nan).to_numpy(),
+                    pc.fill_null(lat.cast(pa.float64()), np.nan).to_numpy(),
+                ]
+            )
+            infinite = rejects.ok[rows] & ~np.isfinite(xy).all(axis=1)
+            rejects.add(
+                rows[infinite], Reason.NON_FINITE_COORDINATES, f"{spec.lon_field} / {spec.lat_field} is not finite"
+            )
+            live = rejects.ok[rows]
+            # In the table CRS a point is stored as it came (its WKB written here, in bulk);
+            # in another CRS it becomes a geometry the rules reproject.
+            plain = live & (out.srids[rows] == self.contract.geometry.epsg)
+            out.points_xy[rows[plain]] = xy[plain]
+            out.wkb[rows[plain]] = point_wkb(xy[plain])
+            other = live & ~plain
+            out.geoms[rows[other]] = shapely.points(xy[other])
+            return
+        name = spec.geometry_field
+        arr = reader.arrow(name)
+        missing = pc.is_null(arr).to_numpy(zero_copy_only=False)
+        rejects.add(rows[missing], Reason.MISSING_GEOMETRY, f"field {name!r} is null")
+        live = rejects.ok[rows]
+        if not live.any():
+            return
+        if pa.types.is_binary(arr.type):
+            read_rows, codes, geoms = read_wkb(
+                arr.filter(pa.array(live)), rows[live], out, self.contract, self.max_nesting, where=f"field {name!r}"
+            )
+            has_srid = (codes & EWKB_SRID_FLAG) != 0
+            if has_srid.any():
+                out.srids[read_rows[has_srid]] = shapely.get_srid(geoms[has_srid])
+        elif pa.types.is_string(arr.type):
+            texts = arr.filter(pa.array(live)).to_numpy(zero_copy_only=False)
+            geoms = shapely.from_wkt(texts, on_invalid="ignore")
+            unread = np.equal(geoms, NONE)
+            live_rows = rows[live]
+            rejects.add(live_rows[unread], Reason.BAD_WKT, f"field {name!r} is not WKT")
+            out.geoms[live_rows[~unread]] = geoms[~unread]
+        else:
+            rejects.add(rows, Reason.SCHEMA_NOT_SUPPORTED, f"field {name!r} is a {arr.type}: expected bytes or string")
+
+    def _field_or_none(self, reader: RecordReader, name: str) -> pa.Array | None:
+        return reader.arrow(name) if name in reader.columns else None
+
+    def _properties(self, reader: RecordReader, rows: np.ndarray, out: Decoded) -> None:
+        for name, target in self.property_types.items():
+            if name not in reader.columns:
+                continue  # an older schema without the field: the column stays null
+            arr = reader.arrow(name)
+            local = Rejects(len(rows))
+            cast = _cast_or_reject(arr, target, f"properties.{name}", local)
+            bad = ~local.ok
+            if bad.any():
+                out.rejects.add(rows[bad], Reason.PROPERTY_TYPE_MISMATCH, list(local.detail[bad]))
+            out.properties[name] = scatter_into(out.properties[name], cast, rows)
+
+    def unmapped_fields(
+        self, values: pa.Array, rows: np.ndarray, mapped: frozenset[str], order: tuple[np.ndarray, ...]
+    ) -> dict[str, Any]:
+        """The record fields no column maps, of the schemas these values name (schema evolution's
+        scan: a field a new schema version adds becomes a column under `add-columns`). A field
+        counts every record of a schema that has it; its first record is the group's first in
+        Kafka order. Records whose schema is unknown or unsupported name none (the decoder
+        rejects them)."""
+        # Here, not at the top: streaming.decode.properties imports the formats package.
+        from streaming.decode.properties import NESTED, PropertySeen, merge_seen
+
+        spec = self.contract.registry
+        own = {spec.geometry_field, spec.lon_field, spec.lat_field, spec.srid_field} if spec else set()
+        _, _, _, ids, short = _wire(values, rows)
+        timestamps, partitions, offsets = order
+        seen: dict[str, PropertySeen] = {}
+        for schema_id in np.unique(ids[~short]):
+            local = np.flatnonzero(~short & (ids == schema_id))
+            try:
+                plan = self.plan(int(schema_id))
+            except (UnknownSchemaId, UnsupportedSchema):
+                continue
+            k = local[np.lexsort((offsets[local], partitions[local], timestamps[local]))[0]]
+            first = (int(timestamps[k]), int(partitions[k]), int(offsets[k]))
+            for name, node in plan.leaves.items():
+                if name in mapped or name in own:
+                    continue
+                found = PropertySeen(_EVOLVED_KIND.get(node.kind, NESTED), int(local.size), first)
+                merge_seen(seen, {name: found})
+        return seen

@@ -1,0 +1,128 @@
+"""Avro through a schema registry, through the real service: a real broker, real Spark, a real
+catalog and a real registry (Apicurio, tests/conftest.py). Midway the producer registers a new
+version of its schema with a new optional field: under `schema_evolution: add-columns` it becomes
+a column of the table. Every record lands in the table or in the dead-letter topic with its reason."""
+
+from __future__ import annotations
+
+import pytest
+import shapely
+
+from app.local.process import free_port
+from app.service import run
+from app.settings import load_settings
+from streaming.contract import parse_contract
+from streaming.table.catalog import create_table, open_catalog
+from tests.app.local.test_schema_registry import V1, V2, register
+from tests.conftest import CACHE_DIR, produce_records
+from tests.streaming.decode.formats.test_avro import avro_bytes, wire
+from tests.streaming.decode.test_dead_letter_corpus import dead_letters
+
+pytestmark = pytest.mark.integration
+
+CONTRACT = {
+    "table": "fleet.pings",
+    "formats": ["avro"],
+    "registry": {"lon_field": "lon", "lat_field": "lat"},
+    "columns": [
+        {"id": 1, "name": "event_id", "type": "string", "required": True, "from": ["properties.id"]},
+        {"id": 2, "name": "speed", "type": "double", "from": ["properties.speed"]},
+        {"id": 3, "name": "event_time", "type": "timestamptz", "required": True, "from": ["kafka.timestamp"]},
+    ],
+    "geometry": {"id": 4, "name": "geometry", "types": ["Point"], "dimensions": ["XY"], "crs": "EPSG:4326"},
+    "bbox": {"id": 5, "name": "bbox"},
+    "schema_evolution": "add-columns",
+}
+
+
+def test_avro_records_through_the_registry_with_a_schema_change_midstream(
+    kafka, spark, topic, schema_registry, tmp_path
+):
+    v1 = register(schema_registry.url, f"{topic}-value", V1)
+    v2 = register(schema_registry.url, f"{topic}-value", V2)
+    expected: dict[str, tuple[float, float, float | None, str | None]] = {}
+    records = []
+    for i in range(600):
+        lon, lat = -170 + i * 0.5 + 1e-9 * i, -80 + (i % 300) * 0.5
+        speed = None if i % 7 == 0 else i / 4
+        key = f"p-{i}"
+        if i < 300:
+            value = wire(v1, avro_bytes(V1, {"id": key, "lon": lon, "lat": lat, "speed": speed}))
+            expected[key] = (lon, lat, speed, None)
+        else:  # the schema change: the producer's records now carry the new field
+            note = None if i % 5 == 0 else f"note {i}"
+            value = wire(v2, avro_bytes(V2, {"id": key, "lon": lon, "lat": lat, "speed": speed, "note": note}))
+            expected[key] = (lon, lat, speed, note)
+        records.append((key.encode(), value, []))
+    malformed = {
+        b"bad-unknown-id": (
+            wire(999_999, avro_bytes(V1, {"id": "x", "lon": 1.0, "lat": 2.0, "speed": None})),
+            "unknown_schema_id",
+        ),
+        b"bad-truncated": (
+            wire(v2, avro_bytes(V2, {"id": "y", "lon": 1.0, "lat": 2.0, "speed": 3.0, "note": "z"})[:-3]),
+            "schema_mismatch",
+        ),
+        b"bad-header": (b"\x00\x00\x01", "bad_wire_format"),
+        b"bad-latitude": (
+            wire(v1, avro_bytes(V1, {"id": "w", "lon": 1.0, "lat": 123.0, "speed": None})),
+            "outside_crs_area",
+        ),
+    }
+    for n, (key, (value, _)) in enumerate(malformed.items()):
+        records.insert(151 * n + 7, (key, value, []))
+    assert produce_records(kafka.bootstrap, topic, records) == len(records)
+
+    settings = load_settings(
+        env={},
+        bootstrap_servers=kafka.bootstrap,
+        topic=topic,
+        metrics_port=0,
+        cache_dir=str(CACHE_DIR),
+        catalog={"type": "sql", "uri": f"sqlite:///{tmp_path / 'c.db'}", "warehouse": f"file://{tmp_path / 'wh'}"},
+        checkpoint_location=str(tmp_path / "ck"),
+        max_offsets_per_trigger=250,
+        schema_registry={"url": schema_registry.url},
+    )
+    contract = parse_contract(CONTRACT)
+    create_table(open_catalog(settings.catalog_name, settings.catalog), contract)
+    totals = run(settings, contract, until_idle=True, spark=spark)
+    assert totals.commits == {"committed": totals.batches}
+
+    table = open_catalog(settings.catalog_name, settings.catalog).load_table(contract.table)
+    assert "note" in table.schema().column_names  # added by schema evolution, midway
+    rows = table.scan(selected_fields=("event_id", "speed", "note", "geometry")).to_arrow().to_pylist()
+    assert sorted(r["event_id"] for r in rows) == sorted(expected)
+    for row in rows:
+        lon, lat, speed, note = expected[row["event_id"]]
+        point = shapely.from_wkb(row["geometry"])
+        assert (point.x, point.y) == (lon, lat), row["event_id"]  # lossless
+        assert (row["speed"], row["note"]) == (speed, note), row["event_id"]
+
+    dead = dead_letters(kafka.bootstrap, settings.dead_letter_topic)
+    assert {d.key: d.reason for d in dead.values()} == {key: reason for key, (_, reason) in malformed.items()}
+    assert len(rows) + len(dead) == len(records) == totals.consumed
+
+
+def test_an_unreachable_registry_stops_the_service_naming_it(kafka, spark, topic, tmp_path):
+    nowhere = f"http://127.0.0.1:{free_port()}/apis/ccompat/v7"
+    value = wire(1, avro_bytes(V1, {"id": "a", "lon": 1.0, "lat": 2.0, "speed": None}))
+    assert produce_records(kafka.bootstrap, topic, [(b"a", value, [])]) == 1
+    settings = load_settings(
+        env={},
+        bootstrap_servers=kafka.bootstrap,
+        topic=topic,
+        metrics_port=0,
+        cache_dir=str(CACHE_DIR),
+        catalog={"type": "sql", "uri": f"sqlite:///{tmp_path / 'c.db'}", "warehouse": f"file://{tmp_path / 'wh'}"},
+        checkpoint_location=str(tmp_path / "ck"),
+        schema_registry={"url": nowhere},
+    )
+    contract = parse_contract({**CONTRACT, "schema_evolution": "off"})
+    create_table(open_catalog(settings.catalog_name, settings.catalog), contract)
+    with pytest.raises(Exception, match=f"schema registry at {nowhere} is unreachable"):
+        run(settings, contract, until_idle=True, spark=spark)
+    # Nothing was taken for the registry's fault: no commit, no dead letter.
+    table = open_catalog(settings.catalog_name, settings.catalog).load_table(contract.table)
+    assert table.current_snapshot() is None
+    assert dead_letters(kafka.bootstrap, settings.dead_letter_topic) == {}
