@@ -531,9 +531,9 @@ def _parse_partition_field(text: Any, where: str, by_name: dict[str, Column], ge
                 f"{where}: {text}: geohash cells are of longitude/latitude; the table CRS {geometry.crs} is projected"
             )
         return PartitionField(text, transform, source, param)
-    param = None
+    width: int | None = None
     if transform in ("bucket", "truncate"):
-        param = _whole(args[0], where, text, "N" if transform == "bucket" else "W", 1, 2**31 - 1)
+        width = _whole(args[0], where, text, "N" if transform == "bucket" else "W", 1, 2**31 - 1)
         args = args[1:]
     source = args[0]
     if source == geometry.name:
@@ -552,7 +552,7 @@ def _parse_partition_field(text: Any, where: str, by_name: dict[str, Column], ge
         raise ContractError(
             f"{where}: {text}: column {source!r} is a {ctype}; {transform} takes {' or '.join(allowed)}"
         )
-    return PartitionField(text, transform, source, param)
+    return PartitionField(text, transform, source, width)
 
 
 def _whole(value: str, where: str, text: str, what: str, lo: int, hi: int) -> int:

@@ -35,6 +35,7 @@ from pyiceberg.typedef import Record
 from sqlalchemy.exc import InterfaceError, OperationalError
 
 from streaming.contract import Column
+from streaming.table.catalog import unpartitioned_spec_id
 from streaming.table.row_delta import RowDelta
 from streaming.write.data_files import EQUALITY_DELETES, DataFileRecord
 from streaming.write.evolution import add_columns
@@ -281,7 +282,7 @@ def to_data_file(record: DataFileRecord, spec_id: int, equality_ids: Sequence[in
         content=DataFileContent.EQUALITY_DELETES if deletes else DataFileContent.DATA,
         file_path=record.path,
         file_format=FileFormat.PARQUET,
-        partition=Record(),
+        partition=Record(*record.partition_values),
         file_size_in_bytes=record.file_size_in_bytes,
         record_count=record.record_count,
         sort_order_id=None,
@@ -367,11 +368,19 @@ class Committer:
             if batch.added_columns:
                 add_columns(tx, view.schema(), view.metadata.last_column_id, batch.added_columns)
             if batch.delete_files:
-                delta = RowDelta(tx, snapshot_properties=batch.summary())
+                # Unpartitioned deletes: a key's new version may land in another partition than its
+                # old one (another day, another cell), and a partitioned delete reaches its own only.
+                delete_spec_id = unpartitioned_spec_id(view)
+                if delete_spec_id is None:
+                    raise ValueError(
+                        f"table {'.'.join(self.table.name())}: an upsert table needs an unpartitioned spec for its "
+                        "equality deletes (geoingest creates one as spec 0)"
+                    )
+                delta = RowDelta(tx, snapshot_properties=batch.summary(), delete_spec_id=delete_spec_id)
                 for record in batch.files:
                     delta.append_data_file(to_data_file(record, spec_id))
                 for record in batch.delete_files:
-                    delta.add_delete_file(to_data_file(record, spec_id, batch.equality_ids))
+                    delta.add_delete_file(to_data_file(record, delete_spec_id, batch.equality_ids))
                 delta.commit()
             else:
                 with tx.update_snapshot(snapshot_properties=batch.summary()).fast_append() as append:

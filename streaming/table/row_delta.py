@@ -73,7 +73,12 @@ def _equality_ids_as_int(schema: Schema) -> Schema:
 class RowDelta(_FastAppendFiles):
     """A fast append that also adds equality delete files, in a delete manifest of its own."""
 
-    def __init__(self, transaction: Transaction, snapshot_properties: dict[str, str] = EMPTY_DICT) -> None:
+    def __init__(
+        self,
+        transaction: Transaction,
+        snapshot_properties: dict[str, str] = EMPTY_DICT,
+        delete_spec_id: int | None = None,
+    ) -> None:
         super().__init__(
             operation=Operation.OVERWRITE,
             transaction=transaction,
@@ -81,6 +86,8 @@ class RowDelta(_FastAppendFiles):
             snapshot_properties=snapshot_properties,
         )
         self._added_delete_files: list[DataFile] = []
+        # The spec of the delete files (the table's default if None)
+        self._delete_spec_id = delete_spec_id
 
     def add_delete_file(self, delete_file: DataFile) -> RowDelta:
         if delete_file.content != DataFileContent.EQUALITY_DELETES:
@@ -93,7 +100,11 @@ class RowDelta(_FastAppendFiles):
         if not self._added_delete_files:
             return manifests
         writer = _DeleteManifestWriter(
-            spec=self._transaction.table_metadata.spec(),
+            spec=(
+                self._transaction.table_metadata.spec()
+                if self._delete_spec_id is None
+                else self._transaction.table_metadata.specs()[self._delete_spec_id]
+            ),
             schema=self.schema(),
             output_file=self.new_manifest_output(),
             snapshot_id=self._snapshot_id,

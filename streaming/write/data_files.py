@@ -30,11 +30,12 @@ from pyiceberg.types import DoubleType
 from streaming.contract import BBOX_FIELDS, Contract
 from streaming.kernels.geoparquet import geo_metadata_bytes
 from streaming.kernels.wkb import geometry_type_names
+from streaming.write.partitions import PartitionLayout, partition_path, split_by_partition, with_cells
 
 # Spark DDL of the rows the write stage returns to the driver.
 DATA_FILE_RECORD_DDL = (
     "path string, file_size_in_bytes long, record_count long, "
-    "xmin double, ymin double, xmax double, ymax double, metrics string, content string"
+    "xmin double, ymin double, xmax double, ymax double, metrics string, content string, partition_values string"
 )
 DATA = "data"
 EQUALITY_DELETES = "equality_deletes"
@@ -54,6 +55,8 @@ class DataFileRecord:
     metrics: dict
     # DATA, or EQUALITY_DELETES: the primary keys an upsert batch replaces or deletes (streaming/write/upsert.py)
     content: str = DATA
+    # The values of the file's partition, in the order of its spec's fields (() unpartitioned)
+    partition_values: tuple = ()
 
     def to_row(self) -> dict:
         return {
@@ -63,6 +66,7 @@ class DataFileRecord:
             **dict(zip(BBOX_FIELDS, self.bbox)),
             "metrics": json.dumps(self.metrics, separators=(",", ":")),
             "content": self.content,
+            "partition_values": json.dumps(list(self.partition_values)),
         }
 
     @classmethod
@@ -76,6 +80,7 @@ class DataFileRecord:
             bbox=(xmin, ymin, xmax, ymax),
             metrics=json.loads(get("metrics")),
             content=get("content") or DATA,
+            partition_values=tuple(json.loads(_optional(row, "partition_values") or "[]")),
         )
 
     def statistics(self) -> dict:
@@ -106,8 +111,16 @@ RECORD_SCHEMA = pa.schema(
         ("ymax", pa.float64()),
         ("metrics", pa.string()),
         ("content", pa.string()),
+        ("partition_values", pa.string()),
     ]
 )
+
+
+def _optional(row, key: str):
+    try:
+        return row[key]
+    except (KeyError, ValueError, IndexError):
+        return None
 
 
 def parquet_write_options(table_properties: dict[str, str]) -> dict:
@@ -139,8 +152,10 @@ class GeoParquetWriter:
         io_properties: dict[str, str],
         data_location: str,
         file_prefix: str,
+        partition: PartitionLayout | None = None,
     ):
         self.contract = contract
+        self.partition = partition
         self.schema = contract.data_file_schema
         iceberg_schema = contract.iceberg_schema
         self._stats_plan = compute_statistics_plan(iceberg_schema, table_properties)
@@ -152,23 +167,38 @@ class GeoParquetWriter:
         self._bbox_ids = contract.bbox_field_ids
 
     def write(self, batches: Iterable[pa.RecordBatch]) -> Iterator[DataFileRecord]:
+        """Files of the sorted rows: for a partitioned table, the rows of each partition apart
+        (one stretch of files each, in the rows' order), for any other in one stretch."""
+        if self.partition is None or not self.partition.fields:
+            yield from self._write_partition(batches, ())
+            return
+        rows = [b for b in batches if b.num_rows]
+        if not rows:
+            return
+        table = with_cells(pa.Table.from_batches(rows), self.contract)
+        for values, part in split_by_partition(table, self.partition):
+            yield from self._write_partition(part.to_batches(), values)
+
+    def _write_partition(self, batches: Iterable[pa.RecordBatch], values: tuple) -> Iterator[DataFileRecord]:
         file = None
+        folder = partition_path(self.partition, values)
         for group in _row_groups(batches, self.contract.clustering.row_group_rows):
-            table = _with_flat_bbox(pa.Table.from_batches([group]), self.contract)
+            table = with_cells(_with_flat_bbox(pa.Table.from_batches([group]), self.contract), self.contract)
             table = table.select(self.schema.names).cast(self.schema)
             if file is None:
-                file = _OpenFile(self._new_path(), self.io, self.schema, self._parquet_options)
+                file = _OpenFile(self._new_path(folder), self.io, self.schema, self._parquet_options)
             file.write(table, self.contract)
             if file.bytes_written() >= self.contract.clustering.target_file_bytes:
-                yield self._finish(file)
+                yield self._finish(file, values)
                 file = None
         if file is not None:
-            yield self._finish(file)
+            yield self._finish(file, values)
 
-    def _new_path(self) -> str:
-        return f"{self._data_location}/{self._file_prefix}-{uuid.uuid4().hex}.parquet"
+    def _new_path(self, folder: str = "") -> str:
+        folder = f"/{folder}" if folder else ""
+        return f"{self._data_location}{folder}/{self._file_prefix}-{uuid.uuid4().hex}.parquet"
 
-    def _finish(self, file: _OpenFile) -> DataFileRecord:
+    def _finish(self, file: _OpenFile, values: tuple = ()) -> DataFileRecord:
         parquet_metadata = file.close(self.contract)
         stats = data_file_statistics_from_parquet_metadata(parquet_metadata, self._stats_plan, self._path_ids)
         metrics = stats.to_serialized_dict()
@@ -185,6 +215,7 @@ class GeoParquetWriter:
             record_count=record_count,
             bbox=file.bbox(),
             metrics=serializable_metrics(metrics),
+            partition_values=values,
         )
 
 
