@@ -522,7 +522,7 @@ def _file_filter(table: Table, row_filter: BooleanExpression):
     metrics = _InclusiveMetricsEvaluator(schema, row_filter, True, False).eval
 
     def may_hold(data_file: DataFile) -> bool:
-        test = partition_tests.get(data_file.spec_id)
+        test = partition_tests.get(getattr(data_file, "spec_id", -1))
         if test is not None and not test(data_file.partition):
             return False
         return metrics(data_file)
