@@ -137,9 +137,10 @@ def _parser() -> argparse.ArgumentParser:
     query.add_argument("--limit", type=int)
     query.add_argument(
         "--format",
-        choices=["geojson", "count", "geoparquet"],
+        choices=["geojson", "count", "geoparquet", "sql"],
         default="geojson",
-        help="GeoJSON lines, a count, or a GeoParquet 1.1 file (needs --output)",
+        help="GeoJSON lines, a count, a GeoParquet 1.1 file (needs --output), or the SQL WHERE condition "
+        "that lets Spark SQL, DuckDB or Trino prune the same query by partition and bounds (nothing is read)",
     )
     query.add_argument("--output", metavar="FILE", help="write there instead of stdout")
     query.set_defaults(handler=_query)
@@ -337,6 +338,11 @@ def _query(args, settings: Settings) -> int:
     if args.format == "geoparquet" and not args.output:
         raise ValueError("query --format geoparquet needs --output FILE")
     table = open_catalog(settings.catalog_name, settings.catalog).load_table(args.table)
+    if args.format == "sql":
+        from streaming.read.query import sql_where
+
+        print(sql_where(table, predicate, args.time_from, args.time_to))
+        return 0
     result = query(
         table,
         predicate,

@@ -509,6 +509,39 @@ def _cell_filter(table: Table, bounds: BBox) -> BooleanExpression:
     return And(*terms) if len(terms) > 1 else terms[0]
 
 
+def sql_where(
+    table: Table,
+    predicate: Predicate,
+    time_from: str | int | datetime | None = None,
+    time_to: str | int | datetime | None = None,
+) -> str:
+    """A SQL WHERE condition (Spark SQL, DuckDB, Trino) that lets an engine prune a query the way
+    `query` does: the time window on the event-time column (pruned by its partition transform),
+    the cells the window covers (pruned by the cell partition), the bbox conditions (pruned by
+    the manifest and row group bounds). A superset of the rows: the exact predicate is the
+    engine's own (ST_Intersects ...)."""
+    terms: list[str] = []
+    window = _time_window(table, time_from, time_to)
+    if window is not None:
+        column, lo, hi = window
+        if lo is not None:
+            terms.append(f"{column} >= TIMESTAMP '{_iso_micros(lo)}'")
+        if hi is not None:
+            terms.append(f"{column} < TIMESTAMP '{_iso_micros(hi)}'")
+    for key, meaning in sorted(table.properties.items()):
+        if key.startswith(CELL_PROPERTY_PREFIX) and meaning.startswith("geohash:"):
+            column = key.removeprefix(CELL_PROPERTY_PREFIX)
+            precision = int(meaning.split(":")[1])
+            cells = ", ".join(f"'{c}'" for c in covering_cells(predicate.bounds, precision))
+            alternatives = [f"{column} IN ({cells})"]
+            alternatives += [f"{column} LIKE '{p}%'" for p in prefix_cells(predicate.bounds, precision)]
+            terms.append(alternatives[0] if len(alternatives) == 1 else "(" + " OR ".join(alternatives) + ")")
+    covering = _property(table, f"geo.column.{_property(table, PRIMARY_COLUMN_PROPERTY)}.covering")
+    for k, op, value in predicate.bbox_conditions():
+        terms.append(f"{covering}.{BBOX_FIELDS[k]} {op} {value!r}")
+    return " AND ".join(terms)
+
+
 def _file_filter(table: Table, row_filter: BooleanExpression):
     """What pyiceberg's planning does for a file, for the files planned here: the filter projected
     on the file's partition (its own spec's), then on its column bounds."""

@@ -22,7 +22,7 @@ from app.service import run
 from app.settings import load_settings
 from streaming.contract import parse_contract
 from streaming.kernels.geohash import covering_cells, enclosing_cells
-from streaming.read.query import Predicate, query
+from streaming.read.query import Predicate, query, sql_where
 from streaming.table.catalog import create_table, open_catalog
 from tests.conftest import CACHE_DIR, duckdb_connection
 from tests.streaming.write.test_upsert import every_snapshot_matches, record_positions, reference_state, table_state
@@ -209,17 +209,34 @@ def test_a_stream_over_days_and_places_lands_in_its_partitions_and_queries_prune
     out = json.loads(capsys.readouterr().out)
     assert out["count"] == len(expected) and out["files_scanned"] == result.stats.files_scanned
 
-    # DuckDB reads the same rows, pruning by the partition columns as docs/partitioning.md shows.
+    # DuckDB reads the same rows with the condition `geoingest query --format sql` prints.
+    assert (
+        main(
+            [
+                "query",
+                "--table",
+                contract.table,
+                "--bbox",
+                bbox_arg,
+                "--from",
+                iso(lo),
+                "--to",
+                iso(hi),
+                "--format",
+                "sql",
+            ]
+        )
+        == 0
+    )
+    where = capsys.readouterr().out.strip()
+    assert (
+        where == sql_where(table, Predicate.from_bbox(WINDOW), iso(lo), iso(hi)) and "geometry_geohash2 IN (" in where
+    )
     con = duckdb_connection()
     con.execute("SET enable_geoparquet_conversion = false")
-    cells = ", ".join(f"'{c}'" for c in sorted(cover))
+    con.execute("SET TimeZone = 'UTC'")
     found = con.execute(
-        f"""
-        SELECT event_id, geometry FROM iceberg_scan('{table.metadata_location}')
-        WHERE event_time >= TIMESTAMPTZ '{iso(lo)}+00' AND event_time < TIMESTAMPTZ '{iso(hi)}+00'
-          AND geometry_geohash2 IN ({cells})
-          AND bbox.xmin <= {WINDOW[2]} AND bbox.xmax >= {WINDOW[0]} AND bbox.ymin <= {WINDOW[3]} AND bbox.ymax >= {WINDOW[1]}
-        """
+        f"SELECT event_id, geometry FROM iceberg_scan('{table.metadata_location}') WHERE {where}"
     ).fetchall()
     box = shapely.box(*WINDOW)
     assert {i for i, g in found if shapely.intersects(shapely.from_wkb(bytes(g)), box)} == expected
