@@ -470,6 +470,10 @@ def _parse_partition(
             raise ContractError(f"{where}: {text}: its cell column {field.name!r} would take the name of a column")
         if any(f.name == field.name for f in fields):
             raise ContractError(f"{where}: {text} is already in the spec")
+        if field.transform in TIME_TRANSFORMS:
+            clash = next((f for f in fields if f.transform in TIME_TRANSFORMS and f.source == field.source), None)
+            if clash is not None:
+                raise ContractError(f"{where}: {text}: {field.source} is already partitioned by {clash.text}")
         if field.is_cell:
             estimate *= _cell_count(clustering.extent, field.param or 1)
         elif field.transform == "bucket":
