@@ -84,7 +84,10 @@ def test_an_explicit_event_time_column():
         (["day(geometry)"], "partition[0]: day(geometry): day cannot take the geometry"),
         (["week(event_time)"], "partition[0]: week(event_time): unknown transform 'week'"),
         (["day(event_time)", "day(event_time)"], "partition[1]: day(event_time) is already in the spec"),
-        (["hour(event_time)", "day(event_time)"], "partition[1]: day(event_time): event_time is already partitioned by hour"),
+        (
+            ["hour(event_time)", "day(event_time)"],
+            "partition[1]: day(event_time): event_time is already partitioned by hour",
+        ),
         (
             ["geohash(geometry, 5)"],
             "partition[0]: geohash(geometry, 5) would let one batch write up to 33,554,432 partitions",
