@@ -22,7 +22,14 @@ from pyiceberg.transforms import (
     YearTransform,
 )
 
-from streaming.contract import COLUMN_TYPES, Column, Contract, check_fresh_ids
+from streaming.contract import (
+    CELL_PROPERTY_PREFIX,
+    COLUMN_TYPES,
+    EVENT_TIME_PROPERTY,
+    Column,
+    Contract,
+    check_fresh_ids,
+)
 from streaming.write.partitions import LayoutField, PartitionLayout
 
 
@@ -216,6 +223,14 @@ def describe(table: Table) -> dict[str, Any]:
             "bits": int(props["geo.hilbert.bits"]) if "geo.hilbert.bits" in props else None,
             "extent": [float(v) for v in props.get("geo.hilbert.extent", "").split(",") if v],
         },
+        "partition": [
+            {"name": f.name, "transform": str(f.transform), "source": table.schema().find_field(f.source_id).name}
+            for f in table.spec().fields
+        ],
+        "partition_cells": {
+            k.removeprefix(CELL_PROPERTY_PREFIX): v for k, v in props.items() if k.startswith(CELL_PROPERTY_PREFIX)
+        },
+        "event_time": props.get(EVENT_TIME_PROPERTY),
         "snapshots": len(table.metadata.snapshots),
         "current_snapshot": None
         if snapshot is None
