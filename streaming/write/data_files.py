@@ -211,7 +211,7 @@ class GeoParquetWriter:
             metrics[key] = bounds
         return DataFileRecord(
             path=file.path,
-            file_size_in_bytes=len(self.io.new_input(file.path)),
+            file_size_in_bytes=file.size,
             record_count=record_count,
             bbox=file.bbox(),
             metrics=serializable_metrics(metrics),
@@ -236,7 +236,10 @@ class _OpenFile:
 
     def __init__(self, path: str, io, schema: pa.Schema, parquet_options: dict):
         self.path = path
-        self._stream = io.new_output(path).create(overwrite=False)
+        # A fresh name (a UUID): no need to ask the store first whether it exists (a HEAD on S3), as
+        # a partitioned batch opens a file per partition it touches.
+        self._stream = io.new_output(path).create(overwrite=True)
+        self.size = 0
         # No dictionary encoding: event ids, geometries and coordinates hardly repeat, so building
         # dictionaries is wasted work. Measured on 200k points: writes 2.1x faster and files 17 %
         # smaller than with Arrow's default; zstd (the default codec) still folds repeated short strings.
@@ -268,6 +271,8 @@ class _OpenFile:
             {"geo": geo_metadata_bytes(contract, sorted(self.geometry_types), self.bbox())}
         )
         self._writer.close()
+        # The bytes written: the file's size, without asking the store again (a HEAD on S3).
+        self.size = self._stream.tell()
         self._stream.close()
         return self._writer.writer.metadata
 
