@@ -11,7 +11,8 @@ three tables of the same contract, partitioned by
 Each batch runs the service's own write path (streaming/write/task.py: decode, Hilbert sort, the
 split by partition, GeoParquet files) and the service's commit (streaming/table/commit.py), in this
 process, with no Spark or Kafka: the rate is geoingest's own cost of each layout. The layouts run
-in turn, --repeats times, and the faster run of each is kept.
+in turn, --repeats times, and the faster run of each is kept; layouts are compared on the CPU time
+the process used (this machine is shared: wall time swings with the load of others).
 
 Then, on each table, `geoingest query` over the last hour of events and a window of 0.1 % of the
 world centred on a city: the files and row groups it reads (the answers must be equal).
@@ -98,7 +99,7 @@ def ingest(source: pa.Table, layout: str, batch: int, folder: Path) -> dict:
     committer = Committer(table)
     files_per_batch: list[int] = []
     per_partition: list[int] = []
-    started = time.perf_counter()
+    started, cpu_started = time.perf_counter(), time.process_time()
     for batch_id, start in enumerate(range(0, source.num_rows, batch)):
         rows = source.slice(start, batch)
         settings = FileSettings(
@@ -116,9 +117,12 @@ def ingest(source: pa.Table, layout: str, batch: int, folder: Path) -> dict:
         files_per_batch.append(len(files))
         per_partition += Counter(f.partition_values for f in files).values()
     seconds = time.perf_counter() - started
+    cpu_seconds = time.process_time() - cpu_started
     return {
         "seconds": round(seconds, 2),
         "events_per_s": round(source.num_rows / seconds),
+        "cpu_seconds": round(cpu_seconds, 2),
+        "events_per_cpu_s": round(source.num_rows / cpu_seconds),
         "batches": len(files_per_batch),
         "files_per_batch_mean": round(float(np.mean(files_per_batch)), 1),
         "files_per_batch_max": int(max(files_per_batch)),
@@ -180,7 +184,7 @@ def main() -> None:
                 print(
                     f"{layout:9s} run {repeat + 1}: {run['events_per_s']:,} events/s, {run['files_per_batch_mean']} files/batch"
                 )
-                if layout not in best or run["events_per_s"] > best[layout]["events_per_s"]:
+                if layout not in best or run["events_per_cpu_s"] > best[layout]["events_per_cpu_s"]:
                     best[layout], kept[layout] = run, folder
         answers = {}
         for layout in LAYOUTS:
@@ -189,8 +193,10 @@ def main() -> None:
             best[layout].pop("metadata_location")
             report["layouts"][layout] = {**best[layout], "last_hour_query": q}
         assert all(a == answers["none"] for a in answers.values()), "every layout answers the query alike"
-    base = report["layouts"]["none"]["events_per_s"]
-    report["ratios"] = {k: round(v["events_per_s"] / base, 3) for k, v in report["layouts"].items()}
+    # On CPU time: this machine is shared, and wall time swings 2x between runs with the load of
+    # others; the CPU a layout costs per event is what it costs a dedicated core.
+    base = report["layouts"]["none"]["events_per_cpu_s"]
+    report["ratios"] = {k: round(v["events_per_cpu_s"] / base, 3) for k, v in report["layouts"].items()}
     report["goals"] = {
         k: {"goal": g, "ratio": report["ratios"][k], "met": report["ratios"][k] >= g} for k, g in GOALS.items()
     }
@@ -205,17 +211,17 @@ def write_results(report: dict) -> None:
         "",
         f"{report['events']:,} GeoJSON points around real cities over {report['days']} days, in batches of "
         f"{report['batch']:,}, written and committed by geoingest's own task and committer in one process "
-        f"(best of {report['repeats']} runs per layout). Query: the last hour of events in a window of 0.1 % "
+        f"(best of {report['repeats']} runs per layout; compared on CPU time, as the machine is shared). Query: the last hour of events in a window of 0.1 % "
         "of the world around Paris.",
         "",
-        "| layout | events/s | vs none | files/batch (mean, max) | partitions/batch | max files per partition and batch "
+        "| layout | events/s (wall) | events per CPU s | vs none (CPU) | files/batch (mean, max) | partitions/batch | max files per partition and batch "
         "| query: files read / total | row groups read | rows read | rows | query s |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for name, r in report["layouts"].items():
         q = r["last_hour_query"]
         lines.append(
-            f"| {name} | {r['events_per_s']:,} | {report['ratios'][name]:.2f}x | {r['files_per_batch_mean']}, "
+            f"| {name} | {r['events_per_s']:,} | {r['events_per_cpu_s']:,} | {report['ratios'][name]:.2f}x | {r['files_per_batch_mean']}, "
             f"{r['files_per_batch_max']} | {r['partitions_per_batch_mean']} | {r['files_per_partition_per_batch_max']} "
             f"| {q['files_read']} / {q['files_total']} | {q['row_groups_read']} | {q['rows_read']:,} | {q['rows']:,} "
             f"| {q['seconds']} |"
