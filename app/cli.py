@@ -125,12 +125,22 @@ def _parser() -> argparse.ArgumentParser:
         metavar="TIMESTAMP",
         help="read the snapshot current then: ISO 8601 (no zone: UTC) or epoch milliseconds",
     )
+    query.add_argument(
+        "--from",
+        dest="time_from",
+        metavar="TIMESTAMP",
+        help="only events at or after this time (event-time column): ISO 8601 (no zone: UTC) or epoch ms",
+    )
+    query.add_argument(
+        "--to", dest="time_to", metavar="TIMESTAMP", help="only events before this time (ISO 8601 or epoch ms)"
+    )
     query.add_argument("--limit", type=int)
     query.add_argument(
         "--format",
-        choices=["geojson", "count", "geoparquet"],
+        choices=["geojson", "count", "geoparquet", "sql"],
         default="geojson",
-        help="GeoJSON lines, a count, or a GeoParquet 1.1 file (needs --output)",
+        help="GeoJSON lines, a count, a GeoParquet 1.1 file (needs --output), or the SQL WHERE condition "
+        "that lets Spark SQL, DuckDB or Trino prune the same query by partition and bounds (nothing is read)",
     )
     query.add_argument("--output", metavar="FILE", help="write there instead of stdout")
     query.set_defaults(handler=_query)
@@ -328,7 +338,20 @@ def _query(args, settings: Settings) -> int:
     if args.format == "geoparquet" and not args.output:
         raise ValueError("query --format geoparquet needs --output FILE")
     table = open_catalog(settings.catalog_name, settings.catalog).load_table(args.table)
-    result = query(table, predicate, limit=args.limit, snapshot_id=args.snapshot, as_of=args.as_of)
+    if args.format == "sql":
+        from streaming.read.query import sql_where
+
+        print(sql_where(table, predicate, args.time_from, args.time_to))
+        return 0
+    result = query(
+        table,
+        predicate,
+        limit=args.limit,
+        snapshot_id=args.snapshot,
+        as_of=args.as_of,
+        time_from=args.time_from,
+        time_to=args.time_to,
+    )
     stats = result.stats.__dict__
     try:
         if args.format == "geoparquet":

@@ -78,6 +78,18 @@ DEFAULT_ROW_GROUP_ROWS = 16_384
 
 
 WRITE_MODES = ("append", "upsert")
+# Partition transforms a contract may name: Iceberg's, and the spatial cell of the geometry.
+TIME_TRANSFORMS = ("year", "month", "day", "hour")
+PARTITION_TRANSFORMS = (*TIME_TRANSFORMS, "bucket", "truncate", "identity", "geohash")
+# A spec whose fields could make more partitions than this in one batch is refused (each
+# partition a batch touches is at least one file of its own).
+MAX_PARTITIONS_PER_BATCH = 100_000
+# Partitions of a time transform one batch may span, for that estimate (a batch spans a few hours
+# of events at most unless it drains a backlog).
+_TIME_PARTITIONS_PER_BATCH = {"year": 1, "month": 1, "day": 2, "hour": 24}
+GEOHASH_MAX_PRECISION = 12
+EVENT_TIME_PROPERTY = "geoingest.event-time"
+CELL_PROPERTY_PREFIX = "geoingest.partition.cell."
 SCHEMA_EVOLUTION_MODES = ("off", "add-columns")
 # Every key a contract may hold, per object: any other is a typo or a feature this version lacks,
 # and either way an error that names it rather than a setting silently ignored.
@@ -95,6 +107,8 @@ KNOWN_KEYS = {
         "schema_evolution",
         "json",
         "registry",
+        "partition",
+        "event_time",
     ),
     "json": ("lon", "lat", "z", "geometry", "crs"),
     "json.geometry": ("path", "encoding"),
@@ -203,6 +217,38 @@ class RegistrySpec:
 
 
 @dataclass(frozen=True)
+class PartitionField:
+    """One field of the contract's partition spec, as written (`day(event_time)`, `geohash(geometry, 3)`)."""
+
+    text: str
+    transform: str  # one of PARTITION_TRANSFORMS
+    source: str  # the column it reads
+    param: int | None = None  # bucket N, truncate W, geohash precision
+
+    @property
+    def name(self) -> str:
+        """The partition field's name (Iceberg's defaults), or for a cell the column that holds it."""
+        if self.transform == "identity":
+            return self.source
+        if self.transform == "geohash":
+            return f"{self.source}_geohash{self.param}"
+        if self.transform == "bucket":
+            return f"{self.source}_bucket_{self.param}"
+        if self.transform == "truncate":
+            return f"{self.source}_trunc_{self.param}"
+        return f"{self.source}_{self.transform}"
+
+    @property
+    def is_cell(self) -> bool:
+        return self.transform == "geohash"
+
+    @property
+    def cell_meaning(self) -> str:
+        """What a cell column holds, as its table property says: `geohash:<precision>:<geometry column>`."""
+        return f"{self.transform}:{self.param}:{self.source}"
+
+
+@dataclass(frozen=True)
 class Contract:
     table: str
     description: str
@@ -226,6 +272,21 @@ class Contract:
     json: JsonFields | None = None
     # For registry-encoded topics (REGISTRY_FORMATS): where the records hold their geometry.
     registry: RegistrySpec | None = None
+    # The partition spec of a new table (an existing table keeps the spec it has), and the column
+    # that holds an event's time (None: the contract has none).
+    partition: tuple[PartitionField, ...] = ()
+    event_time: str | None = None
+
+    @property
+    def cell_fields(self) -> tuple[PartitionField, ...]:
+        """The spatial cells of the spec: each a string column the writer fills."""
+        return tuple(f for f in self.partition if f.is_cell)
+
+    @property
+    def cell_field_ids(self) -> dict[str, int]:
+        """Ids of the cell columns, by name: after the flat bbox columns, before the bbox's fields."""
+        first = self.bbox_id + 1 + len(self.flat_bbox_names)
+        return {f.name: first + i for i, f in enumerate(self.cell_fields)}
 
     @property
     def all_columns(self) -> tuple[Column, ...]:
@@ -242,7 +303,7 @@ class Contract:
     @property
     def bbox_field_ids(self) -> dict[str, int]:
         """Ids of bbox.xmin .. bbox.ymax: Iceberg numbers nested fields after all top-level ones."""
-        first = self.bbox_id + 1 + len(self.flat_bbox_names)
+        first = self.bbox_id + 1 + len(self.flat_bbox_names) + len(self.cell_fields)
         return {name: first + i for i, name in enumerate(BBOX_FIELDS)}
 
     @property
@@ -268,6 +329,8 @@ class Contract:
         fields.append(NestedField(self.bbox_id, self.bbox_name, bbox, required=True))
         for name, fid in self.flat_bbox_field_ids.items():
             fields.append(NestedField(fid, name, DoubleType(), required=True))
+        for name, fid in self.cell_field_ids.items():
+            fields.append(NestedField(fid, name, StringType(), required=True))
         # Iceberg appends the columns a table gains after all others.
         fields += [NestedField(c.id, c.name, c.iceberg_type, required=False) for c in self.added_columns]
         return Schema(*fields)
@@ -285,9 +348,9 @@ class Contract:
     @cached_property
     def arrow_schema(self) -> pa.Schema:
         """Arrow schema of the rows the decoder makes and the writer takes (the data files' columns
-        but the flat bbox columns, which the writer derives from the covering)."""
+        but the flat bbox columns and the cell columns, which the writer derives from the covering)."""
         schema = self.data_file_schema
-        flat = set(self.flat_bbox_names)
+        flat = set(self.flat_bbox_names) | set(self.cell_field_ids)
         return pa.schema([f for f in schema if f.name not in flat], metadata=schema.metadata)
 
     def table_properties(self) -> dict[str, str]:
@@ -309,6 +372,8 @@ class Contract:
             **({f"{prefix}.covering-flat-columns": ",".join(self.flat_bbox_names)} if self.flat_bbox_names else {}),
             "geo.hilbert.bits": str(self.clustering.hilbert_bits),
             "geo.hilbert.extent": ",".join(repr(v) for v in self.clustering.extent),
+            **({EVENT_TIME_PROPERTY: self.event_time} if self.event_time else {}),
+            **{f"{CELL_PROPERTY_PREFIX}{f.name}": f.cell_meaning for f in self.cell_fields},
             "geoingest.contract": json.dumps(self.source, sort_keys=True, separators=(",", ":")),
         }
 
@@ -403,6 +468,8 @@ def parse_contract(raw: Any) -> Contract:
     schema_evolution = _parse_schema_evolution(raw.get("schema_evolution", "off"))
     json_fields = _parse_json_fields(raw, formats, columns)
     registry = _parse_registry(raw, formats)
+    event_time = _parse_event_time(raw, columns)
+    partition = _parse_partition(raw, columns, geometry, event_time, clustering, names)
     return Contract(
         table=table,
         description=str(raw.get("description", "")),
@@ -419,6 +486,8 @@ def parse_contract(raw: Any) -> Contract:
         schema_evolution=schema_evolution,
         json=json_fields,
         registry=registry,
+        partition=partition,
+        event_time=event_time,
     )
 
 
@@ -525,6 +594,142 @@ def _parse_registry(raw: dict, formats: tuple[str, ...]) -> RegistrySpec | None:
     if bool(spec.lon_field) != bool(spec.lat_field):
         raise ContractError("registry: lon_field and lat_field go together")
     return spec
+
+
+def _parse_event_time(raw: dict, columns: tuple[Column, ...]) -> str | None:
+    """The event-time column: as named, else the first timestamptz column fed by kafka.timestamp."""
+    if "event_time" not in raw:
+        fed = [c.name for c in columns if c.type == "timestamptz" and "kafka.timestamp" in c.sources]
+        return fed[0] if fed else None
+    name = raw["event_time"]
+    by_name = {c.name: c for c in columns}
+    if not isinstance(name, str) or name not in by_name:
+        raise ContractError(f"event_time: {name!r} is not one of the columns {list(by_name)}")
+    if by_name[name].type != "timestamptz":
+        raise ContractError(f"event_time: column {name!r} is a {by_name[name].type}, not a timestamptz")
+    return name
+
+
+_PARTITION_TEXT = re.compile(r"^\s*([A-Za-z_]\w*)\s*(?:\((.*)\))?\s*$")
+
+
+def _parse_partition(
+    raw: dict,
+    columns: tuple[Column, ...],
+    geometry: GeometrySpec,
+    event_time: str | None,
+    clustering: Clustering,
+    names: list[str],
+) -> tuple[PartitionField, ...]:
+    """The partition spec: as the contract writes it, else `day(<event time column>)` (none without one)."""
+    if "partition" not in raw:
+        return (PartitionField(f"day({event_time})", "day", event_time),) if event_time else ()
+    texts = raw["partition"]
+    if not isinstance(texts, list):
+        raise ContractError(f"partition: expected a list of transforms like ['day(event_time)'], got {texts!r}")
+    by_name = {c.name: c for c in columns}
+    fields: list[PartitionField] = []
+    estimate = 1
+    for i, text in enumerate(texts):
+        where = f"partition[{i}]"
+        field = _parse_partition_field(text, where, by_name, geometry)
+        if field.name in names and field.is_cell:
+            raise ContractError(f"{where}: {text}: its cell column {field.name!r} would take the name of a column")
+        if any(f.name == field.name for f in fields):
+            raise ContractError(f"{where}: {text} is already in the spec")
+        if field.transform in TIME_TRANSFORMS:
+            clash = next((f for f in fields if f.transform in TIME_TRANSFORMS and f.source == field.source), None)
+            if clash is not None:
+                raise ContractError(f"{where}: {text}: {field.source} is already partitioned by {clash.text}")
+        if field.is_cell:
+            estimate *= _cell_count(clustering.extent, field.param or 1)
+        elif field.transform == "bucket":
+            estimate *= field.param or 1
+        elif field.transform in _TIME_PARTITIONS_PER_BATCH:
+            estimate *= _TIME_PARTITIONS_PER_BATCH[field.transform]
+        if estimate > MAX_PARTITIONS_PER_BATCH:
+            raise ContractError(
+                f"{where}: {text} would let one batch write up to {estimate:,} partitions "
+                f"(over the clustering extent), more than {MAX_PARTITIONS_PER_BATCH:,}; use a coarser transform"
+            )
+        fields.append(field)
+    return tuple(fields)
+
+
+def _cell_count(extent: tuple[float, float, float, float], precision: int) -> int:
+    lon_bits, lat_bits = (5 * precision + 1) // 2, 5 * precision // 2
+    xmin, ymin, xmax, ymax = extent
+    w = 360.0 / (1 << lon_bits)
+    h = 180.0 / (1 << lat_bits)
+    nx = math.floor((min(xmax, 180.0) + 180.0) / w) - math.floor((max(xmin, -180.0) + 180.0) / w) + 1
+    ny = math.floor((min(ymax, 90.0) + 90.0) / h) - math.floor((max(ymin, -90.0) + 90.0) / h) + 1
+    return max(1, min(nx, 1 << lon_bits)) * max(1, min(ny, 1 << lat_bits))
+
+
+def _parse_partition_field(text: Any, where: str, by_name: dict[str, Column], geometry: GeometrySpec) -> PartitionField:
+    if not isinstance(text, str):
+        raise ContractError(f"{where}: expected a transform like 'day(event_time)', got {text!r}")
+    match = _PARTITION_TEXT.match(text)
+    if match is None:
+        raise ContractError(f"{where}: {text!r} is not a column or a transform like 'day(event_time)'")
+    head, inner = match.group(1), match.group(2)
+    if inner is None:  # identity
+        transform, args = "identity", [head]
+    else:
+        transform, args = head.lower(), [a.strip() for a in inner.split(",")]
+    if transform == "h3":
+        raise ContractError(f"{where}: {text}: h3 cells are not offered; use geohash({geometry.name}, <precision>)")
+    if transform not in PARTITION_TRANSFORMS:
+        raise ContractError(
+            f"{where}: {text}: unknown transform {head!r}; expected one of {list(PARTITION_TRANSFORMS)}"
+        )
+    arity = {"bucket": 2, "truncate": 2, "geohash": 2}.get(transform, 1)
+    if len(args) != arity or not all(args):
+        usage = {"bucket": "bucket(N, column)", "truncate": "truncate(W, column)"}.get(
+            transform, f"geohash({geometry.name}, precision)" if transform == "geohash" else f"{transform}(column)"
+        )
+        raise ContractError(f"{where}: {text}: expected {usage}")
+    if transform == "geohash":
+        source, param_text = args
+        if source != geometry.name:
+            kind = f"a {by_name[source].type} column" if source in by_name else "not a column"
+            raise ContractError(
+                f"{where}: {text}: geohash takes the geometry column {geometry.name!r}; {source!r} is {kind}"
+            )
+        param = _whole(param_text, where, text, "precision", 1, GEOHASH_MAX_PRECISION)
+        if not CRS.from_epsg(geometry.epsg).is_geographic:
+            raise ContractError(
+                f"{where}: {text}: geohash cells are of longitude/latitude; the table CRS {geometry.crs} is projected"
+            )
+        return PartitionField(text, transform, source, param)
+    width: int | None = None
+    if transform in ("bucket", "truncate"):
+        width = _whole(args[0], where, text, "N" if transform == "bucket" else "W", 1, 2**31 - 1)
+        args = args[1:]
+    source = args[0]
+    if source == geometry.name:
+        raise ContractError(
+            f"{where}: {text}: {transform} cannot take the geometry; use geohash({source}, <precision>)"
+        )
+    if source not in by_name:
+        raise ContractError(f"{where}: {text}: {source!r} is not one of the columns {list(by_name)}")
+    ctype = by_name[source].type
+    allowed = {
+        "bucket": ("int", "long", "string", "timestamptz"),
+        "truncate": ("int", "long", "string"),
+        "identity": tuple(COLUMN_TYPES),
+    }.get(transform, ("timestamptz",))
+    if ctype not in allowed:
+        raise ContractError(
+            f"{where}: {text}: column {source!r} is a {ctype}; {transform} takes {' or '.join(allowed)}"
+        )
+    return PartitionField(text, transform, source, width)
+
+
+def _whole(value: str, where: str, text: str, what: str, lo: int, hi: int) -> int:
+    if not re.fullmatch(r"\d+", value) or not lo <= int(value) <= hi:
+        raise ContractError(f"{where}: {text}: {what} {value!r} must be a whole number {lo}..{hi}")
+    return int(value)
 
 
 def _declared_ids(columns: tuple[Column, ...], geometry_id: int, bbox_id: int) -> list[tuple[str, int]]:

@@ -58,7 +58,7 @@ from streaming.job.config import (
 from streaming.source.options import SourceSettings
 from streaming.source.read import ReadingRanges
 from streaming.storage import data_location, delete_folder
-from streaming.table.catalog import table_contract
+from streaming.table.catalog import partition_layout, table_contract
 from streaming.table.commit import BatchCommit, CommitOutcome, CommitRetriesExhausted, Committer, Offsets
 from streaming.write.data_files import (
     DATA_FILE_RECORD_DDL,
@@ -451,6 +451,7 @@ class BatchProcessor:
             io_properties=dict(self.table.io.properties),
             data_location=data_location(self.table),
             file_prefix=f"{self.config.writer_id}-b{batch_id:09d}",
+            partition=partition_layout(self.table),
         )
 
     def _discard(self, files: tuple[DataFileRecord, ...]) -> None:
@@ -554,7 +555,12 @@ def _write_fn(contract: Contract, files: FileSettings):
     def write(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         prepare_worker_process()
         writer = GeoParquetWriter(
-            contract, files.table_properties, files.io_properties, files.data_location, files.file_prefix
+            contract,
+            files.table_properties,
+            files.io_properties,
+            files.data_location,
+            files.file_prefix,
+            files.partition,
         )
         records = list(writer.write(batches))
         if records:

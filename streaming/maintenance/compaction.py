@@ -32,7 +32,8 @@ from streaming.read.inspect import file_bbox
 from streaming.read.projection import FieldIdProjection
 from streaming.read.query import table_contract
 from streaming.storage import data_location
-from streaming.table.commit import single_attempt_view, to_data_file
+from streaming.table.catalog import partition_layout
+from streaming.table.commit import data_spec_id, single_attempt_view, to_data_file
 from streaming.table.deletes import EqualityDeletes, has_delete_files, snapshot_files
 from streaming.write.data_files import DataFileRecord, GeoParquetWriter
 
@@ -145,6 +146,7 @@ def rewrite_bin(
         dict(table.io.properties),
         data_location(table),
         f"{COMPACTION_FILE_PREFIX}-{uuid.uuid4().hex[:12]}",
+        partition_layout(table),
     )
     written = list(writer.write(ordered.to_batches(max_chunksize=contract.clustering.row_group_rows)))
     if sum(r.record_count for r in written) != rows.num_rows:
@@ -293,7 +295,6 @@ def compact(
         if not rewrites:
             return None
         view = single_attempt_view(table)
-        spec_id = view.metadata.default_spec_id
         # An overwrite, not a replace: pyiceberg 0.12 cannot summarise a "replace" snapshot.
         with view.transaction() as tx:
             with tx.update_snapshot(snapshot_properties=carry(view, "compaction")).overwrite() as overwrite:
@@ -301,7 +302,7 @@ def compact(
                     for path in rw.sources:
                         overwrite.delete_data_file(live[path])
                     for record in rw.outputs:
-                        overwrite.append_data_file(to_data_file(record, spec_id))
+                        overwrite.append_data_file(to_data_file(record, data_spec_id(record, view.metadata)))
         adopt(table, view)
         return current_snapshot_id(view)
 

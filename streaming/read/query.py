@@ -34,16 +34,36 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import shapely
 from pyiceberg.conversions import from_bytes
-from pyiceberg.expressions import And, BooleanExpression, GreaterThanOrEqual, LessThanOrEqual, Reference
+from pyiceberg.expressions import (
+    AlwaysTrue,
+    And,
+    BooleanExpression,
+    GreaterThanOrEqual,
+    In,
+    LessThan,
+    LessThanOrEqual,
+    Or,
+    Reference,
+    StartsWith,
+)
 from pyiceberg.expressions.literals import literal
+from pyiceberg.expressions.visitors import _InclusiveMetricsEvaluator, expression_evaluator, inclusive_projection
 from pyiceberg.manifest import DataFile, ManifestContent
 from pyiceberg.schema import Schema
 from pyiceberg.table import Table
 from pyiceberg.table.snapshots import Snapshot
 from pyiceberg.types import DoubleType
 
-from streaming.contract import BBOX_FIELDS, Contract, ContractError, parse_contract
+from streaming.contract import (
+    BBOX_FIELDS,
+    CELL_PROPERTY_PREFIX,
+    EVENT_TIME_PROPERTY,
+    Contract,
+    ContractError,
+    parse_contract,
+)
 from streaming.kernels.antimeridian import split_at_antimeridian, unwrapped, window_intervals, x_overlaps
+from streaming.kernels.geohash import covering_cells, prefix_cells
 from streaming.read.projection import FieldIdProjection, QueryError
 from streaming.table.catalog import TableMismatch
 from streaming.table.catalog import table_contract as contract_of_table
@@ -306,9 +326,16 @@ def query(
     limit: int | None = None,
     snapshot_id: int | None = None,
     as_of: str | int | datetime | None = None,
+    time_from: str | int | datetime | None = None,
+    time_to: str | int | datetime | None = None,
 ) -> QueryResult:
     """Rows whose geometry meets `predicate`, at most `limit` of them, read from the current
-    snapshot, snapshot `snapshot_id`, or the snapshot current at `as_of` (see parse_as_of)."""
+    snapshot, snapshot `snapshot_id`, or the snapshot current at `as_of` (see parse_as_of).
+
+    With `time_from` and/or `time_to` (as parse_as_of reads them), only rows whose event time
+    lies in [time_from, time_to). The window and the predicate prune together: partitions (the
+    time transform of the event-time column, the spatial cells a window covers), then file
+    bounds, then row groups."""
     if not isinstance(predicate, Predicate):
         raise TypeError(f"predicate: expected a Predicate, got {type(predicate).__name__}")
     if limit is not None and limit < 0:
@@ -344,6 +371,8 @@ def query(
         # "within" stay: a row within a plain Q is plain, or Q spans [-180, 180] and they all hold.
         conditions = [c for c in conditions if c[0] in (_YMIN, _YMAX)]
     field_ids = [schema.find_field(f"{covering_column}.{name}").field_id for name in BBOX_FIELDS]
+    window = _time_window(table, time_from, time_to)
+    partition_filter = And(_cell_filter(table, _plain_boxes(predicate)), _time_filter(window))
     deletes = None
     files: list[tuple[DataFile, int | None]]
     if has_delete_files(table, snapshot):
@@ -351,11 +380,17 @@ def query(
         # here, by the same bounds, and each file's rows lose the keys later batches replaced.
         planned = snapshot_files(table, snapshot)
         deletes = EqualityDeletes(table, planned.reaching_deletes())
-        window = _window_geometry(predicate.bounds)
-        files = [(p.file, p.sequence_number) for p in planned.data if _file_may_touch(p.file, field_ids, window)]
+        area = _window_geometry(predicate.bounds)
+        may_hold = _file_filter(table, And(_manifest_filter(covering_column, conditions), partition_filter))
+        files = [
+            (p.file, p.sequence_number)
+            for p in planned.data
+            if may_hold(p.file) and _file_may_touch(p.file, field_ids, area)
+        ]
     else:
         tasks = table.scan(
-            row_filter=_manifest_filter(covering_column, conditions), snapshot_id=snapshot.snapshot_id
+            row_filter=And(_manifest_filter(covering_column, conditions), partition_filter),
+            snapshot_id=snapshot.snapshot_id,
         ).plan_files()
         files = [(task.file, None) for task in tasks]
     if x_intervals is not None:
@@ -402,6 +437,8 @@ def query(
                 rows_read += rows.num_rows
                 if deletes is not None and sequence_number is not None:
                     rows = deletes.live(rows, sequence_number)
+                if window is not None:
+                    rows = _in_window(rows, window)
                 hits = _exact_matches(rows, geometry_column, covering_column, predicate, conditions, x_intervals)
                 if limit is not None:
                     hits = hits.slice(0, limit - rows_matched)
@@ -461,6 +498,161 @@ def _file_x_may_touch(data_file: DataFile, field_ids: list[int], intervals: list
     if not (math.isfinite(xmin) and math.isfinite(xmax)):
         return True
     return any(bool(x_overlaps(xmin, xmax, lo, hi)) for lo, hi in intervals)
+
+
+# A time window: the event-time column, and its bounds in microseconds (None: open).
+TimeWindow = tuple[str, int | None, int | None]
+
+
+def _time_window(table: Table, time_from, time_to) -> TimeWindow | None:
+    if time_from is None and time_to is None:
+        return None
+    column = event_time_column(table)
+    if column is None:
+        raise QueryError(
+            f"table {'.'.join(table.name())} has no event-time column, so --from / --to cannot apply; "
+            "its contract names one with 'event_time'"
+        )
+    lo = None if time_from is None else parse_as_of(time_from) * 1000
+    hi = None if time_to is None else parse_as_of(time_to) * 1000
+    if lo is not None and hi is not None and lo >= hi:
+        raise ValueError(f"from {time_from!r} is not before to {time_to!r}")
+    return column, lo, hi
+
+
+def event_time_column(table: Table) -> str | None:
+    """The column that holds an event's time: as the table records it, else as its contract names it."""
+    column = table.properties.get(EVENT_TIME_PROPERTY)
+    if column:
+        return column
+    raw = table.properties.get(CONTRACT_PROPERTY)
+    if not raw:
+        return None
+    try:
+        return parse_contract(json.loads(raw)).event_time
+    except (json.JSONDecodeError, ContractError):
+        return None
+
+
+def _time_filter(window: TimeWindow | None) -> BooleanExpression:
+    if window is None:
+        return AlwaysTrue()
+    column, lo, hi = window
+    terms: list[BooleanExpression] = []
+    if lo is not None:
+        terms.append(GreaterThanOrEqual(term=Reference(column), value=literal(_iso_micros(lo))))
+    if hi is not None:
+        terms.append(LessThan(term=Reference(column), value=literal(_iso_micros(hi))))
+    return And(*terms) if len(terms) > 1 else terms[0]
+
+
+def _iso_micros(micros: int) -> str:
+    return datetime.fromtimestamp(micros // 1_000_000, tz=UTC).replace(microsecond=micros % 1_000_000).isoformat()
+
+
+def _in_window(rows: pa.Table, window: TimeWindow) -> pa.Table:
+    column, lo, hi = window
+    micros = rows.column(column).cast(pa.int64())
+    keep = pc.is_valid(micros)
+    if lo is not None:
+        keep = pc.and_(keep, pc.greater_equal(micros, lo))
+    if hi is not None:
+        keep = pc.and_(keep, pc.less(micros, hi))
+    return rows.filter(keep)
+
+
+def _plain_boxes(predicate: Predicate) -> list[BBox]:
+    """The query's window as boxes that do not wrap: one, or its two halves either side of ±180."""
+    if predicate.wrapped_x is None:
+        return [predicate.bounds]
+    _, ymin, _, ymax = predicate.bounds
+    return [(lo, ymin, hi, ymax) for lo, hi in window_intervals(*predicate.wrapped_x)]
+
+
+def _cell_filter(table: Table, boxes: list[BBox]) -> BooleanExpression:
+    """The cells whose rows a query of the window `boxes` may need, for every cell column the
+    table records (`geoingest.partition.cell.<column>` = `geohash:<precision>:<geometry>`)."""
+    terms: list[BooleanExpression] = []
+    for key, meaning in table.properties.items():
+        if not key.startswith(CELL_PROPERTY_PREFIX):
+            continue
+        column = key.removeprefix(CELL_PROPERTY_PREFIX)
+        kind, precision, _ = meaning.split(":", 2)
+        if kind != "geohash":
+            continue
+        cells = sorted({c for box in boxes for c in covering_cells(box, int(precision))})
+        prefixes = sorted({p for box in boxes for p in prefix_cells(box, int(precision))})
+        alternatives: list[BooleanExpression] = [In(term=Reference(column), values={literal(c) for c in cells})]
+        alternatives += [StartsWith(term=Reference(column), value=literal(p)) for p in prefixes]
+        terms.append(Or(*alternatives) if len(alternatives) > 1 else alternatives[0])
+    if not terms:
+        return AlwaysTrue()
+    return And(*terms) if len(terms) > 1 else terms[0]
+
+
+def sql_where(
+    table: Table,
+    predicate: Predicate,
+    time_from: str | int | datetime | None = None,
+    time_to: str | int | datetime | None = None,
+) -> str:
+    """A SQL WHERE condition (Spark SQL, DuckDB, Trino) that lets an engine prune a query the way
+    `query` does: the time window on the event-time column (pruned by its partition transform),
+    the cells the window covers (pruned by the cell partition), the bbox conditions (pruned by
+    the manifest and row group bounds). A superset of the rows: the exact predicate is the
+    engine's own (ST_Intersects ...)."""
+    terms: list[str] = []
+    boxes = _plain_boxes(predicate)
+    window = _time_window(table, time_from, time_to)
+    if window is not None:
+        column, lo, hi = window
+        if lo is not None:
+            terms.append(f"{column} >= TIMESTAMP '{_iso_micros(lo)}'")
+        if hi is not None:
+            terms.append(f"{column} < TIMESTAMP '{_iso_micros(hi)}'")
+    for key, meaning in sorted(table.properties.items()):
+        if key.startswith(CELL_PROPERTY_PREFIX) and meaning.startswith("geohash:"):
+            column = key.removeprefix(CELL_PROPERTY_PREFIX)
+            precision = int(meaning.split(":")[1])
+            cells = ", ".join(f"'{c}'" for c in sorted({c for b in boxes for c in covering_cells(b, precision)}))
+            alternatives = [f"{column} IN ({cells})"]
+            alternatives += [
+                f"{column} LIKE '{p}%'" for p in sorted({p for b in boxes for p in prefix_cells(b, precision)})
+            ]
+            terms.append(alternatives[0] if len(alternatives) == 1 else "(" + " OR ".join(alternatives) + ")")
+    covering = _property(table, f"geo.column.{_property(table, PRIMARY_COLUMN_PROPERTY)}.covering")
+    if antimeridian_reading(table) == "short":
+        # A wrapped row's box (xmin > xmax) fails every plain x condition: x is tested per half of
+        # the window, and wrapped rows are kept for the engine's exact test.
+        halves = [f"({covering}.xmin <= {xmax!r} AND {covering}.xmax >= {xmin!r})" for xmin, _, xmax, _ in boxes]
+        terms.append("(" + " OR ".join([*halves, f"{covering}.xmin > {covering}.xmax"]) + ")")
+        conditions = [c for c in predicate.bbox_conditions() if c[0] in (_YMIN, _YMAX)]
+    else:
+        conditions = predicate.bbox_conditions()
+    for k, op, value in conditions:
+        terms.append(f"{covering}.{BBOX_FIELDS[k]} {op} {value!r}")
+    return " AND ".join(terms)
+
+
+def _file_filter(table: Table, row_filter: BooleanExpression):
+    """What pyiceberg's planning does for a file, for the files planned here: the filter projected
+    on the file's partition (its own spec's), then on its column bounds."""
+    schema = table.schema()
+    specs = table.specs()
+    partition_tests = {}
+    for spec_id, spec in specs.items():
+        projected = inclusive_projection(schema, spec, True)(row_filter)
+        partition_schema = Schema(*spec.partition_type(schema).fields)
+        partition_tests[spec_id] = expression_evaluator(partition_schema, projected, True)
+    metrics = _InclusiveMetricsEvaluator(schema, row_filter, True, False).eval
+
+    def may_hold(data_file: DataFile) -> bool:
+        test = partition_tests.get(getattr(data_file, "spec_id", -1))
+        if test is not None and not test(data_file.partition):
+            return False
+        return metrics(data_file)
+
+    return may_hold
 
 
 def _file_may_touch(data_file: DataFile, field_ids: list[int], shape: shapely.Geometry) -> bool:

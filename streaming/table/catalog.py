@@ -11,8 +11,26 @@ import requests.adapters
 from pyiceberg.catalog import Catalog, load_catalog
 from pyiceberg.exceptions import NamespaceAlreadyExistsError, NoSuchTableError
 from pyiceberg.table import Table
+from pyiceberg.transforms import (
+    BucketTransform,
+    DayTransform,
+    HourTransform,
+    IdentityTransform,
+    MonthTransform,
+    Transform,
+    TruncateTransform,
+    YearTransform,
+)
 
-from streaming.contract import COLUMN_TYPES, Column, Contract, check_fresh_ids
+from streaming.contract import (
+    CELL_PROPERTY_PREFIX,
+    COLUMN_TYPES,
+    EVENT_TIME_PROPERTY,
+    Column,
+    Contract,
+    check_fresh_ids,
+)
+from streaming.write.partitions import LayoutField, PartitionLayout
 
 
 class TableMismatch(RuntimeError):
@@ -65,15 +83,72 @@ def create_table(catalog: Catalog, contract: Contract) -> tuple[Table, bool]:
         table = catalog.load_table(contract.table)
     except NoSuchTableError:
         check_fresh_ids(contract)
-        table = catalog.create_table(
+        # Unpartitioned first (spec 0), the contract's spec on top (spec 1): an upsert table's
+        # equality deletes are written with spec 0, so that they reach every partition.
+        tx = catalog.create_table_transaction(
             contract.table,
             schema=contract.iceberg_schema,
             properties=contract.table_properties(),
         )
+        if contract.partition:
+            with tx.update_spec() as spec:
+                for field in contract.partition:
+                    source = field.name if field.is_cell else field.source
+                    spec.add_field(source, _iceberg_transform(field.transform, field.param), field.name)
+        tx.commit_transaction()
+        table = catalog.load_table(contract.table)
         check_table_matches(table, contract)
         return table, True
     check_table_matches(table, contract)
     return table, False
+
+
+def _iceberg_transform(name: str, param: int | None) -> Transform:
+    if name == "bucket":
+        return BucketTransform(param or 1)
+    if name == "truncate":
+        return TruncateTransform(param or 1)
+    simple: dict[str, Transform] = {
+        "year": YearTransform(),
+        "month": MonthTransform(),
+        "day": DayTransform(),
+        "hour": HourTransform(),
+    }
+    return simple.get(name, IdentityTransform())
+
+
+def partition_layout(table: Table) -> PartitionLayout:
+    """The table's current partition spec, as the writers apply it."""
+    spec = table.spec()
+    schema = table.schema()
+    types = {t: name for name, t in COLUMN_TYPES.items()}
+    fields = []
+    for field in spec.fields:
+        source = schema.find_field(field.source_id)
+        text = str(field.transform)
+        transform, _, rest = text.partition("[")
+        if transform not in ("identity", "year", "month", "day", "hour", "bucket", "truncate"):
+            raise TableMismatch(
+                f"table {'.'.join(table.name())}: partition field {field.name}: transform {text} is not one geoingest writes"
+            )
+        if source.field_type not in types:
+            raise TableMismatch(
+                f"table {'.'.join(table.name())}: partition field {field.name}: source {source.name} is a {source.field_type}"
+            )
+        param = int(rest.rstrip("]")) if rest else None
+        fields.append(LayoutField(field.field_id, field.name, transform, param, source.name, types[source.field_type]))
+    return PartitionLayout(spec.spec_id, tuple(fields))
+
+
+def unpartitioned_spec_id(table: Table) -> int | None:
+    """The id of a spec of the table without fields (where equality deletes reach every partition)."""
+    default = table.spec()
+    if not default.fields:
+        return default.spec_id
+    for spec_id, spec in sorted(table.specs().items()):
+        if not spec.fields:
+            return spec_id
+    return None
 
 
 def load_contract_table(catalog: Catalog, contract: Contract) -> Table:
@@ -148,6 +223,14 @@ def describe(table: Table) -> dict[str, Any]:
             "bits": int(props["geo.hilbert.bits"]) if "geo.hilbert.bits" in props else None,
             "extent": [float(v) for v in props.get("geo.hilbert.extent", "").split(",") if v],
         },
+        "partition": [
+            {"name": f.name, "transform": str(f.transform), "source": table.schema().find_field(f.source_id).name}
+            for f in table.spec().fields
+        ],
+        "partition_cells": {
+            k.removeprefix(CELL_PROPERTY_PREFIX): v for k, v in props.items() if k.startswith(CELL_PROPERTY_PREFIX)
+        },
+        "event_time": props.get(EVENT_TIME_PROPERTY),
         "snapshots": len(table.metadata.snapshots),
         "current_snapshot": None
         if snapshot is None

@@ -30,12 +30,14 @@ from pyiceberg.exceptions import (
 )
 from pyiceberg.manifest import DataFile, DataFileContent, FileFormat
 from pyiceberg.table import Table
+from pyiceberg.table.metadata import TableMetadata
 from pyiceberg.table.snapshots import Snapshot
 from pyiceberg.typedef import Record
 from sqlalchemy.exc import InterfaceError, OperationalError
 
 from streaming.contract import Column
-from streaming.table.row_delta import RowDelta
+from streaming.table.catalog import unpartitioned_spec_id
+from streaming.table.row_delta import RowDelta, SpecAwareAppend
 from streaming.write.data_files import EQUALITY_DELETES, DataFileRecord
 from streaming.write.evolution import add_columns
 
@@ -273,15 +275,31 @@ def resume_offsets(table: Table, topic: str, partitions: list[int]) -> str:
     return json.dumps({topic: {str(p): recorded[p][1] + 1 if p in recorded else -2 for p in partitions}})
 
 
+def data_spec_id(record: DataFileRecord, metadata: TableMetadata) -> int:
+    """The spec a data file is committed under: the table's default when the file carries a value
+    for each of its fields, else (a file written without partition values) an unpartitioned spec."""
+    default = metadata.spec()
+    if len(record.partition_values) == len(default.fields):
+        return default.spec_id
+    if not record.partition_values:
+        for spec_id, spec in sorted(metadata.specs().items()):
+            if not spec.fields:
+                return spec_id
+    raise ValueError(
+        f"{record.path}: {len(record.partition_values)} partition values, and the table's spec "
+        f"{default.spec_id} has {len(default.fields)} fields"
+    )
+
+
 def to_data_file(record: DataFileRecord, spec_id: int, equality_ids: Sequence[int] | None = None) -> DataFile:
     deletes = record.content == EQUALITY_DELETES
     if deletes and not equality_ids:
         raise ValueError(f"{record.path}: an equality delete file needs the primary key's field ids")
-    return DataFile.from_args(
+    data_file = DataFile.from_args(
         content=DataFileContent.EQUALITY_DELETES if deletes else DataFileContent.DATA,
         file_path=record.path,
         file_format=FileFormat.PARQUET,
-        partition=Record(),
+        partition=Record(*record.partition_values),
         file_size_in_bytes=record.file_size_in_bytes,
         record_count=record.record_count,
         sort_order_id=None,
@@ -290,6 +308,9 @@ def to_data_file(record: DataFileRecord, spec_id: int, equality_ids: Sequence[in
         key_metadata=None,
         **record.statistics(),
     )
+    # Not a field of the file's struct: pyiceberg keeps it beside, and groups manifests by it.
+    data_file.spec_id = spec_id
+    return data_file
 
 
 @dataclass
@@ -361,22 +382,30 @@ class Committer:
         )
 
     def _append(self, batch: BatchCommit) -> int:
-        spec_id = self.table.metadata.default_spec_id
         view = single_attempt_view(self.table)
         with view.transaction() as tx:
             if batch.added_columns:
                 add_columns(tx, view.schema(), view.metadata.last_column_id, batch.added_columns)
             if batch.delete_files:
-                delta = RowDelta(tx, snapshot_properties=batch.summary())
+                # Unpartitioned deletes: a key's new version may land in another partition than its
+                # old one (another day, another cell), and a partitioned delete reaches its own only.
+                delete_spec_id = unpartitioned_spec_id(view)
+                if delete_spec_id is None:
+                    raise ValueError(
+                        f"table {'.'.join(self.table.name())}: an upsert table needs an unpartitioned spec for its "
+                        "equality deletes (geoingest creates one as spec 0)"
+                    )
+                delta = RowDelta(tx, snapshot_properties=batch.summary(), delete_spec_id=delete_spec_id)
                 for record in batch.files:
-                    delta.append_data_file(to_data_file(record, spec_id))
+                    delta.append_data_file(to_data_file(record, data_spec_id(record, view.metadata)))
                 for record in batch.delete_files:
-                    delta.add_delete_file(to_data_file(record, spec_id, batch.equality_ids))
+                    delta.add_delete_file(to_data_file(record, delete_spec_id, batch.equality_ids))
                 delta.commit()
             else:
-                with tx.update_snapshot(snapshot_properties=batch.summary()).fast_append() as append:
-                    for record in batch.files:
-                        append.append_data_file(to_data_file(record, spec_id))
+                append = SpecAwareAppend(tx, snapshot_properties=batch.summary())
+                for record in batch.files:
+                    append.append_data_file(to_data_file(record, data_spec_id(record, view.metadata)))
+                append.commit()
         # The view now holds the metadata the catalog answered with: our snapshot is its current one.
         self.table.metadata, self.table.metadata_location = view.metadata, view.metadata_location
         snapshot = view.current_snapshot()

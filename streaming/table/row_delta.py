@@ -70,17 +70,64 @@ def _equality_ids_as_int(schema: Schema) -> Schema:
     return Schema(*(fix(f) for f in schema.fields), schema_id=schema.schema_id)
 
 
-class RowDelta(_FastAppendFiles):
-    """A fast append that also adds equality delete files, in a delete manifest of its own."""
+class SpecAwareAppend(_FastAppendFiles):
+    """A fast append of data files of any of the table's specs, each spec's in a manifest of its own
+    (pyiceberg's writes every added file into one manifest of the default spec)."""
 
-    def __init__(self, transaction: Transaction, snapshot_properties: dict[str, str] = EMPTY_DICT) -> None:
+    def __init__(
+        self,
+        transaction: Transaction,
+        snapshot_properties: dict[str, str] = EMPTY_DICT,
+        operation: Operation = Operation.APPEND,
+    ) -> None:
         super().__init__(
-            operation=Operation.OVERWRITE,
+            operation=operation,
             transaction=transaction,
             io=transaction._table.io,
             snapshot_properties=snapshot_properties,
         )
+
+    def _manifests(self) -> list[ManifestFile]:
+        default = self._transaction.table_metadata.default_spec_id
+        added = self._added_data_files
+        others = [f for f in added if f.spec_id != default]
+        if not others:
+            return super()._manifests()
+        self._added_data_files = [f for f in added if f.spec_id == default]
+        try:
+            manifests = super()._manifests()
+        finally:
+            self._added_data_files = added
+        for spec_id in sorted({f.spec_id for f in others}):
+            with self.new_manifest_writer(spec=self._transaction.table_metadata.specs()[spec_id]) as writer:
+                for data_file in others:
+                    if data_file.spec_id == spec_id:
+                        writer.add(
+                            ManifestEntry.from_args(
+                                status=ManifestEntryStatus.ADDED,
+                                snapshot_id=self._snapshot_id,
+                                sequence_number=None,
+                                file_sequence_number=None,
+                                data_file=data_file,
+                            )
+                        )
+            manifests.append(writer.to_manifest_file())
+        return manifests
+
+
+class RowDelta(SpecAwareAppend):
+    """A fast append that also adds equality delete files, in a delete manifest of its own."""
+
+    def __init__(
+        self,
+        transaction: Transaction,
+        snapshot_properties: dict[str, str] = EMPTY_DICT,
+        delete_spec_id: int | None = None,
+    ) -> None:
+        super().__init__(transaction, snapshot_properties, Operation.OVERWRITE)
         self._added_delete_files: list[DataFile] = []
+        # The spec of the delete files (the table's default if None)
+        self._delete_spec_id = delete_spec_id
 
     def add_delete_file(self, delete_file: DataFile) -> RowDelta:
         if delete_file.content != DataFileContent.EQUALITY_DELETES:
@@ -93,7 +140,11 @@ class RowDelta(_FastAppendFiles):
         if not self._added_delete_files:
             return manifests
         writer = _DeleteManifestWriter(
-            spec=self._transaction.table_metadata.spec(),
+            spec=(
+                self._transaction.table_metadata.spec()
+                if self._delete_spec_id is None
+                else self._transaction.table_metadata.specs()[self._delete_spec_id]
+            ),
             schema=self.schema(),
             output_file=self.new_manifest_output(),
             snapshot_id=self._snapshot_id,

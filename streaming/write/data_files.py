@@ -30,11 +30,12 @@ from pyiceberg.types import DoubleType
 from streaming.contract import BBOX_FIELDS, Contract
 from streaming.kernels.geoparquet import geo_metadata_bytes
 from streaming.kernels.wkb import geometry_type_names
+from streaming.write.partitions import PartitionLayout, partition_path, split_by_partition, with_cells
 
 # Spark DDL of the rows the write stage returns to the driver.
 DATA_FILE_RECORD_DDL = (
     "path string, file_size_in_bytes long, record_count long, "
-    "xmin double, ymin double, xmax double, ymax double, metrics string, content string"
+    "xmin double, ymin double, xmax double, ymax double, metrics string, content string, partition_values string"
 )
 DATA = "data"
 EQUALITY_DELETES = "equality_deletes"
@@ -56,6 +57,8 @@ class DataFileRecord:
     metrics: dict
     # DATA, or EQUALITY_DELETES: the primary keys an upsert batch replaces or deletes (streaming/write/upsert.py)
     content: str = DATA
+    # The values of the file's partition, in the order of its spec's fields (() unpartitioned)
+    partition_values: tuple = ()
 
     def to_row(self) -> dict:
         return {
@@ -65,6 +68,7 @@ class DataFileRecord:
             **dict(zip(BBOX_FIELDS, self.bbox)),
             "metrics": json.dumps(self.metrics, separators=(",", ":")),
             "content": self.content,
+            "partition_values": json.dumps(list(self.partition_values)),
         }
 
     @classmethod
@@ -78,6 +82,7 @@ class DataFileRecord:
             bbox=(xmin, ymin, xmax, ymax),
             metrics=json.loads(get("metrics")),
             content=get("content") or DATA,
+            partition_values=tuple(json.loads(_optional(row, "partition_values") or "[]")),
         )
 
     def statistics(self) -> dict:
@@ -108,8 +113,16 @@ RECORD_SCHEMA = pa.schema(
         ("ymax", pa.float64()),
         ("metrics", pa.string()),
         ("content", pa.string()),
+        ("partition_values", pa.string()),
     ]
 )
+
+
+def _optional(row, key: str):
+    try:
+        return row[key]
+    except (KeyError, ValueError, IndexError):
+        return None
 
 
 def parquet_write_options(table_properties: dict[str, str]) -> dict:
@@ -141,8 +154,10 @@ class GeoParquetWriter:
         io_properties: dict[str, str],
         data_location: str,
         file_prefix: str,
+        partition: PartitionLayout | None = None,
     ):
         self.contract = contract
+        self.partition = partition
         self.schema = contract.data_file_schema
         iceberg_schema = contract.iceberg_schema
         self._stats_plan = compute_statistics_plan(iceberg_schema, table_properties)
@@ -154,22 +169,36 @@ class GeoParquetWriter:
         self._bbox_ids = contract.bbox_field_ids
 
     def write(self, batches: Iterable[pa.RecordBatch]) -> Iterator[DataFileRecord]:
-        """Files of the rows in their order. Under the short-way reading, rows whose bbox crosses
-        the anti-meridian (xmin > xmax) go to files of their own, so that every file's manifest
-        bounds describe either plain boxes or wrapped ones (docs/antimeridian.md)."""
+        """Files of the sorted rows: for a partitioned table, the rows of each partition apart
+        (one stretch of files each, in the rows' order), for any other in one stretch. Under the
+        short-way reading, rows whose bbox crosses the anti-meridian (xmin > xmax) go to files of
+        their own, so that every file's manifest bounds describe either plain boxes or wrapped ones
+        (docs/antimeridian.md)."""
+        if self.partition is None or not self.partition.fields:
+            yield from self._write_partition(batches, ())
+            return
+        rows = [b for b in batches if b.num_rows]
+        if not rows:
+            return
+        table = with_cells(pa.Table.from_batches(rows), self.contract)
+        for values, part in split_by_partition(table, self.partition):
+            yield from self._write_partition(part.to_batches(), values)
+
+    def _write_partition(self, batches: Iterable[pa.RecordBatch], values: tuple) -> Iterator[DataFileRecord]:
         rows = self.contract.clustering.row_group_rows
+        folder = partition_path(self.partition, values)
         lanes = {False: _Lane(), True: _Lane()}
         for batch in batches:
             for wrapped, part in self._lanes_of(batch):
                 lane = lanes[wrapped]
                 for group in lane.add(part, rows):
-                    yield from self._write_group(lane, group)
+                    yield from self._write_group(lane, group, folder, values)
         for lane in lanes.values():
             group = lane.rest()
             if group is not None:
-                yield from self._write_group(lane, group)
+                yield from self._write_group(lane, group, folder, values)
             if lane.file is not None:
-                yield self._finish(lane.file)
+                yield self._finish(lane.file, values)
                 lane.file = None
 
     def _lanes_of(self, batch: pa.RecordBatch) -> list[tuple[bool, pa.RecordBatch]]:
@@ -181,20 +210,21 @@ class GeoParquetWriter:
             return [(False, batch)]
         return [(False, batch.filter(pc.invert(wrapped))), (True, batch.filter(wrapped))]
 
-    def _write_group(self, lane: _Lane, group: pa.RecordBatch) -> Iterator[DataFileRecord]:
-        table = _with_flat_bbox(pa.Table.from_batches([group]), self.contract)
+    def _write_group(self, lane: _Lane, group: pa.RecordBatch, folder: str, values: tuple) -> Iterator[DataFileRecord]:
+        table = with_cells(_with_flat_bbox(pa.Table.from_batches([group]), self.contract), self.contract)
         table = table.select(self.schema.names).cast(self.schema)
         if lane.file is None:
-            lane.file = _OpenFile(self._new_path(), self.io, self.schema, self._parquet_options)
+            lane.file = _OpenFile(self._new_path(folder), self.io, self.schema, self._parquet_options)
         lane.file.write(table, self.contract)
         if lane.file.bytes_written() >= self.contract.clustering.target_file_bytes:
-            yield self._finish(lane.file)
+            yield self._finish(lane.file, values)
             lane.file = None
 
-    def _new_path(self) -> str:
-        return f"{self._data_location}/{self._file_prefix}-{uuid.uuid4().hex}.parquet"
+    def _new_path(self, folder: str = "") -> str:
+        folder = f"/{folder}" if folder else ""
+        return f"{self._data_location}{folder}/{self._file_prefix}-{uuid.uuid4().hex}.parquet"
 
-    def _finish(self, file: _OpenFile) -> DataFileRecord:
+    def _finish(self, file: _OpenFile, values: tuple = ()) -> DataFileRecord:
         parquet_metadata = file.close(self.contract)
         stats = data_file_statistics_from_parquet_metadata(parquet_metadata, self._stats_plan, self._path_ids)
         metrics = stats.to_serialized_dict()
@@ -212,10 +242,11 @@ class GeoParquetWriter:
             metrics[key] = bounds
         return DataFileRecord(
             path=file.path,
-            file_size_in_bytes=len(self.io.new_input(file.path)),
+            file_size_in_bytes=file.size,
             record_count=record_count,
             bbox=file.bbox(),
             metrics=serializable_metrics(metrics),
+            partition_values=values,
         )
 
 
@@ -236,7 +267,10 @@ class _OpenFile:
 
     def __init__(self, path: str, io, schema: pa.Schema, parquet_options: dict):
         self.path = path
-        self._stream = io.new_output(path).create(overwrite=False)
+        # A fresh name (a UUID): no need to ask the store first whether it exists (a HEAD on S3), as
+        # a partitioned batch opens a file per partition it touches.
+        self._stream = io.new_output(path).create(overwrite=True)
+        self.size = 0
         # No dictionary encoding: event ids, geometries and coordinates hardly repeat, so building
         # dictionaries is wasted work. Measured on 200k points: writes 2.1x faster and files 17 %
         # smaller than with Arrow's default; zstd (the default codec) still folds repeated short strings.
@@ -277,6 +311,8 @@ class _OpenFile:
             metadata[WRAPPED_ROWS_KEY] = str(self.wrapped_rows).encode()
         self._writer.add_key_value_metadata(metadata)
         self._writer.close()
+        # The bytes written: the file's size, without asking the store again (a HEAD on S3).
+        self.size = self._stream.tell()
         self._stream.close()
         return self._writer.writer.metadata
 

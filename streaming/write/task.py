@@ -53,6 +53,7 @@ from streaming.storage import list_files
 from streaming.write.data_files import EQUALITY_DELETES, RECORD_SCHEMA, DataFileRecord, GeoParquetWriter
 from streaming.write.dead_letter import DeadLetterConfig, DeadLetterWriter
 from streaming.write.freshness import EventTimes
+from streaming.write.partitions import PartitionLayout
 from streaming.write.upsert import (
     OFFSET,
     PARTITION,
@@ -156,6 +157,8 @@ class FileSettings:
     io_properties: dict[str, str]
     data_location: str
     file_prefix: str
+    # The table's partition spec (None: unpartitioned)
+    partition: PartitionLayout | None = None
 
 
 @dataclass(frozen=True)
@@ -184,6 +187,7 @@ class PartitionTask:
             self.files.io_properties,
             self.files.data_location,
             self.files.file_prefix,
+            self.files.partition,
         )
         upsert = self.contract.mode == "upsert"
         if upsert:
@@ -304,6 +308,7 @@ class MergeTask:
             self.files.io_properties,
             self.files.data_location,
             self.files.file_prefix,
+            self.files.partition,
         )
         records: list[DataFileRecord] = []
         for batch in batches:

@@ -377,7 +377,8 @@ def test_a_bin_whose_files_another_compaction_replaced_is_given_up(monkeypatch, 
     assert report.bins_abandoned == 1 and report.files_rewritten == 0 and report.snapshot_id is None
     assert table_ids(table) == expected_ids(range(5)), "no row lost, none twice"
     data_dir = Path(table.location().removeprefix("file://")) / "data"
-    on_disk = {str(p) for p in data_dir.iterdir() if p.name.startswith(COMPACTION_FILE_PREFIX)}
+    # rglob: a partitioned table's files are in its partitions' folders
+    on_disk = {str(p) for p in data_dir.rglob(f"{COMPACTION_FILE_PREFIX}*")}
     assert on_disk == {p.removeprefix("file://") for p in data_paths(table)}, "the loser's files were deleted"
 
 
@@ -395,7 +396,7 @@ def test_a_compaction_that_keeps_losing_gives_up_and_leaves_the_table_as_it_was(
         maintain(mine, EAGER, steps=("compact",), sleep=lambda s: None)
     assert table_ids(table) == expected_ids(range(5))
     data_dir = Path(table.location().removeprefix("file://")) / "data"
-    assert not [p for p in data_dir.iterdir() if p.name.startswith(COMPACTION_FILE_PREFIX)]
+    assert not list(data_dir.rglob(f"{COMPACTION_FILE_PREFIX}*"))
 
 
 # -- expiry keeps exactly-once working --------------------------------------------------------------

@@ -30,6 +30,7 @@ from streaming.contract import Contract, load_contract
 from streaming.decode.decoder import HILBERT, REJECT_REASON, Decoder
 from streaming.read.output import feature_id_column, to_geojson_lines, write_geoparquet
 from streaming.read.query import Predicate, QueryResult, QueryStats, parse_bbox, query, query_bbox, table_contract
+from streaming.table.catalog import partition_layout
 from streaming.table.commit import to_data_file
 from streaming.write.data_files import DataFileRecord, GeoParquetWriter
 
@@ -183,7 +184,9 @@ def _append(table: Table, contract: Contract, rows: pa.Table, prefix: str = "tes
             contract.clustering, target_file_bytes=TARGET_FILE_BYTES, row_group_rows=ROW_GROUP_ROWS
         ),
     )
-    writer = GeoParquetWriter(small_files, table.properties, table.io.properties, table.location() + "/data", prefix)
+    writer = GeoParquetWriter(
+        small_files, table.properties, table.io.properties, table.location() + "/data", prefix, partition_layout(table)
+    )
     records = list(writer.write(rows.sort_by(HILBERT).to_batches(max_chunksize=1000)))
     with table.transaction() as tx:
         with tx.update_snapshot().fast_append() as append:

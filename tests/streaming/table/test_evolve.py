@@ -21,7 +21,7 @@ from streaming.contract import Contract, parse_contract
 from streaming.decode.decoder import HILBERT, REJECT_REASON, Decoder
 from streaming.read.projection import PARQUET_FIELD_ID, FieldIdProjection
 from streaming.read.query import query_bbox
-from streaming.table.catalog import create_table, table_contract
+from streaming.table.catalog import create_table, partition_layout, table_contract, unpartitioned_spec_id
 from streaming.table.commit import to_data_file
 from streaming.table.evolve import CONTRACT_PROPERTY, EvolutionError, apply_evolution, plan_evolution
 from streaming.table.row_delta import RowDelta
@@ -91,7 +91,9 @@ def events(contract: Contract, first: int, n: int = ROWS_PER_BATCH) -> pa.Table:
 
 
 def append(table: Table, contract: Contract, rows: pa.Table) -> None:
-    writer = GeoParquetWriter(contract, table.properties, table.io.properties, table.location() + "/data", "t")
+    writer = GeoParquetWriter(
+        contract, table.properties, table.io.properties, table.location() + "/data", "t", partition_layout(table)
+    )
     records = list(writer.write(rows.to_batches()))
     with table.transaction() as tx:
         with tx.update_snapshot().fast_append() as fast_append:
@@ -325,15 +327,17 @@ def test_an_upsert_tables_deletes_still_apply_to_files_read_by_field_id(catalog)
 
     # A batch under the new contract that replaces e000..e009 (and adds nothing else).
     replacing = events(new, 0, 10)
-    writer = GeoParquetWriter(new, table.properties, table.io.properties, table.location() + "/data", "u")
+    writer = GeoParquetWriter(
+        new, table.properties, table.io.properties, table.location() + "/data", "u", partition_layout(table)
+    )
     records = list(writer.write(replacing.to_batches()))
     deletes = write_equality_deletes(replacing, new, table.io, table.properties, table.location() + "/data", "u")
     spec_id = table.metadata.default_spec_id
     with table.transaction() as tx:
-        delta = RowDelta(tx)
+        delta = RowDelta(tx, delete_spec_id=unpartitioned_spec_id(table))
         for record in records:
             delta.append_data_file(to_data_file(record, spec_id))
-        delta.add_delete_file(to_data_file(deletes, spec_id, equality_field_ids(new)))
+        delta.add_delete_file(to_data_file(deletes, unpartitioned_spec_id(table) or 0, equality_field_ids(new)))
         delta.commit()
 
     rows = by_event_id(query_bbox(catalog.load_table(new.table), WORLD).table)
