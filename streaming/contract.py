@@ -71,6 +71,9 @@ DEFAULT_ROW_GROUP_ROWS = 16_384
 
 
 WRITE_MODES = ("append", "upsert")
+# Iceberg's time transforms, finest last: what a retention horizon is measured against.
+TIME_TRANSFORMS = ("year", "month", "day", "hour")
+_RETENTION_UNITS = {"day": 86400, "days": 86400, "hour": 3600, "hours": 3600}
 SCHEMA_EVOLUTION_MODES = ("off", "add-columns")
 # Every key a contract may hold, per object: any other is a typo or a feature this version lacks,
 # and either way an error that names it rather than a setting silently ignored.
@@ -86,6 +89,8 @@ KNOWN_KEYS = {
         "primary_key",
         "mode",
         "schema_evolution",
+        "partition",
+        "retention",
     ),
     "columns[]": ("id", "name", "type", "required", "from", "description"),
     "geometry": ("id", "name", "types", "dimensions", "crs", "encoding", "invalid_polygons"),
@@ -173,6 +178,9 @@ class Contract:
     # Columns the table has and the contract file does not: added by schema evolution (or by
     # `geoingest table evolve` from another contract), each read from the property of its name.
     added_columns: tuple[Column, ...] = ()
+    # How long rows are kept (`"retention": "30 days"`), in seconds; None: for ever. Maintenance
+    # drops whole partitions of the time partition column once past it (streaming/maintenance/retention.py).
+    retention_s: int | None = None
 
     @property
     def all_columns(self) -> tuple[Column, ...]:
@@ -343,6 +351,7 @@ def parse_contract(raw: Any) -> Contract:
         raise ContractError(f"mode: {mode!r} is not one of {list(WRITE_MODES)}")
     primary_key = _parse_primary_key(raw, columns, mode)
     schema_evolution = _parse_schema_evolution(raw.get("schema_evolution", "off"))
+    retention_s = _parse_contract_retention(raw, columns)
     return Contract(
         table=table,
         description=str(raw.get("description", "")),
@@ -357,7 +366,51 @@ def parse_contract(raw: Any) -> Contract:
         primary_key=primary_key,
         mode=mode,
         schema_evolution=schema_evolution,
+        retention_s=retention_s,
     )
+
+
+def parse_retention(text: Any, where: str = "retention") -> int:
+    """'30 days' or '12 hours' -> seconds; an error that names `where` otherwise."""
+    match = re.fullmatch(r"\s*(\d+)\s*([a-z]+)\s*", text) if isinstance(text, str) else None
+    if match is None or match.group(2) not in _RETENTION_UNITS or int(match.group(1)) < 1:
+        raise ContractError(f"{where}: {text!r} is not a retention; expected 'N days' or 'N hours', N at least 1")
+    return int(match.group(1)) * _RETENTION_UNITS[match.group(2)]
+
+
+def time_partition_terms(raw_partition: Any) -> list[tuple[str, str]]:
+    """The (transform, column) of each Iceberg time transform in a contract's `partition` list,
+    e.g. 'day(event_time)' -> ('day', 'event_time')."""
+    if not isinstance(raw_partition, list):
+        return []
+    terms = []
+    for term in raw_partition:
+        match = re.fullmatch(r"\s*(\w+)\s*\(\s*(\w+)\s*\)\s*", term) if isinstance(term, str) else None
+        if match and match.group(1) in TIME_TRANSFORMS:
+            terms.append((match.group(1), match.group(2)))
+    return terms
+
+
+def _parse_contract_retention(raw: dict, columns: tuple[Column, ...]) -> int | None:
+    """The contract's retention in seconds, which needs a time partition of a timestamptz column:
+    whole partitions are what retention drops."""
+    if "retention" not in raw:
+        return None
+    seconds = parse_retention(raw["retention"])
+    terms = time_partition_terms(raw.get("partition"))
+    if not terms:
+        raise ContractError(
+            f"retention: {raw['retention']!r} needs a time partition to drop, and partition "
+            f"({raw.get('partition', 'missing')!r}) has none; add e.g. 'day(<timestamptz column>)'"
+        )
+    types = {c.name: c.type for c in columns}
+    for transform, column in terms:
+        if types.get(column) != "timestamptz":
+            raise ContractError(
+                f"retention: the time partition {transform}({column}) is not of a timestamptz column "
+                f"({column!r} is {types.get(column, 'not a column')})"
+            )
+    return seconds
 
 
 def _declared_ids(columns: tuple[Column, ...], geometry_id: int, bbox_id: int) -> list[tuple[str, int]]:

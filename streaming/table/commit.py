@@ -273,15 +273,19 @@ def resume_offsets(table: Table, topic: str, partitions: list[int]) -> str:
     return json.dumps({topic: {str(p): recorded[p][1] + 1 if p in recorded else -2 for p in partitions}})
 
 
-def to_data_file(record: DataFileRecord, spec_id: int, equality_ids: Sequence[int] | None = None) -> DataFile:
+def to_data_file(
+    record: DataFileRecord, spec_id: int, equality_ids: Sequence[int] | None = None, partition: Record | None = None
+) -> DataFile:
+    """The manifest entry's data file for a written file: of spec `spec_id`, in `partition` (the
+    values of that spec's fields; none for an unpartitioned spec)."""
     deletes = record.content == EQUALITY_DELETES
     if deletes and not equality_ids:
         raise ValueError(f"{record.path}: an equality delete file needs the primary key's field ids")
-    return DataFile.from_args(
+    data_file = DataFile.from_args(
         content=DataFileContent.EQUALITY_DELETES if deletes else DataFileContent.DATA,
         file_path=record.path,
         file_format=FileFormat.PARQUET,
-        partition=Record(),
+        partition=Record() if partition is None else partition,
         file_size_in_bytes=record.file_size_in_bytes,
         record_count=record.record_count,
         sort_order_id=None,
@@ -290,6 +294,10 @@ def to_data_file(record: DataFileRecord, spec_id: int, equality_ids: Sequence[in
         key_metadata=None,
         **record.statistics(),
     )
+    # Not a field of the file's struct: from_args leaves it unset, and pyiceberg's overwrite and
+    # delete read it.
+    data_file.spec_id = spec_id
+    return data_file
 
 
 @dataclass
