@@ -1,10 +1,12 @@
-"""Table maintenance: compaction along the Hilbert curve, manifest merging, snapshot expiry and
-orphan deletion. The one place that changes a table for upkeep, as streaming/table/commit.py is for ingest.
+"""Table maintenance: retention, compaction along the Hilbert curve, manifest merging, snapshot
+expiry and orphan deletion. The one place that changes a table for upkeep, as streaming/table/commit.py is for ingest.
 
 Why it is needed: every micro-batch adds a snapshot, a manifest and a few small files. Commit cost
 and scan planning grow with the snapshots and manifests, and small batches defeat pruning, since
 every batch's files span the whole data extent. Each step bounds one of these:
 
+- retention drops the partitions wholly older than the horizon (`retention`), as a metadata-only
+  delete (streaming/maintenance/retention.py); expiry then frees their files.
 - compaction reads the small files of many batches (below `small_file_bytes`, added at least
   `min_file_age_s` ago), sorts their rows by Hilbert key again and writes them as files of the
   contract's target size with the same GeoParquet metadata, covering column and manifest bounds as
@@ -70,6 +72,7 @@ from streaming.maintenance.plan import (
     SnapshotFacts,
     plan_expiry,
 )
+from streaming.maintenance.retention import RetentionReport, apply_retention, plan_table_retention, retention_of
 from streaming.table.commit import (
     WRITERS,
     single_attempt_view,
@@ -109,6 +112,7 @@ class OrphanReport:
 class MaintenanceReport:
     table: str
     dry_run: bool
+    retention: RetentionReport | None = None
     compaction: CompactionReport | None = None
     manifests: ManifestReport | None = None
     expiry: ExpiryReport | None = None
@@ -119,7 +123,7 @@ class MaintenanceReport:
 
     @property
     def conflicts(self) -> int:
-        return sum(r.conflicts for r in (self.compaction, self.manifests, self.expiry) if r is not None)
+        return sum(r.conflicts for r in (self.retention, self.compaction, self.manifests, self.expiry) if r is not None)
 
     def to_json(self) -> dict:
         def plain(report):
@@ -128,6 +132,7 @@ class MaintenanceReport:
         return {
             "table": self.table,
             "dry_run": self.dry_run,
+            "retention": plain(self.retention),
             "compaction": plain(self.compaction),
             "manifests": plain(self.manifests),
             "expiry": plain(self.expiry),
@@ -311,6 +316,10 @@ def _has_work(table: Table, policy: MaintenancePolicy, steps: tuple[str, ...], n
     if "orphans" in steps:
         return True
     now_ms = int(time.time() * 1000) if now_ms is None else now_ms
+    if "retention" in steps:
+        retention_s = retention_of(table, policy)
+        if retention_s is not None and plan_table_retention(table, retention_s, now_ms)[0].drop:
+            return True
     if "expire" in steps:
         expiry = _plan_expiry(table, policy, now_ms)
         if expiry.expire or expiry.uncovered:
@@ -333,7 +342,7 @@ def maintain(
     sleep: Callable[[float], None] = time.sleep,
     holder: str | None = None,
 ) -> MaintenanceReport:
-    """Run the chosen steps in order: compact (then merge manifests), expire, delete orphans, holding
+    """Run the chosen steps in order: retention, compact (then merge manifests), expire, delete orphans, holding
     the table's maintenance lease (streaming/maintenance/lease.py). When another maintainer holds it, nothing runs
     and the report says so in `skipped`; a dry run changes nothing and takes no lease."""
     steps = tuple(steps)
@@ -343,7 +352,7 @@ def maintain(
     started = time.monotonic()
     retrier = Retrier(table, sleep=sleep)
     lease = MaintenanceLease(table, policy.lease_s, holder, sleep=sleep)
-    compaction = manifests = expiry = orphans = None
+    retention = compaction = manifests = expiry = orphans = None
     skipped = None
     try:
         # A run with nothing to do takes no lease (each change of it is a commit): its steps find
@@ -351,7 +360,10 @@ def maintain(
         # a lease: the lease spares duplicate work, the live-file check guards the rows.
         if not dry_run and _has_work(table, policy, steps, now_ms):
             lease.acquire()
+        if "retention" in steps:
+            retention = apply_retention(table, policy, dry_run=dry_run, now_ms=now_ms, retrier=retrier)
         if "compact" in steps:
+            lease.renew()
             compaction = compact(table, policy, dry_run=dry_run, progress=progress, now_ms=now_ms, retrier=retrier)
             lease.renew()
             manifests = merge_manifests(table, policy, dry_run=dry_run, retrier=retrier)
@@ -368,6 +380,7 @@ def maintain(
     report = MaintenanceReport(
         ".".join(table.name()),
         dry_run,
+        retention,
         compaction,
         manifests,
         expiry,
