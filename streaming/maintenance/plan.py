@@ -328,3 +328,28 @@ def plan_retention(
         tuple(sorted(partly, key=_partition_order)),
         undated,
     )
+
+
+# -- manifests ------------------------------------------------------------------------------------
+def plan_manifests(
+    entries: Sequence[tuple[int, tuple[Any, ...]]], bytes_per_entry: float, target_bytes: int
+) -> list[list[int]]:
+    """How manifest merging regroups the data files of a snapshot, given each file's (spec id,
+    partition values): the indices of the files of each new manifest. A manifest holds one spec
+    (Iceberg requires it), its files ordered by partition, and is cut at a partition boundary once
+    it reaches `target_bytes` (at about `bytes_per_entry` a file), so each manifest covers a short
+    run of partitions and its partition summary lets a scan skip it (a day's files in one or two
+    manifests, not spread over all of them). A partition larger than the target is cut within."""
+    order = sorted(range(len(entries)), key=lambda i: _partition_order(entries[i]))
+    per_manifest = max(1, int(target_bytes // max(bytes_per_entry, 1.0)))
+    groups: list[list[int]] = []
+    for i in order:
+        if groups:
+            last = groups[-1]
+            same_spec = entries[last[-1]][0] == entries[i][0]
+            boundary = entries[last[-1]] != entries[i]
+            if same_spec and (len(last) < per_manifest or not boundary) and len(last) < 2 * per_manifest:
+                last.append(i)
+                continue
+        groups.append([i])
+    return groups

@@ -27,13 +27,14 @@ from streaming.contract import load_contract
 from streaming.kernels.hilbert import hilbert_keys_of_bounds
 from streaming.maintenance.commits import MAINTENANCE
 from streaming.maintenance.compaction import compact
-from streaming.maintenance.maintain import maintain
+from streaming.maintenance.maintain import data_manifest_count, maintain, merge_manifests
 from streaming.maintenance.plan import (
     LiveFile,
     MaintenancePolicy,
     TimeField,
     partition_time_range_us,
     plan_bins,
+    plan_manifests,
     plan_retention,
 )
 from streaming.storage import data_location
@@ -106,6 +107,20 @@ def test_bins_never_mix_partitions_or_specs():
         ["f5", "f4", "f3"],
         ["f2", "f1", "f0"],
     ]
+
+
+def test_manifests_are_regrouped_by_spec_and_partition_and_cut_at_partition_boundaries():
+    days = [(1, (DAY0 + d % 3, "a")) for d in range(9)] + [(0, ()), (0, ())]  # 3 days interleaved, 2 old
+    groups = plan_manifests(days, bytes_per_entry=100, target_bytes=200)
+    assert [[days[i] for i in g] for g in groups] == [
+        [(0, ()), (0, ())],
+        [(1, (DAY0, "a"))] * 3,
+        [(1, (DAY0 + 1, "a"))] * 3,
+        [(1, (DAY0 + 2, "a"))] * 3,
+    ]
+    # Small partitions share a manifest up to the target; a large one is cut within.
+    small = [(1, (DAY0 + d, "a")) for d in range(4)] + [(1, (DAY0 + 9, "a"))] * 5
+    assert [len(g) for g in plan_manifests(small, bytes_per_entry=100, target_bytes=200)] == [2, 2, 4, 1]
 
 
 # -- real tables ------------------------------------------------------------------------------------
@@ -357,3 +372,41 @@ def test_cli_maintain_retention_and_a_contract_without_time_partition(catalog, c
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "retention: '30 days' needs a time partition" in err
     assert "other" not in [ns[0] for ns in catalog.list_namespaces()], "nothing created"
+
+
+def manifest_days(table) -> list[tuple[int, int, int]]:
+    """(spec id, first day, last day) of each data manifest of the current snapshot, from its
+    partition summary."""
+    from pyiceberg.conversions import from_bytes
+    from pyiceberg.types import IntegerType
+
+    table.refresh()
+    out = []
+    for manifest in table.current_snapshot().manifests(table.io):
+        summary = manifest.partitions[0]
+        out.append(
+            (
+                manifest.partition_spec_id,
+                from_bytes(IntegerType(), summary.lower_bound),
+                from_bytes(IntegerType(), summary.upper_bound),
+            )
+        )
+    return sorted(out)
+
+
+def test_merged_manifests_each_cover_a_run_of_days_of_one_spec(table, contract):
+    write_days(table, contract, range(DAY0, DAY0 + 4), batches=3, n=10)
+    assert data_manifest_count(table) == 3 and all(lo == DAY0 and hi == DAY0 + 3 for _, lo, hi in manifest_days(table))
+    with table.update_spec() as spec:
+        spec.remove_field("kind")
+    append(table, contract, [((DAY0 + 4,), rows(contract, DAY0 + 4, "a", 10, seed=7))])
+    entry_bytes = table.current_snapshot().manifests(table.io)[0].manifest_length / 8
+
+    report = merge_manifests(table, MaintenancePolicy(max_manifests=1, manifest_target_bytes=int(entry_bytes * 6)))
+
+    assert report.manifests_before == 4
+    days = manifest_days(table)
+    assert days[-1] == (2, DAY0 + 4, DAY0 + 4), "the new spec's file in a manifest of its own spec"
+    assert all(hi - lo <= 1 for spec_id, lo, hi in days), f"each manifest a run of at most 2 days: {days}"
+    assert sum(t.file.record_count for t in table.scan().plan_files()) == 4 * 2 * 3 * 10 + 10
+    assert table.scan(row_filter="event_time >= '2024-10-07T00:00:00+00:00'").to_arrow().num_rows == 2 * 3 * 10 + 10
