@@ -12,19 +12,15 @@ import dataclasses
 import json
 from pathlib import Path
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-import shapely
 from prometheus_client import CollectorRegistry
 from pyiceberg.transforms import DayTransform, HourTransform, IdentityTransform
-from pyiceberg.typedef import Record
 
 from app.cli import main
 from app.metrics import MaintenanceMetrics
 from streaming.contract import load_contract
-from streaming.kernels.hilbert import hilbert_keys_of_bounds
 from streaming.maintenance.commits import MAINTENANCE
 from streaming.maintenance.compaction import compact
 from streaming.maintenance.maintain import data_manifest_count, maintain, merge_manifests
@@ -37,14 +33,10 @@ from streaming.maintenance.plan import (
     plan_manifests,
     plan_retention,
 )
-from streaming.storage import data_location
 from streaming.table.catalog import create_table
-from streaming.table.commit import to_data_file
-from streaming.write.data_files import GeoParquetWriter
+from tests.partitioned_tables import DAY_US, HOUR_US, append, rows
 
 CONTRACT_PATH = Path(__file__).resolve().parents[3] / "schemas" / "demo_events.json"
-DAY_US = 86400 * 1_000_000
-HOUR_US = 3600 * 1_000_000
 DAY0 = 20_000  # 2024-10-04
 EAGER = MaintenancePolicy(min_file_age_s=0, keep_snapshots=1, max_snapshots=1, orphan_min_age_s=0)
 
@@ -137,54 +129,6 @@ def table(catalog, contract):
         spec.add_field("event_time", DayTransform(), "event_time_day")
         spec.add_field("kind", IdentityTransform(), "kind")
     return table
-
-
-def rows(
-    contract, day: int, kind: str, n: int, seed: int, first_id: int = 0, hour_of_day: int | None = None
-) -> pa.Table:
-    """n points of one day (and kind), spread over it (or within one hour of it)."""
-    rng = np.random.default_rng(seed)
-    points = shapely.points(rng.uniform(-170, 170, n), rng.uniform(-80, 80, n))
-    b = shapely.bounds(points)
-    if hour_of_day is None:
-        times = day * DAY_US + rng.integers(0, DAY_US, n)
-    else:
-        times = day * DAY_US + hour_of_day * HOUR_US + rng.integers(0, HOUR_US, n)
-    keys = hilbert_keys_of_bounds(
-        b[:, 0], b[:, 1], b[:, 2], b[:, 3], contract.clustering.extent, contract.clustering.hilbert_bits
-    )
-    table = pa.table(
-        {
-            "event_id": [f"{kind}-{day}-{first_id + i:06d}" for i in range(n)],
-            "event_time": pa.array(times, pa.timestamp("us", tz="UTC")),
-            "kind": [kind] * n,
-            "name": pa.nulls(n, pa.string()),
-            "speed": rng.uniform(0, 30, n),
-            "population": pa.nulls(n, pa.int64()),
-            "source_partition": pa.array([0] * n, pa.int32()),
-            "source_offset": pa.array(range(first_id, first_id + n), pa.int64()),
-            "geometry": shapely.to_wkb(points),
-            "bbox": pa.StructArray.from_arrays([pa.array(b[:, i]) for i in range(4)], ["xmin", "ymin", "xmax", "ymax"]),
-        }
-    )
-    return table.cast(contract.arrow_schema).take(pa.array(np.argsort(keys)))
-
-
-def append(table, contract, parts: list[tuple[tuple, pa.Table]]) -> None:
-    """One batch: each part written as its own files with its partition values, one fast append."""
-    table.refresh()
-    spec_id = table.metadata.default_spec_id
-    files = []
-    for partition, data in parts:
-        writer = GeoParquetWriter(
-            contract, dict(table.properties), dict(table.io.properties), data_location(table), "b"
-        )
-        for record in writer.write(data.to_batches()):
-            files.append(to_data_file(record, spec_id, partition=Record(*partition)))
-    with table.transaction() as tx:
-        with tx.update_snapshot().fast_append() as fast_append:
-            for data_file in files:
-                fast_append.append_data_file(data_file)
 
 
 def write_days(table, contract, days: range, kinds=("a", "b"), batches: int = 2, n: int = 50) -> None:
