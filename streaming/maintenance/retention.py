@@ -20,6 +20,7 @@ import datetime as dt
 import time
 from dataclasses import dataclass
 
+from pyiceberg.manifest import DataFile
 from pyiceberg.table import Table
 from pyiceberg.table.snapshots import Operation
 from pyiceberg.table.update.snapshot import _OverwriteFiles
@@ -99,13 +100,16 @@ def retention_of(table: Table, policy: MaintenancePolicy) -> int | None:
     return table_contract(table).retention_s
 
 
-def plan_table_retention(table: Table, retention_s: int, now_ms: int) -> tuple[RetentionPlan, int]:
-    """What retention would drop from the table as last refreshed, and the time column's id."""
+def plan_table_retention(table: Table, retention_s: int, now_ms: int) -> tuple[RetentionPlan, int, dict[str, DataFile]]:
+    """What retention would drop from the table as last refreshed, the time column's id, and the
+    manifest entries' data files of what it would drop, by path."""
     source_id = time_column(table)
     contract = table_contract(table)
-    files = [live for live, _ in live_files(table, contract, source_id)]
+    files = live_files(table, contract, source_id)
     horizon_us = (now_ms - retention_s * 1000) * 1000
-    return plan_retention(files, time_fields(table, source_id), horizon_us), source_id
+    plan = plan_retention([live for live, _ in files], time_fields(table, source_id), horizon_us)
+    drop = {f.path for f in plan.drop}
+    return plan, source_id, {f.file_path: f for _, f in files if f.file_path in drop}
 
 
 def apply_retention(
@@ -124,16 +128,19 @@ def apply_retention(
     if retention_s is None or table.current_snapshot() is None:
         return None
     now_ms = int(time.time() * 1000) if now_ms is None else now_ms
-    plan, source_id = plan_table_retention(table, retention_s, now_ms)
-    planned = [plan]
+    planned = [plan_table_retention(table, retention_s, now_ms)]
+    plan, source_id, _ = planned[0]
+    attempts = [0]
 
     def attempt() -> int | None:
-        table.refresh()
-        planned[0], _ = plan_table_retention(table, retention_s, now_ms)
-        if not planned[0].drop:
+        attempts[0] += 1
+        if attempts[0] > 1:  # the table changed since: plan again on it as it is now
+            table.refresh()
+            planned[0] = plan_table_retention(table, retention_s, now_ms)
+        data_files = planned[0][2]
+        if not data_files:
             return None
         view = single_attempt_view(table)
-        drop = {f.path for f in planned[0].drop}
         with view.transaction() as tx:
             # pyiceberg's overwrite producer, as a "delete" snapshot: it removes exactly the files
             # it is given (its own delete() decides by a row filter, and may rewrite files).
@@ -143,9 +150,8 @@ def apply_retention(
                 io=view.io,
                 snapshot_properties=carry(view, "retention"),
             )
-            for _, data_file in live_files(view, table_contract(view)):
-                if data_file.file_path in drop:
-                    delete.delete_data_file(data_file)
+            for data_file in data_files.values():
+                delete.delete_data_file(data_file)
             delete.commit()
         adopt(table, view)
         return current_snapshot_id(view)
@@ -153,7 +159,7 @@ def apply_retention(
     snapshot_id, conflicts = (
         (None, 0) if dry_run or not plan.drop else (retrier or Retrier(table)).run("retention", attempt)
     )
-    plan = planned[0]
+    plan = planned[0][0]
     return RetentionReport(
         retention_s=retention_s,
         horizon=dt.datetime.fromtimestamp(plan.horizon_us / 1e6, dt.UTC).isoformat(),
