@@ -21,7 +21,7 @@ from pyiceberg.transforms import DayTransform, HourTransform, IdentityTransform
 from app.cli import main
 from app.metrics import MaintenanceMetrics
 from streaming.contract import load_contract
-from streaming.maintenance.commits import MAINTENANCE
+from streaming.maintenance.commits import MAINTENANCE, Retrier
 from streaming.maintenance.compaction import compact
 from streaming.maintenance.maintain import data_manifest_count, maintain, merge_manifests
 from streaming.maintenance.plan import (
@@ -33,8 +33,10 @@ from streaming.maintenance.plan import (
     plan_manifests,
     plan_retention,
 )
+from streaming.maintenance.retention import apply_retention
 from streaming.table.catalog import create_table
 from tests.partitioned_tables import DAY_US, HOUR_US, append, rows
+from tests.streaming.maintenance.test_maintain import race_on_refresh
 
 CONTRACT_PATH = Path(__file__).resolve().parents[3] / "schemas" / "demo_events.json"
 DAY0 = 20_000  # 2024-10-04
@@ -354,3 +356,23 @@ def test_merged_manifests_each_cover_a_run_of_days_of_one_spec(table, contract):
     assert all(hi - lo <= 1 for spec_id, lo, hi in days), f"each manifest a run of at most 2 days: {days}"
     assert sum(t.file.record_count for t in table.scan().plan_files()) == 4 * 2 * 3 * 10 + 10
     assert table.scan(row_filter="event_time >= '2024-10-07T00:00:00+00:00'").to_arrow().num_rows == 2 * 3 * 10 + 10
+
+
+def test_retention_racing_an_ingest_commit_plans_again_and_drops_the_late_file_too(
+    monkeypatch, catalog, table, contract
+):
+    write_days(table, contract, range(DAY0, DAY0 + 3), batches=1)
+    mine = catalog.load_table(table.name())
+
+    def late_event():  # another writer commits a late file of day 0 right after retention looked
+        append(table, contract, [((DAY0, "a"), rows(contract, DAY0, "a", 7, seed=5, first_id=500))])
+
+    race_on_refresh(monkeypatch, mine, late_event, on_calls={1})
+    sleeps: list[float] = []
+    report = apply_retention(
+        mine, MaintenancePolicy(retention_s=86400), now_ms=now_ms_at(DAY0 + 2, 0), retrier=Retrier(mine, sleeps.append)
+    )
+
+    assert report.conflicts == 1 and len(sleeps) == 1
+    assert (report.partitions_dropped, report.files_dropped, report.rows_dropped) == (2, 3, 107)
+    assert day_counts(table) == {DAY0 + 1: 100, DAY0 + 2: 100}
