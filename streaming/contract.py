@@ -351,7 +351,7 @@ def parse_contract(raw: Any) -> Contract:
         raise ContractError(f"mode: {mode!r} is not one of {list(WRITE_MODES)}")
     primary_key = _parse_primary_key(raw, columns, mode)
     schema_evolution = _parse_schema_evolution(raw.get("schema_evolution", "off"))
-    retention_s = _parse_contract_retention(raw, columns)
+    retention_s = _parse_contract_retention(raw, columns, time_partition_terms(raw.get("partition")))
     return Contract(
         table=table,
         description=str(raw.get("description", "")),
@@ -391,13 +391,13 @@ def time_partition_terms(raw_partition: Any) -> list[tuple[str, str]]:
     return terms
 
 
-def _parse_contract_retention(raw: dict, columns: tuple[Column, ...]) -> int | None:
-    """The contract's retention in seconds, which needs a time partition of a timestamptz column:
-    whole partitions are what retention drops."""
+def _parse_contract_retention(raw: dict, columns: tuple[Column, ...], terms: list[tuple[str, str]]) -> int | None:
+    """The contract's retention in seconds, which needs a time partition (`terms`: the (transform,
+    column) of the spec's time fields) of a timestamptz column: whole partitions are what retention
+    drops."""
     if "retention" not in raw:
         return None
     seconds = parse_retention(raw["retention"])
-    terms = time_partition_terms(raw.get("partition"))
     if not terms:
         raise ContractError(
             f"retention: {raw['retention']!r} needs a time partition to drop, and partition "
