@@ -309,6 +309,9 @@ def test_cli_maintain_retention_and_a_contract_without_time_partition(catalog, c
     report = json.loads(capsys.readouterr().out)
     assert report["retention"]["partitions_dropped"] == 1 and report["retention"]["rows_dropped"] == 20
     assert report["compaction"] is None
+    monkeypatch.setenv("GEOINGEST_RETENTION", "a month")
+    assert main(["table", "maintain", "--table", "demo.events", "--retention"]) != 0
+    assert "retention (setting): 'a month' is not a retention" in capsys.readouterr().err
 
     raw = json.loads(CONTRACT_PATH.read_text())
     raw.update(table="other.events", partition=["kind"], retention="30 days")
