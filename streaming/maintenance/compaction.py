@@ -14,13 +14,14 @@ import dataclasses
 import logging
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 from pyiceberg.exceptions import CommitFailedException, ValidationException
-from pyiceberg.manifest import DataFile, ManifestContent
+from pyiceberg.manifest import DataFile, ManifestContent, ManifestFile
 from pyiceberg.table import Table
 from pyiceberg.typedef import Record
 
@@ -68,9 +69,15 @@ class CompactionReport:
 
 
 # -- reading the table --------------------------------------------------------------------------
-def live_files(table: Table, contract: Contract, time_field_id: int | None = None) -> list[tuple[LiveFile, DataFile]]:
+def live_files(
+    table: Table,
+    contract: Contract,
+    time_field_id: int | None = None,
+    read_manifest: Callable[[ManifestFile], bool] | None = None,
+) -> list[tuple[LiveFile, DataFile]]:
     """Data files of the current snapshot with their Hilbert key, the time they were added, their
-    spec and partition, and the upper bound of the column `time_field_id` (if given) they hold."""
+    spec and partition, and the upper bound of the column `time_field_id` (if given) they hold;
+    only from the data manifests `read_manifest` accepts, if given."""
     snapshot = table.current_snapshot()
     if snapshot is None:
         return []
@@ -79,7 +86,7 @@ def live_files(table: Table, contract: Contract, time_field_id: int | None = Non
     out: list[tuple[LiveFile, DataFile]] = []
     bounds: list[tuple[float, float, float, float] | None] = []
     for manifest in snapshot.manifests(table.io):
-        if manifest.content != ManifestContent.DATA:
+        if manifest.content != ManifestContent.DATA or (read_manifest is not None and not read_manifest(manifest)):
             continue
         for entry in manifest.fetch_manifest_entry(table.io, discard_deleted=True):
             f = entry.data_file

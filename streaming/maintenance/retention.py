@@ -18,17 +18,27 @@ from __future__ import annotations
 
 import datetime as dt
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import cast
 
-from pyiceberg.manifest import DataFile
+from pyiceberg.conversions import from_bytes
+from pyiceberg.manifest import DataFile, ManifestFile
 from pyiceberg.table import Table
 from pyiceberg.table.snapshots import Operation
 from pyiceberg.table.update.snapshot import _OverwriteFiles
 from pyiceberg.transforms import DayTransform, HourTransform, MonthTransform, YearTransform
+from pyiceberg.types import PrimitiveType
 
 from streaming.maintenance.commits import Retrier, adopt, carry, current_snapshot_id
 from streaming.maintenance.compaction import live_files
-from streaming.maintenance.plan import MaintenancePolicy, RetentionPlan, TimeField, plan_retention
+from streaming.maintenance.plan import (
+    MaintenancePolicy,
+    RetentionPlan,
+    TimeField,
+    partition_time_range_us,
+    plan_retention,
+)
 from streaming.read.query import table_contract
 from streaming.table.commit import single_attempt_view
 
@@ -105,11 +115,40 @@ def plan_table_retention(table: Table, retention_s: int, now_ms: int) -> tuple[R
     manifest entries' data files of what it would drop, by path."""
     source_id = time_column(table)
     contract = table_contract(table)
-    files = live_files(table, contract, source_id)
     horizon_us = (now_ms - retention_s * 1000) * 1000
-    plan = plan_retention([live for live, _ in files], time_fields(table, source_id), horizon_us)
+    fields = time_fields(table, source_id)
+    files = live_files(table, contract, source_id, _may_hold_past_rows(table, fields, horizon_us))
+    plan = plan_retention([live for live, _ in files], fields, horizon_us)
     drop = {f.path for f in plan.drop}
     return plan, source_id, {f.file_path: f for _, f in files if f.file_path in drop}
+
+
+def _may_hold_past_rows(
+    table: Table, fields: dict[int, tuple[TimeField, ...]], horizon_us: int
+) -> Callable[[ManifestFile], bool]:
+    """Whether a data manifest must be read: not when its partition summary shows that its oldest
+    time partition starts at or after the horizon (and none is null), so its files are all kept.
+    Manifests merged by partition, and the newest batches' manifests, are skipped so: retention
+    reads the manifests of the old partitions, not the whole table's."""
+    specs, schema = table.specs(), table.schema()
+
+    def read(manifest: ManifestFile) -> bool:
+        spec = specs.get(manifest.partition_spec_id)
+        summaries = manifest.partitions or []
+        for field in fields.get(manifest.partition_spec_id, ()):
+            if spec is None or field.position >= len(summaries):
+                return True
+            summary = summaries[field.position]
+            if summary.contains_null or summary.lower_bound is None:
+                continue
+            partition_field = spec.fields[field.position]
+            result_type = partition_field.transform.result_type(schema.find_type(partition_field.source_id))
+            oldest = from_bytes(cast(PrimitiveType, result_type), summary.lower_bound)
+            if partition_time_range_us(field.transform, int(cast(int, oldest)))[0] >= horizon_us:
+                return False
+        return True
+
+    return read
 
 
 def apply_retention(

@@ -379,3 +379,19 @@ def test_retention_racing_an_ingest_commit_plans_again_and_drops_the_late_file_t
     assert report.conflicts == 1 and len(sleeps) == 1
     assert (report.partitions_dropped, report.files_dropped, report.rows_dropped) == (2, 3, 107)
     assert day_counts(table) == {DAY0 + 1: 100, DAY0 + 2: 100}
+
+
+def test_retention_reads_only_the_manifests_that_hold_partitions_older_than_the_horizon(table, contract):
+    from streaming.maintenance.retention import _may_hold_past_rows, time_column, time_fields
+
+    for day in range(DAY0, DAY0 + 6):  # one commit, so one manifest, per day
+        append(table, contract, [((day, "a"), rows(contract, day, "a", 5, seed=day))])
+    table.refresh()
+    horizon = (DAY0 + 1) * DAY_US + 12 * HOUR_US
+    read = _may_hold_past_rows(table, time_fields(table, time_column(table)), horizon)
+    manifests = table.current_snapshot().manifests(table.io)
+    assert sum(read(m) for m in manifests) == 2, "day 0 (past) and day 1 (partly past); days 2-5 skipped"
+
+    report = apply_retention(table, MaintenancePolicy(retention_s=86400), now_ms=now_ms_at(DAY0 + 2, 12))
+    assert (report.partitions_dropped, report.partitions_partly_past, report.rows_dropped) == (1, 1, 5)
+    assert day_counts(table) == {DAY0 + d: 5 for d in range(1, 6)}
