@@ -47,6 +47,7 @@ bench: setup
 	PYTHONPATH=$(CURDIR) $(PY) bench/concurrency.py
 	PYTHONPATH=$(CURDIR) $(PY) bench/reliability.py
 	PYTHONPATH=$(CURDIR) $(PY) bench/maintenance.py
+	PYTHONPATH=$(CURDIR) $(PY) bench/retention.py
 	PYTHONPATH=$(CURDIR) $(PY) bench/defaults.py
 	PYTHONPATH=$(CURDIR) $(PY) bench/duckdb_pruning.py
 	PYTHONPATH=$(CURDIR) $(PY) bench/upsert.py

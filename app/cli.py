@@ -86,7 +86,14 @@ def _parser() -> argparse.ArgumentParser:
         help="orphans: only files at least this old (younger ones may be committing)",
     )
     table.add_argument(
-        "--compact", action="store_true", help="maintain: rewrite small files along the Hilbert curve, merge manifests"
+        "--retention",
+        action="store_true",
+        help="maintain: drop the time partitions older than the retention (setting or contract), metadata only",
+    )
+    table.add_argument(
+        "--compact",
+        action="store_true",
+        help="maintain: rewrite small files along the Hilbert curve within each partition, merge manifests",
     )
     table.add_argument("--expire", action="store_true", help="maintain: expire old snapshots and their files")
     table.add_argument("--orphans", action="store_true", help="maintain: delete files nothing references")

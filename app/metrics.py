@@ -13,6 +13,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import numpy as np
@@ -269,6 +270,31 @@ class MaintenanceMetrics:
             (*t, "reason"),
             registry=registry,
         )
+        # Retention (streaming/maintenance/retention.py): what left the table as past the horizon.
+        self.retention_partitions = Counter(
+            "geoingest_retention_partitions_dropped",
+            "Partitions dropped whole by retention (a metadata-only delete)",
+            t,
+            registry=registry,
+        )
+        self.retention_files = Counter(
+            "geoingest_retention_files_dropped", "Data files dropped by retention", t, registry=registry
+        )
+        self.retention_rows = Counter(
+            "geoingest_retention_rows_dropped", "Rows dropped by retention", t, registry=registry
+        )
+        self.retention_bytes = Counter(
+            "geoingest_retention_bytes_dropped",
+            "Bytes of data files dropped by retention (freed once the snapshots before the drop expire)",
+            t,
+            registry=registry,
+        )
+        self.retention_horizon = Gauge(
+            "geoingest_retention_horizon_timestamp_seconds",
+            "Unix time before which rows are dropped, at the last maintenance run with a retention",
+            t,
+            registry=registry,
+        )
         self.data_manifests = Gauge(
             "geoingest_table_data_manifests",
             "Data manifests of the current snapshot, after the last maintenance run",
@@ -289,6 +315,8 @@ class MaintenanceMetrics:
         )
         for outcome in self.OUTCOMES:
             self.runs.labels(table, outcome)
+        for counter in (self.retention_partitions, self.retention_files, self.retention_rows, self.retention_bytes):
+            counter.labels(table)
 
     def observe_skip(self) -> None:
         self.runs.labels(self.table, "skipped").inc()
@@ -298,6 +326,14 @@ class MaintenanceMetrics:
         self.runs.labels(t, "completed").inc()
         self.duration.labels(t, "total").observe(report.seconds)
         self.conflicts.labels(t).inc(report.conflicts)
+        if report.retention is not None:
+            r = report.retention
+            self.duration.labels(t, "retention").observe(r.seconds)
+            self.retention_partitions.labels(t).inc(r.partitions_dropped)
+            self.retention_files.labels(t).inc(r.files_dropped)
+            self.retention_rows.labels(t).inc(r.rows_dropped)
+            self.retention_bytes.labels(t).inc(r.bytes_dropped)
+            self.retention_horizon.labels(t).set(datetime.fromisoformat(r.horizon).timestamp())
         if report.compaction is not None:
             c = report.compaction
             self.duration.labels(t, "compact").observe(c.seconds)

@@ -98,7 +98,10 @@ class Settings:
     maintenance_mode: str = "between-batches"
     maintenance_interval_s: int = 3600
     maintenance_interval_commits: int = 10  # 0: by time alone
-    maintenance_steps: str = "compact,expire,orphans"  # some of compact, expire, orphans
+    maintenance_steps: str = "retention,compact,expire,orphans"  # some of retention, compact, expire, orphans
+    # How long rows are kept, "N days" or "N hours" (docs/retention.md): maintenance drops whole time
+    # partitions once past it. Empty: the table contract's "retention", else for ever.
+    retention: str = ""
     maintenance_small_file_bytes: int = 0  # files below are compacted; 0: 3/4 of the contract's target
     maintenance_min_file_age_s: int = 3600  # younger files are not compacted
     maintenance_max_bin_bytes: int = 512 * 1024 * 1024  # input one rewrite holds in memory at most

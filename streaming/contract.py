@@ -90,6 +90,7 @@ _TIME_PARTITIONS_PER_BATCH = {"year": 1, "month": 1, "day": 2, "hour": 24}
 GEOHASH_MAX_PRECISION = 12
 EVENT_TIME_PROPERTY = "geoingest.event-time"
 CELL_PROPERTY_PREFIX = "geoingest.partition.cell."
+_RETENTION_UNITS = {"day": 86400, "days": 86400, "hour": 3600, "hours": 3600}
 SCHEMA_EVOLUTION_MODES = ("off", "add-columns")
 # Every key a contract may hold, per object: any other is a typo or a feature this version lacks,
 # and either way an error that names it rather than a setting silently ignored.
@@ -109,6 +110,7 @@ KNOWN_KEYS = {
         "registry",
         "partition",
         "event_time",
+        "retention",
     ),
     "json": ("lon", "lat", "z", "geometry", "crs"),
     "json.geometry": ("path", "encoding"),
@@ -287,6 +289,10 @@ class Contract:
         """Ids of the cell columns, by name: after the flat bbox columns, before the bbox's fields."""
         first = self.bbox_id + 1 + len(self.flat_bbox_names)
         return {f.name: first + i for i, f in enumerate(self.cell_fields)}
+
+    # How long rows are kept (`"retention": "30 days"`), in seconds; None: for ever. Maintenance
+    # drops whole partitions of the time partition column once past it (streaming/maintenance/retention.py).
+    retention_s: int | None = None
 
     @property
     def all_columns(self) -> tuple[Column, ...]:
@@ -470,6 +476,9 @@ def parse_contract(raw: Any) -> Contract:
     registry = _parse_registry(raw, formats)
     event_time = _parse_event_time(raw, columns)
     partition = _parse_partition(raw, columns, geometry, event_time, clustering, names)
+    retention_s = _parse_contract_retention(
+        raw, columns, [(f.transform, f.source) for f in partition if f.transform in TIME_TRANSFORMS]
+    )
     return Contract(
         table=table,
         description=str(raw.get("description", "")),
@@ -488,6 +497,7 @@ def parse_contract(raw: Any) -> Contract:
         registry=registry,
         partition=partition,
         event_time=event_time,
+        retention_s=retention_s,
     )
 
 
@@ -730,6 +740,36 @@ def _whole(value: str, where: str, text: str, what: str, lo: int, hi: int) -> in
     if not re.fullmatch(r"\d+", value) or not lo <= int(value) <= hi:
         raise ContractError(f"{where}: {text}: {what} {value!r} must be a whole number {lo}..{hi}")
     return int(value)
+
+
+def parse_retention(text: Any, where: str = "retention") -> int:
+    """'30 days' or '12 hours' -> seconds; an error that names `where` otherwise."""
+    match = re.fullmatch(r"\s*(\d+)\s*([a-z]+)\s*", text) if isinstance(text, str) else None
+    if match is None or match.group(2) not in _RETENTION_UNITS or int(match.group(1)) < 1:
+        raise ContractError(f"{where}: {text!r} is not a retention; expected 'N days' or 'N hours', N at least 1")
+    return int(match.group(1)) * _RETENTION_UNITS[match.group(2)]
+
+
+def _parse_contract_retention(raw: dict, columns: tuple[Column, ...], terms: list[tuple[str, str]]) -> int | None:
+    """The contract's retention in seconds, which needs a time partition (`terms`: the (transform,
+    column) of the spec's time fields) of a timestamptz column: whole partitions are what retention
+    drops."""
+    if "retention" not in raw:
+        return None
+    seconds = parse_retention(raw["retention"])
+    if not terms:
+        raise ContractError(
+            f"retention: {raw['retention']!r} needs a time partition to drop, and partition "
+            f"({raw.get('partition', 'missing')!r}) has none; add e.g. 'day(<timestamptz column>)'"
+        )
+    types = {c.name: c.type for c in columns}
+    for transform, column in terms:
+        if types.get(column) != "timestamptz":
+            raise ContractError(
+                f"retention: the time partition {transform}({column}) is not of a timestamptz column "
+                f"({column!r} is {types.get(column, 'not a column')})"
+            )
+    return seconds
 
 
 def _declared_ids(columns: tuple[Column, ...], geometry_id: int, bbox_id: int) -> list[tuple[str, int]]:

@@ -1,18 +1,27 @@
 """Compaction along the Hilbert curve: the small files of each bin rewritten as one sorted run,
-with an upsert table's equality deletes applied, committed as one replace on a fresh table."""
+with an upsert table's equality deletes applied, committed as one replace on a fresh table.
+
+A bin holds files of one partition of one spec only (streaming/maintenance/plan.py), and its new
+files take that spec and partition: a compacted file of a day partition spans that day, however
+many batches it merges. Only files of the table's current spec are compacted: pyiceberg 0.12
+writes every file a snapshot adds into a manifest of the current spec, so a file of an older spec
+could not keep its spec through a rewrite. Files written before a partition evolution stay as they
+are (they are old, so mostly compacted already)."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 from pyiceberg.exceptions import CommitFailedException, ValidationException
-from pyiceberg.manifest import DataFile, ManifestContent
+from pyiceberg.manifest import DataFile, ManifestContent, ManifestFile
 from pyiceberg.table import Table
 
 from streaming.contract import BBOX_FIELDS, Contract
@@ -60,8 +69,15 @@ class CompactionReport:
 
 
 # -- reading the table --------------------------------------------------------------------------
-def live_files(table: Table, contract: Contract) -> list[tuple[LiveFile, DataFile]]:
-    """Data files of the current snapshot with their Hilbert key and the time they were added."""
+def live_files(
+    table: Table,
+    contract: Contract,
+    time_field_id: int | None = None,
+    read_manifest: Callable[[ManifestFile], bool] | None = None,
+) -> list[tuple[LiveFile, DataFile]]:
+    """Data files of the current snapshot with their Hilbert key, the time they were added, their
+    spec and partition, and the upper bound of the column `time_field_id` (if given) they hold;
+    only from the data manifests `read_manifest` accepts, if given."""
     snapshot = table.current_snapshot()
     if snapshot is None:
         return []
@@ -70,11 +86,12 @@ def live_files(table: Table, contract: Contract) -> list[tuple[LiveFile, DataFil
     out: list[tuple[LiveFile, DataFile]] = []
     bounds: list[tuple[float, float, float, float] | None] = []
     for manifest in snapshot.manifests(table.io):
-        if manifest.content != ManifestContent.DATA:
+        if manifest.content != ManifestContent.DATA or (read_manifest is not None and not read_manifest(manifest)):
             continue
         for entry in manifest.fetch_manifest_entry(table.io, discard_deleted=True):
             f = entry.data_file
             bounds.append(file_bbox(f, ids))
+            upper = (f.upper_bounds or {}).get(time_field_id) if time_field_id is not None else None
             out.append(
                 (
                     LiveFile(
@@ -83,6 +100,9 @@ def live_files(table: Table, contract: Contract) -> list[tuple[LiveFile, DataFil
                         int(f.record_count),
                         None,
                         None if entry.snapshot_id is None else added_ms.get(entry.snapshot_id),
+                        manifest.partition_spec_id,
+                        tuple(f.partition[i] for i in range(len(f.partition))),
+                        None if upper is None else int.from_bytes(upper, "little", signed=True),
                     ),
                     f,
                 )
@@ -95,7 +115,7 @@ def live_files(table: Table, contract: Contract) -> list[tuple[LiveFile, DataFil
         )
         for i, key in zip(placed, keys.tolist()):
             live, data_file = out[i]
-            out[i] = (LiveFile(live.path, live.file_size_in_bytes, live.record_count, key, live.added_ms), data_file)
+            out[i] = (dataclasses.replace(live, hilbert_key=key), data_file)
     return out
 
 
@@ -216,7 +236,9 @@ def plan_compaction(table: Table, policy: MaintenancePolicy, now_ms: int | None)
     contract = table_contract(table)
     now_ms = int(time.time() * 1000) if now_ms is None else now_ms
     small = policy.small_file_bytes or (contract.clustering.target_file_bytes * 3) // 4
-    files = [live for live, _ in live_files(table, contract)]
+    # Files of older specs are left alone (see the module docstring).
+    spec_id = table.metadata.default_spec_id
+    files = [live for live, _ in live_files(table, contract) if live.spec_id == spec_id]
     candidates = compaction_candidates(files, small, int(policy.min_file_age_s * 1000), now_ms)
     deletes, sequence_numbers, planned_deletes = _equality_deletes(table)
     reached = _files_to_apply_deletes(files, deletes, sequence_numbers, policy)
@@ -234,6 +256,8 @@ def plan_compaction(table: Table, policy: MaintenancePolicy, now_ms: int | None)
 class _Rewrite:
     sources: tuple[str, ...]
     outputs: list[DataFileRecord]
+    spec_id: int
+    partition: tuple
 
 
 def compact(
@@ -275,7 +299,7 @@ def compact(
     try:
         for bin_ in bins:
             written = rewrite_bin(table, contract, bin_, overall, deletes, sequence_numbers)
-            rewrites.append(_Rewrite(tuple(f.path for f in bin_.files), written))
+            rewrites.append(_Rewrite(tuple(f.path for f in bin_.files), written, bin_.spec_id, bin_.partition))
     except BaseException:
         delete_quietly(table, [r.path for rw in rewrites for r in rw.outputs])
         raise
@@ -295,6 +319,14 @@ def compact(
         if not rewrites:
             return None
         view = single_attempt_view(table)
+        if any(rw.spec_id != view.metadata.default_spec_id for rw in rewrites):
+            # The partition spec evolved since the plan: the new files' spec is no longer the
+            # one their manifest would be written with. Given up, as a conflict.
+            for rw in rewrites:
+                abandoned.append(rw)
+                delete_quietly(table, [r.path for r in rw.outputs])
+            rewrites.clear()
+            return None
         # An overwrite, not a replace: pyiceberg 0.12 cannot summarise a "replace" snapshot.
         with view.transaction() as tx:
             with tx.update_snapshot(snapshot_properties=carry(view, "compaction")).overwrite() as overwrite:

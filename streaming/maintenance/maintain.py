@@ -1,10 +1,12 @@
-"""Table maintenance: compaction along the Hilbert curve, manifest merging, snapshot expiry and
-orphan deletion. The one place that changes a table for upkeep, as streaming/table/commit.py is for ingest.
+"""Table maintenance: retention, compaction along the Hilbert curve, manifest merging, snapshot
+expiry and orphan deletion. The one place that changes a table for upkeep, as streaming/table/commit.py is for ingest.
 
 Why it is needed: every micro-batch adds a snapshot, a manifest and a few small files. Commit cost
 and scan planning grow with the snapshots and manifests, and small batches defeat pruning, since
 every batch's files span the whole data extent. Each step bounds one of these:
 
+- retention drops the partitions wholly older than the horizon (`retention`), as a metadata-only
+  delete (streaming/maintenance/retention.py); expiry then frees their files.
 - compaction reads the small files of many batches (below `small_file_bytes`, added at least
   `min_file_age_s` ago), sorts their rows by Hilbert key again and writes them as files of the
   contract's target size with the same GeoParquet metadata, covering column and manifest bounds as
@@ -14,8 +16,9 @@ every batch's files span the whole data extent. Each step bounds one of these:
   writing the files does (bench/maintenance.py, "merge or re-sort"). Files are packed into bins by
   the Hilbert key of their extent's centre, one contiguous stretch of the curve per bin, at most
   `max_bin_bytes` each, so a rewrite's memory is bounded whatever the table holds.
-- manifest merging rewrites the current snapshot's data manifests into few (pyiceberg's merge
-  append with no new files), so planning reads a handful of manifests instead of one per batch.
+- manifest merging rewrites the current snapshot's data manifests into few, one spec each and
+  grouped by partition (a snapshot with no new files), so planning reads a handful of manifests
+  instead of one per batch, and skips those whose partitions a filter excludes.
 - expiry removes snapshots older than `snapshot_max_age_s` beyond the newest `keep_snapshots`, then
   deletes the manifest lists, manifests and data files that only they referenced.
 - orphan deletion removes files under the table location that no snapshot references, once older
@@ -42,9 +45,10 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from pyiceberg.manifest import ManifestContent
+from pyiceberg.manifest import ManifestContent, ManifestEntry, ManifestEntryStatus, ManifestFile
 from pyiceberg.table import Table
-from pyiceberg.table.snapshots import Snapshot
+from pyiceberg.table.snapshots import Operation, Snapshot
+from pyiceberg.table.update.snapshot import _FastAppendFiles
 
 from streaming.maintenance.commits import (
     Progress,
@@ -69,7 +73,9 @@ from streaming.maintenance.plan import (
     MaintenancePolicy,
     SnapshotFacts,
     plan_expiry,
+    plan_manifests,
 )
+from streaming.maintenance.retention import RetentionReport, apply_retention, plan_table_retention, retention_of
 from streaming.table.commit import (
     WRITERS,
     single_attempt_view,
@@ -109,6 +115,7 @@ class OrphanReport:
 class MaintenanceReport:
     table: str
     dry_run: bool
+    retention: RetentionReport | None = None
     compaction: CompactionReport | None = None
     manifests: ManifestReport | None = None
     expiry: ExpiryReport | None = None
@@ -119,7 +126,7 @@ class MaintenanceReport:
 
     @property
     def conflicts(self) -> int:
-        return sum(r.conflicts for r in (self.compaction, self.manifests, self.expiry) if r is not None)
+        return sum(r.conflicts for r in (self.retention, self.compaction, self.manifests, self.expiry) if r is not None)
 
     def to_json(self) -> dict:
         def plain(report):
@@ -128,6 +135,7 @@ class MaintenanceReport:
         return {
             "table": self.table,
             "dry_run": self.dry_run,
+            "retention": plain(self.retention),
             "compaction": plain(self.compaction),
             "manifests": plain(self.manifests),
             "expiry": plain(self.expiry),
@@ -181,30 +189,74 @@ def _reachable(table: Table, snapshots: Iterable[Snapshot], with_deleted: bool) 
 
 
 # -- manifests ----------------------------------------------------------------------------------
+class _ManifestsByPartition(_FastAppendFiles):
+    """A snapshot with no new files whose data manifests are the parent's live entries regrouped by
+    `plan_manifests`: one spec per manifest, each a short run of partitions. pyiceberg's merge append
+    packs manifests by size in the order they came (one per batch), so a merged manifest would
+    hold every partition of its batches."""
+
+    target_bytes: int = 8 * 1024 * 1024
+
+    def _existing_manifests(self) -> list[ManifestFile]:
+        parent = self._transaction.table_metadata.snapshot_by_id(self._parent_snapshot_id or -1)
+        if parent is None:
+            return []
+        kept: list[ManifestFile] = []
+        entries: list[ManifestEntry] = []
+        data_bytes = 0
+        for manifest in parent.manifests(io=self._io):
+            if manifest.content != ManifestContent.DATA:
+                kept.append(manifest)  # delete files: as they are
+                continue
+            data_bytes += manifest.manifest_length
+            entries += manifest.fetch_manifest_entry(io=self._io, discard_deleted=True)
+        if not entries:
+            return kept
+        keys = [
+            (e.data_file.spec_id, tuple(e.data_file.partition[i] for i in range(len(e.data_file.partition))))
+            for e in entries
+        ]
+        for group in plan_manifests(keys, data_bytes / len(entries), self.target_bytes):
+            with self.new_manifest_writer(self.spec(keys[group[0]][0])) as writer:
+                for i in group:
+                    entry = entries[i]
+                    writer.add_entry(
+                        ManifestEntry.from_args(
+                            status=ManifestEntryStatus.EXISTING,
+                            snapshot_id=entry.snapshot_id,
+                            sequence_number=entry.sequence_number,
+                            file_sequence_number=entry.file_sequence_number,
+                            data_file=entry.data_file,
+                        )
+                    )
+            kept.append(writer.to_manifest_file())
+        return kept
+
+
 def merge_manifests(
     table: Table, policy: MaintenancePolicy, force: bool = False, dry_run: bool = False, retrier: Retrier | None = None
 ) -> ManifestReport:
     """Merge the current snapshot's data manifests when there are more than `max_manifests` (or
-    always, with `force`: the snapshot it commits also carries the writer histories expiry needs)."""
+    always, with `force`: the snapshot it commits also carries the writer histories expiry needs),
+    regrouped by spec and partition (`plan_manifests`)."""
     started = time.monotonic()
     table.refresh()
     before = data_manifest_count(table)
     if dry_run or table.current_snapshot() is None or (before <= policy.max_manifests and not force):
         return ManifestReport(before, before, None, 0, time.monotonic() - started)
 
-    # Merging is pyiceberg's merge append with no new files; its knobs are table properties, set
-    # on this commit's view only so ingest's fast appends stay as they are.
-    merging = {
-        "commit.manifest-merge.enabled": "true",
-        "commit.manifest.min-count-to-merge": "2",
-        "commit.manifest.target-size-bytes": str(policy.manifest_target_bytes),
-    }
-
     def attempt() -> int:
         table.refresh()
-        view = single_attempt_view(table, merging)
+        view = single_attempt_view(table)
         with view.transaction() as tx:
-            tx.update_snapshot(snapshot_properties=carry(view, "manifest-merge")).merge_append().commit()
+            merge = _ManifestsByPartition(
+                operation=Operation.APPEND,
+                transaction=tx,
+                io=view.io,
+                snapshot_properties=carry(view, "manifest-merge"),
+            )
+            merge.target_bytes = policy.manifest_target_bytes
+            merge.commit()
         adopt(table, view)
         return current_snapshot_id(view)
 
@@ -311,6 +363,10 @@ def _has_work(table: Table, policy: MaintenancePolicy, steps: tuple[str, ...], n
     if "orphans" in steps:
         return True
     now_ms = int(time.time() * 1000) if now_ms is None else now_ms
+    if "retention" in steps:
+        retention_s = retention_of(table, policy)
+        if retention_s is not None and plan_table_retention(table, retention_s, now_ms)[0].drop:
+            return True
     if "expire" in steps:
         expiry = _plan_expiry(table, policy, now_ms)
         if expiry.expire or expiry.uncovered:
@@ -333,7 +389,7 @@ def maintain(
     sleep: Callable[[float], None] = time.sleep,
     holder: str | None = None,
 ) -> MaintenanceReport:
-    """Run the chosen steps in order: compact (then merge manifests), expire, delete orphans, holding
+    """Run the chosen steps in order: retention, compact (then merge manifests), expire, delete orphans, holding
     the table's maintenance lease (streaming/maintenance/lease.py). When another maintainer holds it, nothing runs
     and the report says so in `skipped`; a dry run changes nothing and takes no lease."""
     steps = tuple(steps)
@@ -343,7 +399,7 @@ def maintain(
     started = time.monotonic()
     retrier = Retrier(table, sleep=sleep)
     lease = MaintenanceLease(table, policy.lease_s, holder, sleep=sleep)
-    compaction = manifests = expiry = orphans = None
+    retention = compaction = manifests = expiry = orphans = None
     skipped = None
     try:
         # A run with nothing to do takes no lease (each change of it is a commit): its steps find
@@ -351,7 +407,10 @@ def maintain(
         # a lease: the lease spares duplicate work, the live-file check guards the rows.
         if not dry_run and _has_work(table, policy, steps, now_ms):
             lease.acquire()
+        if "retention" in steps:
+            retention = apply_retention(table, policy, dry_run=dry_run, now_ms=now_ms, retrier=retrier)
         if "compact" in steps:
+            lease.renew()
             compaction = compact(table, policy, dry_run=dry_run, progress=progress, now_ms=now_ms, retrier=retrier)
             lease.renew()
             manifests = merge_manifests(table, policy, dry_run=dry_run, retrier=retrier)
@@ -368,6 +427,7 @@ def maintain(
     report = MaintenanceReport(
         ".".join(table.name()),
         dry_run,
+        retention,
         compaction,
         manifests,
         expiry,

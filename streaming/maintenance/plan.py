@@ -1,16 +1,22 @@
 """What maintenance would do, from facts about a table: the policy (ages, sizes, counts), which
-small files are compacted together in which bins along the Hilbert curve, and which snapshots
-expire. Pure: records in, plans out, no table touched; streaming/maintenance/maintain.py carries the plans
+partitions retention drops, which small files are compacted together in which bins along the
+Hilbert curve (never across partitions), and which snapshots expire. Pure: records in, plans out, no table touched; streaming/maintenance/maintain.py carries the plans
 out against a table."""
 
 from __future__ import annotations
 
+import calendar
 import dataclasses
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
-STEPS = ("compact", "expire", "orphans")
+from streaming.contract import parse_retention
+
+# In the order they run: retention first (nothing is compacted only to be dropped), expiry after
+# it (expiry is what frees the files of dropped partitions).
+STEPS = ("retention", "compact", "expire", "orphans")
 
 
 @dataclass(frozen=True)
@@ -43,16 +49,21 @@ class MaintenancePolicy:
     # Upsert tables: once the keys the delete files list come to this share of the rows of the files
     # they reach, compaction rewrites all those files (then readers need the deletes no more).
     delete_ratio: float = 0.3
+    # Rows older than this many seconds are dropped, whole partitions at a time; None: as the
+    # table's contract says (its "retention"), and for ever if it says nothing.
+    retention_s: int | None = None
 
     @classmethod
     def from_settings(cls, settings) -> MaintenancePolicy:
-        """The policy the `maintenance_*` settings describe (app/settings.py)."""
+        """The policy the `maintenance_*` settings (and `retention`) describe (app/settings.py)."""
+        retention = getattr(settings, "retention", "")
         return cls(
             **{
                 f.name: getattr(settings, f"maintenance_{f.name}")
                 for f in dataclasses.fields(cls)
                 if hasattr(settings, f"maintenance_{f.name}")
-            }
+            },
+            retention_s=parse_retention(retention, "retention (setting)") if retention else None,
         )
 
     def __post_init__(self) -> None:
@@ -68,6 +79,8 @@ class MaintenancePolicy:
             raise ValueError(f"lease_s: {self.lease_s} must be positive")
         if self.max_manifests < 1:
             raise ValueError(f"max_manifests: {self.max_manifests} must be at least 1")
+        if self.retention_s is not None and self.retention_s < 1:
+            raise ValueError(f"retention_s: {self.retention_s} must be at least 1")
 
 
 def parse_steps(text: str) -> tuple[str, ...]:
@@ -89,13 +102,31 @@ class LiveFile:
     record_count: int
     hilbert_key: int | None  # of its extent's centre; None without bbox bounds
     added_ms: int | None  # when the snapshot that added it was committed; None if it expired
+    spec_id: int = 0  # the partition spec it was written with
+    partition: tuple[Any, ...] = ()  # its partition values, in the order of that spec's fields
+    # The upper bound of the retention column in its manifest entry (microseconds), if it has one.
+    time_upper_us: int | None = None
+
+    @property
+    def partition_key(self) -> tuple[int, tuple[Any, ...]]:
+        """Which partition it belongs to: files of different specs never share one."""
+        return self.spec_id, self.partition
 
 
 @dataclass(frozen=True)
 class Bin:
-    """Files rewritten together: a contiguous stretch of the curve, sorted by key."""
+    """Files rewritten together: a contiguous stretch of the curve within one partition of one
+    spec, sorted by key."""
 
     files: tuple[LiveFile, ...]
+
+    @property
+    def spec_id(self) -> int:
+        return self.files[0].spec_id
+
+    @property
+    def partition(self) -> tuple[Any, ...]:
+        return self.files[0].partition
 
     @property
     def bytes(self) -> int:
@@ -125,11 +156,29 @@ def compaction_candidates(
     ]
 
 
+def _partition_order(key: tuple[int, tuple[Any, ...]]) -> tuple:
+    # Partition values of one field share a type, but may be null: nulls first, then by value.
+    spec_id, values = key
+    return spec_id, tuple((v is not None, v if v is not None else 0) for v in values)
+
+
 def plan_bins(candidates: Sequence[LiveFile], max_bin_bytes: int, min_files: int) -> list[Bin]:
-    """Pack files into bins along the Hilbert curve: ordered by key, cut into as few runs of at
-    most `max_bin_bytes` as will do, of about equal size; bins of fewer than `min_files` dropped.
+    """Pack files into bins, each within one partition of one spec: the files of a partition
+    ordered along the Hilbert curve and cut into as few runs of at most `max_bin_bytes` as will do,
+    of about equal size; bins of fewer than `min_files` dropped. A compacted file thus spans no
+    more time (or place) than its partition does.
 
     A file larger than `max_bin_bytes` is a bin of its own (and, alone, dropped)."""
+    partitions: dict[tuple[int, tuple[Any, ...]], list[LiveFile]] = {}
+    for f in candidates:
+        partitions.setdefault(f.partition_key, []).append(f)
+    bins: list[Bin] = []
+    for key in sorted(partitions, key=_partition_order):
+        bins += _bins_along_the_curve(partitions[key], max_bin_bytes, min_files)
+    return bins
+
+
+def _bins_along_the_curve(candidates: Sequence[LiveFile], max_bin_bytes: int, min_files: int) -> list[Bin]:
     ordered = sorted(candidates, key=lambda f: (f.hilbert_key, f.path))
     if not ordered:
         return []
@@ -191,3 +240,116 @@ def plan_expiry(
         if s.snapshot_id not in expire and not (carriers and s.snapshot_id == carriers[-1].snapshot_id)
     )
     return ExpiryPlan(expire, uncovered)
+
+
+# -- retention --------------------------------------------------------------------------------------
+_US = 1_000_000
+
+
+def partition_time_range_us(transform: str, value: int) -> tuple[int, int]:
+    """[start, end) in microseconds since the epoch of a time partition value, as Iceberg stores it:
+    years, months, days or hours since 1970-01-01 00:00 UTC."""
+    if transform == "hour":
+        return value * 3600 * _US, (value + 1) * 3600 * _US
+    if transform == "day":
+        return value * 86400 * _US, (value + 1) * 86400 * _US
+    if transform == "month":
+        first, after = (1970 + value // 12, value % 12 + 1), (1970 + (value + 1) // 12, (value + 1) % 12 + 1)
+        return calendar.timegm((*first, 1, 0, 0, 0)) * _US, calendar.timegm((*after, 1, 0, 0, 0)) * _US
+    if transform == "year":
+        return (
+            calendar.timegm((1970 + value, 1, 1, 0, 0, 0)) * _US,
+            calendar.timegm((1971 + value, 1, 1, 0, 0, 0)) * _US,
+        )
+    raise ValueError(f"{transform!r} is not a time transform (year, month, day, hour)")
+
+
+@dataclass(frozen=True)
+class TimeField:
+    """A time partition field of a spec: its place in the partition tuple and its transform."""
+
+    position: int
+    transform: str
+
+
+@dataclass(frozen=True)
+class RetentionPlan:
+    horizon_us: int
+    drop: tuple[LiveFile, ...]  # every file of every partition wholly past the horizon
+    partitions: tuple[tuple[int, tuple[Any, ...]], ...]  # (spec id, partition values) dropped
+    # Partitions the horizon cuts through: kept whole until all of them is past.
+    partly_past: tuple[tuple[int, tuple[Any, ...]], ...]
+    # Files with neither a time partition nor an upper bound of the time column: never dropped.
+    undated: int
+
+    @property
+    def rows(self) -> int:
+        return sum(f.record_count for f in self.drop)
+
+    @property
+    def bytes(self) -> int:
+        return sum(f.file_size_in_bytes for f in self.drop)
+
+
+def plan_retention(
+    files: Iterable[LiveFile], time_fields: Mapping[int, Sequence[TimeField]], horizon_us: int
+) -> RetentionPlan:
+    """The files whose every row is older than the horizon, decided per partition: a partition of a
+    time field (`time_fields`, by spec id) goes once its whole range ends at or before the horizon,
+    and is kept whole while the horizon cuts through it. Files of a spec without a time field (as
+    before a partition evolution) go when the upper bound of the time column is before the horizon.
+    Either way whole files, so dropping them rewrites nothing."""
+    drop: list[LiveFile] = []
+    dropped: set[tuple[int, tuple[Any, ...]]] = set()
+    partly: set[tuple[int, tuple[Any, ...]]] = set()
+    undated = 0
+    for f in files:
+        ranges = [
+            partition_time_range_us(field.transform, f.partition[field.position])
+            for field in time_fields.get(f.spec_id, ())
+            if f.partition[field.position] is not None
+        ]
+        if ranges:
+            start, end = max(r[0] for r in ranges), min(r[1] for r in ranges)
+            if end <= horizon_us:
+                drop.append(f)
+                dropped.add(f.partition_key)
+            elif start < horizon_us:
+                partly.add(f.partition_key)
+        elif f.time_upper_us is not None:
+            if f.time_upper_us < horizon_us:
+                drop.append(f)
+        else:
+            undated += 1
+    return RetentionPlan(
+        horizon_us,
+        tuple(sorted(drop, key=lambda f: f.path)),
+        tuple(sorted(dropped, key=_partition_order)),
+        tuple(sorted(partly, key=_partition_order)),
+        undated,
+    )
+
+
+# -- manifests ------------------------------------------------------------------------------------
+def plan_manifests(
+    entries: Sequence[tuple[int, tuple[Any, ...]]], bytes_per_entry: float, target_bytes: int
+) -> list[list[int]]:
+    """How manifest merging regroups the data files of a snapshot, given each file's (spec id,
+    partition values): the indices of the files of each new manifest. A manifest holds one spec
+    (Iceberg requires it), its files ordered by partition, and is cut at a partition boundary once
+    it reaches `target_bytes` (at about `bytes_per_entry` a file), so each manifest covers a short
+    run of partitions and its partition summary lets a scan skip it (a day's files in one or two
+    manifests, not spread over all of them). A partition larger than the target is cut within."""
+    order = sorted(range(len(entries)), key=lambda i: _partition_order(entries[i]))
+    per_manifest = max(1, int(target_bytes // max(bytes_per_entry, 1.0)))
+    groups: list[list[int]] = []
+    for i in order:
+        if groups:
+            last = groups[-1]
+            same_spec = entries[last[-1]][0] == entries[i][0]
+            boundary = entries[last[-1]] != entries[i]
+            if same_spec and (len(last) < per_manifest or not boundary) and len(last) < 2 * per_manifest:
+                last.append(i)
+                continue
+        groups.append([i])
+    return groups

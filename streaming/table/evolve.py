@@ -13,6 +13,15 @@ contract is the table's column of the same id. Comparing the two by id gives the
   table's next free one (last column id + 1, + 2, ... in declaration order), so that the
   contract's ids stay the table's.
 
+The partition spec evolves as Iceberg evolves partitions (`_partition_changes`), when the new
+contract names `partition` and its fields differ from the table's current spec: fields of the
+current spec the list no longer has are removed, new ones added, in a new spec that becomes the
+default. Files already written keep the spec they were written with (their manifests say which),
+new files take the new one, and a scan reads both, each file pruned by its own spec. Day to hour:
+`["day(event_time)"]` -> `["hour(event_time)"]`. A field of the list is an Iceberg transform in
+Spark SQL words: `year|month|day|hour(column)`, `bucket(N, column)`, `truncate(W, column)`,
+`identity(column)` or the bare column name.
+
 The geometry, the bbox covering, the Hilbert curve, the primary key, the write mode and the
 input formats cannot change (the files already written and the table's geo.* properties are made
 of them); the description, `schema_evolution`, the columns' sources and the file and row group
@@ -24,12 +33,23 @@ files are not rewritten; readers map their columns by field id (streaming/read/q
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from typing import Any
 
 from pyiceberg.exceptions import CommitFailedException, ValidationError
 from pyiceberg.schema import Schema
 from pyiceberg.table import Table, Transaction
+from pyiceberg.transforms import (
+    BucketTransform,
+    DayTransform,
+    HourTransform,
+    IdentityTransform,
+    MonthTransform,
+    Transform,
+    TruncateTransform,
+    YearTransform,
+)
 from pyiceberg.types import NestedField
 
 from streaming.contract import COLUMN_TYPES, Column, Contract, ContractError, parse_contract
@@ -46,7 +66,8 @@ class EvolutionError(ValueError):
 
 @dataclass(frozen=True)
 class Change:
-    """One change to the table: `kind` is rename, widen, make-optional, drop, add or contract."""
+    """One change to the table: `kind` is rename, widen, make-optional, drop, add, contract,
+    partition-add or partition-remove (`column`: the partition field's name, `after`: its transform)."""
 
     kind: str
     column: str  # the column's name in the table before the change (its new name for add)
@@ -59,6 +80,8 @@ class Change:
         out: dict[str, Any] = {"change": self.kind}
         if self.kind == "contract":
             return {**out, "property": CONTRACT_PROPERTY, "keys": list(self.keys)}
+        if self.kind in ("partition-add", "partition-remove"):
+            return {**out, "field": self.column, "transform": self.after}
         out.update(id=self.id, column=self.column)
         if self.kind == "rename":
             out["to"] = self.after
@@ -123,6 +146,9 @@ def _staged(table: Table, new: Contract) -> tuple[list[Change], Transaction]:
         )
         changes.append(Change("contract", "", keys=tuple(differing)))
 
+    partition_changes, partition_fields = _partition_changes(table, new)
+    changes += partition_changes
+
     transaction = table.transaction()
     try:
         with transaction.update_schema() as update:
@@ -140,6 +166,17 @@ def _staged(table: Table, new: Contract) -> tuple[list[Change], Transaction]:
     except (ValueError, ValidationError) as exc:
         # The checks above are meant to leave pyiceberg nothing to refuse; should it, say so.
         raise EvolutionError(f"table {name}: Iceberg refuses the schema change: {exc}") from None
+    if partition_changes:
+        try:
+            with transaction.update_spec() as spec:
+                for change in partition_changes:
+                    if change.kind == "partition-remove":
+                        spec.remove_field(change.column)
+                for field in partition_fields:
+                    if any(c.kind == "partition-add" and c.column == field.name for c in partition_changes):
+                        spec.add_field(field.source, field.iceberg_transform, field.name)
+        except ValueError as exc:
+            raise EvolutionError(f"partition: Iceberg refuses the partition change: {exc}") from None
     _check_staged_schema(name, transaction.table_metadata.schema(), new)
     if any(change.kind == "contract" for change in changes):
         transaction.set_properties({CONTRACT_PROPERTY: new_json})
@@ -334,3 +371,88 @@ def _key_shown(key: list[tuple[str, int | None]]) -> str:
 
 def _shown(value: Any) -> str:
     return repr(list(value)) if isinstance(value, tuple) else repr(value)
+
+
+# -- partition spec ---------------------------------------------------------------------------------
+_PARTITION_TERM = re.compile(r"^\s*([A-Za-z_]\w*)\s*(?:\((.*)\))?\s*$")
+_SIMPLE_TRANSFORMS: dict[str, Transform] = {
+    "identity": IdentityTransform(),
+    "year": YearTransform(),
+    "month": MonthTransform(),
+    "day": DayTransform(),
+    "hour": HourTransform(),
+}
+
+
+@dataclass(frozen=True)
+class _PartitionTerm:
+    """One field of a contract's `partition` list, as Iceberg takes it."""
+
+    text: str
+    transform: str  # year, month, day, hour, bucket, truncate or identity
+    source: str
+    param: int | None = None
+
+    @property
+    def iceberg_transform(self) -> Transform:
+        if self.transform == "bucket":
+            return BucketTransform(self.param or 1)
+        if self.transform == "truncate":
+            return TruncateTransform(self.param or 1)
+        return _SIMPLE_TRANSFORMS[self.transform]
+
+    @property
+    def name(self) -> str:
+        """The partition field's name, as Iceberg's defaults name it."""
+        if self.transform == "identity":
+            return self.source
+        if self.transform == "bucket":
+            return f"{self.source}_bucket_{self.param}"
+        if self.transform == "truncate":
+            return f"{self.source}_trunc_{self.param}"
+        return f"{self.source}_{self.transform}"
+
+
+def _partition_term(text: Any, where: str, columns: dict[str, int]) -> _PartitionTerm:
+    match = _PARTITION_TERM.match(text) if isinstance(text, str) else None
+    if match is None:
+        raise EvolutionError(f"{where}: {text!r} is not a column or a transform like 'day(event_time)'")
+    head, inner = match.group(1), match.group(2)
+    transform, args = ("identity", [head]) if inner is None else (head.lower(), [a.strip() for a in inner.split(",")])
+    param = None
+    if transform in ("bucket", "truncate"):
+        if len(args) != 2 or not args[0].isdigit() or int(args[0]) < 1:
+            raise EvolutionError(f"{where}: {text}: expected {transform}(N, column), N a positive whole number")
+        param, args = int(args[0]), args[1:]
+    elif transform not in _SIMPLE_TRANSFORMS:
+        raise EvolutionError(
+            f"{where}: {text}: evolve changes a partition by an Iceberg transform (year, month, day, hour, "
+            "bucket, truncate, identity); a spatial cell's partition comes with the column that holds it, "
+            "which evolve does not add"
+        )
+    if len(args) != 1 or args[0] not in columns:
+        raise EvolutionError(f"{where}: {text}: {', '.join(args)!r} is not a column of the table")
+    return _PartitionTerm(text, transform, args[0], param)
+
+
+def _partition_changes(table: Table, new: Contract) -> tuple[list[Change], list[_PartitionTerm]]:
+    """The partition fields to remove from the table's current spec and to add, for the spec the
+    new contract's `partition` names (none when it names none: the table keeps its spec)."""
+    raw = new.source.get("partition")
+    if raw is None:
+        return [], []
+    if not isinstance(raw, list):
+        raise EvolutionError(f"partition: expected a list of transforms like ['day(event_time)'], got {raw!r}")
+    schema = table.schema()
+    columns = {f.name: f.field_id for f in schema.fields}
+    wanted = [_partition_term(text, f"partition[{i}]", columns) for i, text in enumerate(raw)]
+    current = table.spec()
+    have = {(f.source_id, str(f.transform)): f for f in current.fields}
+    want = {(columns[t.source], str(t.iceberg_transform)): t for t in wanted}
+    if len(want) != len(wanted):
+        raise EvolutionError(f"partition: {raw!r} names a field twice")
+    changes = [Change("partition-remove", f.name, after=str(f.transform)) for key, f in have.items() if key not in want]
+    changes += [
+        Change("partition-add", t.name, after=str(t.iceberg_transform)) for key, t in want.items() if key not in have
+    ]
+    return changes, wanted

@@ -61,7 +61,7 @@ def test_defaults_maintain_between_batches_every_10_commits_without_orphans(sett
         runner.after_batch(committed(batch_id))
     assert runs == [], "not before the 10th commit"
     runner.after_batch(committed(9))
-    assert runs == [("compact", "expire")], "the count's run leaves orphans to the hourly one"
+    assert runs == [("retention", "compact", "expire")], "the count's run leaves orphans to the hourly one"
     for batch_id in range(10, 19):
         runner.after_batch(committed(batch_id))
     assert len(runs) == 1, "counted again from the last run"

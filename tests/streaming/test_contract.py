@@ -417,3 +417,19 @@ def test_a_new_table_needs_its_ids_in_declaration_order(edit, names):
         check_fresh_ids(contract)
     for name in names:
         assert name in str(raised.value)
+
+
+def test_retention_is_days_or_hours_on_a_time_partition():
+    def with_retention(retention, partition=("day(event_time)", "kind")):
+        return lambda c: c.update(retention=retention, partition=list(partition))
+
+    assert parse_contract(edited(with_retention("30 days"))).retention_s == 30 * 86400
+    assert parse_contract(edited(with_retention("12 hours", ["hour(event_time)"]))).retention_s == 12 * 3600
+    assert parse_contract(edited(lambda c: None)).retention_s is None
+    assert error_of(with_retention("a month")).startswith("retention: 'a month' is not a retention")
+    assert error_of(with_retention("0 days")).startswith("retention: '0 days' is not a retention")
+    assert error_of(with_retention("30 days", ["kind"])) == (
+        "retention: '30 days' needs a time partition to drop, and partition (['kind']) has none; "
+        "add e.g. 'day(<timestamptz column>)'"
+    )
+    assert "day(kind) is not of a timestamptz column" in error_of(with_retention("30 days", ["day(kind)"]))

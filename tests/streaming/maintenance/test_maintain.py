@@ -36,7 +36,7 @@ from streaming.maintenance.plan import (
     plan_expiry,
 )
 from streaming.read.query import Predicate, query
-from streaming.table.catalog import create_table, open_catalog
+from streaming.table.catalog import create_table, open_catalog, partition_layout
 from streaming.table.commit import (
     BATCH_ID,
     WRITER_ID,
@@ -106,6 +106,7 @@ class BatchWriter:
             dict(self.table.io.properties),
             f"{self.table.location().rstrip('/')}/data",
             f"{self.writer_id}-b{batch_id:09d}",
+            partition_layout(self.table),
         )
         task = PartitionTask(self.contract, DecodeOptions(), settings)
         records = []

@@ -17,7 +17,7 @@ from pyiceberg.schema import Schema
 from pyiceberg.table import Table
 from pyiceberg.types import DoubleType, IntegerType, LongType, NestedField, StructType
 
-from streaming.contract import Contract, parse_contract
+from streaming.contract import Contract, ContractError, parse_contract
 from streaming.decode.decoder import HILBERT, REJECT_REASON, Decoder
 from streaming.read.projection import PARQUET_FIELD_ID, FieldIdProjection
 from streaming.read.query import query_bbox
@@ -372,3 +372,51 @@ def test_the_projection_finds_nested_fields_by_id_too() -> None:
         {"count": 7, "point": {"x": 1.5, "y": None}, "later": None},
         {"count": 8, "point": None, "later": None},
     ]
+
+
+def test_the_partition_spec_evolves_old_files_keep_theirs_and_queries_read_both(catalog) -> None:
+    from pyiceberg.expressions import GreaterThanOrEqual
+
+    from streaming.read.query import Predicate, query
+    from tests.partitioned_tables import DAY_US, HOUR_US, rows
+
+    raw = {**json.loads(CONTRACT_PATH.read_text()), "partition": []}
+    table, _ = create_table(catalog, parse_contract(raw))
+
+    def evolve_to(partition: list[str]) -> list[dict]:
+        contract = parse_contract({**raw, "partition": partition})
+        return [c.to_json() for c in apply_evolution(catalog.load_table(contract.table), contract)]
+
+    def write(day: int, hour: int, partition: tuple, first: int) -> None:
+        from tests.partitioned_tables import append
+
+        table.refresh()
+        append(table, parse_contract(raw), [(partition, rows(parse_contract(raw), day, "a", 10, first, first, hour))])
+
+    day = 20_000
+    assert evolve_to(["day(event_time)"]) == [
+        {"change": "contract", "property": CONTRACT_PROPERTY, "keys": ["partition"]},
+        {"change": "partition-add", "field": "event_time_day", "transform": "day"},
+    ]
+    write(day, 1, (day,), 0)
+    changes = evolve_to(["hour(event_time)", "kind"])
+    assert {"change": "partition-remove", "field": "event_time_day", "transform": "day"} in changes
+    assert {"change": "partition-add", "field": "event_time_hour", "transform": "hour"} in changes
+    assert {"change": "partition-add", "field": "kind", "transform": "identity"} in changes
+    write(day, 5, (day * 24 + 5, "a"), 100)
+
+    table = catalog.load_table(table.name())
+    specs = {t.file.file_path: t.file.spec_id for t in table.scan().plan_files()}
+    assert sorted(specs.values()) == [1, 2], "the old file keeps its spec, the new one takes the new spec"
+    assert [str(f.transform) for f in table.spec().fields] == ["hour", "identity"]
+    assert query(table, Predicate.from_bbox((-180, -90, 180, 90))).stats.rows_matched == 20, "both read"
+    later = GreaterThanOrEqual("event_time", (day * DAY_US + 3 * HOUR_US))
+    assert table.scan(row_filter=later).to_arrow().num_rows == 10
+    assert len(list(table.scan(row_filter=later).plan_files())) == 1, "each file pruned by its own spec"
+    assert evolve_to(["hour(event_time)", "kind"]) == [], "the same spec again: nothing to change"
+
+    with pytest.raises(EvolutionError, match=r"^partition\[1\]: geohash\(geometry, 2\): evolve changes"):
+        evolve_to(["hour(event_time)", "geohash(geometry, 2)"])
+    # The contract itself refuses a transform of a column it lacks, before evolve looks at the table.
+    with pytest.raises(ContractError, match=r"^partition\[0\]: day\(nowhere\): 'nowhere' is not one of the columns"):
+        evolve_to(["day(nowhere)"])
