@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from prometheus_client import CollectorRegistry
 from pyiceberg.table import Table
 from pyspark.sql import SparkSession
+from pyspark.sql.streaming import StreamingQueryListener
 
 from app.logs import configure_logging  # noqa: F401 - the CLI and the demo take it from here
 from app.maintenance import MAINTENANCE_MODES, MaintenanceRunner  # noqa: F401 - the CLI takes them from here
@@ -123,6 +124,7 @@ def run(
     health = Health(max_silence_s=settings.ready_max_silence_s)
     latest_offsets: LatestOffsets | None = None
     server = serve(metrics.registry, health, settings.metrics_port) if settings.metrics_port else None
+    progress_log: ProgressLog | None = None
     try:
         if maintenance is not None and settings.maintenance_mode in ("beside", "background"):
             maintenance.start()
@@ -159,6 +161,8 @@ def run(
         metrics.watch_health(health)
         if processor.ranges_source is not None:
             latest_offsets = LatestOffsets(processor.ranges_source)
+        progress_log = ProgressLog()
+        spark.streams.addListener(progress_log)
         query = start_query(spark, processor, until_idle=until_idle, trigger_interval=settings.trigger_interval)
         _supervise(
             query,
@@ -170,6 +174,8 @@ def run(
             latest_offsets=latest_offsets,
         )
     finally:
+        if progress_log is not None and spark is not None:
+            spark.streams.removeListener(progress_log)
         if latest_offsets is not None:
             latest_offsets.stop()
         if maintenance is not None:
@@ -178,6 +184,36 @@ def run(
             server.shutdown()
             server.server_close()
     return totals
+
+
+class ProgressLog(StreamingQueryListener):
+    """One log line per micro-batch that read records: Spark's own timing of its trigger
+    (`duration_ms`: latestOffset, walCommit (the offset log), getBatch, queryPlanning, addBatch (the
+    foreachBatch call, whose parts the "batch" line's `seconds` give), commitOffsets (the commit log),
+    triggerExecution (all of it)). Spark calls it after each trigger, off the query's thread."""
+
+    def onQueryStarted(self, event) -> None:
+        pass
+
+    def onQueryProgress(self, event) -> None:
+        progress = event.progress
+        if progress.numInputRows:
+            log.info(
+                "progress",
+                extra={
+                    "batch": {
+                        "batch_id": progress.batchId,
+                        "rows": progress.numInputRows,
+                        "duration_ms": dict(progress.durationMs),
+                    }
+                },
+            )
+
+    def onQueryIdle(self, event) -> None:
+        pass
+
+    def onQueryTerminated(self, event) -> None:
+        pass
 
 
 def _resume_from_table(config: JobConfig, table, settings: Settings) -> JobConfig:
