@@ -293,10 +293,12 @@ def main() -> None:
         workdir = Path(tmp)
         broker = start_broker(workdir / "kafka")
         try:
-            for maintenance in args.maintenance.split(","):
-                for trigger in args.triggers.split(","):
-                    for rate in (int(r) for r in args.rates.split(",")):
-                        for source in args.sources.split(","):
+            # The modes compared at one rate run one after the other: the machine's other load
+            # changes less between them.
+            for trigger in args.triggers.split(","):
+                for rate in (int(r) for r in args.rates.split(",")):
+                    for source in args.sources.split(","):
+                        for maintenance in args.maintenance.split(","):
                             run = one_load(
                                 broker.bootstrap,
                                 workdir,

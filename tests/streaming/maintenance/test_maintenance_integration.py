@@ -261,13 +261,14 @@ def test_ingest_with_concurrent_maintenance_keeps_every_row_exactly_once(kafka, 
 
 
 def test_upsert_ingest_racing_maintenance_beside_never_shows_a_stale_row(kafka, spark, topic, tmp_path):
-    """An upsert table: the service ingests updates and tombstones batch after batch for about a
-    minute while its maintenance process compacts (applying the deletes) back to back. A rewrite
+    """An upsert table: the service ingests updates and tombstones in 50 batches back to back (a
+    minute or more on 2 shared cores) while its maintenance process compacts (applying the deletes)
+    and merges manifests back to back. A rewrite
     planned before an ingest commit added deletes must not land (it would bring deleted versions
     back): every snapshot, ingest's and maintenance's, holds exactly the current version of each key
     for the offsets it covers; every record lands once."""
     contract = parse_contract({**DEMO, "mode": "upsert"})
-    records = make_stream(n_keys=3_000, n_events=40_000, seed=7)
+    records = make_stream(n_keys=2_000, n_events=20_000, seed=7)
     assert produce_records(kafka.bootstrap, topic, records) == len(records)
     positions = record_positions(kafka.bootstrap, topic, records)
     settings = load_settings(
@@ -309,7 +310,7 @@ def test_upsert_ingest_racing_maintenance_beside_never_shows_a_stale_row(kafka, 
         f"maintenance: {completed:.0f} runs, {rewritten:.0f} files rewritten, {abandoned:.0f} bins abandoned, "
         f"{conflicts:.0f} conflicts, gave up {metric('geoingest_maintenance_runs_total', outcome='gave_up'):.0f}"
     )
-    assert totals.commits.get("failed", 0) == 0 and totals.commits["committed"] == totals.batches >= 50
+    assert totals.commits.get("failed", 0) == 0 and totals.commits["committed"] == totals.batches >= 40
     assert metric("geoingest_maintenance_runs_total", outcome="failed") == 0
     assert completed >= 3 and rewritten > 0, "maintenance raced ingest"
 
