@@ -252,8 +252,9 @@ def _evolve(args, catalog) -> int:
 def _maintain(args, settings: Settings, name: str) -> int:
     from prometheus_client import CollectorRegistry
 
+    from app.logs import configure_logging
+    from app.maintenance import MaintenanceRunner
     from app.metrics import Health, MaintenanceMetrics, serve
-    from app.service import MaintenanceRunner, configure_logging
     from streaming.maintenance.plan import STEPS
 
     configure_logging()

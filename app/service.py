@@ -13,8 +13,10 @@ from dataclasses import dataclass, field
 from prometheus_client import CollectorRegistry
 from pyiceberg.table import Table
 from pyspark.sql import SparkSession
+from pyspark.sql.streaming import StreamingQueryListener
 
 from app.logs import configure_logging  # noqa: F401 - the CLI and the demo take it from here
+from app.maintenance import MAINTENANCE_MODES, MaintenanceRunner  # noqa: F401 - the CLI takes them from here
 from app.metrics import Health, IngestMetrics, MaintenanceMetrics, serve
 from app.settings import Settings
 from app.spark import spark_session
@@ -25,9 +27,6 @@ from streaming.job.checkpoint import checkpoint_has_progress, writer_id_for_chec
 from streaming.job.config import JobConfig
 from streaming.job.processor import BatchProcessor, BatchReport
 from streaming.job.stream import start_query
-from streaming.maintenance.commits import MaintenanceGaveUp, Progress
-from streaming.maintenance.maintain import MaintenanceReport, data_manifest_count, maintain
-from streaming.maintenance.plan import MaintenancePolicy, parse_steps
 from streaming.source.admin import ensure_topic, partitions_of
 from streaming.source.python_source import LatestOffsets, caught_up
 from streaming.table.catalog import load_contract_table, open_catalog
@@ -97,121 +96,6 @@ def dead_letter_config(settings: Settings, table: Table) -> DeadLetterConfig:
     )
 
 
-MAINTENANCE_MODES = ("off", "between-batches", "background")
-
-
-class MaintenanceRunner:
-    """Table maintenance for the service and `geoingest table maintain --every`: all steps every
-    `maintenance_interval_s`, and in the service all but orphans after every
-    `maintenance_interval_commits` committed batches; after a batch (`after_batch`, an observer) or
-    on its own thread (`start`, woken by the batch count). Its own catalog connection, so it never
-    shares a table object with the committer. A failed run is logged and counted, never raised into
-    ingest (unless `raise_errors`); a run another maintainer's lease skips is logged and counted."""
-
-    def __init__(
-        self, settings: Settings, table_name: str, metrics: MaintenanceMetrics | None = None, raise_errors: bool = False
-    ):
-        if settings.maintenance_mode not in MAINTENANCE_MODES:
-            raise ValueError(f"maintenance_mode: {settings.maintenance_mode!r} is not one of {list(MAINTENANCE_MODES)}")
-        self.settings = settings
-        self.table_name = table_name
-        self.policy = MaintenancePolicy.from_settings(settings)
-        self.steps = parse_steps(settings.maintenance_steps)
-        self.metrics = metrics
-        self.raise_errors = raise_errors
-        self._table: Table | None = None
-        # The first run comes one interval (or count) after start: a service restarted in a loop
-        # does not maintain at every start.
-        self._last_run = time.monotonic()
-        self._commits_since_run = 0
-        self._wake = threading.Event()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-
-    def run_once(
-        self, steps: tuple[str, ...] | None = None, dry_run: bool = False, progress: Progress | None = None
-    ) -> MaintenanceReport | None:
-        self._last_run = time.monotonic()
-        self._commits_since_run = 0
-        try:
-            if self._table is None:
-                self._table = open_catalog(self.settings.catalog_name, self.settings.catalog).load_table(
-                    self.table_name
-                )
-            report = (
-                maintain(self._table, self.policy, steps or self.steps, dry_run=dry_run, progress=progress)
-                if progress
-                else maintain(self._table, self.policy, steps or self.steps, dry_run=dry_run)
-            )
-        except MaintenanceGaveUp as exc:
-            log.warning("maintenance gave up", extra={"summary": {"table": self.table_name, "error": str(exc)}})
-            if self.metrics:
-                self.metrics.observe_failure("gave_up", exc.conflicts)
-            if self.raise_errors:
-                raise
-            return None
-        except Exception as exc:
-            log.error(
-                "maintenance failed",
-                exc_info=True,
-                extra={"summary": {"table": self.table_name, "error": str(exc)[:500]}},
-            )
-            if self.metrics:
-                self.metrics.observe_failure("failed")
-            if self.raise_errors:
-                raise
-            return None
-        if report.skipped:
-            log.info("maintenance skipped", extra={"summary": report.to_json()})
-            if self.metrics:
-                self.metrics.observe_skip()
-        elif self.metrics and not dry_run:
-            self.metrics.observe(report, len(self._table.metadata.snapshots), data_manifest_count(self._table))
-        return report
-
-    def due_steps(self) -> tuple[str, ...]:
-        """What a run now would do: every step once the interval passed, all but orphans once the
-        batch count is reached, nothing otherwise."""
-        if time.monotonic() - self._last_run >= self.settings.maintenance_interval_s:
-            return self.steps
-        every = self.settings.maintenance_interval_commits
-        if every and self._commits_since_run >= every:
-            return tuple(s for s in self.steps if s != "orphans") or self.steps
-        return ()
-
-    def after_batch(self, report: BatchReport) -> None:
-        # After a failed commit the job stops: no maintenance to delay that.
-        if report.outcome is None or report.outcome.status == "failed":
-            return
-        if report.outcome.status == "committed":
-            self._commits_since_run += 1
-        if self._thread is not None:
-            if self.due_steps():
-                self._wake.set()
-        elif steps := self.due_steps():
-            self.run_once(steps)
-
-    def start(self) -> None:
-        self._thread = threading.Thread(target=self._loop, name="maintenance", daemon=True)
-        self._thread.start()
-
-    def _loop(self) -> None:
-        while not self._stop.is_set():
-            self._wake.wait(max(0.0, self.settings.maintenance_interval_s - (time.monotonic() - self._last_run)))
-            self._wake.clear()
-            if self._stop.is_set():
-                return
-            if steps := self.due_steps():
-                self.run_once(steps)
-
-    def stop(self, timeout_s: float = 60.0) -> None:
-        # A run cut short by the process's exit loses nothing: its files become orphans.
-        self._stop.set()
-        self._wake.set()
-        if self._thread is not None:
-            self._thread.join(timeout_s)
-
-
 def start_spark(settings: Settings) -> SparkSession:
     return spark_session(settings.spark_master, settings.cache_dir, settings.driver_memory, settings.spark)
 
@@ -242,8 +126,9 @@ def run(
     health = Health(max_silence_s=settings.ready_max_silence_s)
     latest_offsets: LatestOffsets | None = None
     server = serve(metrics.registry, health, settings.metrics_port) if settings.metrics_port else None
+    progress_log: ProgressLog | None = None
     try:
-        if maintenance is not None and settings.maintenance_mode == "background":
+        if maintenance is not None and settings.maintenance_mode in ("beside", "background"):
             maintenance.start()
         spark = spark or start_spark(settings)
         config = job_config(settings, contract, table)
@@ -278,6 +163,8 @@ def run(
         metrics.watch_health(health)
         if processor.ranges_source is not None:
             latest_offsets = LatestOffsets(processor.ranges_source)
+        progress_log = ProgressLog()
+        spark.streams.addListener(progress_log)
         query = start_query(spark, processor, until_idle=until_idle, trigger_interval=settings.trigger_interval)
         _supervise(
             query,
@@ -289,6 +176,8 @@ def run(
             latest_offsets=latest_offsets,
         )
     finally:
+        if progress_log is not None and spark is not None:
+            spark.streams.removeListener(progress_log)
         if latest_offsets is not None:
             latest_offsets.stop()
         if maintenance is not None:
@@ -297,6 +186,36 @@ def run(
             server.shutdown()
             server.server_close()
     return totals
+
+
+class ProgressLog(StreamingQueryListener):
+    """One log line per micro-batch that read records: Spark's own timing of its trigger
+    (`duration_ms`: latestOffset, walCommit (the offset log), getBatch, queryPlanning, addBatch (the
+    foreachBatch call, whose parts the "batch" line's `seconds` give), commitOffsets (the commit log),
+    triggerExecution (all of it)). Spark calls it after each trigger, off the query's thread."""
+
+    def onQueryStarted(self, event) -> None:
+        pass
+
+    def onQueryProgress(self, event) -> None:
+        progress = event.progress
+        if progress.numInputRows:
+            log.info(
+                "progress",
+                extra={
+                    "batch": {
+                        "batch_id": progress.batchId,
+                        "rows": progress.numInputRows,
+                        "duration_ms": dict(progress.durationMs),
+                    }
+                },
+            )
+
+    def onQueryIdle(self, event) -> None:
+        pass
+
+    def onQueryTerminated(self, event) -> None:
+        pass
 
 
 def _resume_from_table(config: JobConfig, table, settings: Settings) -> JobConfig:

@@ -89,13 +89,19 @@ class Settings:
     # /readyz fails when the query showed no batch or idle poll for this long
     ready_max_silence_s: int = 120
     # Table maintenance (streaming/maintenance/maintain.py; docs/maintenance.md).
-    # "between-batches" (default, right for one writer): the driver runs it after a batch commits;
-    # "background": a thread of the service runs it beside ingest;
+    # "beside" (default): a child process of the service runs it concurrently with ingest, never
+    # in front of a micro-batch, at a lower priority and at most maintenance_cpu_percent of one core
+    # (app/maintenance.py); "between-batches": the driver runs it after a batch commits, the next
+    # batch waiting; "background": a thread of the driver runs it beside ingest;
     # "off": run `geoingest table maintain` in its own process (the chart's CronJob does).
     # Either way every maintenance_interval_s (all steps) and after every maintenance_interval_commits
     # batches (all but orphans, which list the whole table location): the count bounds metadata at
     # any trigger interval. A lease on the table (streaming/maintenance/lease.py) lets one maintainer run at a time.
-    maintenance_mode: str = "between-batches"
+    maintenance_mode: str = "beside"
+    # "beside": the maintenance process's nice increment, and the share of one core it may use on
+    # average over a run (it sleeps at each file it reads or deletes until it is within it)
+    maintenance_nice: int = 10
+    maintenance_cpu_percent: float = 25.0
     maintenance_interval_s: int = 3600
     maintenance_interval_commits: int = 10  # 0: by time alone
     maintenance_steps: str = "retention,compact,expire,orphans"  # some of retention, compact, expire, orphans

@@ -181,6 +181,7 @@ def one_load(
 
         caught_up = wait_for(landed, timeout=300, service=service, every_s=1.0)
         batches = [b for b in service.batches()]
+        log = service.log()
     finally:
         service.stop()
     ages = ages_by_snapshot(table, started_ms)
@@ -204,6 +205,70 @@ def one_load(
         "max_s": round(float(ages.max()), 3) if ages.size else None,
         "batches": len(batches),
         "rejects": rejects,
+        **batch_breakdown(log, started_ms),
+    }
+
+
+# The pieces of a micro-batch's wall time, from the service's "batch" lines (the foreachBatch call,
+# streaming/job/processor.py) and "progress" lines (Spark's own timing of the trigger, app/service.py).
+PIECES = (
+    ("latestOffset", "Spark: latest offsets of the source"),
+    ("walCommit", "Spark: offset log written"),
+    ("getBatch", "Spark: the batch's frame"),
+    ("queryPlanning", "Spark: query planning"),
+    ("ingest_plan", "foreachBatch: the batch's job planned"),
+    ("ingest_job", "foreachBatch: the one-pass job (Kafka read, Python workers: decode, sort, write)"),
+    ("merge", "foreachBatch: merge (clustering batch, large batches only)"),
+    ("commit", "foreachBatch: the Iceberg commit (driver)"),
+    ("foreachBatch_other", "foreachBatch: the rest of the call (Py4J round trip, observers)"),
+    ("commitOffsets", "Spark: commit log written"),
+    ("trigger_other", "Spark: the rest of the trigger"),
+    ("triggerExecution", "the whole trigger"),
+)
+
+
+def batch_breakdown(log: list[dict], since_ms: int) -> dict:
+    """Median and p95 of every piece of the measured batches' wall time (ms), ingest commit
+    conflicts and maintenance runs in the measured window."""
+    since = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(since_ms / 1000))
+    measured = [line for line in log if line.get("ts", "") >= since]
+    seconds = {b["batch"]["batch_id"]: b["batch"] for b in measured if b.get("msg") == "batch"}
+    spark = {p["batch"]["batch_id"]: p["batch"]["duration_ms"] for p in measured if p.get("msg") == "progress"}
+    rows = []
+    for batch_id in sorted(set(seconds) & set(spark)):
+        ours = {k: 1000 * v for k, v in seconds[batch_id].get("seconds", {}).items()}
+        theirs = spark[batch_id]
+        piece = {k: float(theirs.get(k, 0)) for k in ("latestOffset", "walCommit", "getBatch", "queryPlanning")}
+        piece["ingest_plan"] = ours.get("ingest_plan", 0.0)
+        piece["ingest_job"] = ours.get("ingest", 0.0) - piece["ingest_plan"]
+        piece["merge"] = ours.get("merge", 0.0)
+        piece["commit"] = ours.get("commit", 0.0)
+        piece["foreachBatch_other"] = float(theirs.get("addBatch", 0)) - ours.get("total", 0.0)
+        piece["commitOffsets"] = float(theirs.get("commitOffsets", 0))
+        piece["triggerExecution"] = float(theirs.get("triggerExecution", 0))
+        piece["trigger_other"] = (
+            piece["triggerExecution"]
+            - sum(
+                float(theirs.get(k, 0)) for k in ("latestOffset", "walCommit", "getBatch", "queryPlanning", "addBatch")
+            )
+            - piece["commitOffsets"]
+        )
+        rows.append(piece)
+    breakdown = {
+        name: {
+            "p50_ms": round(float(np.percentile([r[name] for r in rows], 50)), 1),
+            "p95_ms": round(float(np.percentile([r[name] for r in rows], 95)), 1),
+        }
+        for name, _ in PIECES
+        if rows
+    }
+    maintenance = [line for line in measured if line.get("msg") == "maintenance"]
+    return {
+        "batches_measured": len(rows),
+        "breakdown_ms": breakdown,
+        "ingest_commit_conflicts": sum(int(b.get("commit_conflicts") or 0) for b in seconds.values()),
+        "maintenance_runs": len(maintenance),
+        "maintenance_skipped": sum(1 for line in maintenance if (line.get("summary") or {}).get("skipped")),
     }
 
 
@@ -218,8 +283,9 @@ def main() -> None:
     parser.add_argument("--results", default="freshness", help="name of the results files in bench/results/")
     parser.add_argument(
         "--maintenance",
-        default="between-batches",
-        help="the service's maintenance_mode (comma-separated to compare): between-batches, background, off",
+        default="beside,off",
+        help="the service's maintenance_mode (comma-separated to compare): beside (the default), "
+        "between-batches, background, off",
     )
     args = parser.parse_args()
     runs = []
@@ -227,10 +293,12 @@ def main() -> None:
         workdir = Path(tmp)
         broker = start_broker(workdir / "kafka")
         try:
-            for maintenance in args.maintenance.split(","):
-                for trigger in args.triggers.split(","):
-                    for rate in (int(r) for r in args.rates.split(",")):
-                        for source in args.sources.split(","):
+            # The modes compared at one rate run one after the other: the machine's other load
+            # changes less between them.
+            for trigger in args.triggers.split(","):
+                for rate in (int(r) for r in args.rates.split(",")):
+                    for source in args.sources.split(","):
+                        for maintenance in args.maintenance.split(","):
                             run = one_load(
                                 broker.bootstrap,
                                 workdir,
@@ -286,6 +354,28 @@ def write_results(report: dict, name: str) -> None:
         if key.startswith("highest_rate"):
             lines.append(f"- {key}: {value}")
     lines.append("")
+    runs = [r for r in report["runs"] if r.get("breakdown_ms")]
+    if runs:
+        lines += [
+            "Where a measured micro-batch's wall time goes, ms, median (p95) over the measured batches "
+            "(Spark's own trigger timing and the service's; `bench/freshness.py` PIECES):",
+            "",
+            "| piece | " + " | ".join(f"{r['maintenance']} {r['rate'] // 1000}k {r['source']}" for r in runs) + " |",
+            "|---|" + "---|" * len(runs),
+        ]
+        for piece, what in PIECES:
+            cells = [f"{r['breakdown_ms'][piece]['p50_ms']} ({r['breakdown_ms'][piece]['p95_ms']})" for r in runs]
+            lines.append(f"| {piece}: {what} | " + " | ".join(cells) + " |")
+        lines.append("| batches measured | " + " | ".join(str(r["batches_measured"]) for r in runs) + " |")
+        lines.append(
+            "| ingest commit conflicts | " + " | ".join(str(r["ingest_commit_conflicts"]) for r in runs) + " |"
+        )
+        lines.append(
+            "| maintenance runs (skipped) | "
+            + " | ".join(f"{r['maintenance_runs']} ({r['maintenance_skipped']})" for r in runs)
+            + " |"
+        )
+        lines.append("")
     (RESULTS / f"{name}.md").write_text("\n".join(lines))
     print("\n".join(lines))
 

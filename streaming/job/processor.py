@@ -349,7 +349,7 @@ class BatchProcessor:
         # clustering "task", fewer files covering the same places).
         source, read_and_ingest = self._records(batch, task)
         ingested = source.coalesce(self.parallelism).mapInArrow(read_and_ingest, self._spark_result_schema)
-        results = BatchResults.from_rows(_collect_with_task_count(self.spark, ingested))
+        results = BatchResults.from_rows(_collect_with_task_count(self.spark, ingested, timings))
         timings["ingest"] = time.monotonic() - step
         if staging is None:
             return results
@@ -473,10 +473,14 @@ def _clear_folder(location: str, io) -> None:
     delete_folder(io, location)
 
 
-def _collect_with_task_count(spark: SparkSession, frame: DataFrame) -> list:
+def _collect_with_task_count(spark: SparkSession, frame: DataFrame, timings: dict[str, float] | None = None) -> list:
     """Collect a frame's rows, its tasks told how many of them there are (STAGE_TASKS_PROPERTY):
-    the count is known once the frame is planned, and local properties travel with the job."""
+    the count is known once the frame is planned, and local properties travel with the job.
+    timings["ingest_plan"]: the planning (part of "ingest", which the collect completes)."""
+    step = time.monotonic()
     rdd = frame.rdd  # planned once: the count and the rows come from the same plan
+    if timings is not None:
+        timings["ingest_plan"] = time.monotonic() - step
     context = spark.sparkContext
     context.setLocalProperty(STAGE_TASKS_PROPERTY, str(rdd.getNumPartitions()))
     try:
@@ -580,5 +584,6 @@ def _log_fields(report: BatchReport) -> dict:
         **({"added_columns": list(report.added_columns)} if report.added_columns else {}),
         "commit": None if report.outcome is None else report.outcome.status,
         "snapshot_id": None if report.outcome is None else report.outcome.snapshot_id,
+        "commit_conflicts": 0 if report.outcome is None else report.outcome.conflicts,
         "seconds": {k: round(v, 3) for k, v in report.seconds.items()},
     }

@@ -3,6 +3,7 @@ real table on the embedded SQLite catalog: when it runs, what it runs, and what 
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -47,8 +48,8 @@ def table(settings):
     return table
 
 
-def test_defaults_maintain_between_batches_every_10_commits_without_orphans(settings, table):
-    assert settings.maintenance_mode == "between-batches"
+def test_between_batches_maintains_every_10_commits_without_orphans(settings, table):
+    settings = dataclasses.replace(settings, maintenance_mode="between-batches")
     assert (settings.maintenance_interval_commits, settings.maintenance_interval_s) == (10, 3600)
     registry = CollectorRegistry()
     runner = MaintenanceRunner(settings, "demo.events", MaintenanceMetrics(registry, "demo.events"))

@@ -70,14 +70,14 @@ def test_local_mode_maintains_its_own_table_by_default_and_makes_no_cron_job(ren
     docs = render("(chart defaults)")
     toml = rendered_toml(docs)
     assert {k: v for k, v in toml.items() if k.startswith("maintenance_")} == MAINTENANCE_SETTINGS
-    assert toml["maintenance_mode"] == "between-batches"
+    assert toml["maintenance_mode"] == "beside"
     assert (toml["maintenance_interval_commits"], toml["maintenance_max_snapshots"], toml["maintenance_lease_s"]) == (
         10,
         100,
         900,
     )
     settings, _ = settings_of(docs, tmp_path)
-    assert settings.maintenance_mode == "between-batches"
+    assert settings.maintenance_mode == "beside"
     # auto: the service's own maintenance covers its one pod (and a job could not reach this SQLite catalog).
     assert kind(docs, "CronJob") == []
 
@@ -93,7 +93,7 @@ def test_kubernetes_mode_runs_the_cron_job_beside_the_services_maintenance_by_de
         "no step named: the job runs config.maintenance_steps"
     )
     settings, _ = settings_of(docs, tmp_path)
-    assert settings.maintenance_mode == "between-batches", "the lease lets both maintain"
+    assert settings.maintenance_mode == "beside", "the lease lets both maintain"
 
 
 @pytest.mark.parametrize(
@@ -237,7 +237,7 @@ def test_the_schema_rejects_bad_maintenance_values(helm: Helm, bad: str, why: st
 @pytest.mark.parametrize(
     "case, sets, says",
     [
-        ("(chart defaults)", (), "Table maintenance: the service itself (between-batches)."),
+        ("(chart defaults)", (), "Table maintenance: the service itself (beside)."),
         (KUBERNETES_CASE, (), "they share the table's maintenance lease"),
         ("(chart defaults)", ("config.maintenance_mode=off",), "WARNING: nothing maintains the table"),
     ],

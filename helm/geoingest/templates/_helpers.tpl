@@ -184,7 +184,7 @@ on the ingest pod's volume unless a Secret replaces its URI, and a file: warehou
 {{- $catalog := .Values.config.catalog | default dict }}
 {{- $secret := .Values.secrets.catalog }}
 {{- if and (hasPrefix "sqlite" (toString (get $catalog "uri"))) (not (and $secret.existingSecret $secret.uriKey)) }}
-{{- print "the SQLite catalog lives on the ingest pod's volume, which the job's pod cannot share; use a PostgreSQL or REST catalog, or config.maintenance_mode (between-batches, background) to maintain from the ingest pod" }}
+{{- print "the SQLite catalog lives on the ingest pod's volume, which the job's pod cannot share; use a PostgreSQL or REST catalog, or config.maintenance_mode (beside, between-batches, background) to maintain from the ingest pod" }}
 {{- else if hasPrefix "file:" (toString (get $catalog "warehouse")) }}
 {{- print "config.catalog.warehouse is a local path, which the job's pod cannot reach; use an object store, or config.maintenance_mode to maintain from the ingest pod" }}
 {{- end }}

@@ -19,7 +19,7 @@ from prometheus_client import CollectorRegistry
 
 from app.service import run
 from app.settings import load_settings
-from streaming.contract import load_contract
+from streaming.contract import load_contract, parse_contract
 from streaming.job.checkpoint import writer_id_for_checkpoint
 from streaming.maintenance.compaction import COMPACTION_FILE_PREFIX
 from streaming.maintenance.maintain import maintain
@@ -36,6 +36,14 @@ from tests.streaming.maintenance.test_maintain import (
     table_ids,
     world_points,
     write_batches,
+)
+from tests.streaming.write.test_upsert import (
+    DEMO,
+    every_snapshot_matches,
+    make_stream,
+    record_positions,
+    reference_state,
+    table_state,
 )
 
 pytestmark = pytest.mark.integration
@@ -179,9 +187,11 @@ def city_records(n: int, seed: int, prefix: str) -> list[tuple]:
     ]
 
 
-def test_ingest_with_background_maintenance_keeps_every_row_exactly_once(kafka, spark, topic, tmp_path):
-    """The real service with Spark and the broker, maintenance on its own thread every second:
-    compactions and expiries race the batch commits; no batch fails, every row lands once."""
+@pytest.mark.parametrize("mode", ["beside", "background"])
+def test_ingest_with_concurrent_maintenance_keeps_every_row_exactly_once(kafka, spark, topic, tmp_path, mode):
+    """The real service with Spark and the broker, maintenance back to back in a child process
+    ("beside") or on a thread of the driver ("background"): compactions and expiries race the batch
+    commits; no batch fails, every row lands once."""
     n = 24_000
     assert produce_records(kafka.bootstrap, topic, city_records(n, 1, "a")) == n
     catalog_props = {"type": "sql", "uri": f"sqlite:///{tmp_path / 'c.db'}", "warehouse": f"file://{tmp_path / 'wh'}"}
@@ -194,7 +204,8 @@ def test_ingest_with_background_maintenance_keeps_every_row_exactly_once(kafka, 
         metrics_port=0,
         cache_dir=str(CACHE_DIR),
         max_offsets_per_trigger=1_000,
-        maintenance_mode="background",
+        maintenance_mode=mode,
+        maintenance_cpu_percent=100.0,
         maintenance_interval_s=0,
         maintenance_min_file_age_s=0,
         maintenance_snapshot_max_age_s=0,
@@ -248,6 +259,71 @@ def test_ingest_with_background_maintenance_keeps_every_row_exactly_once(kafka, 
     ids = table_ids(table)
     assert len(ids) == n + 4_000 and len(set(ids)) == len(ids)
     assert len(data_paths(table)) <= 4, "compacted after every batch"
+
+
+def test_upsert_ingest_racing_maintenance_beside_never_shows_a_stale_row(kafka, spark, topic, tmp_path):
+    """An upsert table: the service ingests updates and tombstones in 50 batches back to back (a
+    minute or more on 2 shared cores) while its maintenance process compacts (applying the deletes)
+    and merges manifests back to back. A rewrite
+    planned before an ingest commit added deletes must not land (it would bring deleted versions
+    back): every snapshot, ingest's and maintenance's, holds exactly the current version of each key
+    for the offsets it covers; every record lands once."""
+    contract = parse_contract({**DEMO, "mode": "upsert"})
+    records = make_stream(n_keys=2_000, n_events=20_000, seed=7)
+    assert produce_records(kafka.bootstrap, topic, records) == len(records)
+    positions = record_positions(kafka.bootstrap, topic, records)
+    settings = load_settings(
+        env={},
+        bootstrap_servers=kafka.bootstrap,
+        topic=topic,
+        catalog={"type": "sql", "uri": f"sqlite:///{tmp_path / 'c.db'}", "warehouse": f"file://{tmp_path / 'wh'}"},
+        checkpoint_location=str(tmp_path / "ck"),
+        metrics_port=0,
+        cache_dir=str(CACHE_DIR),
+        max_offsets_per_trigger=400,
+        trigger_interval="0 seconds",
+        maintenance_mode="beside",
+        maintenance_cpu_percent=100.0,
+        maintenance_interval_s=0,
+        maintenance_min_file_age_s=0,
+        maintenance_max_manifests=2,
+        # Every snapshot is kept: each is checked.
+        maintenance_max_snapshots=0,
+        maintenance_keep_snapshots=100_000,
+        maintenance_steps="compact,expire",
+    )
+    create_table(open_catalog(settings.catalog_name, settings.catalog), contract)
+    registry = CollectorRegistry()
+    started = time.monotonic()
+    totals = run(settings, contract, until_idle=True, spark=spark, registry=registry)
+    racing_s = time.monotonic() - started
+
+    def metric(name: str, **labels: str) -> float:
+        return registry.get_sample_value(name, {"table": contract.table, **labels}) or 0.0
+
+    completed = metric("geoingest_maintenance_runs_total", outcome="completed")
+    rewritten = metric("geoingest_maintenance_files_rewritten_total")
+    abandoned = metric("geoingest_maintenance_bins_abandoned_total")
+    conflicts = metric("geoingest_maintenance_conflicts_total")
+    ingest_conflicts = metric("geoingest_commit_conflicts_total")
+    print(
+        f"\n{racing_s:.0f} s racing, {totals.batches} batches, ingest conflicts {ingest_conflicts:.0f}; "
+        f"maintenance: {completed:.0f} runs, {rewritten:.0f} files rewritten, {abandoned:.0f} bins abandoned, "
+        f"{conflicts:.0f} conflicts, gave up {metric('geoingest_maintenance_runs_total', outcome='gave_up'):.0f}"
+    )
+    assert totals.commits.get("failed", 0) == 0 and totals.commits["committed"] == totals.batches >= 40
+    assert metric("geoingest_maintenance_runs_total", outcome="failed") == 0
+    assert completed >= 3 and rewritten > 0, "maintenance raced ingest"
+
+    table = open_catalog(settings.catalog_name, settings.catalog).load_table(contract.table)
+    maintenance_snapshots = [
+        s for s in table.metadata.snapshots if "geoingest.maintenance" in (s.summary or {}).additional_properties
+    ]
+    assert len(maintenance_snapshots) >= 3
+    assert every_snapshot_matches(table, topic, records, positions) == len(table.metadata.snapshots)
+    final = reference_state(records, positions, {p: len(indices) - 1 for p, indices in positions.items()})
+    assert table_state(table) == final
+    assert sum(last - first + 1 for first, last in recorded_offsets(table)[topic].values()) == len(records)
 
 
 # -- the command ----------------------------------------------------------------------------------

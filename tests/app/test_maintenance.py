@@ -1,0 +1,140 @@
+"""Maintenance beside the stream (app/maintenance.py): the child process on a real table on the
+embedded SQLite catalog, its priority and CPU share, and its stop on SIGTERM with the lease released."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+from pathlib import Path
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from app.maintenance import CpuBudget, MaintenanceRunner
+from app.metrics import MaintenanceMetrics
+from app.settings import load_settings
+from streaming.contract import load_contract
+from streaming.maintenance.lease import lease_state
+from streaming.table.catalog import create_table, open_catalog
+from tests.app.test_service import committed
+from tests.streaming.maintenance.test_maintain import CONTRACT_PATH, data_paths, expected_ids, table_ids, write_batches
+
+
+@pytest.fixture
+def settings(tmp_path: Path):
+    return load_settings(
+        env={},
+        catalog={
+            "type": "sql",
+            "uri": f"sqlite:///{tmp_path / 'catalog.db'}",
+            "warehouse": f"file://{tmp_path / 'warehouse'}",
+        },
+        maintenance_min_file_age_s=0,
+        maintenance_snapshot_max_age_s=0,
+        maintenance_orphan_min_age_s=0,
+        maintenance_keep_snapshots=5,
+        maintenance_max_snapshots=5,
+    )
+
+
+@pytest.fixture
+def table(settings):
+    table, _ = create_table(open_catalog(settings.catalog_name, settings.catalog), load_contract(CONTRACT_PATH))
+    return table
+
+
+def runs(registry: CollectorRegistry, outcome: str) -> float:
+    return registry.get_sample_value("geoingest_maintenance_runs_total", {"table": "demo.events", "outcome": outcome})
+
+
+def wait_until(condition, timeout_s: float = 90.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def test_the_cpu_budget_sleeps_until_the_run_is_within_its_share():
+    cpu, wall, slept = [0.0], [0.0], []
+
+    def sleep(s: float) -> None:
+        slept.append(s)
+        wall[0] += s
+
+    budget = CpuBudget(0.25, cpu=lambda: cpu[0], clock=lambda: wall[0], sleep=sleep)
+    cpu[0], wall[0] = 1.0, 1.0  # a second of CPU in a second: 3 s owed at a quarter of a core
+    budget.pace()
+    assert slept == [pytest.approx(3.0)] and budget.owed() == pytest.approx(0.0)
+    wall[0] += 2.0  # idle: nothing owed
+    budget.pace()
+    assert len(slept) == 1
+    with pytest.raises(ValueError, match="CPU share of 0"):
+        CpuBudget(0)
+
+
+def test_beside_is_the_default_and_runs_in_a_niced_child_process_on_the_commit_count(settings, table):
+    assert load_settings(env={}).maintenance_mode == "beside"
+    registry = CollectorRegistry()
+    runner = MaintenanceRunner(settings, "demo.events", MaintenanceMetrics(registry, "demo.events"))
+    write_batches(table, load_contract(CONTRACT_PATH), 30)
+    runner.start()
+    try:
+        child = runner._child
+        assert child is not None and child.process.pid != os.getpid()
+        assert wait_until(lambda: os.getpriority(os.PRIO_PROCESS, child.process.pid) >= settings.maintenance_nice)
+        started = time.monotonic()
+        for batch_id in range(10):
+            runner.after_batch(committed(batch_id))
+        assert time.monotonic() - started < 0.5, "the batches never wait for maintenance"
+        assert wait_until(lambda: runs(registry, "completed") == 1), "the child's run, counted by the service"
+    finally:
+        runner.stop()
+    assert not runner._child.process.is_alive()
+    table.refresh()
+    assert len(table.metadata.snapshots) <= 6 and len(data_paths(table)) < 60, "compacted and expired"
+    assert table_ids(table) == expected_ids(range(30))
+    rewritten = registry.get_sample_value("geoingest_maintenance_files_rewritten_total", {"table": "demo.events"})
+    assert rewritten == 60
+    assert lease_state(table).holder is None, "the lease released"
+
+
+def test_sigterm_abandons_a_long_compaction_releases_the_lease_and_loses_nothing(settings, table):
+    # Many tiny bins at a twentieth of a core: a compaction that lasts long enough to be stopped.
+    slow = dataclasses.replace(settings, maintenance_max_bin_bytes=48 * 1024, maintenance_cpu_percent=5.0)
+    write_batches(table, load_contract(CONTRACT_PATH), 60, rows=150)
+    before = table.current_snapshot().snapshot_id
+    registry = CollectorRegistry()
+    runner = MaintenanceRunner(slow, "demo.events", MaintenanceMetrics(registry, "demo.events"))
+    runner.start()
+    try:
+        for batch_id in range(10):
+            runner.after_batch(committed(batch_id))
+        reader = open_catalog(settings.catalog_name, settings.catalog).load_table("demo.events")
+
+        def leased() -> bool:
+            reader.refresh()
+            return lease_state(reader).holder is not None
+
+        assert wait_until(leased), "the run took the lease"
+        time.sleep(1.0)
+    finally:
+        stopping = time.monotonic()
+        runner.stop(timeout_s=30)
+        stopped_in = time.monotonic() - stopping
+    assert runner._child.process.exitcode == 0, "it stopped by itself, not killed"
+    assert stopped_in < 15, f"stopped in {stopped_in:.1f} s"
+    table.refresh()
+    assert lease_state(table).holder is None, "the lease released"
+    snapshots = [s for s in table.metadata.snapshots if s.snapshot_id != before]
+    assert all("geoingest.maintenance" not in (s.summary or {}).additional_properties for s in snapshots), (
+        "no compaction committed"
+    )
+    assert table_ids(table) == expected_ids(range(60), rows=150)
+    data = Path(table.location().removeprefix("file://")) / "data"
+    assert {str(p) for p in data.rglob("*.parquet")} == {p.removeprefix("file://") for p in data_paths(table)}, (
+        "the abandoned run's new files deleted"
+    )
+    assert runs(registry, "completed") == 0 and runs(registry, "failed") == 0
