@@ -52,6 +52,11 @@ class Reason(StrEnum):
     TIME_BUDGET_EXCEEDED = "time_budget_exceeded"
     MISSING_REQUIRED_FIELD = "missing_required_field"
     PROPERTY_TYPE_MISMATCH = "property_type_mismatch"
+    # Rasters (format "stac"): no usable geotransform, a CRS PROJ does not know, a shape that is
+    # not [height, width] in whole pixels (or no asset on the raster's grid).
+    RASTER_WITHOUT_TRANSFORM = "raster_without_transform"
+    UNKNOWN_RASTER_CRS = "unknown_raster_crs"
+    BAD_RASTER_SHAPE = "bad_raster_shape"
     # The decoder itself failed on the record (a defect, logged with its cause); the record is
     # dead-lettered rather than stopping the stream behind it.
     DECODE_FAILED = "decode_failed"

@@ -13,6 +13,7 @@ from streaming.decode.formats.base import Decoded, InputFormat
 from streaming.decode.formats.geojson import GeoJsonFormat
 from streaming.decode.formats.gpkg import GeoPackageFormat
 from streaming.decode.formats.json_fields import JsonFieldsFormat
+from streaming.decode.formats.stac import StacFormat
 from streaming.decode.formats.wkb import WkbFormat
 from streaming.decode.formats.wkt import WktFormat
 
@@ -23,6 +24,7 @@ INPUT_FORMATS: tuple[type[InputFormat], ...] = (
     GeoPackageFormat,
     JsonFieldsFormat,
     WktFormat,
+    StacFormat,
 )
 
 __all__ = ["INPUT_FORMATS", "Decoded", "InputFormat"]
