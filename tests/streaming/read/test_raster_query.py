@@ -60,8 +60,12 @@ def expected(window: tuple[float, float, float, float]) -> set[str]:
 
 
 @pytest.fixture(scope="module")
-def table(tmp_path_factory):
-    root = tmp_path_factory.mktemp("rasters")
+def root(tmp_path_factory):
+    return tmp_path_factory.mktemp("rasters")
+
+
+@pytest.fixture(scope="module")
+def table(root):
     contract = load_contract(CONTRACT_PATH)
     values = [item_bytes(stac_item(s, write_cog(s, root))) for s in SCENES]
     decoded = Decoder(contract).decode(_kafka_batch([s.name.encode() for s in SCENES], values))
@@ -108,3 +112,27 @@ def test_a_result_leaves_as_geojson_lines_and_geoparquet(table, tmp_path):
     geo = write_geoparquet(result, contract, tmp_path / "scenes.parquet")
     assert geo["columns"]["geometry"]["bbox"][0] > geo["columns"]["geometry"]["bbox"][2]  # wrapped
     assert pq.read_table(tmp_path / "scenes.parquet").column("raster")[0].as_py()["width"] == 250
+
+
+def test_inspect_draws_the_footprints_and_query_returns_the_uris(table, root, monkeypatch, capsys, tmp_path):
+    import json
+
+    from streaming.read.inspect import raster_footprints
+    from tests.streaming.read.test_query import _cli
+
+    footprints = raster_footprints(table)
+    assert sorted(f.geom_type for f in footprints).count("MultiPolygon") == 2 and len(footprints) == len(SCENES)
+    png = tmp_path / "scenes.png"
+    assert _cli(monkeypatch, root, "inspect", "--table", "imagery.scenes", "--plot", str(png), "--footprints") == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["footprints"] == len(SCENES) and png.stat().st_size > 30_000
+    assert _cli(monkeypatch, root, "inspect", "--table", "imagery.scenes", "--footprints") == 2
+    capsys.readouterr()
+    assert _cli(monkeypatch, root, "query", "--table", "imagery.scenes", "--bbox", "179,59,-179,61") == 0
+    (line,) = capsys.readouterr().out.splitlines()
+    feature = json.loads(line)
+    assert feature["id"] == "utm60-across"
+    assert feature["properties"]["raster"]["bands"][1] == {
+        "uri": feature["properties"]["raster"]["bands"][0]["uri"],
+        "band_number": 1,
+    }
