@@ -135,6 +135,11 @@ class Raster:
         self.epsg, self.transform, self.width, self.height, self.bands = epsg, transform, width, height, bands
 
 
+def _same_numbers(values: list, expected: tuple[float, ...]) -> bool:
+    numbers = all(isinstance(v, int | float) and not isinstance(v, bool) for v in values)
+    return numbers and tuple(float(v) for v in values) == expected
+
+
 def _properties_of(doc: dict) -> dict[str, Any]:
     props = doc.get("properties")
     return props if isinstance(props, dict) else {}
@@ -170,7 +175,7 @@ def read_item(doc: dict) -> Raster:
     bands: list[tuple[str, int]] = []
     for asset in rasters.values():
         own_t, own_s = asset.get("proj:transform"), asset.get("proj:shape")
-        if own_t is not None and (not isinstance(own_t, list) or tuple(float(v) for v in own_t[:6]) != transform):
+        if own_t is not None and not (isinstance(own_t, list) and _same_numbers(own_t[:6], transform)):
             continue
         if own_s is not None and own_s != [height, width]:
             continue

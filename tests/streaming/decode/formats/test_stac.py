@@ -125,6 +125,11 @@ def _broken(item, edit) -> bytes:
             ["eo:cloud_cover", "cloudy"],
         ),
         (lambda d: d.pop("assets"), "not_a_feature", ["assets"]),
+        (
+            lambda d: d["assets"]["image"].update({"proj:transform": ["a"]}),
+            "bad_raster_shape",
+            ["no GeoTIFF asset has the Item's grid"],
+        ),
     ],
 )
 def test_bad_items_are_rejects_with_reasons(items, edit, reason, names):
@@ -135,6 +140,22 @@ def test_bad_items_are_rejects_with_reasons(items, edit, reason, names):
     for name in names:
         assert name in rows[1][REJECT_DETAIL]
     assert rows[1]["raster"] is None and rows[1]["bbox"] is None
+
+
+def test_rasters_in_lon_lat_across_180_and_over_the_whole_world():
+    def reference(name, transform, shape):
+        return {"id": name, "uri": f"s3://{name}.tif", "crs": "EPSG:4326", "transform": transform, "shape": shape}
+
+    world, across = decode(
+        [
+            json.dumps(reference("world", [0.5, 0, -180, 0, -0.5, 90], [360, 720])).encode(),
+            json.dumps(reference("across", [0.1, 0, 170, 0, -0.1, 10], [100, 200])).encode(),
+        ]
+    )
+    assert [world["bbox"][k] for k in ("xmin", "ymin", "xmax", "ymax")] == [-180.0, -90.0, 180.0, 90.0]
+    assert [across["bbox"][k] for k in ("xmin", "ymin", "xmax", "ymax")] == pytest.approx([170, 0, -170, 10])
+    cut = shapely.from_wkb(across["geometry"])
+    assert cut.geom_type == "MultiPolygon" and cut.area == pytest.approx(200.0)
 
 
 def test_a_shape_far_outside_the_crs_is_a_reprojection_failure():
