@@ -136,3 +136,31 @@ def test_inspect_draws_the_footprints_and_query_returns_the_uris(table, root, mo
         "uri": feature["properties"]["raster"]["bands"][0]["uri"],
         "band_number": 1,
     }
+
+
+def test_compaction_keeps_rasters_and_their_bounds(tmp_path):
+    from dataclasses import replace
+
+    from streaming.maintenance.compaction import compact
+    from streaming.maintenance.plan import MaintenancePolicy
+
+    contract = load_contract(CONTRACT_PATH)
+    contract = replace(contract, table="imagery.compacted")
+    values = [item_bytes(stac_item(s, write_cog(s, tmp_path))) for s in SCENES]
+    rows = pa.Table.from_batches([Decoder(contract).decode(_kafka_batch([s.name.encode() for s in SCENES], values))])
+    rows = rows.drop_columns([c for c in rows.column_names if c.startswith("_") and c != "_hilbert"])
+    catalog = _catalog(tmp_path)
+    t = _create_table(catalog, contract)
+    for part in range(3):  # three small appends, a scene in two of them at most
+        _append(t, contract, rows.slice(part * 3, 3), prefix=f"part{part}")
+    t = catalog.load_table(contract.table)
+    before = {r["scene_id"]: r for r in t.scan().to_arrow().to_pylist()}
+    report = compact(t, MaintenancePolicy(min_file_age_s=0))
+    assert report.files_rewritten > 0
+    t.refresh()
+    after = {r["scene_id"]: r for r in t.scan().to_arrow().to_pylist()}
+    assert after.keys() == before.keys()
+    for name, row in after.items():
+        assert row["raster"] == before[name]["raster"] and row["bbox"] == before[name]["bbox"]
+    for window in WINDOWS:
+        assert set(query_bbox(t, window).table.column("scene_id").to_pylist()) == expected(window), window
