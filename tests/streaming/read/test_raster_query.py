@@ -164,3 +164,32 @@ def test_compaction_keeps_rasters_and_their_bounds(tmp_path):
         assert row["raster"] == before[name]["raster"] and row["bbox"] == before[name]["bbox"]
     for window in WINDOWS:
         assert set(query_bbox(t, window).table.column("scene_id").to_pylist()) == expected(window), window
+
+
+def test_a_table_of_rasters_gains_a_column_and_keeps_its_raster(tmp_path):
+    import copy
+    import json
+
+    from streaming.contract import parse_contract
+    from streaming.table.catalog import create_table
+    from streaming.table.evolve import EvolutionError, apply_evolution
+
+    raw = json.loads(CONTRACT_PATH.read_text())
+    catalog = _catalog(tmp_path)
+    table, _ = create_table(catalog, parse_contract(raw))
+    grown = copy.deepcopy(raw)
+    grown["columns"].append(
+        {"id": 25, "name": "sun_elevation", "type": "double", "from": ["properties.view:sun_elevation"]}
+    )
+    changes = apply_evolution(table, parse_contract(grown))
+    assert [(c.kind, c.id) for c in changes if c.kind != "contract"] == [("add", 25)]
+    table = catalog.load_table(raw["table"])
+    assert table.schema().find_field("raster").field_id == 7
+    for edit, message in [
+        (lambda r: r["raster"].update({"name": "image"}), "raster"),
+        (lambda r: r["columns"].append({"id": 7, "name": "x", "type": "double", "from": ["properties.x"]}), "7"),
+    ]:
+        broken = copy.deepcopy(grown)
+        edit(broken)
+        with pytest.raises((EvolutionError, ValueError), match=message):
+            apply_evolution(table, parse_contract(broken))
