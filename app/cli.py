@@ -159,6 +159,9 @@ def _parser() -> argparse.ArgumentParser:
     inspect_when.add_argument("--as-of", metavar="TIMESTAMP", help="the snapshot current then")
     inspect.add_argument("--plot", metavar="PNG", help="draw the file extents into this PNG file")
     inspect.add_argument("--files", action="store_true", help="list every file's extent in the summary")
+    inspect.add_argument(
+        "--footprints", action="store_true", help="with --plot, draw each raster's footprint too (tables of rasters)"
+    )
     inspect.set_defaults(handler=_inspect)
 
     demo = commands.add_parser("demo", help="broker, table, 200k sample events, ingest, summary")
@@ -384,15 +387,20 @@ def _query(args, settings: Settings) -> int:
 
 
 def _inspect(args, settings: Settings) -> int:
-    from streaming.read.inspect import file_extents, plot_file_extents
+    from streaming.read.inspect import file_extents, plot_file_extents, raster_footprints
     from streaming.table.catalog import open_catalog
 
     table = open_catalog(settings.catalog_name, settings.catalog).load_table(args.table)
     layout = file_extents(table, snapshot_id=args.snapshot, as_of=args.as_of)
     summary = layout.summary()
+    if args.footprints and not args.plot:
+        raise ValueError("inspect --footprints draws them: it needs --plot PNG")
     if args.plot:
+        footprints = raster_footprints(table, snapshot_id=args.snapshot, as_of=args.as_of) if args.footprints else None
+        if footprints is not None:
+            summary["footprints"] = len(footprints)
         try:
-            plot_file_extents(layout, args.plot)
+            plot_file_extents(layout, args.plot, footprints=footprints)
         except ImportError as exc:
             raise RuntimeError(f"inspect --plot needs matplotlib ({exc})") from None
         except OSError as exc:

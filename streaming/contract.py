@@ -34,6 +34,7 @@ from pyiceberg.types import (
     FloatType,
     IcebergType,
     IntegerType,
+    ListType,
     LongType,
     NestedField,
     StringType,
@@ -61,7 +62,11 @@ GEOMETRY_TYPES = (
     "GeometryCollection",
 )
 DIMENSIONS = ("XY", "XYZ", "XYM", "XYZM")
-FORMATS = ("geojson", "wkb", "ewkb", "gpkg", "json", "wkt", "ewkt", "avro", "protobuf")
+FORMATS = ("geojson", "wkb", "ewkb", "gpkg", "json", "wkt", "ewkt", "avro", "protobuf", "stac")
+# Formats that read a JSON object; a table takes one of them.
+JSON_OBJECT_FORMATS = ("geojson", "json", "stac")
+# What one row of a raster table is (`raster.rows`): a STAC Item (its assets the bands).
+RASTER_ROWS = ("item",)
 # How the one JSON field that holds a whole geometry spells it (`json.geometry.encoding`).
 JSON_GEOMETRY_ENCODINGS = ("wkt", "geojson", "wkb_hex", "wkb_base64")
 JSON_SOURCE_PREFIX = "json."
@@ -111,7 +116,9 @@ KNOWN_KEYS = {
         "partition",
         "event_time",
         "retention",
+        "raster",
     ),
+    "raster": ("id", "name", "rows"),
     "json": ("lon", "lat", "z", "geometry", "crs"),
     "json.geometry": ("path", "encoding"),
     "registry": ("geometry_field", "lon_field", "lat_field", "srid_field"),
@@ -166,6 +173,53 @@ class GeometrySpec:
     @property
     def crs(self) -> str:
         return f"EPSG:{self.epsg}"
+
+
+# Havasu's raster data model with out-db bands (docs/rasters.md): the grid's size, its CRS (WKT),
+# the affine geotransform anchored at the centre of the upper-left cell, and the files of its bands.
+RASTER_FIELDS = (
+    ("width", IntegerType()),
+    ("height", IntegerType()),
+    ("crs", StringType()),
+    ("scale_x", DoubleType()),
+    ("scale_y", DoubleType()),
+    ("skew_x", DoubleType()),
+    ("skew_y", DoubleType()),
+    ("upper_left_x", DoubleType()),
+    ("upper_left_y", DoubleType()),
+    ("bands", None),
+)
+RASTER_BAND_FIELDS = (("uri", StringType()), ("band_number", IntegerType()))
+
+
+@dataclass(frozen=True)
+class RasterSpec:
+    """The raster column: one raster per row, its footprint in the geometry column."""
+
+    id: int
+    name: str
+    rows: str = "item"
+
+    def iceberg_type(self, first_id: int) -> StructType:
+        """The struct, its nested ids from `first_id` in the order Iceberg assigns them on create:
+        the struct's fields, then the list's element, then the element's fields."""
+        n = len(RASTER_FIELDS)
+        band = StructType(
+            *(
+                NestedField(first_id + n + 1 + i, name, t, required=False)
+                for i, (name, t) in enumerate(RASTER_BAND_FIELDS)
+            )
+        )
+        fields = [
+            NestedField(
+                first_id + i,
+                name,
+                t if t is not None else ListType(first_id + n, band, element_required=True),
+                required=name != "crs" and name != "bands",
+            )
+            for i, (name, t) in enumerate(RASTER_FIELDS)
+        ]
+        return StructType(*fields)
 
 
 @dataclass(frozen=True)
@@ -293,6 +347,8 @@ class Contract:
     # How long rows are kept (`"retention": "30 days"`), in seconds; None: for ever. Maintenance
     # drops whole partitions of the time partition column once past it (streaming/maintenance/retention.py).
     retention_s: int | None = None
+    # The raster column of a table of rasters (format "stac"); None for tables of geometries.
+    raster: RasterSpec | None = None
 
     @property
     def all_columns(self) -> tuple[Column, ...]:
@@ -309,7 +365,9 @@ class Contract:
     @property
     def bbox_field_ids(self) -> dict[str, int]:
         """Ids of bbox.xmin .. bbox.ymax: Iceberg numbers nested fields after all top-level ones."""
-        first = self.bbox_id + 1 + len(self.flat_bbox_names) + len(self.cell_fields)
+        first = (
+            self.bbox_id + 1 + len(self.flat_bbox_names) + len(self.cell_fields) + (1 if self.raster is not None else 0)
+        )
         return {name: first + i for i, name in enumerate(BBOX_FIELDS)}
 
     @property
@@ -337,6 +395,9 @@ class Contract:
             fields.append(NestedField(fid, name, DoubleType(), required=True))
         for name, fid in self.cell_field_ids.items():
             fields.append(NestedField(fid, name, StringType(), required=True))
+        if self.raster is not None:
+            first = max(self.bbox_field_ids.values()) + 1
+            fields.append(NestedField(self.raster.id, self.raster.name, self.raster.iceberg_type(first), required=True))
         # Iceberg appends the columns a table gains after all others.
         fields += [NestedField(c.id, c.name, c.iceberg_type, required=False) for c in self.added_columns]
         return Schema(*fields)
@@ -391,6 +452,8 @@ def _regular_type(t: pa.DataType) -> pa.DataType:
         return pa.binary()
     if pa.types.is_struct(t):
         return pa.struct([f.with_type(_regular_type(f.type)) for f in t])
+    if pa.types.is_large_list(t) or pa.types.is_list(t):
+        return pa.list_(t.value_field.with_type(_regular_type(t.value_type)))
     return t
 
 
@@ -434,6 +497,10 @@ def parse_contract(raw: Any) -> Contract:
         raise ContractError(
             "formats: 'geojson' and 'json' both read JSON objects; a table takes one of them "
             "(GeoJSON geometries in a field of plain JSON events: json.geometry.encoding 'geojson')"
+        )
+    if "stac" in formats and len([f for f in formats if f in JSON_OBJECT_FORMATS]) > 1:
+        raise ContractError(
+            "formats: 'stac' reads JSON objects as rasters; a table of rasters takes no other JSON format"
         )
 
     raw_columns = _require(raw, "columns", list)
@@ -479,6 +546,12 @@ def parse_contract(raw: Any) -> Contract:
     retention_s = _parse_contract_retention(
         raw, columns, [(f.transform, f.source) for f in partition if f.transform in TIME_TRANSFORMS]
     )
+    raster = _parse_raster(raw, formats, geometry)
+    if raster is not None:
+        if raster.id in seen or raster.id < 1:
+            raise ContractError(f"raster.id: id {raster.id} is already the id of {seen.get(raster.id)} or not positive")
+        if raster.name in (*names, geometry.name, bbox_name, *flat_bbox_names(bbox_name)):
+            raise ContractError(f"raster.name: {raster.name!r} is already the name of another column")
     return Contract(
         table=table,
         description=str(raw.get("description", "")),
@@ -498,6 +571,36 @@ def parse_contract(raw: Any) -> Contract:
         partition=partition,
         event_time=event_time,
         retention_s=retention_s,
+        raster=raster,
+    )
+
+
+def _parse_raster(raw: dict, formats: tuple[str, ...], geometry: GeometrySpec) -> RasterSpec | None:
+    """The `raster` section: the column of a table of rasters, read from STAC Items (format "stac");
+    the geometry column then holds each raster's footprint in WGS84."""
+    if "raster" not in raw:
+        if "stac" in formats:
+            raise ContractError(
+                'raster: missing; format \'stac\' needs the raster column ({"id": .., "name": "raster"})'
+            )
+        return None
+    section = raw["raster"]
+    if not isinstance(section, dict):
+        raise ContractError(f"raster: expected an object, got {section!r}")
+    _known_keys_only(section, "raster", "raster.")
+    if formats != ("stac",):
+        raise ContractError(f"formats: a table with a raster column reads format 'stac' only, got {list(formats)}")
+    rows = section.get("rows", "item")
+    if rows not in RASTER_ROWS:
+        raise ContractError(f"raster.rows: {rows!r} is not one of {list(RASTER_ROWS)}")
+    if geometry.epsg != 4326:
+        raise ContractError(f"geometry.crs: a raster's footprint is stored in EPSG:4326, got {geometry.crs}")
+    if "Polygon" not in geometry.types or "MultiPolygon" not in geometry.types:
+        raise ContractError(
+            "geometry.types: a raster's footprint is a Polygon, or a MultiPolygon cut at ±180; list both"
+        )
+    return RasterSpec(
+        id=_require(section, "id", int, "raster."), name=_require(section, "name", str, "raster."), rows=rows
     )
 
 
@@ -777,6 +880,18 @@ def _declared_ids(columns: tuple[Column, ...], geometry_id: int, bbox_id: int) -
     return declared + [("geometry.id", geometry_id), ("bbox.id", bbox_id)]
 
 
+def _fresh_raster_id(contract: Contract) -> None:
+    """The raster column comes after the bbox column, its flat copies and the cell columns."""
+    if contract.raster is None:
+        return
+    expected = contract.bbox_id + 1 + len(contract.flat_bbox_names) + len(contract.cell_fields)
+    if contract.raster.id != expected:
+        raise ContractError(
+            f"raster.id: id {contract.raster.id} breaks the sequence; a new table's raster column comes after "
+            f"the bbox column (its flat columns and cell columns): expected {expected}"
+        )
+
+
 def check_fresh_ids(contract: Contract) -> None:
     """A new table's ids: Iceberg assigns 1..n to top-level fields in order on create, so the
     contract must state those (a table's later contracts keep the ids it has, gaps and all)."""
@@ -787,6 +902,7 @@ def check_fresh_ids(contract: Contract) -> None:
                 f"{where}: id {fid} breaks the sequence; a new table's top-level ids run 1..{len(declared)} "
                 f"in declaration order (expected {expected})"
             )
+    _fresh_raster_id(contract)
 
 
 def _parse_primary_key(raw: dict, columns: tuple[Column, ...], mode: str) -> tuple[str, ...]:

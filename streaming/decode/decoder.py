@@ -211,7 +211,9 @@ class Decoder:
         self._rules.apply(decoded)
         self._decoded_batches += 1
         columns = self._columns.map(batch, decoded.feature_ids, decoded.properties, rejects, decoded.fields)
-        return self._assemble(batch, columns, decoded.geoms, rejects, decoded.wkb, decoded.points_xy)
+        return self._assemble(
+            batch, columns, decoded.geoms, rejects, decoded.wkb, decoded.points_xy, decoded.bounds, decoded.raster
+        )
 
     def _assemble(
         self,
@@ -221,6 +223,8 @@ class Decoder:
         rejects: Rejects,
         wkb: np.ndarray,
         points_xy: np.ndarray,
+        given_bounds: np.ndarray | None = None,
+        raster: pa.Array | None = None,
     ) -> pa.RecordBatch:
         ok = rejects.ok
         n = batch.num_rows
@@ -234,6 +238,10 @@ class Decoder:
             wide = np.flatnonzero(ok & (bounds[:, 2] - bounds[:, 0] > 180.0))
             if wide.size:
                 bounds[wide] = short_way_bounds(keep[wide])[0]
+        if given_bounds is not None:
+            # A raster's bounds are its own (Havasu's raster bounds), not its footprint polygon's.
+            given = ok & np.isfinite(given_bounds).all(axis=1)
+            bounds[given] = given_bounds[given]
         extent = self.contract.clustering.extent
         keys = np.zeros(n, dtype=np.int64)
         if ok.any():
@@ -250,6 +258,12 @@ class Decoder:
         out: dict[str, pa.Array] = dict(columns)
         out[self.contract.geometry.name] = pa.array(wkb, pa.binary())
         out[self.contract.bbox_name] = bbox
+        if self.contract.raster is not None:
+            raster_type = self.schema.field(self.contract.raster.name).type
+            if raster is None:
+                out[self.contract.raster.name] = pa.nulls(n, raster_type)
+            else:
+                out[self.contract.raster.name] = pc.if_else(pa.array(ok), raster, pa.nulls(n, raster.type))
         out[HILBERT] = pa.array(keys, pa.int64(), mask=~ok)
         out[SOURCE_TOPIC] = batch.column("topic").cast(pa.string())
         out[SOURCE_PARTITION] = batch.column("partition").cast(pa.int32())

@@ -57,6 +57,11 @@ class Reason(StrEnum):
     UNKNOWN_SCHEMA_ID = "unknown_schema_id"
     SCHEMA_NOT_SUPPORTED = "schema_not_supported"
     SCHEMA_MISMATCH = "schema_mismatch"
+    # Rasters (format "stac"): no usable geotransform, a CRS PROJ does not know, a shape that is
+    # not [height, width] in whole pixels (or no asset on the raster's grid).
+    RASTER_WITHOUT_TRANSFORM = "raster_without_transform"
+    UNKNOWN_RASTER_CRS = "unknown_raster_crs"
+    BAD_RASTER_SHAPE = "bad_raster_shape"
     # The decoder itself failed on the record (a defect, logged with its cause); the record is
     # dead-lettered rather than stopping the stream behind it.
     DECODE_FAILED = "decode_failed"

@@ -15,6 +15,7 @@ from datetime import datetime
 from pathlib import Path
 
 import numpy as np
+import shapely
 from pyiceberg.manifest import ManifestContent
 from pyiceberg.table import Table
 
@@ -28,7 +29,9 @@ from streaming.read.query import (
     _double,
     _property,
     _schema_of,
+    query_bbox,
     resolve_snapshot,
+    table_contract,
 )
 
 HILBERT_BITS_PROPERTY = "geo.hilbert.bits"
@@ -163,8 +166,28 @@ def _hilbert_properties(table: Table) -> tuple[int, BBox]:
     return bits, extent
 
 
-def plot_file_extents(layout: TableLayout, path: str | Path, title: str | None = None, dpi: int = 150) -> Path:
-    """Draw the file extents over the data extent, coloured by Hilbert order, as a PNG."""
+def raster_footprints(
+    table: Table, snapshot_id: int | None = None, as_of: str | int | datetime | None = None
+) -> list[shapely.Geometry]:
+    """The footprint of every raster of a table of rasters (its geometry column: the outline in
+    WGS84, cut at ±180), read from the data files; none for a table without a raster column."""
+    contract = table_contract(table)
+    if contract.raster is None:
+        return []
+    rows = query_bbox(table, (-180.0, -90.0, 180.0, 90.0), snapshot_id=snapshot_id, as_of=as_of).table
+    column = rows.column(contract.geometry.name).to_numpy(zero_copy_only=False)
+    return list(shapely.from_wkb(column)) if len(column) else []
+
+
+def plot_file_extents(
+    layout: TableLayout,
+    path: str | Path,
+    title: str | None = None,
+    dpi: int = 150,
+    footprints: list[shapely.Geometry] | None = None,
+) -> Path:
+    """Draw the file extents over the data extent, coloured by Hilbert order, as a PNG; and the
+    footprints of a table's rasters, when given, as outlines over them."""
     # The Agg canvas on a bare Figure: no pyplot, so no global state and no display needed.
     from matplotlib import colormaps
     from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -174,6 +197,7 @@ def plot_file_extents(layout: TableLayout, path: str | Path, title: str | None =
     from matplotlib.figure import Figure
     from matplotlib.lines import Line2D
     from matplotlib.patches import Patch, Rectangle
+    from matplotlib.patches import Polygon as MplPolygon
 
     path = Path(path)
     drawn = [f.bbox for f in layout.files if f.bbox is not None]
@@ -216,6 +240,11 @@ def plot_file_extents(layout: TableLayout, path: str | Path, title: str | None =
         mappable = ScalarMappable(norm=norm, cmap=cmap)
         bar = fig.colorbar(mappable, ax=ax, shrink=0.85, pad=0.01)
         bar.set_label("Hilbert order of the file centre (0 = first)")
+    for footprint in footprints or []:
+        for part in shapely.get_parts(footprint):
+            if isinstance(part, shapely.Polygon):
+                ring = np.asarray(part.exterior.coords)
+                ax.add_patch(MplPolygon(ring, closed=True, fill=False, edgecolor="darkorange", linewidth=0.8, zorder=6))
     if extent:
         ax.add_patch(
             Rectangle(
@@ -245,6 +274,10 @@ def plot_file_extents(layout: TableLayout, path: str | Path, title: str | None =
         Line2D([], [], color="0.35", marker="o", markersize=3, linewidth=0.6, label="file centres in Hilbert order"),
         Line2D([], [], color="none", label=f"snapshot {snapshot}"),
     ]
+    if footprints:
+        handles.append(
+            Line2D([], [], color="darkorange", linewidth=0.8, label=f"{len(footprints):,} raster footprints")
+        )
     missing = len(layout.files) - len(drawn)
     if missing:
         handles.append(Line2D([], [], color="none", label=f"{missing} files without bounds (not drawn)"))

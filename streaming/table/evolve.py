@@ -208,6 +208,11 @@ def _check_unchangeable_parts(stored: Contract, new: Contract) -> None:
                 f"clustering.{key}: {_shown(before)} -> {_shown(after)}; the table's files are sorted along "
                 "its Hilbert curve, which cannot change"
             )
+    if stored.raster != new.raster:
+        raise EvolutionError(
+            f"raster: {_shown(stored.source.get('raster'))} -> {_shown(new.source.get('raster'))}; "
+            "a table's raster column cannot change"
+        )
     if stored.mode != new.mode:
         raise EvolutionError(f"mode: {stored.mode!r} -> {new.mode!r}; a table's write mode cannot change")
     if stored.formats != new.formats:
@@ -245,8 +250,8 @@ def _column_changes(schema: Schema, last_column_id: int, stored: Contract, new: 
             )
         changes.append(Change("drop", field.name, column.id))
 
-    # The geometry, the bbox and its flat copies: no contract column may take their ids.
-    fixed_ids = {new.geometry.id, new.bbox_id, *new.flat_bbox_field_ids.values()}
+    # The geometry, the bbox and its flat copies, the raster: no contract column may take their ids.
+    fixed_ids = {new.geometry.id, new.bbox_id, *new.flat_bbox_field_ids.values(), *_raster_ids(new)}
     stored_ids = {c.id for c in stored.columns}
     next_id = last_column_id + 1
     for i, column in enumerate(new.columns):
@@ -324,7 +329,12 @@ def _check_names(schema: Schema, new: Contract, changes: list[Change]) -> None:
     evolution at ingest added), or a name that a kept column still has when a column is added."""
     renamed = {c.id: str(c.after) for c in changes if c.kind == "rename"}
     dropped = {c.id for c in changes if c.kind == "drop"}
-    listed = {c.id for c in new.columns} | {new.geometry.id, new.bbox_id, *new.flat_bbox_field_ids.values()}
+    listed = {c.id for c in new.columns} | {
+        new.geometry.id,
+        new.bbox_id,
+        *new.flat_bbox_field_ids.values(),
+        *_raster_ids(new),
+    }
     unlisted = {f.name: f.field_id for f in schema.fields if f.field_id not in listed and f.field_id not in dropped}
     kept_names = {f.name: f.field_id for f in schema.fields if f.field_id not in dropped}
     for i, column in enumerate(new.columns):
@@ -359,6 +369,10 @@ def _check_staged_schema(table_name: str, staged: Schema, new: Contract) -> None
                 f"table {table_name}: field id {expected.field_id} would be {found or 'missing'} after the change, "
                 f"the contract says {expected}"
             )
+
+
+def _raster_ids(contract: Contract) -> tuple[int, ...]:
+    return (contract.raster.id,) if contract.raster is not None else ()
 
 
 def _column_id(contract: Contract, name: str) -> int | None:

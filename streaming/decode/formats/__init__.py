@@ -15,6 +15,7 @@ from streaming.decode.formats.geojson import GeoJsonFormat
 from streaming.decode.formats.gpkg import GeoPackageFormat
 from streaming.decode.formats.json_fields import JsonFieldsFormat
 from streaming.decode.formats.protobuf import ProtobufFormat
+from streaming.decode.formats.stac import StacFormat
 from streaming.decode.formats.wkb import WkbFormat
 from streaming.decode.formats.wkt import WktFormat
 
@@ -27,6 +28,7 @@ INPUT_FORMATS: tuple[type[InputFormat], ...] = (
     WktFormat,
     AvroFormat,
     ProtobufFormat,
+    StacFormat,
 )
 
 __all__ = ["INPUT_FORMATS", "Decoded", "InputFormat"]

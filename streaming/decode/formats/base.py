@@ -33,6 +33,10 @@ class Decoded:
     properties: dict[str, pa.Array]
     # the values of the `json.<path>` columns of JSON events, by path (a path absent: all null)
     fields: dict[str, pa.Array] = field(default_factory=dict)
+    # Rasters (format "stac"): each row's raster struct, and its WGS84 bounds (Havasu's raster
+    # bounds, wrapped across ±180), which the covering takes instead of the footprint's (NaN: none)
+    raster: pa.Array | None = None
+    bounds: np.ndarray | None = None
 
     @classmethod
     def empty(cls, n: int, table_epsg: int, property_types: dict[str, pa.DataType]) -> Decoded:

@@ -51,8 +51,9 @@ class GeoJsonFormat(InputFormat):
 
     @classmethod
     def active(cls, contract: Contract) -> bool:
-        # A table that reads plain JSON events (format "json") reads every JSON object so.
-        return "json" not in contract.formats
+        # A table that reads plain JSON events (format "json") or rasters (format "stac") reads
+        # every JSON object so.
+        return "json" not in contract.formats and "stac" not in contract.formats
 
     def decode(self, values: pa.Array, rows: np.ndarray, out: Decoded) -> None:
         if "geojson" not in self.contract.formats:

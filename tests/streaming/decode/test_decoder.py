@@ -446,6 +446,34 @@ REASON_CASES += [
     ),
 ]
 
+# Rasters (format "stac"): plain raster references, one thing wrong in each.
+SCENES = load_contract(CONTRACT_PATH.parent / "scenes.json")
+
+
+def raster_reference(**changes) -> bytes:
+    event = {"id": "r", "uri": "s3://r.tif", "crs": "EPSG:32631", "transform": [10, 0, 448e3, 0, -10, 5411e3]}
+    event["shape"] = [100, 200]
+    event.update(changes)
+    return json.dumps({k: v for k, v in event.items() if v is not None}).encode()
+
+
+REASON_CASES += [
+    pytest.param(
+        Reason.RASTER_WITHOUT_TRANSFORM,
+        raster_reference(transform=None),
+        SCENES,
+        None,
+        ["transform", "missing"],
+        id="raster_without_transform",
+    ),
+    pytest.param(
+        Reason.UNKNOWN_RASTER_CRS, raster_reference(crs="EPSG:1"), SCENES, None, ["EPSG:1"], id="unknown_raster_crs"
+    ),
+    pytest.param(
+        Reason.BAD_RASTER_SHAPE, raster_reference(shape=[100, -2]), SCENES, None, ["shape"], id="bad_raster_shape"
+    ),
+]
+
 
 def test_reason_cases_cover_every_reason_code():
     # decode_failed marks a defect of the decoder, which no input is meant to reach:
@@ -461,6 +489,8 @@ def test_each_reject_has_its_reason_and_names_the_culprit(reason, value, contrac
     # The bad record sits between good ones: only it is rejected.
     keys = [b"good-key", None if reason is Reason.MISSING_REQUIRED_FIELD else b"bad-key", b"good-key-2"]
     good = GOOD if "geojson" in contract.formats else shapely.to_wkb(shapely.Point(2.35, 48.86))
+    if "stac" in contract.formats:
+        good = raster_reference()
     rows = decode([good, value, good], contract, options, keys=keys)
     bad = rows[1]
     assert bad[REJECT_REASON] == reason.value, bad[REJECT_DETAIL]
