@@ -338,7 +338,8 @@ def _run(args, settings: Settings) -> int:
 
 def _query(args, settings: Settings) -> int:
     from streaming.read.output import feature_id_column, to_geojson_lines, write_geoparquet
-    from streaming.read.query import PREDICATES, Predicate, parse_bbox, query, table_contract
+    from streaming.read.predicate import PREDICATES, Predicate, parse_bbox
+    from streaming.read.query import query, table_contract
     from streaming.table.catalog import open_catalog
 
     if args.bbox is not None:

@@ -51,7 +51,8 @@ from streaming.contract import load_contract, parse_contract  # noqa: E402
 from streaming.maintenance.maintain import data_manifest_count, maintain  # noqa: E402
 from streaming.maintenance.plan import MaintenancePolicy  # noqa: E402
 from streaming.read.inspect import file_extents, plot_file_extents  # noqa: E402
-from streaming.read.query import Predicate, query  # noqa: E402
+from streaming.read.predicate import Predicate  # noqa: E402
+from streaming.read.query import query  # noqa: E402
 from streaming.table.catalog import create_table, open_catalog  # noqa: E402
 from tests.postgres import postgres_server  # noqa: E402
 from tests.streaming.maintenance.test_maintain import BatchWriter, world_points  # noqa: E402

@@ -38,7 +38,8 @@ from cities import city_points  # bench/cities.py, beside this script
 
 from streaming.contract import parse_contract
 from streaming.decode.decoder import DecodeOptions
-from streaming.read.query import Predicate, query
+from streaming.read.predicate import Predicate
+from streaming.read.query import query
 from streaming.table.catalog import create_table, open_catalog, partition_layout
 from streaming.table.commit import BatchCommit, Committer
 from streaming.write.data_files import DataFileRecord

@@ -40,7 +40,8 @@ from app.settings import load_settings  # noqa: E402
 from streaming.contract import parse_contract  # noqa: E402
 from streaming.maintenance.maintain import maintain  # noqa: E402
 from streaming.maintenance.plan import MaintenancePolicy  # noqa: E402
-from streaming.read.query import Predicate, query  # noqa: E402
+from streaming.read.predicate import Predicate  # noqa: E402
+from streaming.read.query import query  # noqa: E402
 from streaming.table.catalog import create_table, open_catalog  # noqa: E402
 from streaming.table.deletes import has_delete_files, snapshot_files  # noqa: E402
 from tests.conftest import produce_records  # noqa: E402

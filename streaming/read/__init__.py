@@ -1,2 +1,2 @@
-"""Reading a table: query.py (query: spatial predicates, pruned by manifests and row groups, exact with shapely),
-projection.py (files read by field id), output.py (GeoJSON lines, GeoParquet), inspect.py (file extents, the picture)."""
+"""Reading a table: query.py (query: pruned by partitions, manifests and row groups, exact with shapely), predicate.py
+(Predicate, parse_bbox), projection.py (files read by field id), output.py (GeoJSON, GeoParquet), inspect.py (extents)."""

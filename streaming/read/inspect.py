@@ -22,9 +22,9 @@ from pyiceberg.table import Table
 from streaming.contract import BBOX_FIELDS
 from streaming.kernels.antimeridian import centre_x, window_intervals
 from streaming.kernels.hilbert import hilbert_keys_of_bounds
+from streaming.read.predicate import BBox
 from streaming.read.query import (
     PRIMARY_COLUMN_PROPERTY,
-    BBox,
     QueryError,
     _double,
     _property,

@@ -64,19 +64,15 @@ from streaming.contract import (
 )
 from streaming.kernels.antimeridian import split_at_antimeridian, unwrapped, window_intervals, x_overlaps
 from streaming.kernels.geohash import covering_cells, prefix_cells
+from streaming.read.predicate import XMAX, XMIN, YMAX, YMIN, BBox, Condition, Predicate, window_geometry
 from streaming.read.projection import FieldIdProjection, QueryError
 from streaming.table.catalog import TableMismatch
 from streaming.table.catalog import table_contract as contract_of_table
 from streaming.table.deletes import EqualityDeletes, has_delete_files, snapshot_files
 from streaming.write.data_files import WRAPPED_ROWS_KEY
 
-BBox = tuple[float, float, float, float]
 PRIMARY_COLUMN_PROPERTY = "geo.primary-column"
 CONTRACT_PROPERTY = "geoingest.contract"
-PREDICATES = ("intersects", "within", "contains")
-_XMIN, _YMIN, _XMAX, _YMAX = range(4)  # indices into BBOX_FIELDS
-# A necessary condition on one bbox field of a matching row: (field index, "<=" or ">=", value).
-Condition = tuple[int, str, float]
 
 
 @dataclass(frozen=True)
@@ -102,139 +98,6 @@ class QueryStats:
 class QueryResult:
     table: pa.Table  # matching rows: all columns, geometry still WKB
     stats: QueryStats
-
-
-@dataclass(frozen=True)
-class Predicate:
-    """Rows whose geometry `kind`s `geometry`: intersects Q, is within Q, or contains Q.
-
-    Q is in the table CRS. It must be non-empty, finite and valid: GEOS gives no reliable
-    answers about invalid polygons.
-    """
-
-    kind: str
-    geometry: shapely.Geometry
-    # A window across the anti-meridian: its (xmin, xmax) with xmin > xmax; `geometry` is then its
-    # two halves, [xmin, 180] and [-180, xmax].
-    wrapped_x: tuple[float, float] | None = None
-
-    def __post_init__(self) -> None:
-        if self.kind not in PREDICATES:
-            raise ValueError(f"predicate {self.kind!r}: expected one of {', '.join(PREDICATES)}")
-        if not isinstance(self.geometry, shapely.Geometry):
-            raise ValueError(f"{self.kind}: expected a shapely geometry, got {type(self.geometry).__name__}")
-        problem = _geometry_problem(self.geometry)
-        if problem:
-            raise ValueError(f"{self.kind} geometry {_short(self.geometry.wkt)!r}: {problem}")
-
-    @classmethod
-    def from_wkt(cls, kind: str, text: str) -> Predicate:
-        """The predicate with Q read from WKT; errors name the text."""
-        if kind not in PREDICATES:
-            raise ValueError(f"predicate {kind!r}: expected one of {', '.join(PREDICATES)}")
-        try:
-            geometry = shapely.from_wkt(text)
-        except (shapely.errors.ShapelyError, ValueError, TypeError) as exc:
-            raise ValueError(f"{kind} WKT {_short(text)!r}: not well-known text ({exc})") from None
-        if geometry is None:
-            raise ValueError(f"{kind} WKT {_short(text)!r}: not well-known text")
-        problem = _geometry_problem(geometry)
-        if problem:
-            raise ValueError(f"{kind} WKT {_short(text)!r}: {problem}")
-        return cls(kind, geometry)
-
-    @classmethod
-    def from_bbox(cls, bbox: BBox) -> Predicate:
-        """Intersects the window `bbox` (edges included); a degenerate window is a line or point.
-        A window with xmin > xmax crosses the anti-meridian (longitudes, tables read the short way)."""
-        xmin, ymin, xmax, ymax = _validated_bbox(tuple(bbox), f"bbox {tuple(bbox)!r}", wrapped=True)
-        if xmin <= xmax:
-            return cls("intersects", _window_geometry((xmin, ymin, xmax, ymax)))
-        halves = shapely.union(
-            _window_geometry((xmin, ymin, 180.0, ymax)), _window_geometry((-180.0, ymin, xmax, ymax))
-        )
-        return cls("intersects", halves, wrapped_x=(xmin, xmax))
-
-    def x_intervals(self) -> list[tuple[float, float]]:
-        """For tables read the short way: intervals (lo, hi) of which every match's x range
-        (xmin, xmax), plain or wrapped, passes one by `x_overlaps`: Q's x range, or the two of a
-        wrapped window. For contains, (Q's xmax, Q's xmin): then `x_overlaps` asks a plain range
-        to hold Q's and a wrapped one to hold it on either side of ±180."""
-        if self.wrapped_x is not None:
-            return window_intervals(*self.wrapped_x)
-        xmin, _, xmax, _ = self.bounds
-        return [(xmax, xmin)] if self.kind == "contains" else [(xmin, xmax)]
-
-    @property
-    def bounds(self) -> BBox:
-        xmin, ymin, xmax, ymax = self.geometry.bounds
-        return (float(xmin), float(ymin), float(xmax), float(ymax))
-
-    def bbox_conditions(self) -> list[Condition]:
-        """Conditions every matching row's bbox meets: the predicate's inclusive projection."""
-        qxmin, qymin, qxmax, qymax = self.bounds
-        overlaps = [(_XMIN, "<=", qxmax), (_XMAX, ">=", qxmin), (_YMIN, "<=", qymax), (_YMAX, ">=", qymin)]
-        if self.kind == "intersects":
-            return overlaps
-        if self.kind == "within":
-            # geometry within Q => bbox within Q's bbox. The overlap conditions follow from these
-            # for any bbox with xmin <= xmax, but stated they also bound the other end of each
-            # column's range, which is what min/max statistics can test.
-            return [(_XMIN, ">=", qxmin), (_XMAX, "<=", qxmax), (_YMIN, ">=", qymin), (_YMAX, "<=", qymax), *overlaps]
-        # geometry contains Q => Q within geometry => Q's bbox within the row's bbox.
-        return [(_XMIN, "<=", qxmin), (_XMAX, ">=", qxmax), (_YMIN, "<=", qymin), (_YMAX, ">=", qymax)]
-
-    def prunes_by_shape(self) -> bool:
-        """Whether testing an MBR against Q itself can prune more than against Q's bbox.
-
-        For intersects and within, a file can hold a match only if its MBR intersects Q. For
-        contains, "MBR contains Q" is the same as "MBR contains Q's bbox", which the conditions
-        already test; and when Q is its own bbox, the conditions are the whole test too.
-        """
-        return self.kind != "contains" and not self.geometry.equals(self.geometry.envelope)
-
-
-def _geometry_problem(geometry: shapely.Geometry) -> str | None:
-    if geometry.is_empty:
-        return "the geometry is empty"
-    if not all(math.isfinite(v) for v in geometry.bounds):
-        return "the coordinates must be finite"
-    if not geometry.is_valid:
-        return f"not a valid geometry ({shapely.is_valid_reason(geometry)})"
-    return None
-
-
-def _short(text: str, limit: int = 200) -> str:
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
-def parse_bbox(text: str) -> BBox:
-    """'xmin,ymin,xmax,ymax' as four finite floats with ymin <= ymax and xmin <= xmax, or
-    xmin > xmax for longitudes across the anti-meridian (both within [-180, 180])."""
-    parts = text.split(",")
-    if len(parts) != 4:
-        raise ValueError(f"bbox {text!r}: expected four numbers 'xmin,ymin,xmax,ymax', got {len(parts)} values")
-    try:
-        values = tuple(float(p) for p in parts)
-    except ValueError:
-        raise ValueError(f"bbox {text!r}: every value must be a number") from None
-    return _validated_bbox(values, f"bbox {text!r}", wrapped=True)
-
-
-def _validated_bbox(values: tuple[float, ...], label: str, wrapped: bool = False) -> BBox:
-    if len(values) != 4:
-        raise ValueError(f"{label}: expected (xmin, ymin, xmax, ymax)")
-    xmin, ymin, xmax, ymax = (float(v) for v in values)
-    if not all(math.isfinite(v) for v in (xmin, ymin, xmax, ymax)):
-        raise ValueError(f"{label}: values must be finite numbers")
-    if xmin > xmax and not (wrapped and -180.0 <= xmax and xmin <= 180.0):
-        raise ValueError(
-            f"{label}: xmin {xmin:g} is greater than xmax {xmax:g}"
-            + (" (a window across the anti-meridian has both within [-180, 180])" if wrapped else "")
-        )
-    if ymin > ymax:
-        raise ValueError(f"{label}: ymin {ymin:g} is greater than ymax {ymax:g}")
-    return (xmin, ymin, xmax, ymax)
 
 
 # -- time travel ----------------------------------------------------------------------------------
@@ -369,7 +232,7 @@ def query(
     if x_intervals is not None and predicate.kind != "within":
         # A wrapped row's xmin and xmax need not bracket a window it meets. The conditions of
         # "within" stay: a row within a plain Q is plain, or Q spans [-180, 180] and they all hold.
-        conditions = [c for c in conditions if c[0] in (_YMIN, _YMAX)]
+        conditions = [c for c in conditions if c[0] in (YMIN, YMAX)]
     field_ids = [schema.find_field(f"{covering_column}.{name}").field_id for name in BBOX_FIELDS]
     window = _time_window(table, time_from, time_to)
     partition_filter = And(_cell_filter(table, _plain_boxes(predicate)), _time_filter(window))
@@ -380,7 +243,7 @@ def query(
         # here, by the same bounds, and each file's rows lose the keys later batches replaced.
         planned = snapshot_files(table, snapshot)
         deletes = EqualityDeletes(table, planned.reaching_deletes())
-        area = _window_geometry(predicate.bounds)
+        area = window_geometry(predicate.bounds)
         may_hold = _file_filter(table, And(_manifest_filter(covering_column, conditions), partition_filter))
         files = [
             (p.file, p.sequence_number)
@@ -491,8 +354,8 @@ def _file_x_may_touch(data_file: DataFile, field_ids: list[int], intervals: list
     the greatest xmax: then every row of the file is wrapped), meets one of `intervals`."""
     lower, upper = data_file.lower_bounds or {}, data_file.upper_bounds or {}
     try:
-        xmin = _double(lower[field_ids[_XMIN]])
-        xmax = _double(upper[field_ids[_XMAX]])
+        xmin = _double(lower[field_ids[XMIN]])
+        xmax = _double(upper[field_ids[XMAX]])
     except KeyError:
         return True
     if not (math.isfinite(xmin) and math.isfinite(xmax)):
@@ -626,7 +489,7 @@ def sql_where(
         # the window, and wrapped rows are kept for the engine's exact test.
         halves = [f"({covering}.xmin <= {xmax!r} AND {covering}.xmax >= {xmin!r})" for xmin, _, xmax, _ in boxes]
         terms.append("(" + " OR ".join([*halves, f"{covering}.xmin > {covering}.xmax"]) + ")")
-        conditions = [c for c in predicate.bbox_conditions() if c[0] in (_YMIN, _YMAX)]
+        conditions = [c for c in predicate.bbox_conditions() if c[0] in (YMIN, YMAX)]
     else:
         conditions = predicate.bbox_conditions()
     for k, op, value in conditions:
@@ -659,10 +522,10 @@ def _file_may_touch(data_file: DataFile, field_ids: list[int], shape: shapely.Ge
     """Whether the file's MBR, from its manifest bounds, intersects Q (True without bounds)."""
     lower, upper = data_file.lower_bounds or {}, data_file.upper_bounds or {}
     try:
-        xmin = _double(lower[field_ids[_XMIN]])
-        ymin = _double(lower[field_ids[_YMIN]])
-        xmax = _double(upper[field_ids[_XMAX]])
-        ymax = _double(upper[field_ids[_YMAX]])
+        xmin = _double(lower[field_ids[XMIN]])
+        ymin = _double(lower[field_ids[YMIN]])
+        xmax = _double(upper[field_ids[XMAX]])
+        ymax = _double(upper[field_ids[YMAX]])
     except KeyError:
         return True
     return _mbr_may_touch(xmin, ymin, xmax, ymax, shape)
@@ -678,7 +541,7 @@ def _double(value: bytes) -> float:
 def _mbr_may_touch(xmin: float, ymin: float, xmax: float, ymax: float, shape: shapely.Geometry) -> bool:
     if not all(math.isfinite(v) for v in (xmin, ymin, xmax, ymax)) or xmin > xmax or ymin > ymax:
         return True
-    return bool(shapely.intersects(shape, _window_geometry((xmin, ymin, xmax, ymax))))
+    return bool(shapely.intersects(shape, window_geometry((xmin, ymin, xmax, ymax))))
 
 
 def _count_data_files(table: Table, snapshot: Snapshot) -> int:
@@ -726,35 +589,24 @@ def _row_groups_that_may_match(
             if stats is not None and stats.has_min_max:
                 minima[g, k], maxima[g, k] = stats.min, stats.max
     if x_intervals is not None and wrapped_rows:
-        unknown = ~(minima[:, _XMIN] > maxima[:, _XMAX])
-        minima[unknown, _XMIN], maxima[unknown, _XMAX] = -np.inf, np.inf
+        unknown = ~(minima[:, XMIN] > maxima[:, XMAX])
+        minima[unknown, XMIN], maxima[unknown, XMAX] = -np.inf, np.inf
     may_match = np.ones(n, dtype=bool)
     for k, op, value in conditions:
         may_match &= (minima[:, k] <= value) if op == "<=" else (maxima[:, k] >= value)
     if x_intervals is not None:
         touches = np.zeros(n, dtype=bool)
         for lo, hi in x_intervals:
-            touches |= x_overlaps(minima[:, _XMIN], maxima[:, _XMAX], lo, hi)
+            touches |= x_overlaps(minima[:, XMIN], maxima[:, XMAX], lo, hi)
         may_match &= touches
     groups = np.flatnonzero(may_match).tolist()
     if shape is not None:
         groups = [
             g
             for g in groups
-            if _mbr_may_touch(minima[g, _XMIN], minima[g, _YMIN], maxima[g, _XMAX], maxima[g, _YMAX], shape)
+            if _mbr_may_touch(minima[g, XMIN], minima[g, YMIN], maxima[g, XMAX], maxima[g, YMAX], shape)
         ]
     return groups
-
-
-def _window_geometry(bbox: BBox) -> shapely.Geometry:
-    # A zero-width window is a line or a point; as a polygon it would be invalid and GEOS's
-    # answers about it unreliable.
-    xmin, ymin, xmax, ymax = bbox
-    if xmin == xmax and ymin == ymax:
-        return shapely.Point(xmin, ymin)
-    if xmin == xmax or ymin == ymax:
-        return shapely.LineString([(xmin, ymin), (xmax, ymax)])
-    return shapely.box(xmin, ymin, xmax, ymax)
 
 
 def _exact_matches(

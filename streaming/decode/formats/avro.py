@@ -492,7 +492,7 @@ class AvroFormat(InputFormat):
     # -- geometry and properties -----------------------------------------------------------------
     def _geometry(self, reader: RecordReader, rows: np.ndarray, out: Decoded) -> None:
         spec = self.contract.registry
-        assert spec is not None, "an avro contract has a registry section (streaming/contract.py)"
+        assert spec is not None, "an avro contract has a registry section (streaming/contract/sources.py)"
         rejects = out.rejects
         if spec.geometry_field:
             names = [spec.geometry_field]

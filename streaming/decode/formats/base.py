@@ -57,7 +57,7 @@ class InputFormat(ABC):
     format_not_accepted); the geometry rules of the table are checked after it, for every format.
 
     To add a format: a module in streaming/decode/formats/ with a subclass, listed in
-    streaming/decode/formats/__init__.py, its name in streaming/contract.py FORMATS."""
+    streaming/decode/formats/__init__.py, its name in FORMATS of streaming/contract/terms.py."""
 
     # The contract `formats` names this format reads (WKB reads two: "wkb" and "ewkb").
     names: ClassVar[tuple[str, ...]]

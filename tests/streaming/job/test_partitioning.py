@@ -22,7 +22,8 @@ from app.service import run
 from app.settings import load_settings
 from streaming.contract import parse_contract
 from streaming.kernels.geohash import covering_cells, enclosing_cells
-from streaming.read.query import Predicate, query, sql_where
+from streaming.read.predicate import Predicate
+from streaming.read.query import query, sql_where
 from streaming.table.catalog import create_table, open_catalog
 from tests.conftest import CACHE_DIR, duckdb_connection
 from tests.streaming.write.test_upsert import every_snapshot_matches, record_positions, reference_state, table_state

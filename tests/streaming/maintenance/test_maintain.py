@@ -35,7 +35,8 @@ from streaming.maintenance.plan import (
     plan_bins,
     plan_expiry,
 )
-from streaming.read.query import Predicate, query
+from streaming.read.predicate import Predicate
+from streaming.read.query import query
 from streaming.table.catalog import create_table, open_catalog, partition_layout
 from streaming.table.commit import (
     BATCH_ID,

@@ -13,7 +13,8 @@ import pytest
 
 from streaming.contract import Contract, load_contract
 from streaming.decode.decoder import REJECT_REASON, Decoder
-from streaming.read.query import Predicate, parse_bbox, query, query_bbox
+from streaming.read.predicate import Predicate, parse_bbox
+from streaming.read.query import query, query_bbox
 from tests.antimeridian_data import events, expected_ids, feature_json, windows
 from tests.streaming.read.test_query import CONTRACT_PATH, _append, _catalog, _create_table, _kafka_batch
 

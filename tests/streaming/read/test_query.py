@@ -29,7 +29,8 @@ from pyiceberg.table import Table
 from streaming.contract import Contract, load_contract
 from streaming.decode.decoder import HILBERT, REJECT_REASON, Decoder
 from streaming.read.output import feature_id_column, to_geojson_lines, write_geoparquet
-from streaming.read.query import Predicate, QueryResult, QueryStats, parse_bbox, query, query_bbox, table_contract
+from streaming.read.predicate import Predicate, parse_bbox
+from streaming.read.query import QueryResult, QueryStats, query, query_bbox, table_contract
 from streaming.table.catalog import partition_layout
 from streaming.table.commit import to_data_file
 from streaming.write.data_files import DataFileRecord, GeoParquetWriter

@@ -377,7 +377,8 @@ def test_the_projection_finds_nested_fields_by_id_too() -> None:
 def test_the_partition_spec_evolves_old_files_keep_theirs_and_queries_read_both(catalog) -> None:
     from pyiceberg.expressions import GreaterThanOrEqual
 
-    from streaming.read.query import Predicate, query
+    from streaming.read.predicate import Predicate
+    from streaming.read.query import query
     from tests.partitioned_tables import DAY_US, HOUR_US, rows
 
     raw = {**json.loads(CONTRACT_PATH.read_text()), "partition": []}

@@ -22,7 +22,8 @@ from streaming.contract import Column, parse_contract
 from streaming.decode.properties import PropertySeen, unmapped_properties
 from streaming.maintenance.maintain import maintain
 from streaming.maintenance.plan import MaintenancePolicy
-from streaming.read.query import Predicate, query
+from streaming.read.predicate import Predicate
+from streaming.read.query import query
 from streaming.table.catalog import create_table, open_catalog, table_contract
 from streaming.table.commit import BatchCommit, Committer
 from streaming.write.evolution import SchemaMoved, plan_new_columns

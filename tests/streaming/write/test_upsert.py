@@ -19,7 +19,8 @@ from app.settings import load_settings
 from streaming.contract import load_contract, parse_contract
 from streaming.maintenance.maintain import maintain
 from streaming.maintenance.plan import MaintenancePolicy
-from streaming.read.query import Predicate, query
+from streaming.read.predicate import Predicate
+from streaming.read.query import query
 from streaming.table.catalog import create_table, open_catalog
 from streaming.table.commit import KAFKA_OFFSETS
 from streaming.table.deletes import snapshot_files

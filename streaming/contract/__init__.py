@@ -1,0 +1,46 @@
+"""Table contracts: what a table holds and how events map onto it (schemas/*.json), seen by every stage.
+core.py: Contract, parse_contract, load_contract; terms.py: its vocabulary and ContractError; partition.py, sources.py."""
+
+from __future__ import annotations
+
+from streaming.contract.core import (
+    Column,
+    Contract,
+    check_fresh_ids,
+    crs_area_of_use,
+    load_contract,
+    parse_contract,
+    regular_types,
+)
+from streaming.contract.partition import parse_retention
+from streaming.contract.sources import JsonFields
+from streaming.contract.terms import (
+    BBOX_FIELDS,
+    CELL_PROPERTY_PREFIX,
+    COLUMN_TYPES,
+    DEFAULT_TARGET_FILE_BYTES,
+    EVENT_TIME_PROPERTY,
+    FORMATS,
+    JSON_SOURCE_PREFIX,
+    ContractError,
+)
+
+__all__ = [
+    "BBOX_FIELDS",
+    "CELL_PROPERTY_PREFIX",
+    "COLUMN_TYPES",
+    "Column",
+    "Contract",
+    "ContractError",
+    "DEFAULT_TARGET_FILE_BYTES",
+    "EVENT_TIME_PROPERTY",
+    "FORMATS",
+    "JSON_SOURCE_PREFIX",
+    "JsonFields",
+    "check_fresh_ids",
+    "crs_area_of_use",
+    "load_contract",
+    "parse_contract",
+    "parse_retention",
+    "regular_types",
+]
