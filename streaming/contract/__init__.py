@@ -1,10 +1,9 @@
 """Table contracts: what a table holds and how events map onto it (schemas/*.json), seen by every stage.
-core.py: Contract, parse_contract, load_contract; terms.py: its vocabulary and ContractError; partition.py, sources.py."""
+core.py: Contract, parse_contract, load_contract; terms.py: vocabulary, ContractError; parts.py, partition.py, sources.py."""
 
 from __future__ import annotations
 
 from streaming.contract.core import (
-    Column,
     Contract,
     check_fresh_ids,
     crs_area_of_use,
@@ -13,6 +12,7 @@ from streaming.contract.core import (
     regular_types,
 )
 from streaming.contract.partition import parse_retention
+from streaming.contract.parts import Column
 from streaming.contract.sources import JsonFields
 from streaming.contract.terms import (
     BBOX_FIELDS,

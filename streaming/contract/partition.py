@@ -22,7 +22,7 @@ from streaming.contract.terms import (
 )
 
 if TYPE_CHECKING:
-    from streaming.contract.core import Clustering, Column, GeometrySpec
+    from streaming.contract.parts import Clustering, Column, GeometrySpec
 
 
 @dataclass(frozen=True)

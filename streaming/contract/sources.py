@@ -22,7 +22,7 @@ from streaming.contract.terms import (
 )
 
 if TYPE_CHECKING:
-    from streaming.contract.core import Column, GeometrySpec
+    from streaming.contract.parts import Column, GeometrySpec
 
 
 # Havasu's raster data model with out-db bands (docs/rasters.md): the grid's size, its CRS (WKT),
