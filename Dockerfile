@@ -4,7 +4,13 @@
 #
 #   docker build -t geoingest:dev .
 #   docker run --read-only --tmpfs /tmp --tmpfs /scratch -v geoingest-data:/data \
-#     -e GEOINGEST_BOOTSTRAP_SERVERS=kafka:9092 -e GEOINGEST_CATALOG__URI=... geoingest:dev
+#     -e GEOINGEST_BOOTSTRAP_SERVERS=kafka:9092 \
+#     -e GEOINGEST_CATALOG__URI=sqlite:////data/catalog.db -e GEOINGEST_CATALOG__WAREHOUSE=file:///data/warehouse \
+#     geoingest:dev
+#
+# The default command ingests the demo contract's table (schemas/demo_events.json), creating it
+# first when the catalog does not have it. Without a Docker engine, `make image` builds this file
+# with podman (docs/deploying.md).
 #
 # Everything the service needs at run time is in the image: the Python environment, Spark's Kafka
 # connector (resolved at build time, on Spark's own classpath), a Java 17 runtime. Nothing is
@@ -161,4 +167,4 @@ HEALTHCHECK --interval=30s --timeout=5s --start-period=60s --retries=3 \
     CMD python -c "import os, urllib.request; urllib.request.urlopen('http://127.0.0.1:%s/healthz' % os.environ.get('GEOINGEST_METRICS_PORT', '9108'), timeout=4)"
 
 ENTRYPOINT ["geoingest", "run"]
-CMD ["--contract", "/opt/geoingest/schemas/demo_events.json"]
+CMD ["--contract", "/opt/geoingest/schemas/demo_events.json", "--create-table"]
