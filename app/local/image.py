@@ -143,21 +143,21 @@ def qualified(image: str) -> str:
     return f"docker.io/{image}" if "/" in image else f"docker.io/library/{image}"
 
 
-class Podman:
-    """podman 5 from the cached trixie root, in a mount and PID namespace that a holder process
-    keeps while this object is open: containers started in it stop when it closes (or when the
-    Python process that opened it dies). Host folders listed in `shared` appear at the same path
-    inside, so `-v /host/path:/in/container` and the build context work as on the host."""
+class ChrootNamespace:
+    """A Debian root entered with chroot in a mount and PID namespace that a holder process keeps
+    while this object is open: every process started in it ends when it closes (or when the Python
+    process that opened it dies). Host folders listed in `shared` appear at the same path inside;
+    /run inside is a fresh tmpfs."""
 
-    def __init__(self, cache_dir: Path, shared: Sequence[Path] = ()):
-        self.home = Path(cache_dir) / "image"
-        self.root = self.home / f"podman-{PODMAN_SUITE}"
-        self.storage = self.home / "storage"
+    def __init__(self, root: Path, shared: Sequence[Path] = (), mounts: dict[str, Path] | None = None):
+        self.root = Path(root)
         self.shared = [Path(p).resolve() for p in shared]
+        # Host folders at another path inside: {path inside: host folder}.
+        self.mounts = {inside: Path(host).resolve() for inside, host in (mounts or {}).items()}
         self._holder: subprocess.Popen | None = None
-        self._pid = 0
+        self.pid = 0
 
-    def __enter__(self) -> Podman:
+    def __enter__(self):
         self.start()
         return self
 
@@ -165,11 +165,9 @@ class Podman:
         self.stop()
 
     def start(self) -> None:
-        make_root(self.root, PODMAN_SUITE, PODMAN_PACKAGES)
-        self._write_config()
-        self.storage.mkdir(parents=True, exist_ok=True)
         mounts = "\n".join(
-            f'mkdir -p "$R{p}" && mount --rbind "{p}" "$R{p}" && mount --make-rslave "$R{p}"' for p in self.shared
+            f'mkdir -p "$R{inside}" && mount --rbind "{host}" "$R{inside}" && mount --make-rslave "$R{inside}"'
+            for inside, host in [*((str(p), p) for p in self.shared), *self.mounts.items()]
         )
         script = f"""
 set -e
@@ -179,8 +177,6 @@ mount -t proc proc "$R/proc"
 mount --rbind /sys "$R/sys" && mount --make-rslave "$R/sys"
 mount --rbind /dev "$R/dev" && mount --make-rslave "$R/dev"
 mount -t tmpfs tmpfs "$R/run"
-mkdir -p "$R/var/lib/containers/storage"
-mount --bind "{self.storage}" "$R/var/lib/containers/storage"
 {mounts}
 cp /etc/resolv.conf "$R/etc/resolv.conf"
 echo ready
@@ -198,9 +194,9 @@ read -r _ || true
         line = self._holder.stdout.readline().strip()
         if line != "ready":
             err = self._holder.stderr.read() if self._holder.stderr else ""
-            raise ImageError(f"podman's namespace did not start: {err.strip()[-2000:]}")
+            raise ImageError(f"the namespace of {self.root} did not start: {err.strip()[-2000:]}")
         children = Path(f"/proc/{self._holder.pid}/task/{self._holder.pid}/children").read_text().split()
-        self._pid = int(children[0])
+        self.pid = int(children[0])
 
     def stop(self) -> None:
         if self._holder is None:
@@ -214,6 +210,42 @@ read -r _ || true
             self._holder.kill()
             self._holder.wait()
         self._holder = None
+        self.pid = 0
+
+    def command(self, *args: str, env: Sequence[str] = ()) -> list[str]:
+        """A command line that runs `args` inside, with a clean environment plus `env`."""
+        if not self.pid:
+            raise ImageError(f"the namespace of {self.root} is not started")
+        inner = ["chroot", str(self.root), "env", "-i", f"PATH={_PATH}", "HOME=/root", *env, *args]
+        return ["nsenter", f"--target={self.pid}", "--mount", "--pid", "--", *inner]
+
+
+class Podman:
+    """podman 5 from the cached trixie root (see ChrootNamespace): containers started by it stop
+    when it closes. Host folders in `shared` appear at the same path inside, so
+    `-v /host/path:/in/container` and the build context work as on the host."""
+
+    def __init__(self, cache_dir: Path, shared: Sequence[Path] = ()):
+        self.home = Path(cache_dir) / "image"
+        self.root = self.home / f"podman-{PODMAN_SUITE}"
+        self.storage = self.home / "storage"
+        self.namespace = ChrootNamespace(self.root, shared, {"/var/lib/containers/storage": self.storage})
+
+    def __enter__(self) -> Podman:
+        self.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def start(self) -> None:
+        make_root(self.root, PODMAN_SUITE, PODMAN_PACKAGES)
+        self._write_config()
+        self.storage.mkdir(parents=True, exist_ok=True)
+        self.namespace.start()
+
+    def stop(self) -> None:
+        self.namespace.stop()
 
     def _write_config(self) -> None:
         """podman on this machine: cgroupfs (cgroup v1, no systemd), runc, file events, and
@@ -235,11 +267,8 @@ read -r _ || true
         )
 
     def command(self, *args: str) -> list[str]:
-        if not self._pid:
-            raise ImageError("podman is not started")
-        env = [f"PATH={_PATH}", "HOME=/root", "TMPDIR=/var/tmp", "PODMAN_IGNORE_CGROUPSV1_WARNING=1"]
-        inner = ["chroot", str(self.root), "env", "-i", *env, "podman", "--storage-driver", "overlay", *args]
-        return ["nsenter", f"--target={self._pid}", "--mount", "--pid", "--", *inner]
+        env = ["TMPDIR=/var/tmp", "PODMAN_IGNORE_CGROUPSV1_WARNING=1"]
+        return self.namespace.command("podman", "--storage-driver=overlay", *args, env=env)
 
     def run(self, *args: str, check: bool = True, timeout: float = 600) -> subprocess.CompletedProcess:
         result = subprocess.run(self.command(*args), capture_output=True, text=True, timeout=timeout)
