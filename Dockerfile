@@ -3,12 +3,13 @@
 # The geoingest service image: `geoingest run` as a non-root user on a read-only root filesystem.
 #
 #   docker build -t geoingest:dev .
-#   docker run --read-only --tmpfs /tmp --tmpfs /scratch -v geoingest-data:/data \
+#   docker run --read-only --tmpfs /tmp --tmpfs /scratch:mode=1777 -v geoingest-data:/data \
 #     -e GEOINGEST_BOOTSTRAP_SERVERS=kafka:9092 \
 #     -e GEOINGEST_CATALOG__URI=sqlite:////data/catalog.db -e GEOINGEST_CATALOG__WAREHOUSE=file:///data/warehouse \
 #     geoingest:dev
 #
-# The default command ingests the demo contract's table (schemas/demo_events.json), creating it
+# (mode=1777 is Docker's default for a tmpfs; podman mounts one root-owned 0755 unless told, which
+# the service's user cannot write.) The default command ingests the demo contract's table (schemas/demo_events.json), creating it
 # first when the catalog does not have it. Without a Docker engine, `make image` builds this file
 # with podman (docs/deploying.md).
 #

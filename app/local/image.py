@@ -178,7 +178,7 @@ mount --rbind /sys "$R/sys" && mount --make-rslave "$R/sys"
 mount --rbind /dev "$R/dev" && mount --make-rslave "$R/dev"
 mount -t tmpfs tmpfs "$R/run"
 {mounts}
-cp /etc/resolv.conf "$R/etc/resolv.conf"
+cp /etc/resolv.conf /etc/hosts "$R/etc/"
 echo ready
 read -r _ || true
 """
@@ -305,6 +305,8 @@ class Podman:
             result = subprocess.run(
                 self.command(
                     "build",
+                    # Docker's image format: OCI's has no HEALTHCHECK, which podman would drop.
+                    "--format=docker",
                     "--pull=never",
                     "--network=host",
                     "--jobs=1",

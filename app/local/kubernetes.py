@@ -9,8 +9,10 @@ that started it, ends them all.
 
 Networking stays on this machine: the API server, the kubelet and the pods live on a bridge this
 launcher creates (BRIDGE, NODE_IP/24); pods reach the host at NODE_IP (where a test's broker
-listens) and nothing routes further. There is no DNS server and no kube-proxy: pods get no
-nameserver, so the chart is given addresses, not names.
+listens) and nothing routes further. There is no kube-proxy: the cluster's DNS (ClusterDNS, on
+NODE_IP:53) answers a Service's name with the addresses of its ready endpoints, so names work as
+long as a Service's port is its target port (true of the chart's Services and of `kubernetes`,
+whose API server listens on 443). Any other name is NXDOMAIN: nothing is forwarded.
 
 Cached under <cache_dir>/kubernetes: the binaries (bin-<version>, containerd-<version>), the pause
 image, the node's root and Go's module cache. Each build step prints its time.
@@ -22,9 +24,12 @@ import base64
 import json
 import os
 import shutil
+import socket
 import ssl
+import struct
 import subprocess
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -55,7 +60,9 @@ BRIDGE = "geoingest0"
 NODE_IP = "10.244.0.1"
 POD_SUBNET = "10.244.0.0/24"
 SERVICE_RANGE = "10.96.0.0/24"
-API_PORT = 6443
+# The API server listens on the port of the `kubernetes` Service, since names resolve straight to
+# endpoints here (ClusterDNS): https://kubernetes.default.svc reaches it as in any cluster.
+API_PORT = 443
 PAUSE_IMAGE = "registry.k8s.io/pause:3.10"
 
 PAUSE_SOURCE = """package main
@@ -215,6 +222,80 @@ def build_pause(home: Path) -> Path:
     return archive
 
 
+class ClusterDNS:
+    """A DNS server for the pods: `<service>.<namespace>.svc[.cluster.local]` A queries answered
+    with the ready endpoint addresses of the Service (EndpointSlices, read from the API on each
+    query), everything else NXDOMAIN. UDP only, in a thread of the process that started the cluster."""
+
+    def __init__(self, cluster: Cluster, address: str = NODE_IP, port: int = 53):
+        self.cluster = cluster
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self.sock.bind((address, port))
+        self.sock.settimeout(0.5)
+        self._stop = threading.Event()
+        self.thread = threading.Thread(target=self._serve, name="cluster-dns", daemon=True)
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self.thread.join(timeout=5)
+        self.sock.close()
+
+    def _serve(self) -> None:
+        while not self._stop.is_set():
+            try:
+                query, peer = self.sock.recvfrom(4096)
+            except (TimeoutError, OSError):
+                continue
+            try:
+                self.sock.sendto(self.answer(query), peer)
+            except (OSError, ValueError, IndexError, struct.error):
+                continue
+
+    def addresses(self, name: str) -> list[str] | None:
+        """The A records of a name; None when the name is not the cluster's."""
+        labels = name.lower().rstrip(".").removesuffix(".cluster.local").split(".")
+        if len(labels) != 3 or labels[2] != "svc":
+            return None
+        service, namespace = labels[0], labels[1]
+        try:
+            slices = self.cluster.api(
+                "GET",
+                f"/apis/discovery.k8s.io/v1/namespaces/{namespace}/endpointslices"
+                f"?labelSelector=kubernetes.io/service-name%3D{service}",
+            )
+        except (OSError, ValueError):
+            return None
+        found = [
+            address
+            for item in slices.get("items", [])
+            for endpoint in item.get("endpoints") or []
+            if (endpoint.get("conditions") or {}).get("ready", True)
+            for address in endpoint.get("addresses", [])
+        ]
+        return sorted(set(found)) if slices.get("items") else None
+
+    def answer(self, query: bytes) -> bytes:
+        ident, flags = struct.unpack("!HH", query[:4])
+        offset, labels = 12, []
+        while query[offset]:
+            length = query[offset]
+            labels.append(query[offset + 1 : offset + 1 + length].decode("ascii", "replace"))
+            offset += 1 + length
+        question = query[12 : offset + 5]
+        qtype = struct.unpack("!H", query[offset + 1 : offset + 3])[0]
+        addresses = self.addresses(".".join(labels))
+        rd = flags & 0x0100
+        if addresses is None:
+            return struct.pack("!HHHHHH", ident, 0x8403 | rd, 1, 0, 0, 0) + question
+        records = [a for a in addresses if qtype == 1]
+        header = struct.pack("!HHHHHH", ident, 0x8400 | rd, 1, len(records), 0, 0)
+        body = b"".join(struct.pack("!HHHIH", 0xC00C, 1, 1, 5, 4) + socket.inet_aton(a) for a in records)
+        return header + question + body
+
+
 class Cluster:
     """The running cluster: its admin credentials, its API and the launcher's processes."""
 
@@ -230,6 +311,7 @@ class Cluster:
         self.kubeconfig = self.state / "admin.kubeconfig"
         self.bin = Path()
         self.containerd_bin = Path()
+        self.dns: ClusterDNS | None = None
 
     # -- building -------------------------------------------------------------------------------
 
@@ -259,6 +341,8 @@ class Cluster:
             self._spawn("kube-apiserver", [str(self.bin / "kube-apiserver"), *self._apiserver_args()])
             self._wait(lambda: self._api_ready(), "kube-apiserver to answer /readyz", 120, "kube-apiserver")
             self._write_kubeconfigs()
+            self.dns = ClusterDNS(self)
+            self.dns.start()
             self._spawn(
                 "kube-controller-manager", [str(self.bin / "kube-controller-manager"), *self._controller_args()]
             )
@@ -282,6 +366,9 @@ class Cluster:
         return self
 
     def stop(self) -> None:
+        if self.dns is not None:
+            self.dns.stop()
+            self.dns = None
         if self.namespace is not None:
             self.namespace.stop()
             self.namespace = None
@@ -425,6 +512,7 @@ authorization:
 failSwapOn: false
 resolvConf: ""
 clusterDomain: cluster.local
+clusterDNS: [{NODE_IP}]
 registerNode: true
 serializeImagePulls: false
 evictionHard:

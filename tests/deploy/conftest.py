@@ -121,8 +121,10 @@ class Helm:
             "HELM_DATA_HOME": str(home / "data"),
         }
 
-    def run(self, *args: str, check: bool = True) -> subprocess.CompletedProcess:
-        result = subprocess.run([str(self.binary), *args], capture_output=True, text=True, env=self.env, timeout=120)
+    def run(self, *args: str, check: bool = True, timeout: float = 120) -> subprocess.CompletedProcess:
+        result = subprocess.run(
+            [str(self.binary), *args], capture_output=True, text=True, env=self.env, timeout=timeout
+        )
         if check and result.returncode != 0:
             raise AssertionError(
                 f"helm {' '.join(args)} failed ({result.returncode}):\n{result.stdout}\n{result.stderr}"

@@ -52,12 +52,20 @@ def podman() -> Iterator[Podman]:
         yield podman
 
 
+def root_flags() -> list[str]:
+    """The header's flags for the root filesystem: read-only, and its tmpfs mounts."""
+    flags = header_run_flags()
+    out = [flag for flag in flags if flag == "--read-only"]
+    out += [f"--tmpfs={flags[i + 1]}" for i, flag in enumerate(flags) if flag == "--tmpfs"]
+    assert "--read-only" in out and len(out) >= 3, f"the header's docker run has no read-only root with tmpfs: {flags}"
+    return out
+
+
 def sh(podman: Podman, script: str, *flags: str) -> str:
     """A shell script in the image, as the image's user, on the header's read-only root."""
     result = podman.run(
-        "run", "--rm", "--network=none", "--read-only", "--tmpfs=/tmp", "--tmpfs=/scratch", *flags,
-        "--entrypoint=bash", DEFAULT_TAG, "-c", script,
-    )  # fmt: skip
+        "run", "--rm", "--network=none", *root_flags(), *flags, "--entrypoint=bash", DEFAULT_TAG, "-c", script
+    )
     return result.stdout
 
 
@@ -127,7 +135,7 @@ def test_the_header_command_ingests_into_a_fresh_catalog(podman, kafka, topic, t
 
     # Read back as a user would, with the image's own CLI on the same volume.
     count = podman.run(
-        "run", "--rm", "--network=none", "--read-only", "--tmpfs=/tmp", "--tmpfs=/scratch", f"--volume={data}:/data",
+        "run", "--rm", "--network=none", *root_flags(), f"--volume={data}:/data",
         "-e", "GEOINGEST_CATALOG__URI=sqlite:////data/catalog.db",
         "-e", "GEOINGEST_CATALOG__WAREHOUSE=file:///data/warehouse",
         "--entrypoint=geoingest", DEFAULT_TAG,

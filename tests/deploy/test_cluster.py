@@ -1,0 +1,205 @@
+"""The chart installed as a user installs it, on a real single-node Kubernetes cluster started here
+(app/local/kubernetes.py: kube-apiserver, controller manager, scheduler, kubelet, containerd, a CNI
+bridge), with the image `make image` builds imported into the node as if pulled.
+
+The broker listens on the cluster's bridge (NODE_IP), which the pods and the tests reach; nothing
+leaves the machine. The table is read back with the image's own `geoingest query` on the pod's
+volume. These run under `make test-cluster` (marker `cluster`), not `make test`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import tempfile
+import threading
+import time
+import urllib.request
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import shapely
+from kafka import KafkaAdminClient
+from kafka.admin import NewTopic
+
+from app.broker import LocalBroker, free_port
+from app.local.image import DEFAULT_TAG, ROOT, Podman
+from app.local.kubernetes import NODE_IP, Cluster
+from tests.conftest import CACHE_DIR, produce_records
+from tests.deploy.conftest import CHART, Helm, build_helm
+from tests.deploy.test_image import count_records
+
+pytestmark = pytest.mark.cluster
+
+REPOSITORY, TAG = DEFAULT_TAG.rsplit(":", 1)
+NAMESPACE = "geoingest"
+RELEASE = "geoingest"
+
+
+@pytest.fixture(scope="session")
+def node_state() -> Iterator[Path]:
+    with tempfile.TemporaryDirectory(prefix="geoingest-node-") as folder:
+        yield Path(folder)
+
+
+@pytest.fixture(scope="session")
+def podman_for_cluster(node_state) -> Iterator[Podman]:
+    if os.geteuid() != 0:
+        pytest.skip("the cluster and podman here need root (namespaces, chroot, a bridge)")
+    with Podman(CACHE_DIR, shared=[ROOT, node_state, Path(tempfile.gettempdir())]) as podman:
+        podman.build(DEFAULT_TAG)
+        yield podman
+
+
+@pytest.fixture(scope="session")
+def cluster(node_state, podman_for_cluster) -> Iterator[Cluster]:
+    cluster = Cluster(CACHE_DIR, node_state, shared=[Path(tempfile.gettempdir())])
+    started = time.monotonic()
+    with cluster:
+        print(f"cluster started in {time.monotonic() - started:.1f} s")
+        archive = node_state / "geoingest-image.tar"
+        podman_for_cluster.run("save", "--format=docker-archive", f"--output={archive}", DEFAULT_TAG, timeout=900)
+        cluster.import_image(archive)
+        archive.unlink()
+        cluster.api(
+            "POST",
+            "/api/v1/namespaces",
+            {
+                "apiVersion": "v1",
+                "kind": "Namespace",
+                "metadata": {
+                    "name": NAMESPACE,
+                    "labels": {"pod-security.kubernetes.io/enforce": "restricted"},
+                },
+            },
+        )
+        yield cluster
+
+
+@pytest.fixture(scope="session")
+def bridge_broker(cluster, tmp_path_factory) -> Iterator[LocalBroker]:
+    """A broker on the cluster's bridge: the pods' way to the host."""
+    broker = LocalBroker(tmp_path_factory.mktemp("bridge-kafka"), CACHE_DIR, port=free_port(), host=NODE_IP)
+    broker.ensure_jars()
+    broker.start()
+    yield broker
+    broker.stop()
+
+
+@pytest.fixture(scope="session")
+def helm(cluster, tmp_path_factory) -> Helm:
+    helm = Helm(build_helm(), tmp_path_factory.mktemp("helm-home"))
+    helm.env["KUBECONFIG"] = str(cluster.kubeconfig)
+    return helm
+
+
+def new_topic(broker: LocalBroker) -> str:
+    name = f"geo-{uuid.uuid4().hex[:10]}"
+    admin = KafkaAdminClient(bootstrap_servers=broker.bootstrap)
+    try:
+        admin.create_topics([NewTopic(name, num_partitions=3, replication_factor=1)])
+    finally:
+        admin.close()
+    return name
+
+
+def events(start: int, count: int) -> list[tuple[bytes, bytes, list]]:
+    return [
+        (f"e{i}".encode(), shapely.to_wkb(shapely.Point(-170 + (i % 3400) * 0.1, -80 + (i % 1600) * 0.1)), [])
+        for i in range(start, start + count)
+    ]
+
+
+def pods(cluster: Cluster, selector: str) -> list[dict]:
+    found = cluster.api("GET", f"/api/v1/namespaces/{NAMESPACE}/pods?labelSelector={selector}")
+    return found["items"]
+
+
+def ready_pod(cluster: Cluster, selector: str, timeout_s: float, not_named: str = "") -> dict:
+    deadline = time.monotonic() + timeout_s
+    last: list[dict] = []
+    while time.monotonic() < deadline:
+        last = pods(cluster, selector)
+        for pod in last:
+            conditions = {c["type"]: c["status"] for c in pod["status"].get("conditions", [])}
+            if pod["metadata"]["name"] != not_named and conditions.get("Ready") == "True":
+                return pod
+        time.sleep(2)
+    states = [(p["metadata"]["name"], p["status"].get("phase"), p["status"].get("containerStatuses")) for p in last]
+    raise AssertionError(f"no ready pod for {selector} after {timeout_s:.0f} s: {states}")
+
+
+def metric(pod_ip: str, name: str, port: int = 9108) -> float:
+    text = urllib.request.urlopen(f"http://{pod_ip}:{port}/metrics", timeout=5).read().decode()
+    return sum(float(v) for v in re.findall(rf"^{name}{{[^}}]*}} (\S+)$", text, re.MULTILINE))
+
+
+def table_rows(podman: Podman, volume: Path) -> int:
+    """The rows of demo.events, read with the image's own CLI on the pod's volume."""
+    out = podman.run(
+        "run", "--rm", "--network=none", "--read-only", "--tmpfs=/tmp", "--tmpfs=/scratch:mode=1777",
+        f"--volume={volume}:/data",
+        "-e", "GEOINGEST_CATALOG__URI=sqlite:////data/catalog.db",
+        "-e", "GEOINGEST_CATALOG__WAREHOUSE=file:///data/warehouse",
+        "--entrypoint=geoingest", DEFAULT_TAG,
+        "query", "--table", "demo.events", "--bbox", "-180,-90,180,90", "--format", "count",
+    ).stdout  # fmt: skip
+    return int(json.loads(out)["count"])
+
+
+def test_local_mode_ingests_and_survives_a_pod_kill(cluster, helm, bridge_broker, podman_for_cluster):
+    topic = new_topic(bridge_broker)
+    volume = cluster.add_volume("geoingest-data-local")
+    selector = f"app.kubernetes.io/instance={RELEASE}"
+    started = time.monotonic()
+    helm.run(
+        "install", RELEASE, str(CHART), "--namespace", NAMESPACE,
+        "--values", str(CHART / "ci" / "default-values.yaml"),
+        "--set", f"image.repository={REPOSITORY},image.tag={TAG}",
+        "--set", f"config.bootstrap_servers={bridge_broker.bootstrap},config.topic={topic}",
+        "--set", "config.trigger_interval=1 second,config.driver_memory=1g",
+        "--set", "resources.requests.cpu=250m",
+        "--wait", "--timeout", "10m", timeout=660,
+    )  # fmt: skip
+    pod = ready_pod(cluster, selector, 60)
+    print(f"helm install to ready: {time.monotonic() - started:.1f} s")
+
+    first = events(0, 2000)
+    bad = [(f"bad{i}".encode(), b"not an event", []) for i in range(10)]
+    assert produce_records(bridge_broker.bootstrap, topic, first + bad) == 2010
+    wait_until(lambda: metric(pod["status"]["podIP"], "geoingest_events_consumed_total") >= 2010, 300, "2010 consumed")
+
+    # Mid-stream: a second wave is being produced while the pod is killed (no grace period).
+    second = events(2000, 3000)
+    producer = threading.Thread(target=lambda: produce_records(bridge_broker.bootstrap, topic, second))
+    producer.start()
+    time.sleep(1)
+    name = pod["metadata"]["name"]
+    cluster.api("DELETE", f"/api/v1/namespaces/{NAMESPACE}/pods/{name}", {"gracePeriodSeconds": 0})
+    producer.join()
+    killed_at = time.monotonic()
+    replacement = ready_pod(cluster, selector, 600, not_named=name)
+    print(f"pod killed to replacement ready: {time.monotonic() - killed_at:.1f} s")
+
+    wait_until(lambda: table_rows(podman_for_cluster, volume) >= 5000, 300, "5000 rows in the table")
+    time.sleep(5)  # anything doubled would land by now
+    rows = table_rows(podman_for_cluster, volume)
+    dead = count_records(bridge_broker.bootstrap, f"{topic}.dlq")
+    assert (rows, dead) == (5000, 10), f"table rows {rows} + dead letters {dead} != 5010 produced (5000 + 10 bad)"
+    assert replacement["status"]["podIP"]
+
+
+def wait_until(check, timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    error: Exception | None = None
+    while time.monotonic() < deadline:
+        try:
+            if check():
+                return
+        except (OSError, ValueError, AssertionError, RuntimeError) as exc:
+            error = exc
+        time.sleep(3)
+    raise AssertionError(f"no {what} after {timeout_s:.0f} s (last error: {error})")
