@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import fcntl
 import os
 import re
 import resource
@@ -230,6 +231,7 @@ class Podman:
         self.root = self.home / f"podman-{PODMAN_SUITE}"
         self.storage = self.home / "storage"
         self.namespace = ChrootNamespace(self.root, shared, {"/var/lib/containers/storage": self.storage})
+        self._lock: int | None = None
 
     def __enter__(self) -> Podman:
         self.start()
@@ -242,10 +244,21 @@ class Podman:
         make_root(self.root, PODMAN_SUITE, PODMAN_PACKAGES)
         self._write_config()
         self.storage.mkdir(parents=True, exist_ok=True)
+        # One namespace at a time on the storage: each has a fresh /run, and podman, finding its
+        # runtime state gone, takes it for a reboot and marks the other's containers exited.
+        self._lock = os.open(self.home / "podman.lock", os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            log(f"waiting for another podman on {self.storage} to finish")
+            fcntl.flock(self._lock, fcntl.LOCK_EX)
         self.namespace.start()
 
     def stop(self) -> None:
         self.namespace.stop()
+        if self._lock is not None:
+            os.close(self._lock)
+            self._lock = None
 
     def _write_config(self) -> None:
         """podman on this machine: cgroupfs (cgroup v1, no systemd), runc, file events, and

@@ -28,6 +28,7 @@ import socket
 import ssl
 import struct
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -37,7 +38,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from app.local.image import DEBIAN_MIRROR, ChrootNamespace, ImageError, Podman, log, make_root, timed
+from app.local.image import ChrootNamespace, ImageError, Podman, log, make_root, timed
 
 KUBERNETES_VERSION = "v1.37.2"
 # The staging modules (k8s.io/api, ...) are published as v0.<minor>.<patch>.
@@ -202,8 +203,9 @@ def build_containerd(home: Path) -> Path:
     return out
 
 
-def build_pause(home: Path) -> Path:
-    """The pod sandbox image: a static binary in a FROM scratch image, as a docker archive."""
+def build_pause(home: Path, podman: Podman) -> Path:
+    """The pod sandbox image: a static binary in a FROM scratch image, as a docker archive.
+    `podman` must share the system's temporary folder (where the build context is made)."""
     archive = home / "pause.tar"
     if archive.is_file():
         return archive
@@ -213,12 +215,16 @@ def build_pause(home: Path) -> Path:
     (src / "main.go").write_text(PAUSE_SOURCE)
     with timed("go build pause"):
         _go(["build", "-trimpath", "-ldflags=-s -w", "-o", str(src / "pause"), "."], src, _go_env(home), "pause")
-    (src / "Containerfile").write_text('FROM scratch\nCOPY pause /pause\nUSER 65535:65535\nENTRYPOINT ["/pause"]\n')
-    cache_dir = home.parent
-    with Podman(cache_dir, shared=[src]) as podman, timed("podman build pause"):
-        podman.run("build", "--pull=never", f"--tag={PAUSE_IMAGE}", f"--file={src / 'Containerfile'}", str(src))
-        podman.run("save", "--format=docker-archive", f"--output={src / 'pause.tar'}", PAUSE_IMAGE)
-    os.replace(src / "pause.tar", archive)
+    with tempfile.TemporaryDirectory(prefix="pause-") as folder:
+        context = Path(folder)
+        shutil.copy2(src / "pause", context / "pause")
+        (context / "Containerfile").write_text(
+            'FROM scratch\nCOPY pause /pause\nUSER 65535:65535\nENTRYPOINT ["/pause"]\n'
+        )
+        with timed("podman build pause"):
+            podman.run("build", "--pull=never", f"--tag={PAUSE_IMAGE}", f"--file={context / 'Containerfile'}", folder)
+            podman.run("save", "--format=docker-archive", f"--output={context / 'pause.tar'}", PAUSE_IMAGE)
+        shutil.move(context / "pause.tar", archive)
     return archive
 
 
@@ -299,8 +305,9 @@ class ClusterDNS:
 class Cluster:
     """The running cluster: its admin credentials, its API and the launcher's processes."""
 
-    def __init__(self, cache_dir: Path, state: Path, shared: Sequence[Path] = ()):
+    def __init__(self, cache_dir: Path, state: Path, podman: Podman, shared: Sequence[Path] = ()):
         self.home = Path(cache_dir) / "kubernetes"
+        self.podman = podman
         self.state = Path(state).resolve()
         self.root = self.home / f"node-{NODE_SUITE}"
         self.shared = [Path(p).resolve() for p in shared]
@@ -320,7 +327,7 @@ class Cluster:
         make_root(self.root, NODE_SUITE, NODE_PACKAGES)
         self.bin = build_kubernetes(self.home)
         self.containerd_bin = build_containerd(self.home)
-        build_pause(self.home)
+        build_pause(self.home, self.podman)
 
     # -- starting -------------------------------------------------------------------------------
 
@@ -521,6 +528,7 @@ evictionHard:
   imagefs.available: 2%
 imageGCHighThresholdPercent: 100
 imageGCLowThresholdPercent: 99
+podLogsDir: {self.state}/pod-logs
 """
         )
 
@@ -646,7 +654,7 @@ imageGCLowThresholdPercent: 99
                 raise ClusterError(f"containerd did not answer:\n{self.log_tail('containerd')}")
             time.sleep(1)
         with timed(f"ctr images import {archive.name}"):
-            self.ctr("images", "import", "--no-unpack=false", str(archive))
+            self.ctr("images", "import", str(archive))
 
     def _ctr_ok(self) -> bool:
         try:
@@ -680,10 +688,47 @@ imageGCLowThresholdPercent: 99
         return folder
 
 
+def main(argv: Sequence[str] | None = None) -> int:
+    """`python -m app.local.kubernetes [--image TAG]`: the cluster up until Ctrl-C, with the image
+    imported; prints the kubeconfig to use with helm and kubectl."""
+    import argparse
+    import signal
+
+    from app.local.image import DEFAULT_TAG, ROOT
+    from app.settings import load_settings
+
+    parser = argparse.ArgumentParser(prog="python -m app.local.kubernetes", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--image", default=DEFAULT_TAG, help=f"image to build and import (default {DEFAULT_TAG})")
+    parser.add_argument("--state", help="the cluster's folder (default: a new temporary one)")
+    args = parser.parse_args(argv)
+    cache_dir = Path(load_settings().cache_dir)
+    state = Path(args.state or tempfile.mkdtemp(prefix="geoingest-node-"))
+    try:
+        with Podman(cache_dir, shared=[ROOT, Path(tempfile.gettempdir()), state]) as podman:
+            podman.build(args.image)
+            with Cluster(cache_dir, state, podman, shared=[Path(tempfile.gettempdir())]) as cluster:
+                archive = state / "image.tar"
+                podman.run("save", "--format=docker-archive", f"--output={archive}", args.image, timeout=900)
+                cluster.import_image(archive)
+                archive.unlink()
+                print(f"export KUBECONFIG={cluster.kubeconfig}", flush=True)
+                signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+                try:
+                    while True:
+                        time.sleep(3600)
+                except KeyboardInterrupt:
+                    pass
+    except (ClusterError, ImageError) as exc:
+        print(f"cluster: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
 def _free_port() -> int:
     from app.local_process import free_port
 
     return free_port()
 
 
-__all__ = ["Cluster", "ClusterError", "DEBIAN_MIRROR", "ImageError"]
+if __name__ == "__main__":
+    sys.exit(main())

@@ -13,6 +13,7 @@ import re
 import shutil
 import subprocess
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -135,3 +136,18 @@ class Helm:
 @pytest.fixture(scope="session")
 def helm(tmp_path_factory) -> Helm:
     return Helm(build_helm(), tmp_path_factory.mktemp("helm-home"))
+
+
+@pytest.fixture(scope="session")
+def podman():
+    """The one podman of the test run (app/local/image.py; one at a time may use its storage),
+    with the service image built: the build context and the temporary folder are shared with it."""
+    from app.local.image import DEFAULT_TAG, Podman
+
+    if os.geteuid() != 0:
+        pytest.skip("podman here needs root (mount and PID namespaces, chroot)")
+    with Podman(CACHE_DIR, shared=[ROOT, Path(tempfile.gettempdir())]) as podman:
+        started = time.monotonic()
+        podman.build(DEFAULT_TAG)
+        print(f"image build (cached after the first): {time.monotonic() - started:.1f} s")
+        yield podman

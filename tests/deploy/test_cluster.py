@@ -10,7 +10,6 @@ volume. These run under `make test-cluster` (marker `cluster`), not `make test`.
 from __future__ import annotations
 
 import json
-import os
 import re
 import tempfile
 import threading
@@ -26,7 +25,7 @@ from kafka import KafkaAdminClient
 from kafka.admin import NewTopic
 
 from app.broker import LocalBroker, free_port
-from app.local.image import DEFAULT_TAG, ROOT, Podman
+from app.local.image import DEFAULT_TAG, Podman
 from app.local.kubernetes import NODE_IP, Cluster
 from tests.conftest import CACHE_DIR, produce_records
 from tests.deploy.conftest import CHART, Helm, build_helm
@@ -46,22 +45,13 @@ def node_state() -> Iterator[Path]:
 
 
 @pytest.fixture(scope="session")
-def podman_for_cluster(node_state) -> Iterator[Podman]:
-    if os.geteuid() != 0:
-        pytest.skip("the cluster and podman here need root (namespaces, chroot, a bridge)")
-    with Podman(CACHE_DIR, shared=[ROOT, node_state, Path(tempfile.gettempdir())]) as podman:
-        podman.build(DEFAULT_TAG)
-        yield podman
-
-
-@pytest.fixture(scope="session")
-def cluster(node_state, podman_for_cluster) -> Iterator[Cluster]:
-    cluster = Cluster(CACHE_DIR, node_state, shared=[Path(tempfile.gettempdir())])
+def cluster(node_state, podman) -> Iterator[Cluster]:
+    cluster = Cluster(CACHE_DIR, node_state, podman, shared=[Path(tempfile.gettempdir())])
     started = time.monotonic()
     with cluster:
         print(f"cluster started in {time.monotonic() - started:.1f} s")
         archive = node_state / "geoingest-image.tar"
-        podman_for_cluster.run("save", "--format=docker-archive", f"--output={archive}", DEFAULT_TAG, timeout=900)
+        podman.run("save", "--format=docker-archive", f"--output={archive}", DEFAULT_TAG, timeout=900)
         cluster.import_image(archive)
         archive.unlink()
         cluster.api(
@@ -150,7 +140,7 @@ def table_rows(podman: Podman, volume: Path) -> int:
     return int(json.loads(out)["count"])
 
 
-def test_local_mode_ingests_and_survives_a_pod_kill(cluster, helm, bridge_broker, podman_for_cluster):
+def test_local_mode_ingests_and_survives_a_pod_kill(cluster, helm, bridge_broker, podman):
     topic = new_topic(bridge_broker)
     volume = cluster.add_volume("geoingest-data-local")
     selector = f"app.kubernetes.io/instance={RELEASE}"
@@ -184,9 +174,9 @@ def test_local_mode_ingests_and_survives_a_pod_kill(cluster, helm, bridge_broker
     replacement = ready_pod(cluster, selector, 600, not_named=name)
     print(f"pod killed to replacement ready: {time.monotonic() - killed_at:.1f} s")
 
-    wait_until(lambda: table_rows(podman_for_cluster, volume) >= 5000, 300, "5000 rows in the table")
+    wait_until(lambda: table_rows(podman, volume) >= 5000, 300, "5000 rows in the table")
     time.sleep(5)  # anything doubled would land by now
-    rows = table_rows(podman_for_cluster, volume)
+    rows = table_rows(podman, volume)
     dead = count_records(bridge_broker.bootstrap, f"{topic}.dlq")
     assert (rows, dead) == (5000, 10), f"table rows {rows} + dead letters {dead} != 5010 produced (5000 + 10 bad)"
     assert replacement["status"]["podIP"]
