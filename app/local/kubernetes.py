@@ -517,6 +517,8 @@ authentication:
 authorization:
   mode: AlwaysAllow
 failSwapOn: false
+# This machine mounts cgroup v1 (kubelet refuses it unless told).
+failCgroupV1: false
 resolvConf: ""
 clusterDomain: cluster.local
 clusterDNS: [{NODE_IP}]

@@ -135,7 +135,7 @@ def table_rows(podman: Podman, volume: Path) -> int:
         "-e", "GEOINGEST_CATALOG__URI=sqlite:////data/catalog.db",
         "-e", "GEOINGEST_CATALOG__WAREHOUSE=file:///data/warehouse",
         "--entrypoint=geoingest", DEFAULT_TAG,
-        "query", "--table", "demo.events", "--bbox", "-180,-90,180,90", "--format", "count",
+        "query", "--table", "demo.events", "--bbox=-180,-90,180,90", "--format", "count",
     ).stdout  # fmt: skip
     return int(json.loads(out)["count"])
 

@@ -111,7 +111,8 @@ def test_the_header_command_ingests_into_a_fresh_catalog(podman, kafka, topic, t
         # The image's HEALTHCHECK as the image holds it, run beside the service in its network
         # with its environment. (`podman healthcheck run` execs into the container, and an exec
         # here does not enter the container's mount namespace: this machine's kernel is gVisor.)
-        check = json.loads(podman.run("image", "inspect", "--format={{json .Healthcheck}}", DEFAULT_TAG).stdout)
+        image = json.loads(podman.run("image", "inspect", DEFAULT_TAG).stdout)[0]
+        check = image.get("Healthcheck") or image["Config"].get("Healthcheck")
         assert check["Test"][0] == "CMD-SHELL" and "/healthz" in check["Test"][1], check
         health = podman.run(
             "run", "--rm", "--network=host", *root_flags(), "-e", f"GEOINGEST_METRICS_PORT={port}",
@@ -134,7 +135,7 @@ def test_the_header_command_ingests_into_a_fresh_catalog(podman, kafka, topic, t
         "-e", "GEOINGEST_CATALOG__URI=sqlite:////data/catalog.db",
         "-e", "GEOINGEST_CATALOG__WAREHOUSE=file:///data/warehouse",
         "--entrypoint=geoingest", DEFAULT_TAG,
-        "query", "--table", "demo.events", "--bbox", "-180,-90,180,90", "--format", "count",
+        "query", "--table", "demo.events", "--bbox=-180,-90,180,90", "--format", "count",
     ).stdout  # fmt: skip
     rows = json.loads(count)["count"]
     dead = count_records(kafka.bootstrap, f"{topic}.dlq")
