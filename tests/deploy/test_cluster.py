@@ -140,7 +140,7 @@ def table_rows(podman: Podman, volume: Path) -> int:
     return int(json.loads(out)["count"])
 
 
-def test_local_mode_ingests_and_survives_a_pod_kill(cluster, helm, bridge_broker, podman):
+def test_local_mode_ingests_survives_a_pod_kill_and_an_upgrade(cluster, helm, bridge_broker, podman):
     topic = new_topic(bridge_broker)
     volume = cluster.add_volume("geoingest-data-local")
     selector = f"app.kubernetes.io/instance={RELEASE}"
@@ -179,7 +179,35 @@ def test_local_mode_ingests_and_survives_a_pod_kill(cluster, helm, bridge_broker
     rows = table_rows(podman, volume)
     dead = count_records(bridge_broker.bootstrap, f"{topic}.dlq")
     assert (rows, dead) == (5000, 10), f"table rows {rows} + dead letters {dead} != 5010 produced (5000 + 10 bad)"
-    assert replacement["status"]["podIP"]
+
+    # What a user runs after installing: the chart's test hook, from a pod of its own.
+    tested = helm.run("test", RELEASE, "--namespace", NAMESPACE, "--logs", "--timeout", "5m", timeout=330)
+    assert "answered 200" in tested.stdout and "catalog: table demo.events loaded" in tested.stdout, tested.stdout
+    assert re.search(r"Phase:\s+Succeeded", tested.stdout), tested.stdout
+
+    # A rolling upgrade to a new image tag while events keep coming: nothing lost or doubled.
+    podman.run("tag", DEFAULT_TAG, f"{REPOSITORY}:upgraded")
+    archive = cluster.state / "upgraded.tar"
+    podman.run("save", "--format=docker-archive", f"--output={archive}", f"{REPOSITORY}:upgraded", timeout=900)
+    cluster.import_image(archive)
+    archive.unlink()
+    third = events(5000, 2000)
+    producer = threading.Thread(target=lambda: produce_records(bridge_broker.bootstrap, topic, third))
+    producer.start()
+    started = time.monotonic()
+    helm.run(
+        "upgrade", RELEASE, str(CHART), "--namespace", NAMESPACE, "--reuse-values",
+        "--set", "image.tag=upgraded", "--wait", "--timeout", "10m", timeout=660,
+    )  # fmt: skip
+    producer.join()
+    upgraded = ready_pod(cluster, selector, 600, not_named=replacement["metadata"]["name"])
+    print(f"helm upgrade to ready: {time.monotonic() - started:.1f} s")
+    assert upgraded["spec"]["containers"][0]["image"] == f"{REPOSITORY}:upgraded"
+    wait_until(lambda: table_rows(podman, volume) >= 7000, 300, "7000 rows in the table")
+    time.sleep(5)
+    rows = table_rows(podman, volume)
+    dead = count_records(bridge_broker.bootstrap, f"{topic}.dlq")
+    assert (rows, dead) == (7000, 10), f"table rows {rows} + dead letters {dead} != 7010 produced (7000 + 10 bad)"
 
 
 def wait_until(check, timeout_s: float, what: str) -> None:
