@@ -23,10 +23,13 @@ import pytest
 import shapely
 from kafka import KafkaAdminClient
 from kafka.admin import NewTopic
+from pyiceberg.catalog import load_catalog
 
 from app.broker import LocalBroker, free_port
 from app.local.image import DEFAULT_TAG, Podman
-from app.local.kubernetes import NODE_IP, Cluster
+from app.local.kubernetes import NODE_IP, NODE_NAME, Cluster
+from app.object_store import LocalObjectStore
+from app.rest_catalog import LocalRestCatalog
 from tests.conftest import CACHE_DIR, produce_records
 from tests.deploy.conftest import CHART, Helm, build_helm
 from tests.deploy.test_image import count_records
@@ -208,6 +211,7 @@ def test_local_mode_ingests_survives_a_pod_kill_and_an_upgrade(cluster, helm, br
     rows = table_rows(podman, volume)
     dead = count_records(bridge_broker.bootstrap, f"{topic}.dlq")
     assert (rows, dead) == (7000, 10), f"table rows {rows} + dead letters {dead} != 7010 produced (7000 + 10 bad)"
+    helm.run("uninstall", RELEASE, "--namespace", NAMESPACE, "--wait", timeout=300)
 
 
 def wait_until(check, timeout_s: float, what: str) -> None:
@@ -221,3 +225,84 @@ def wait_until(check, timeout_s: float, what: str) -> None:
             error = exc
         time.sleep(3)
     raise AssertionError(f"no {what} after {timeout_s:.0f} s (last error: {error})")
+
+
+@pytest.fixture(scope="session")
+def bridge_lakehouse(cluster, tmp_path_factory) -> Iterator[tuple[LocalObjectStore, LocalRestCatalog]]:
+    """The object store (bucket `lake`) and the REST catalog on the cluster's bridge."""
+    store = LocalObjectStore(tmp_path_factory.mktemp("bridge-s3"), CACHE_DIR, host=NODE_IP)
+    catalog: LocalRestCatalog | None = None
+    try:
+        store.start()
+        store.create_bucket("lake")
+        catalog = LocalRestCatalog(
+            tmp_path_factory.mktemp("bridge-rest"),
+            CACHE_DIR,
+            "s3://lake/warehouse",
+            store.io_properties(),
+            host=NODE_IP,
+        )
+        catalog.start()
+        yield store, catalog
+    finally:
+        if catalog is not None:
+            catalog.stop()
+        store.stop()
+
+
+def test_kubernetes_mode_runs_executor_pods_that_land_a_stream(cluster, helm, bridge_broker, bridge_lakehouse):
+    """ci/kubernetes-mode-values.yaml, with this machine's broker, catalog, bucket and image, and
+    executors sized for one 2-core node; the node carries the label the values select."""
+    store, rest = bridge_lakehouse
+    topic = new_topic(bridge_broker)
+    release, namespace = "lake", NAMESPACE
+    cluster.add_volume("geoingest-data-kubernetes")
+    cluster.api(
+        "PATCH",
+        f"/api/v1/nodes/{NODE_NAME}",
+        {"metadata": {"labels": {"workload": "spark"}}},
+        content_type="application/merge-patch+json",
+    )
+    cluster.api(
+        "POST",
+        f"/api/v1/namespaces/{namespace}/secrets",
+        {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": {"name": "lake-s3"},
+            "stringData": {"access-key-id": store.access_key, "secret-access-key": store.secret_key},
+        },
+    )
+    started = time.monotonic()
+    helm.run(
+        "install", release, str(CHART), "--namespace", namespace,
+        "--values", str(CHART / "ci" / "kubernetes-mode-values.yaml"),
+        "--set", f"image.repository={REPOSITORY},image.tag={TAG},image.digest=",
+        "--set", f"config.bootstrap_servers={bridge_broker.bootstrap},config.topic={topic}",
+        "--set", "config.trigger_interval=1 second,config.driver_memory=1g",
+        "--set-string", f"config.catalog.uri={rest.uri}",
+        "--set-string", f"config.catalog.s3\\.endpoint={store.endpoint},config.catalog.s3\\.region={store.region}",
+        "--set", "spark.kubernetes.executor.instances=2,spark.kubernetes.executor.cores=1",
+        "--set", "spark.kubernetes.executor.requestCores=250m,spark.kubernetes.executor.limitCores=null",
+        "--set", "spark.kubernetes.executor.memory=1g,spark.kubernetes.executor.memoryOverhead=512m",
+        "--set", "resources.requests.cpu=250m,resources.requests.memory=1Gi,resources.limits.memory=3Gi",
+        "--wait", "--timeout", "10m", timeout=660,
+    )  # fmt: skip
+    driver = ready_pod(cluster, f"app.kubernetes.io/instance={release}", 60)
+    print(f"helm install (kubernetes mode) to ready: {time.monotonic() - started:.1f} s")
+
+    executors = [p for p in cluster.api("GET", f"/api/v1/namespaces/{namespace}/pods")["items"]
+                 if p["metadata"].get("labels", {}).get("spark-role") == "executor"]  # fmt: skip
+    assert len(executors) == 2, [p["metadata"]["name"] for p in executors]
+    assert all(p["status"]["phase"] == "Running" for p in executors), [p["status"] for p in executors]
+
+    good = events(0, 3000)
+    bad = [(f"bad{i}".encode(), b"not an event", []) for i in range(10)]
+    assert produce_records(bridge_broker.bootstrap, topic, good + bad) == 3010
+    table = lambda: load_catalog("check", **rest.catalog_properties()).load_table("demo.events")  # noqa: E731
+    wait_until(lambda: table().scan().count() >= 3000, 420, "3000 rows in the table")
+    time.sleep(5)
+    rows = table().scan().count()
+    dead = count_records(bridge_broker.bootstrap, f"{topic}.dlq")
+    assert (rows, dead) == (3000, 10), f"table rows {rows} + dead letters {dead} != 3010 produced (3000 + 10 bad)"
+    assert metric(driver["status"]["podIP"], "geoingest_events_consumed_total") == 3010
