@@ -45,15 +45,16 @@ class ImageError(RuntimeError):
     """The image or its tools could not be built; the message names the step."""
 
 
-def log(message: str) -> None:
-    print(f"image: {message}", file=sys.stderr, flush=True)
+def log(message: str, prefix: str = "image") -> None:
+    print(f"{prefix}: {message}", file=sys.stderr, flush=True)
 
 
 @contextlib.contextmanager
-def timed(step: str) -> Iterator[None]:
+def timed(step: str, prefix: str = "image") -> Iterator[None]:
+    """Prints how long the step took (each build step's time, to quote)."""
     start = time.monotonic()
     yield
-    log(f"{step}: {time.monotonic() - start:.1f} s")
+    log(f"{step}: {time.monotonic() - start:.1f} s", prefix)
 
 
 def _run(command: Sequence[str], step: str, timeout: float = 1800, **kwargs) -> subprocess.CompletedProcess:

@@ -38,7 +38,17 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from app.local.image import ChrootNamespace, ImageError, Podman, log, make_root, timed
+from app.local import image
+from app.local.image import ChrootNamespace, ImageError, Podman, make_root
+
+
+def log(message: str) -> None:
+    image.log(message, "cluster")
+
+
+def timed(step: str):
+    return image.timed(step, "cluster")
+
 
 KUBERNETES_VERSION = "v1.37.2"
 # The staging modules (k8s.io/api, ...) are published as v0.<minor>.<patch>.
@@ -111,10 +121,15 @@ def _go_env(home: Path) -> dict[str, str]:
     }
 
 
-def _go(args: Sequence[str], cwd: Path, env: dict[str, str], step: str, timeout: float = 2400) -> None:
+def _go_binary(step: str) -> str:
     go = shutil.which("go") or "/usr/local/go/bin/go"
     if not Path(go).exists():
         raise ClusterError(f"{step}: there is no `go` on PATH to build it with")
+    return go
+
+
+def _go(args: Sequence[str], cwd: Path, env: dict[str, str], step: str, timeout: float = 2400) -> None:
+    go = _go_binary(step)
     result = subprocess.run(
         ["nice", "-n", "10", go, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
     )
@@ -133,7 +148,7 @@ def build_kubernetes(home: Path) -> Path:
     src.mkdir(parents=True, exist_ok=True)
     with timed(f"go mod download k8s.io/kubernetes@{KUBERNETES_VERSION}"):
         info = subprocess.run(
-            ["go", "mod", "download", "-json", f"k8s.io/kubernetes@{KUBERNETES_VERSION}"],
+            [_go_binary("go mod download"), "mod", "download", "-json", f"k8s.io/kubernetes@{KUBERNETES_VERSION}"],
             cwd=src,
             env=env,
             capture_output=True,
@@ -184,7 +199,12 @@ def build_containerd(home: Path) -> Path:
     env = _go_env(home)
     module = f"github.com/containerd/containerd/v2@{CONTAINERD_VERSION}"
     info = subprocess.run(
-        ["go", "mod", "download", "-json", module], env=env, capture_output=True, text=True, timeout=900, cwd=home
+        [_go_binary("go mod download"), "mod", "download", "-json", module],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+        cwd=home,
     )
     if info.returncode != 0:
         raise ClusterError(f"go mod download {module} failed: {info.stdout[-2000:]}{info.stderr[-2000:]}")
