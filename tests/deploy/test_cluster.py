@@ -30,6 +30,7 @@ from app.local.image import DEFAULT_TAG, Podman
 from app.local.kubernetes import NODE_IP, NODE_NAME, Cluster
 from app.object_store import LocalObjectStore
 from app.rest_catalog import LocalRestCatalog
+from streaming.lease import lease_state
 from tests.conftest import CACHE_DIR, produce_records
 from tests.deploy.conftest import CHART, Helm, build_helm
 from tests.deploy.test_image import count_records
@@ -250,7 +251,9 @@ def bridge_lakehouse(cluster, tmp_path_factory) -> Iterator[tuple[LocalObjectSto
         store.stop()
 
 
-def test_kubernetes_mode_runs_executor_pods_that_land_a_stream(cluster, helm, bridge_broker, bridge_lakehouse):
+def test_kubernetes_mode_executor_pods_land_a_stream_through_a_driver_kill_and_maintenance(
+    cluster, helm, bridge_broker, bridge_lakehouse
+):
     """ci/kubernetes-mode-values.yaml, with this machine's broker, catalog, bucket and image, and
     executors sized for one 2-core node; the node carries the label the values select."""
     store, rest = bridge_lakehouse
@@ -306,3 +309,77 @@ def test_kubernetes_mode_runs_executor_pods_that_land_a_stream(cluster, helm, br
     dead = count_records(bridge_broker.bootstrap, f"{topic}.dlq")
     assert (rows, dead) == (3000, 10), f"table rows {rows} + dead letters {dead} != 3010 produced (3000 + 10 bad)"
     assert metric(driver["status"]["podIP"], "geoingest_events_consumed_total") == 3010
+
+    # The driver's ServiceAccount may manage pods and no more: no Secrets, nothing cluster-wide.
+    account = f"system:serviceaccount:{namespace}:{release}-geoingest"
+    for verb, resource, allowed in (
+        ("create", "pods", True),
+        ("deletecollection", "pods", True),
+        ("get", "secrets", False),
+        ("list", "nodes", False),
+        ("create", "deployments", False),
+    ):
+        review = cluster.api(
+            "POST",
+            "/apis/authorization.k8s.io/v1/subjectaccessreviews",
+            {
+                "apiVersion": "authorization.k8s.io/v1",
+                "kind": "SubjectAccessReview",
+                "spec": {
+                    "user": account,
+                    "groups": ["system:serviceaccounts", f"system:serviceaccounts:{namespace}"],
+                    "resourceAttributes": {"namespace": namespace, "verb": verb, "resource": resource},
+                },
+            },
+        )
+        assert review["status"].get("allowed", False) is allowed, f"{account} {verb} {resource}: {review['status']}"
+
+    # A kill of the driver pod mid-stream: its executors go with it, the new driver starts new ones.
+    second = events(3000, 2000)
+    producer = threading.Thread(target=lambda: produce_records(bridge_broker.bootstrap, topic, second))
+    producer.start()
+    time.sleep(1)
+    name = driver["metadata"]["name"]
+    cluster.api("DELETE", f"/api/v1/namespaces/{namespace}/pods/{name}", {"gracePeriodSeconds": 0})
+    producer.join()
+    killed_at = time.monotonic()
+    ready_pod(cluster, f"app.kubernetes.io/instance={release}", 600, not_named=name)
+    print(f"driver killed to replacement ready (kubernetes mode): {time.monotonic() - killed_at:.1f} s")
+    wait_until(lambda: table().scan().count() >= 5000, 420, "5000 rows in the table")
+    time.sleep(5)
+    rows = table().scan().count()
+    dead = count_records(bridge_broker.bootstrap, f"{topic}.dlq")
+    assert (rows, dead) == (5000, 10), f"table rows {rows} + dead letters {dead} != 5010 produced (5000 + 10 bad)"
+
+    # The maintenance CronJob, run once now (as `kubectl create job --from=cronjob/...` does): it
+    # takes the table's lease (a new generation) and releases it.
+    before = lease_state(table()).generation
+    cronjob = cluster.api("GET", f"/apis/batch/v1/namespaces/{namespace}/cronjobs/{release}-geoingest-maintenance")
+    job = f"{release}-maintenance-once"
+    cluster.api(
+        "POST",
+        f"/apis/batch/v1/namespaces/{namespace}/jobs",
+        {
+            "apiVersion": "batch/v1",
+            "kind": "Job",
+            "metadata": {"name": job},
+            "spec": cronjob["spec"]["jobTemplate"]["spec"],
+        },
+    )
+    started = time.monotonic()
+    wait_until(lambda: job_finished(cluster, namespace, job), 420, f"job {job} to finish")
+    status = cluster.api("GET", f"/apis/batch/v1/namespaces/{namespace}/jobs/{job}")["status"]
+    (pod,) = cluster.api("GET", f"/api/v1/namespaces/{namespace}/pods?labelSelector=job-name%3D{job}")["items"][-1:]
+    logs = cluster.api("GET", f"/api/v1/namespaces/{namespace}/pods/{pod['metadata']['name']}/log")
+    assert status.get("succeeded") == 1, f"maintenance job: {status}\n{str(logs)[-3000:]}"
+    print(f"maintenance job: {time.monotonic() - started:.1f} s")
+    report = json.loads([line for line in str(logs).splitlines() if line.startswith('{"table"')][-1])
+    assert report["table"] == "demo.events" and not report["skipped"], report
+    after = lease_state(table())
+    assert after.generation >= before + 2 and after.holder is None, (before, after)
+    assert table().scan().count() == 5000
+
+
+def job_finished(cluster: Cluster, namespace: str, name: str) -> bool:
+    status = cluster.api("GET", f"/apis/batch/v1/namespaces/{namespace}/jobs/{name}")["status"]
+    return bool(status.get("succeeded") or status.get("failed"))
