@@ -337,6 +337,8 @@ class Podman:
         if result.returncode != 0:
             tail = "\n".join(result.stdout.strip().splitlines()[-40:])
             raise ImageError(f"podman build of {dockerfile} failed (exit {result.returncode}):\n{tail}")
+        # The images this tag named before: each rebuild would leave one (a few GB) behind.
+        self.run("image", "prune", "--force", check=False)
 
     def save(self, image: str, archive: Path) -> Path:
         """The image as an OCI archive (what `ctr images import` reads)."""

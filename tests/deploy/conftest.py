@@ -12,6 +12,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -87,6 +88,7 @@ def build_helm() -> Path:
     )
     HELM.parent.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix="helm-build-", dir=HELM.parent.parent))
+    started = time.monotonic()
     try:
         subprocess.run(
             [go, "install", "-trimpath", f"-ldflags={ldflags}", f"{HELM_MODULE}/cmd/helm@{HELM_VERSION}"],
@@ -98,6 +100,7 @@ def build_helm() -> Path:
         )
         HELM.parent.mkdir(parents=True, exist_ok=True)
         os.replace(staging / "helm", HELM)
+        print(f"helm: go install helm {HELM_VERSION}: {time.monotonic() - started:.1f} s", file=sys.stderr)
         # The compiled packages (~700 MB) serve no later build of another version; the module
         # cache stays, so the same version rebuilds without the network.
         shutil.rmtree(env["GOCACHE"], ignore_errors=True)

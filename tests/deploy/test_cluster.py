@@ -14,6 +14,7 @@ import re
 import tempfile
 import threading
 import time
+import urllib.parse
 import urllib.request
 import uuid
 from collections.abc import Iterator
@@ -108,7 +109,8 @@ def events(start: int, count: int) -> list[tuple[bytes, bytes, list]]:
 
 
 def pods(cluster: Cluster, selector: str) -> list[dict]:
-    found = cluster.api("GET", f"/api/v1/namespaces/{NAMESPACE}/pods?labelSelector={selector}")
+    # The Deployment's pods alone carry geoingest.io/spark-mode (not executors, jobs or tests).
+    found = cluster.api("GET", f"/api/v1/namespaces/{NAMESPACE}/pods?labelSelector={urllib.parse.quote(selector)}")
     return found["items"]
 
 
@@ -147,7 +149,7 @@ def table_rows(podman: Podman, volume: Path) -> int:
 def test_local_mode_ingests_survives_a_pod_kill_and_an_upgrade(cluster, helm, bridge_broker, podman):
     topic = new_topic(bridge_broker)
     volume = cluster.add_volume("geoingest-data-local")
-    selector = f"app.kubernetes.io/instance={RELEASE}"
+    selector = f"app.kubernetes.io/instance={RELEASE},geoingest.io/spark-mode"
     started = time.monotonic()
     helm.run(
         "install", RELEASE, str(CHART), "--namespace", NAMESPACE,
@@ -291,7 +293,7 @@ def test_kubernetes_mode_executor_pods_land_a_stream_through_a_driver_kill_and_m
         "--set", "resources.requests.cpu=250m,resources.requests.memory=1Gi,resources.limits.memory=3Gi",
         "--wait", "--timeout", "10m", timeout=660,
     )  # fmt: skip
-    driver = ready_pod(cluster, f"app.kubernetes.io/instance={release}", 60)
+    driver = ready_pod(cluster, f"app.kubernetes.io/instance={release},geoingest.io/spark-mode", 60)
     print(f"helm install (kubernetes mode) to ready: {time.monotonic() - started:.1f} s")
 
     executors = [p for p in cluster.api("GET", f"/api/v1/namespaces/{namespace}/pods")["items"]
@@ -343,7 +345,7 @@ def test_kubernetes_mode_executor_pods_land_a_stream_through_a_driver_kill_and_m
     cluster.api("DELETE", f"/api/v1/namespaces/{namespace}/pods/{name}", {"gracePeriodSeconds": 0})
     producer.join()
     killed_at = time.monotonic()
-    ready_pod(cluster, f"app.kubernetes.io/instance={release}", 600, not_named=name)
+    ready_pod(cluster, f"app.kubernetes.io/instance={release},geoingest.io/spark-mode", 600, not_named=name)
     print(f"driver killed to replacement ready (kubernetes mode): {time.monotonic() - killed_at:.1f} s")
     wait_until(lambda: table().scan().count() >= 5000, 420, "5000 rows in the table")
     time.sleep(5)
