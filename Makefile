@@ -34,9 +34,10 @@ image: setup
 	$(PY) -m app.local.image --tag localhost/geoingest:dev
 
 # The image run as users run it, and the chart on a single-node Kubernetes cluster started here
-# (docs/deploying.md); builds what it needs into the cache folder first, printing each step's time.
+# (docs/deploying.md); builds what it needs into the cache folder first, printing each step's time
+# (-s: the times and the figures the tests measure show as they come).
 test-cluster: setup
-	$(PY) -m pytest -m "image or cluster" tests/deploy
+	$(PY) -m pytest -s -m "image or cluster" tests/deploy
 
 # Lint, format and types, as configured in pyproject.toml.
 check: setup
