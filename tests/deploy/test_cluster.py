@@ -146,7 +146,7 @@ def table_rows(podman: Podman, volume: Path) -> int:
     return int(json.loads(out)["count"])
 
 
-def test_local_mode_ingests_survives_a_pod_kill_and_an_upgrade(cluster, helm, bridge_broker, podman):
+def test_local_mode_ingests_survives_a_pod_kill_an_upgrade_and_an_eviction(cluster, helm, bridge_broker, podman):
     topic = new_topic(bridge_broker)
     volume = cluster.add_volume("geoingest-data-local")
     selector = f"app.kubernetes.io/instance={RELEASE},geoingest.io/spark-mode"
@@ -214,6 +214,13 @@ def test_local_mode_ingests_survives_a_pod_kill_and_an_upgrade(cluster, helm, br
     rows = table_rows(podman, volume)
     dead = count_records(bridge_broker.bootstrap, f"{topic}.dlq")
     assert (rows, dead) == (7000, 10), f"table rows {rows} + dead letters {dead} != 7010 produced (7000 + 10 bad)"
+
+    # A node drain evicts the pod: the PodDisruptionBudget (maxUnavailable 1) lets it, and the
+    # Deployment brings the pod back.
+    name = upgraded["metadata"]["name"]
+    eviction = {"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": name, "namespace": NAMESPACE}}
+    cluster.api("POST", f"/api/v1/namespaces/{NAMESPACE}/pods/{name}/eviction", eviction)
+    ready_pod(cluster, selector, 600, not_named=name)
     helm.run("uninstall", RELEASE, "--namespace", NAMESPACE, "--wait", timeout=300)
 
 
