@@ -312,9 +312,14 @@ class Podman:
                 timeout=600,
             )
 
+    def _image_id(self, image: str) -> str:
+        found = self.run("image", "inspect", "--format={{.Id}}", image, check=False)
+        return found.stdout.strip() if found.returncode == 0 else ""
+
     def build(self, tag: str, context: Path = ROOT, dockerfile: Path = DOCKERFILE) -> None:
         for base in base_images(dockerfile):
             self.ensure_base(base)
+        previous = self._image_id(tag)
         with timed(f"podman build -t {tag}"):
             result = subprocess.run(
                 self.command(
@@ -337,8 +342,10 @@ class Podman:
         if result.returncode != 0:
             tail = "\n".join(result.stdout.strip().splitlines()[-40:])
             raise ImageError(f"podman build of {dockerfile} failed (exit {result.returncode}):\n{tail}")
-        # The images this tag named before: each rebuild would leave one (a few GB) behind.
-        self.run("image", "prune", "--force", check=False)
+        # The image this tag named before: each rebuild would leave one (a few GB) behind. Only that
+        # one: a prune would also drop the builder stage's image, the cache of the next build.
+        if previous and previous != self._image_id(tag):
+            self.run("rmi", previous, check=False)
 
     def save(self, image: str, archive: Path) -> Path:
         """The image as an OCI archive (what `ctr images import` reads)."""
