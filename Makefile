@@ -6,7 +6,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 INSTALLED := $(VENV)/.installed
 
-.PHONY: setup demo demo-lakehouse check test bench fuzz clean
+.PHONY: setup demo demo-lakehouse check test image test-cluster bench fuzz clean
 
 $(INSTALLED): pyproject.toml
 	@$(PYTHON) -c 'import sys; assert sys.version_info[:2] == (3, 11), f"geoingest needs Python 3.11, {sys.executable} is {sys.version.split()[0]}"'
@@ -27,6 +27,17 @@ demo-lakehouse: setup
 
 test: setup check
 	$(PY) -m pytest
+
+# The service image from the Dockerfile, with podman from a Debian root kept in the cache folder
+# (no Docker engine needed; needs root). docs/deploying.md says what it does and what it stands in for.
+image: setup
+	$(PY) -m app.local.image --tag localhost/geoingest:dev
+
+# The image run as users run it, and the chart on a single-node Kubernetes cluster started here
+# (docs/deploying.md); builds what it needs into the cache folder first, printing each step's time
+# (-s: the times and the figures the tests measure show as they come).
+test-cluster: setup
+	$(PY) -m pytest -s -m "image or cluster" tests/deploy
 
 # Lint, format and types, as configured in pyproject.toml.
 check: setup

@@ -116,6 +116,11 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="with a lost checkpoint, start after the Kafka offsets recorded in the table",
     )
+    run.add_argument(
+        "--create-table",
+        action="store_true",
+        help="create the contract's table first if it is missing (as `table create` does); the image's default",
+    )
     run.set_defaults(handler=_run)
 
     query = commands.add_parser("query", help="features that intersect, lie within or contain a geometry")
@@ -318,6 +323,13 @@ def _run(args, settings: Settings) -> int:
     from streaming.contract import load_contract
 
     configure_logging()
+    if args.create_table:
+        from streaming.table.catalog import create_table, open_catalog
+
+        table, created = create_table(
+            open_catalog(settings.catalog_name, settings.catalog), load_contract(args.contract)
+        )
+        print(json.dumps({"table": ".".join(table.name()), "created": created, "location": table.location()}))
     totals = run(
         settings, load_contract(args.contract), until_idle=args.until_idle, resume_from_table=args.resume_from_table
     )

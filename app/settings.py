@@ -6,6 +6,8 @@ GEOINGEST_CATALOG__URI=postgresql+psycopg2://... or GEOINGEST_KAFKA__SASL_MECHAN
 (an upper-case key is translated, see _map_key: sasl.mechanism), a key spelled as the option
 is kept as it is (GEOINGEST_SPARK__spark.executorEnv.TZ=UTC), and a whole map can be one JSON
 object (GEOINGEST_CATALOG='{"s3.endpoint": "http://..."}').
+Keys are case-sensitive: one that is a known catalog, Kafka or Spark property only when case is
+ignored (GEOINGEST_CATALOG__S3.ENDPOINT, which pyiceberg would not read) is an error at start.
 Values of keys that look secret are masked wherever settings are shown.
 """
 
@@ -14,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -166,6 +169,11 @@ def load_settings(
         except tomllib.TOMLDecodeError as exc:
             raise SettingsError(f"{path}: not valid TOML ({exc})") from None
     fields = {f.name: f for f in dataclasses.fields(Settings)}
+    # Where each map entry was written, for the case check's message.
+    origins: dict[tuple[str, str], str] = {}
+    for name, value in values.items():
+        if isinstance(value, dict):
+            origins.update({(name, str(k)): f"{config_file} [{name}]" for k in value})
     for key, raw in env.items():
         if not key.startswith(ENV_PREFIX) or key == f"{ENV_PREFIX}CONFIG":
             continue
@@ -179,8 +187,11 @@ def load_settings(
                 raise SettingsError(f"{name}: expected a table of key = value, got {merged!r}")
             if sub:
                 merged[_map_key(name, sub)] = raw
+                origins[(name, _map_key(name, sub))] = key
             else:
-                merged.update(_json_map(key, raw))
+                entries = _json_map(key, raw)
+                merged.update(entries)
+                origins.update({(name, k): key for k in entries})
         elif sub:
             raise SettingsError(f"{key}: {name} is a single value, not a map; drop the '__{sub}' part")
         else:
@@ -190,7 +201,132 @@ def load_settings(
     if unknown:
         raise SettingsError(f"unknown settings: {sorted(unknown)}")
     typed = {name: _coerce(name, value, fields[name]) for name, value in values.items()}
+    for name in ("catalog", "kafka", "spark"):
+        for map_key in typed.get(name, {}):
+            _check_case(name, map_key, origins.get((name, map_key), "the settings"))
     return Settings(**typed)
+
+
+# Spark's own configuration keys that this project, its chart or its docs set; Spark reads keys
+# case-sensitively, so these are the spellings that work. Prefixes take any suffix (its case kept).
+_SPARK_KEYS = frozenset(
+    {
+        "spark.app.name",
+        "spark.blockManager.port",
+        "spark.cores.max",
+        "spark.default.parallelism",
+        "spark.driver.bindAddress",
+        "spark.driver.cores",
+        "spark.driver.extraClassPath",
+        "spark.driver.extraJavaOptions",
+        "spark.driver.host",
+        "spark.driver.maxResultSize",
+        "spark.driver.memory",
+        "spark.driver.memoryOverhead",
+        "spark.driver.port",
+        "spark.dynamicAllocation.enabled",
+        "spark.dynamicAllocation.maxExecutors",
+        "spark.dynamicAllocation.minExecutors",
+        "spark.dynamicAllocation.shuffleTracking.enabled",
+        "spark.executor.cores",
+        "spark.executor.extraClassPath",
+        "spark.executor.extraJavaOptions",
+        "spark.executor.heartbeatInterval",
+        "spark.executor.instances",
+        "spark.executor.memory",
+        "spark.executor.memoryOverhead",
+        "spark.hadoop.fs.AbstractFileSystem.file.impl",
+        "spark.jars",
+        "spark.jars.packages",
+        "spark.kubernetes.authenticate.driver.serviceAccountName",
+        "spark.kubernetes.container.image",
+        "spark.kubernetes.container.image.pullPolicy",
+        "spark.kubernetes.container.image.pullSecrets",
+        "spark.kubernetes.driver.pod.name",
+        "spark.kubernetes.executor.deleteOnTermination",
+        "spark.kubernetes.executor.limit.cores",
+        "spark.kubernetes.executor.podNamePrefix",
+        "spark.kubernetes.executor.podTemplateContainerName",
+        "spark.kubernetes.executor.podTemplateFile",
+        "spark.kubernetes.executor.request.cores",
+        "spark.kubernetes.namespace",
+        "spark.local.dir",
+        "spark.master",
+        "spark.memory.fraction",
+        "spark.network.timeout",
+        "spark.pyspark.python",
+        "spark.python.daemon.module",
+        "spark.python.worker.memory",
+        "spark.python.worker.reuse",
+        "spark.serializer",
+        "spark.sql.adaptive.enabled",
+        "spark.sql.execution.arrow.maxBytesPerBatch",
+        "spark.sql.execution.arrow.maxRecordsPerBatch",
+        "spark.sql.session.timeZone",
+        "spark.sql.shuffle.partitions",
+        "spark.sql.streaming.stopGracefullyOnShutdown",
+        "spark.task.cpus",
+        "spark.task.maxFailures",
+        "spark.ui.enabled",
+        "spark.ui.port",
+        "spark.ui.showConsoleProgress",
+    }
+)
+_SPARK_PREFIXES = (
+    "spark.executorEnv.",
+    "spark.kubernetes.driverEnv.",
+    "spark.kubernetes.driver.label.",
+    "spark.kubernetes.executor.label.",
+    "spark.kubernetes.driver.annotation.",
+    "spark.kubernetes.executor.annotation.",
+    "spark.hadoop.",
+    "spark.sql.catalog.",
+)
+_CONSUMERS = {"catalog": "pyiceberg", "kafka": "the Kafka client", "spark": "Spark"}
+_PROPERTY_SHAPE = re.compile(r"^[a-z][a-z0-9_.-]*$")
+
+
+def _known_keys(name: str) -> frozenset[str]:
+    """The property names a map's consumer reads: pyiceberg's catalog and FileIO properties, the
+    Java Kafka client's settings (all lower case), Spark's keys above."""
+    if name == "spark":
+        return _SPARK_KEYS
+    if name == "catalog":
+        import pyiceberg.catalog
+        import pyiceberg.catalog.rest
+        import pyiceberg.io
+
+        modules: tuple[Any, ...] = (pyiceberg.io, pyiceberg.catalog, pyiceberg.catalog.rest)
+        return frozenset(
+            value
+            for module in modules
+            for constant, value in vars(module).items()
+            if constant.isupper() and isinstance(value, str) and _PROPERTY_SHAPE.match(value)
+        )
+    from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer
+
+    from streaming.source.java_settings import JAVA_TLS_SETTINGS
+
+    python_names = {*KafkaConsumer.DEFAULT_CONFIG, *KafkaProducer.DEFAULT_CONFIG, *KafkaAdminClient.DEFAULT_CONFIG}
+    java_names = {key.replace("_", ".") for key in python_names}
+    return frozenset(java_names | JAVA_TLS_SETTINGS | {"sasl.jaas.config", "sasl.login.callback.handler.class"})
+
+
+def _check_case(name: str, key: str, origin: str) -> None:
+    """A key that names a known property only when case is ignored is a mistake the consumer would
+    not report: pyiceberg, the Kafka client and Spark all ignore a key they do not know."""
+    known = _known_keys(name)
+    if key in known or any(key.startswith(prefix) for prefix in _SPARK_PREFIXES if name == "spark"):
+        return
+    meant = next((k for k in known if k.lower() == key.lower()), None)
+    if meant is None and name == "spark":
+        prefix = next((p for p in _SPARK_PREFIXES if key.lower().startswith(p.lower())), None)
+        meant = prefix + key[len(prefix) :] if prefix else None
+    if meant is not None:
+        raise SettingsError(
+            f"{origin}: {name} key {key!r} is {meant!r} spelled in another case, and keys are case-sensitive "
+            f"({_CONSUMERS[name]} would ignore {key!r}); write {meant!r}"
+        )
 
 
 def _map_key(name: str, sub: str) -> str:

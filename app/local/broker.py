@@ -71,8 +71,12 @@ class LocalBroker:
         controller_port: int | None = None,
         version: str = DEFAULT_KAFKA_VERSION,
         secure_port: int | None = None,
+        host: str = _HOST,
     ) -> None:
         self.home = Path(home).resolve()
+        # The client listener's address: loopback, or an address of a bridge the caller made (a
+        # local Kubernetes cluster's pods reach the broker there, app/local/kubernetes.py).
+        self.host = host
         self.cache_dir = Path(cache_dir).resolve()
         self.port = port
         self.controller_port = controller_port
@@ -90,7 +94,7 @@ class LocalBroker:
 
     @property
     def bootstrap(self) -> str:
-        return f"{_HOST}:{self.port}"
+        return f"{self.host}:{self.port}"
 
     # -- the SASL_SSL listener ----------------------------------------------------------------
 
@@ -216,7 +220,7 @@ class LocalBroker:
 
     def _ready(self) -> bool:
         secure_up = self.secure_port is None or port_answers(self.secure_port)
-        return secure_up and port_answers(self.port) and _answers_metadata(self.bootstrap)
+        return secure_up and port_answers(self.port, self.host) and _answers_metadata(self.bootstrap)
 
     def _format_storage(self, libs: Path) -> None:
         cluster_id = base64.urlsafe_b64encode(os.urandom(16)).decode().rstrip("=")
@@ -328,7 +332,7 @@ class LocalBroker:
         ]
 
     def _write_configs(self) -> None:
-        listeners = f"PLAINTEXT://{_HOST}:{self.port},CONTROLLER://{_HOST}:{self.controller_port}"
+        listeners = f"PLAINTEXT://{self.host}:{self.port},CONTROLLER://{_HOST}:{self.controller_port}"
         protocols = "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT"
         secure: dict[str, str] = {}
         if self.secure_port is not None:

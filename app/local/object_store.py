@@ -67,8 +67,11 @@ class LocalObjectStore:
         secret_key: str = DEFAULT_SECRET_KEY,
         region: str = DEFAULT_REGION,
         version: str = DEFAULT_S3PROXY_VERSION,
+        host: str = HOST,
     ) -> None:
         self.home = Path(home).resolve()
+        # Loopback, or an address of a bridge the caller made (app/local/kubernetes.py's pods).
+        self.host = host
         self.cache_dir = Path(cache_dir).resolve()
         self.access_key = access_key
         self.secret_key = secret_key
@@ -84,7 +87,7 @@ class LocalObjectStore:
 
     @property
     def endpoint(self) -> str:
-        return f"http://{HOST}:{self.port}"
+        return f"http://{self.host}:{self.port}"
 
     @property
     def data_dir(self) -> Path:
@@ -243,7 +246,7 @@ class LocalObjectStore:
     def _answers_s3(self) -> bool:
         # S3Proxy's handler answers /healthz itself, once its backend is open, before it logs a
         # request: the probe proves the S3 handler serves and is not counted as a request.
-        health = get_json(self.port, "/healthz")
+        health = get_json(self.port, "/healthz", host=self.host)
         return isinstance(health, dict) and health.get("status") == "OK"
 
     def _persisted_port(self) -> int | None:

@@ -54,12 +54,12 @@ def port_answers(port: int, host: str = HOST) -> bool:
         return False
 
 
-def get_json(port: int, path: str, timeout_s: float = 5.0) -> object | None:
-    """The JSON body of a 200 answer to GET http://127.0.0.1:<port><path>; None for anything else
+def get_json(port: int, path: str, timeout_s: float = 5.0, host: str = HOST) -> object | None:
+    """The JSON body of a 200 answer to GET http://<host>:<port><path>; None for anything else
     (nothing listening, another status, not JSON): what a readiness check asks of a server."""
-    if not port_answers(port):
+    if not port_answers(port, host):
         return None
-    connection = http.client.HTTPConnection(HOST, port, timeout=timeout_s)
+    connection = http.client.HTTPConnection(host, port, timeout=timeout_s)
     try:
         connection.request("GET", path)
         response = connection.getresponse()

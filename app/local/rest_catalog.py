@@ -112,9 +112,12 @@ class LocalRestCatalog:
         warehouse: str,
         io_properties: dict[str, str] | None = None,
         port: int | None = None,
+        host: str = HOST,
     ) -> None:
         self.home = Path(home).resolve()
         self.cache_dir = Path(cache_dir).resolve()
+        # Loopback, or an address of a bridge the caller made (app/local/kubernetes.py's pods).
+        self.host = host
         self.warehouse = warehouse
         self.io_properties = dict(io_properties or {})
         self.config_file = self.home / "rest-catalog.xml"
@@ -126,7 +129,7 @@ class LocalRestCatalog:
 
     @property
     def uri(self) -> str:
-        return f"http://{HOST}:{self.port}"
+        return f"http://{self.host}:{self.port}"
 
     def catalog_properties(self) -> dict[str, str]:
         """What a pyiceberg client passes to `load_catalog` to use this catalog."""
@@ -244,7 +247,7 @@ class LocalRestCatalog:
             raise RestCatalogError(f"The REST catalog at {self.uri} (home {self.home}) does not answer: {exc}") from exc
 
     def _answers_config(self) -> bool:
-        config = get_json(self.port, "/v1/config")
+        config = get_json(self.port, "/v1/config", host=self.host)
         return isinstance(config, dict) and "defaults" in config
 
     def _persisted_port(self) -> int | None:
@@ -273,7 +276,7 @@ class LocalRestCatalog:
     <Arg>
       <New class="org.eclipse.jetty.server.ServerConnector">
         <Arg><Ref refid="Server"/></Arg>
-        <Set name="host">{HOST}</Set>
+        <Set name="host">{self.host}</Set>
         <Set name="port">{self.port}</Set>
       </New>
     </Arg>

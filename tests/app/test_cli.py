@@ -103,6 +103,21 @@ def test_create_describe_run_and_query(env, kafka, topic):
     assert len(found) == 5 and all(f["type"] == "Feature" for f in found)
 
 
+def test_run_with_create_table_starts_on_a_fresh_catalog(env, kafka, topic):
+    # The image's default command: no `table create` first.
+    missing = geoingest(env, "run", "--contract", str(CONTRACT), "--until-idle", check=False)
+    assert missing.returncode == 2 and "table demo.events does not exist" in missing.stderr
+    records = [(b"p", shapely.to_wkb(shapely.Point(10 + i * 0.01, 50)), []) for i in range(20)]
+    assert produce_records(kafka.bootstrap, topic, records) == 20
+    ran = geoingest(env, "run", "--contract", str(CONTRACT), "--until-idle", "--create-table")
+    created, summary = (json.loads(line) for line in ran.stdout.splitlines())
+    assert created["table"] == "demo.events" and created["created"] is True
+    assert summary["consumed"] == 20 and summary["committed_rows"] == 20
+    # An existing table is checked against the contract and kept.
+    again = geoingest(env, "run", "--contract", str(CONTRACT), "--until-idle", "--create-table")
+    assert json.loads(again.stdout.splitlines()[0])["created"] is False
+
+
 def test_errors_name_their_input(env):
     missing = geoingest(env, "table", "create", "--contract", "/no/such/contract.json", check=False)
     assert missing.returncode == 2 and "/no/such/contract.json" in missing.stderr

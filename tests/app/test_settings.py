@@ -6,6 +6,7 @@ Every test passes `env=` so the real environment never leaks in.
 from __future__ import annotations
 
 import dataclasses
+import re
 from pathlib import Path
 
 import pytest
@@ -261,3 +262,55 @@ def test_catalog_keys_follow_pyicebergs_environment_rule():
 def test_a_map_variable_that_is_no_json_object_names_the_variable(raw):
     with pytest.raises(SettingsError, match="GEOINGEST_SPARK: expected a JSON object"):
         load_settings(env={"GEOINGEST_SPARK": raw})
+
+
+@pytest.mark.parametrize(
+    ("variable", "written", "meant"),
+    [
+        # What a manifest's `env:` list tends to hold: the property upper-cased, dots kept.
+        ("GEOINGEST_CATALOG__S3.ENDPOINT", "S3.ENDPOINT", "s3.endpoint"),
+        ("GEOINGEST_CATALOG__S3.Region", "S3.Region", "s3.region"),
+        ("GEOINGEST_KAFKA__SASL.MECHANISM", "SASL.MECHANISM", "sasl.mechanism"),
+        ("GEOINGEST_KAFKA__Security.Protocol", "Security.Protocol", "security.protocol"),
+        ("GEOINGEST_SPARK__SPARK.EXECUTOR.MEMORY", "SPARK.EXECUTOR.MEMORY", "spark.executor.memory"),
+        (
+            "GEOINGEST_SPARK__spark.kubernetes.executor.podtemplatefile",
+            "spark.kubernetes.executor.podtemplatefile",
+            "spark.kubernetes.executor.podTemplateFile",
+        ),
+        ("GEOINGEST_SPARK__SPARK.EXECUTORENV.TZ", "SPARK.EXECUTORENV.TZ", "spark.executorEnv.TZ"),
+    ],
+)
+def test_a_known_key_in_another_case_is_an_error_naming_both_spellings(variable, written, meant):
+    with pytest.raises(SettingsError) as info:
+        load_settings(env={variable: "x"})
+    message = str(info.value)
+    assert message.startswith(f"{variable}: ")
+    assert repr(written) in message and repr(meant) in message
+    assert "\n" not in message
+
+
+def test_a_known_key_in_another_case_in_the_file_or_a_json_variable_names_where_it_is(tmp_path):
+    path = write_toml(tmp_path, '[catalog]\ntype = "rest"\n"S3.ENDPOINT" = "http://127.0.0.1:9000"\n')
+    with pytest.raises(SettingsError, match=rf"^{re.escape(str(path))} \[catalog\]: catalog key 'S3.ENDPOINT'"):
+        load_settings(path, env={})
+    with pytest.raises(SettingsError, match=r"^GEOINGEST_KAFKA: kafka key 'Bootstrap.Servers' is 'bootstrap.servers'"):
+        load_settings(env={"GEOINGEST_KAFKA": '{"Bootstrap.Servers": "b:9092"}'})
+
+
+def test_keys_in_their_own_case_and_unknown_keys_are_kept():
+    s = load_settings(
+        env={
+            "GEOINGEST_CATALOG__s3.endpoint": "http://127.0.0.1:9000",
+            "GEOINGEST_CATALOG__S3__REGION": "us-east-1",
+            "GEOINGEST_CATALOG__header.X-Iceberg-Access-Delegation": "vended-credentials",
+            "GEOINGEST_KAFKA__SASL_MECHANISM": "PLAIN",
+            "GEOINGEST_SPARK__spark.executorEnv.tz": "UTC",
+            "GEOINGEST_SPARK__spark.myCompany.Flag": "1",
+        }
+    )
+    assert s.catalog["s3.endpoint"] == "http://127.0.0.1:9000"
+    assert s.catalog["s3.region"] == "us-east-1"
+    assert s.catalog["header.X-Iceberg-Access-Delegation"] == "vended-credentials"
+    assert s.kafka == {"sasl.mechanism": "PLAIN"}
+    assert s.spark == {"spark.executorEnv.tz": "UTC", "spark.myCompany.Flag": "1"}

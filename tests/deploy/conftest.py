@@ -12,7 +12,9 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -86,6 +88,7 @@ def build_helm() -> Path:
     )
     HELM.parent.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix="helm-build-", dir=HELM.parent.parent))
+    started = time.monotonic()
     try:
         subprocess.run(
             [go, "install", "-trimpath", f"-ldflags={ldflags}", f"{HELM_MODULE}/cmd/helm@{HELM_VERSION}"],
@@ -97,6 +100,7 @@ def build_helm() -> Path:
         )
         HELM.parent.mkdir(parents=True, exist_ok=True)
         os.replace(staging / "helm", HELM)
+        print(f"helm: go install helm {HELM_VERSION}: {time.monotonic() - started:.1f} s", file=sys.stderr)
         # The compiled packages (~700 MB) serve no later build of another version; the module
         # cache stays, so the same version rebuilds without the network.
         shutil.rmtree(env["GOCACHE"], ignore_errors=True)
@@ -121,8 +125,10 @@ class Helm:
             "HELM_DATA_HOME": str(home / "data"),
         }
 
-    def run(self, *args: str, check: bool = True) -> subprocess.CompletedProcess:
-        result = subprocess.run([str(self.binary), *args], capture_output=True, text=True, env=self.env, timeout=120)
+    def run(self, *args: str, check: bool = True, timeout: float = 120) -> subprocess.CompletedProcess:
+        result = subprocess.run(
+            [str(self.binary), *args], capture_output=True, text=True, env=self.env, timeout=timeout
+        )
         if check and result.returncode != 0:
             raise AssertionError(
                 f"helm {' '.join(args)} failed ({result.returncode}):\n{result.stdout}\n{result.stderr}"
@@ -133,3 +139,18 @@ class Helm:
 @pytest.fixture(scope="session")
 def helm(tmp_path_factory) -> Helm:
     return Helm(build_helm(), tmp_path_factory.mktemp("helm-home"))
+
+
+@pytest.fixture(scope="session")
+def podman():
+    """The one podman of the test run (app/local/image.py; one at a time may use its storage),
+    with the service image built: the build context and the temporary folder are shared with it."""
+    from app.local.image import DEFAULT_TAG, Podman
+
+    if os.geteuid() != 0:
+        pytest.skip("podman here needs root (mount and PID namespaces, chroot)")
+    with Podman(CACHE_DIR, shared=[ROOT, Path(tempfile.gettempdir())]) as podman:
+        started = time.monotonic()
+        podman.build(DEFAULT_TAG)
+        print(f"image build (cached after the first): {time.monotonic() - started:.1f} s")
+        yield podman

@@ -107,7 +107,8 @@ def test_entrypoint_and_default_contract():
     entrypoint = json.loads(final("ENTRYPOINT")[-1].args)
     cmd = json.loads(final("CMD")[-1].args)
     assert entrypoint == ["geoingest", "run"]
-    assert cmd == ["--contract", "/opt/geoingest/schemas/demo_events.json"]
+    # A fresh catalog gets the demo table: the header's `docker run` works as written.
+    assert cmd == ["--contract", "/opt/geoingest/schemas/demo_events.json", "--create-table"]
     assert any(i.args.split() == ["schemas", "/opt/geoingest/schemas"] for i in final("COPY"))
     assert (ROOT / "schemas" / "demo_events.json").is_file()
     script = PYPROJECT["project"]["scripts"]["geoingest"]
