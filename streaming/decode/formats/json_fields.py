@@ -39,6 +39,7 @@ from streaming.decode.formats.geojson import (
     _still_ok,
 )
 from streaming.decode.formats.geojson_geometry import ndjson, read_geometries
+from streaming.decode.formats.json_blocks import read_in_blocks
 from streaming.decode.formats.wkb import EWKB_SRID_FLAG, read_wkb
 from streaming.decode.formats.wkt import read_wkt, store_points
 from streaming.decode.rejects import Reason, Rejects, shown
@@ -317,33 +318,14 @@ class _BlockParser:
         def one_by_one(lo: int, hi: int) -> None:
             singles.extend(self._parse_one(flat, i, errors) for i in range(lo, hi))
 
-        n = len(flat)
-        lo, window, run = 0, n, 0
-        while lo < n:
-            hi = min(n, lo + window)
-            table, refused = self._read_block(flat.slice(lo, hi - lo))
-            if table is not None:
-                add_block(table)
-                lo, window, run = hi, 2 * window, 0
-            elif refused is None:
-                if hi - lo > self._MIN_BLOCK:
-                    window = (hi - lo) // 2
-                else:
-                    one_by_one(lo, hi)
-                    lo = hi
-            elif refused >= self._MIN_BLOCK:
-                prefix, _ = self._read_block(flat.slice(lo, refused))
-                if prefix is not None:
-                    add_block(prefix)
-                else:
-                    one_by_one(lo, lo + refused)
-                one_by_one(lo + refused, lo + refused + 1)
-                lo, window, run = lo + refused + 1, 2 * refused, 0
-            else:
-                run = min(2 * run or self._MIN_BLOCK, self._MAX_RUN)
-                stop = min(n, lo + refused + 1 + run)
-                one_by_one(lo, stop)
-                lo, window = stop, self._MIN_BLOCK
+        read_in_blocks(
+            len(flat),
+            lambda lo, hi: self._read_block(flat.slice(lo, hi - lo)),
+            add_block,
+            one_by_one,
+            self._MIN_BLOCK,
+            self._MAX_RUN,
+        )
         add_block(pa.Table.from_pylist([], schema=self.schema))
         return pa.concat_tables(pieces), errors
 

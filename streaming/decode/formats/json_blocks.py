@@ -1,0 +1,52 @@
+"""A batch of JSON documents read in blocks by pyarrow's JSON reader, the documents a block read
+refuses read one by one: the loop the GeoJSON and the JSON-fields formats share."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pyarrow as pa
+
+# read_block(lo, hi): the documents lo..hi-1 as a table, or None and the index (from lo) of the
+# document the reader refused (None: it named none).
+ReadBlock = Callable[[int, int], tuple[pa.Table | None, int | None]]
+
+
+def read_in_blocks(
+    n: int,
+    read_block: ReadBlock,
+    add_block: Callable[[pa.Table], None],
+    one_by_one: Callable[[int, int], None],
+    min_block: int,
+    max_run: int,
+) -> None:
+    """Read documents 0..n-1: whole blocks while the reader takes them (doubling the block after a
+    success), the rows before a refused one as a block, the refused one alone, and after it a run of
+    rows one by one, longer while refusals keep coming: a batch of bad documents costs about what
+    reading them one by one costs, never a block read per document."""
+    lo, window, run = 0, n, 0
+    while lo < n:
+        hi = min(n, lo + window)
+        table, refused = read_block(lo, hi)
+        if table is not None:
+            add_block(table)
+            lo, window, run = hi, 2 * window, 0
+        elif refused is None:  # no row named (a value holding several documents): smaller blocks
+            if hi - lo > min_block:
+                window = (hi - lo) // 2
+            else:
+                one_by_one(lo, hi)
+                lo = hi
+        elif refused >= min_block:
+            prefix, _ = read_block(lo, lo + refused)
+            if prefix is not None:
+                add_block(prefix)
+            else:
+                one_by_one(lo, lo + refused)
+            one_by_one(lo + refused, lo + refused + 1)
+            lo, window, run = lo + refused + 1, 2 * refused, 0
+        else:
+            run = min(2 * run or min_block, max_run)
+            stop = min(n, lo + refused + 1 + run)
+            one_by_one(lo, stop)
+            lo, window = stop, min_block
