@@ -621,3 +621,19 @@ def test_lakehouse_values_reach_the_bucket_the_broker_and_the_executors_as_the_t
         volumes = {v["name"]: v for v in spec["volumes"]}
         assert ca.startswith(mounts["kafka-tls"] + "/"), name
         assert volumes["kafka-tls"]["secret"]["secretName"] == "kafka-ca", name
+
+
+def test_the_python_the_charts_pods_run_imports_what_the_image_has():
+    # A pod's inline script (the helm test hook) runs in the image: every project name it imports
+    # must exist, or `helm test` fails on the user's cluster rather than here.
+    import importlib
+
+    imports = re.compile(r"^\s*from ((?:app|streaming)(?:\.\w+)*) import ([\w, ]+)$", re.MULTILINE)
+    found = []
+    for template in sorted((CHART / "templates").rglob("*.yaml")):
+        for module, names in imports.findall(template.read_text()):
+            loaded = importlib.import_module(module)
+            for name in (n.strip() for n in names.split(",")):
+                assert hasattr(loaded, name), f"{template.relative_to(CHART)}: {module} has no {name}"
+                found.append(f"{module}.{name}")
+    assert "streaming.table.catalog.open_catalog" in found, "the test hook's imports were read"
