@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import math
-import re
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -23,7 +22,7 @@ import shapely
 from streaming.contract import Contract
 from streaming.decode.formats.base import Decoded, InputFormat
 from streaming.decode.formats.geojson_geometry import ndjson, read_geometries
-from streaming.decode.formats.json_blocks import read_in_blocks
+from streaming.decode.formats.json_blocks import ROW_IN_ERROR, read_in_blocks
 from streaming.decode.rejects import Reason, Rejects, shown
 from streaming.kernels.buffers import NONE, scatter
 
@@ -37,8 +36,7 @@ GEOJSON_GEOMETRY_TYPES = (
     "MultiPolygon",
     "GeometryCollection",
 )
-_ROW_IN_ERROR = re.compile(r"in row (\d+)")
-_GEOMETRY_MEMBER = pa.struct([("type", pa.string())])
+GEOMETRY_MEMBER = pa.struct([("type", pa.string())])
 
 
 class GeoJsonFormat(InputFormat):
@@ -226,7 +224,7 @@ class _FeatureParser:
 
     def _schema(self, id_type: pa.DataType) -> pa.Schema:
         return pa.schema(
-            [("type", pa.string()), ("id", id_type), ("properties", self._props), ("geometry", _GEOMETRY_MEMBER)]
+            [("type", pa.string()), ("id", id_type), ("properties", self._props), ("geometry", GEOMETRY_MEMBER)]
         )
 
     def _empty(self, n: int) -> pa.Table:
@@ -243,7 +241,7 @@ class _FeatureParser:
             try:
                 table = pa_json.read_json(pa.BufferReader(data), parse_options=options, read_options=read_options)
             except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
-                where = _ROW_IN_ERROR.search(str(exc))
+                where = ROW_IN_ERROR.search(str(exc))
                 if where:
                     # Rows before the furthest refusal all read under that pass's id type.
                     bad_row = max(bad_row or 0, int(where.group(1)))

@@ -18,14 +18,14 @@ refuses it exactly as before: this path never decides that a document is bad.
 
 from __future__ import annotations
 
-import re
-
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.json as pa_json
 import shapely
 from shapely import GeometryType
+
+from streaming.decode.formats.json_blocks import ROW_IN_ERROR
 
 _POSITION = pa.list_(pa.float64())
 # Geometry type -> (shapely type, list levels above the positions, fewest items at each level)
@@ -38,7 +38,6 @@ _LAYOUTS: dict[str, tuple[GeometryType, int, tuple[int, ...]]] = {
     "MultiPolygon": (GeometryType.MULTIPOLYGON, 3, (1, 1, 4)),
 }
 _RINGS = {"Polygon", "MultiPolygon"}
-_ROW_IN_ERROR = re.compile(r"in row (\d+)")
 # A block refused for more rows than this is left to GEOS whole: isolating costs a parse per row.
 _MAX_ISOLATED = 8
 
@@ -93,7 +92,7 @@ def _parse_coordinates(
                 read_options=pa_json.ReadOptions(use_threads=False, block_size=max(data.size + 1, 1 << 20)),
             )
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
-            where = _ROW_IN_ERROR.search(str(exc))
+            where = ROW_IN_ERROR.search(str(exc))
             if where is None or int(where.group(1)) >= len(block):
                 return None, keep
             keep[np.flatnonzero(keep)[int(where.group(1))]] = False

@@ -3,9 +3,13 @@ refuses read one by one: the loop the GeoJSON and the JSON-fields formats share.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 
 import pyarrow as pa
+
+# Where pyarrow's JSON reader names the document it refused.
+ROW_IN_ERROR = re.compile(r"in row (\d+)")
 
 # read_block(lo, hi): the documents lo..hi-1 as a table, or None and the index (from lo) of the
 # document the reader refused (None: it named none).

@@ -16,7 +16,6 @@ its field. Coordinates are checked over the whole batch with numpy.
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -31,6 +30,7 @@ from streaming.decode.columns import json_field_types
 from streaming.decode.crs import valid_area
 from streaming.decode.formats.base import Decoded, InputFormat
 from streaming.decode.formats.geojson import (
+    GEOMETRY_MEMBER,
     _coerce_property,
     _geojson_nesting_problem,
     _invalid_utf8,
@@ -39,14 +39,11 @@ from streaming.decode.formats.geojson import (
     _still_ok,
 )
 from streaming.decode.formats.geojson_geometry import ndjson, read_geometries
-from streaming.decode.formats.json_blocks import read_in_blocks
+from streaming.decode.formats.json_blocks import ROW_IN_ERROR, read_in_blocks
 from streaming.decode.formats.wkb import EWKB_SRID_FLAG, read_wkb
 from streaming.decode.formats.wkt import read_wkt, store_points
 from streaming.decode.rejects import Reason, Rejects, shown
 from streaming.kernels.buffers import offsets_and_bytes, scatter
-
-_ROW_IN_ERROR = re.compile(r"in row (\d+)")
-_GEOJSON_MEMBER = pa.struct([("type", pa.string())])
 
 
 class JsonFieldsFormat(InputFormat):
@@ -71,7 +68,7 @@ class JsonFieldsFormat(InputFormat):
         leaves: dict[str, pa.DataType] = {p: pa.float64() for p in self.spec.coordinate_paths}
         if self.spec.geometry_path is not None:
             geojson = self.spec.geometry_encoding == "geojson"
-            leaves[self.spec.geometry_path] = _GEOJSON_MEMBER if geojson else pa.string()
+            leaves[self.spec.geometry_path] = GEOMETRY_MEMBER if geojson else pa.string()
         leaves.update(self.columns)
         self.leaves = leaves
         self.parser = _BlockParser(leaves, self._kind_of)
@@ -338,7 +335,7 @@ class _BlockParser:
                 read_options=pa_json.ReadOptions(use_threads=False, block_size=max(data.size + 1, 1 << 20)),
             )
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
-            where = _ROW_IN_ERROR.search(str(exc))
+            where = ROW_IN_ERROR.search(str(exc))
             row = int(where.group(1)) if where else None
             return None, row if row is not None and 0 <= row < len(block) else None
         if table.num_rows != len(block):  # a value holding several documents
