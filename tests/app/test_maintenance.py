@@ -16,32 +16,9 @@ from app.metrics import MaintenanceMetrics
 from app.settings import load_settings
 from streaming.contract import load_contract
 from streaming.maintenance.lease import lease_state
-from streaming.table.catalog import create_table, open_catalog
-from tests.app.test_service import committed
+from streaming.table.catalog import open_catalog
+from tests.app.test_service import committed, settings, table  # noqa: F401 (fixtures)
 from tests.streaming.maintenance.test_maintain import CONTRACT_PATH, data_paths, expected_ids, table_ids, write_batches
-
-
-@pytest.fixture
-def settings(tmp_path: Path):
-    return load_settings(
-        env={},
-        catalog={
-            "type": "sql",
-            "uri": f"sqlite:///{tmp_path / 'catalog.db'}",
-            "warehouse": f"file://{tmp_path / 'warehouse'}",
-        },
-        maintenance_min_file_age_s=0,
-        maintenance_snapshot_max_age_s=0,
-        maintenance_orphan_min_age_s=0,
-        maintenance_keep_snapshots=5,
-        maintenance_max_snapshots=5,
-    )
-
-
-@pytest.fixture
-def table(settings):
-    table, _ = create_table(open_catalog(settings.catalog_name, settings.catalog), load_contract(CONTRACT_PATH))
-    return table
 
 
 def runs(registry: CollectorRegistry, outcome: str) -> float:
