@@ -29,7 +29,7 @@ from streaming.job.processor import BatchProcessor, BatchReport
 from streaming.job.stream import start_query
 from streaming.source.admin import ensure_topic, partitions_of
 from streaming.source.python_source import LatestOffsets, caught_up
-from streaming.table.catalog import load_contract_table, open_catalog
+from streaming.table.catalog import create_rejects_table, load_contract_table, open_catalog
 from streaming.table.commit import resume_offsets
 from streaming.write.dead_letter import DeadLetterConfig
 
@@ -80,6 +80,7 @@ def job_config(settings: Settings, contract: Contract, table: Table) -> JobConfi
             schema_registry=RegistrySettings.from_mapping(settings.schema_registry),
         ),
         dead_letter=dead_letter_config(settings, table),
+        rejects_table=settings.rejects_table,
         hold_after_commit_file=settings.hold_after_commit_file,
         source=settings.source,
     )
@@ -127,6 +128,8 @@ def run(
     latest_offsets: LatestOffsets | None = None
     server = serve(metrics.registry, health, settings.metrics_port) if settings.metrics_port else None
     progress_log: ProgressLog | None = None
+    if settings.rejects_table:
+        create_rejects_table(catalog, settings.rejects_table)
     try:
         if maintenance is not None and settings.maintenance_mode in ("beside", "background"):
             maintenance.start()

@@ -81,6 +81,9 @@ class Settings:
     # dead-lettered as a pointer; the dead-letter topic is created to hold records up to this size.
     dead_letter_max_record_bytes: int = 8 * 1024 * 1024
     dead_letter_spill_location: str = ""  # default: <table location>/dead-letters
+    # An Iceberg table (namespace.name, created if missing) the rejects are written to as well,
+    # committed with their batch, for SQL over them (docs/rejects.md#the-rejects-table). "": none.
+    rejects_table: str = ""
     # Spark
     spark_master: str = "local[*]"
     driver_memory: str = "2g"

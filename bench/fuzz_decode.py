@@ -1,6 +1,7 @@
 """Fuzz run of the decoder: at least 100,000 inputs per format, none may raise or hit a defect.
 
-Two engines per format (GeoJSON, WKB, EWKB, GeoPackage, and whole records with odd keys and headers), each in
+Two engines per format (GeoJSON, WKB, EWKB, GeoPackage, whole records with odd keys and headers, and
+JSON events with the geometry in fields, WKT / EWKT text and STAC Items, each under its own contract), each in
 processes of its own so a crash of native code (GEOS, Arrow) is caught and its input kept:
   - coverage-guided: atheris (libFuzzer) mutates raw values, seeded with valid records of the
     format and the saved corpus; it follows new branches of streaming/; it stops at the first crash;
@@ -10,7 +11,7 @@ An input that raises, reaches decode_failed or kills the process is saved to
 tests/streaming/decode/fuzz_corpus/<format>/ (once, whatever its name there), which `make test` replays;
 the run then exits 1, listing it. Figures go to bench/results/fuzz.json (`make fuzz`).
 
-    python bench/fuzz_decode.py [--inputs 100000] [--formats geojson,wkb,ewkb,gpkg,key_headers]
+    python bench/fuzz_decode.py [--inputs 100000] [--formats geojson,wkb,ewkb,gpkg,key_headers,json,wkt,stac]
                                 [--engines atheris,structured] [--results FILE]
 """
 
@@ -38,11 +39,11 @@ BATCH = 200
 
 
 # -- the check, shared by both engines -------------------------------------------------------------
-def _decoder():
+def _decoder(fmt: str):
     from streaming.decode.decoder import DecodeOptions, Decoder
-    from tests.streaming.decode.test_decoder import GPKG
+    from tests.fuzz_inputs import contract_for
 
-    return Decoder(GPKG, DecodeOptions(max_message_bytes=8 * 1024 * 1024, max_vertices=20_000))
+    return Decoder(contract_for(fmt), DecodeOptions(max_message_bytes=8 * 1024 * 1024, max_vertices=20_000))
 
 
 def _check(decoder, records) -> None:
@@ -97,7 +98,7 @@ def _atheris_main(fmt: str, runs: int, seeds: str, artifacts: str) -> None:
     import atheris
 
     with atheris.instrument_imports(include=["streaming"]):
-        decoder = _decoder()
+        decoder = _decoder(fmt)
 
     from tests.fuzz_inputs import unpack_record
 
@@ -123,7 +124,15 @@ def _atheris_main(fmt: str, runs: int, seeds: str, artifacts: str) -> None:
 def seed_values(fmt: str, count: int = 40) -> list[bytes]:
     import shapely
 
-    from tests.fuzz_inputs import geojson_value, pack_record, record, seed_feature, seed_geometries
+    from tests.fuzz_inputs import (
+        geojson_value,
+        pack_record,
+        record,
+        seed_feature,
+        seed_geometries,
+        seed_item,
+        seed_position,
+    )
 
     rng = random.Random(7)
     if fmt == "geojson":
@@ -144,6 +153,14 @@ def seed_values(fmt: str, count: int = 40) -> list[bytes]:
             for g in seed_geometries()[:10]
             for s, k, b in ((3857, 4, False), (-1, 1, True))
         ]
+    if fmt == "json":
+        return [json.dumps(seed_position(rng)).encode() for _ in range(count)]
+    if fmt == "wkt":
+        return [shapely.to_wkt(g).encode() for g in seed_geometries()] + [
+            b"SRID=%d;" % s + shapely.to_wkt(g).encode() for g in seed_geometries()[:5] for s in (4326, 3857)
+        ]
+    if fmt == "stac":
+        return [json.dumps(seed_item(rng)).encode() for _ in range(count)]
     return [pack_record(*record(fmt, rng)) for _ in range(count)]
 
 
@@ -195,7 +212,7 @@ def _structured_batch(args: tuple[str, int]) -> None:
 
     fmt, seed = args
     rng = random.Random(seed)
-    _check(_decoder(), [record(fmt, rng) for _ in range(BATCH)])
+    _check(_decoder(fmt), [record(fmt, rng) for _ in range(BATCH)])
 
 
 def _batch_records(fmt: str, seed: int):
@@ -223,7 +240,7 @@ def _isolate(fmt: str, seed: int) -> list[bytes]:
                 ],
                 f,
             )
-        proc = subprocess.run([sys.executable, __file__, "--check-child", f.name], capture_output=True, cwd=ROOT)
+        proc = subprocess.run([sys.executable, __file__, "--check-child", f.name, fmt], capture_output=True, cwd=ROOT)
         Path(f.name).unlink()
         if proc.returncode != 0:
             culprits.append(saved_input(fmt, (key, value, headers)))
@@ -255,7 +272,7 @@ def run_structured(fmt: str, inputs: int) -> dict:
     }
 
 
-def _check_child(path: str) -> None:
+def _check_child(path: str, fmt: str) -> None:
     records = [
         (
             None if k is None else bytes.fromhex(k),
@@ -264,7 +281,7 @@ def _check_child(path: str) -> None:
         )
         for k, v, h in json.loads(Path(path).read_text())
     ]
-    _check(_decoder(), records)
+    _check(_decoder(fmt), records)
 
 
 ENGINES = {"atheris": run_atheris, "structured": run_structured}
@@ -275,11 +292,13 @@ def main() -> None:
         _atheris_main(sys.argv[2], int(sys.argv[3]), sys.argv[4], sys.argv[5])
         return
     if len(sys.argv) > 1 and sys.argv[1] == "--check-child":
-        _check_child(sys.argv[2])
+        _check_child(sys.argv[2], sys.argv[3])
         return
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--inputs", type=int, default=100_000, help="inputs per format and engine")
-    parser.add_argument("--formats", default="geojson,wkb,ewkb,gpkg,key_headers")
+    from tests.fuzz_inputs import FORMATS
+
+    parser.add_argument("--formats", default=",".join(FORMATS))
     parser.add_argument("--engines", default="atheris,structured")
     parser.add_argument("--results", type=Path, default=RESULTS, help="where the figures go (JSON)")
     args = parser.parse_args()

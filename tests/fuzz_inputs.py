@@ -3,11 +3,15 @@ mutations that aim where parsers break (depth, size claims, control bytes, trail
 nesting, encodings, numbers beyond the double range, WKB spellings GEOS overlooks). Shared by the
 fuzz test in `make test` and the long fuzz run (`make fuzz`, bench/fuzz_decode.py).
 
-A saved input of the formats geojson, wkb, ewkb and gpkg is a value; one of key_headers is a whole
-record packed into bytes (`pack_record`), so that any bytes a fuzzer makes are a record too."""
+A saved input of the formats geojson, wkb, ewkb, gpkg, json, wkt and stac is a value; one of
+key_headers is a whole record packed into bytes (`pack_record`), so that any bytes a fuzzer makes are
+a record too. `contract_for` names the contract each format is decoded under: the formats of
+events with the geometry in fields (json), as text (wkt) and STAC Items (stac) take contracts of
+their own."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 import struct
@@ -15,7 +19,10 @@ from pathlib import Path
 
 import shapely
 
-FORMATS = ("geojson", "wkb", "ewkb", "gpkg", "key_headers")
+from streaming.contract import Contract, load_contract
+
+FORMATS = ("geojson", "wkb", "ewkb", "gpkg", "key_headers", "json", "wkt", "stac")
+SCHEMAS = Path(__file__).resolve().parents[1] / "schemas"
 
 _SEED_GEOMETRIES = [
     "POINT (2.35 48.86)",
@@ -51,6 +58,110 @@ def seed_feature(rng: random.Random) -> dict:
         "geometry": geometry,
         "properties": {"kind": "ping", "speed": rng.random() * 100, "population": rng.randrange(10**6)},
     }
+
+
+def contract_for(fmt: str) -> Contract:
+    """The contract records of `fmt` are decoded under."""
+    demo = load_contract(SCHEMAS / "demo_events.json")
+    if fmt == "json":
+        return load_contract(SCHEMAS / "vehicle_positions.json")
+    if fmt == "stac":
+        return load_contract(SCHEMAS / "scenes.json")
+    if fmt == "wkt":
+        return dataclasses.replace(demo, formats=(*demo.formats, "wkt", "ewkt"))
+    return dataclasses.replace(demo, formats=(*demo.formats, "gpkg"))
+
+
+def seed_position(rng: random.Random) -> dict:
+    """A vehicle position as schemas/vehicle_positions.json reads it."""
+    position: dict = {"lon": rng.uniform(-180, 180), "lat": rng.uniform(-90, 90)}
+    if rng.random() < 0.3:
+        position = {k: rng.choice([v, str(v), None, [v], {"v": v}, "1e999", True]) for k, v in position.items()}
+    return {
+        "vehicle": rng.choice(["v1", "", "x" * 40, 7, None]),
+        "position": position,
+        "speed": rng.random() * 100,
+        "ts": rng.choice(["2026-11-25T14:00:00Z", "yesterday", 1764079200000, None]),
+    }
+
+
+def json_value(rng: random.Random) -> bytes:
+    doc: object = seed_position(rng)
+    for _ in range(rng.randint(0, 3)):
+        doc = mutate_json(doc, rng)
+    try:
+        text = json.dumps(doc, allow_nan=True, ensure_ascii=rng.random() < 0.7).encode("utf-8", "surrogatepass")
+    except (RecursionError, ValueError):
+        text = b'{"position":' + b"[" * 5000
+    return mutate_text(text, rng) if rng.random() < 0.5 else text
+
+
+def wkt_value(rng: random.Random) -> bytes:
+    """WKT and EWKT text, damaged where text readers break: cuts, deep nesting, odd numbers and tokens."""
+    text = shapely.to_wkt(rng.choice(seed_geometries()), rounding_precision=-1).encode()
+    if rng.random() < 0.3:
+        text = b"SRID=%d;" % rng.choice(_SRIDS) + text
+    choice = rng.randrange(7)
+    if choice == 0:
+        return text[: rng.randrange(len(text) + 1)]
+    if choice == 1:
+        depth = rng.choice([10, 100, 5000])
+        return b"GEOMETRYCOLLECTION (" * depth + b"POINT (1 2)" + b")" * depth
+    if choice == 2:
+        return text.replace(b"1", rng.choice([b"1e999", b"nan", b"-inf", b"1" * 400, b"0x1", b"1,5"]), 1)
+    if choice == 3:
+        return rng.choice([text.lower(), b"  \n" + text + b" \t", text + b" trailing", b"SRID=;" + text, b"SRID=4326"])
+    if choice == 4:
+        return rng.choice([b"CIRCULARSTRING (0 0, 1 1, 2 0)", b"TRIANGLE ((0 0, 1 0, 0 1, 0 0))", b"POINT (1 2 3 4 5)"])
+    return mutate_bytes(text, rng)
+
+
+def _mostly(rng: random.Random, values: list):
+    """The first value three times in four, else one of the others."""
+    return values[0] if rng.random() < 0.75 else rng.choice(values[1:])
+
+
+def seed_item(rng: random.Random) -> dict:
+    """A STAC Item of one Cloud Optimized GeoTIFF in a UTM zone, as schemas/scenes.json reads it."""
+    x0, y0, pixel, width, height = 500_000.0, 5_000_000.0, 10.0, 1000, 800
+    footprint = shapely.box(176.9, 45.0, 178.1, 45.1)
+    return {
+        "type": "Feature",
+        "stac_version": "1.0.0",
+        "stac_extensions": ["https://stac-extensions.github.io/projection/v1.1.0/schema.json"],
+        "id": _mostly(rng, ["scene-1", "", 7, None]),
+        "geometry": json.loads(shapely.to_geojson(footprint)),
+        "bbox": list(footprint.bounds),
+        "properties": {
+            "datetime": _mostly(rng, ["2026-11-25T10:00:00Z", None, "noon"]),
+            "platform": "sentinel-2a",
+            "eo:cloud_cover": _mostly(rng, [12.5, "12", None]),
+            "proj:code": _mostly(rng, ["EPSG:32660", "EPSG:0", "EPSG:4326", "nonsense", None]),
+            "proj:transform": rng.choice(
+                [[pixel, 0.0, x0, 0.0, -pixel, y0], [pixel, 0.0, x0], [0, 0, 0, 0, 0, 0], "1,2,3"]
+            ),
+            "proj:shape": _mostly(rng, [[height, width], [0, width], [height], [-1, 5], [10**12, 10**12]]),
+        },
+        "assets": {
+            "visual": {
+                "href": _mostly(rng, ["s3://bucket/scene-1.tif", "", None]),
+                "type": "image/tiff; application=geotiff; profile=cloud-optimized",
+                "roles": ["data"],
+            }
+        },
+        "links": [],
+    }
+
+
+def stac_value(rng: random.Random) -> bytes:
+    doc: object = seed_item(rng)
+    for _ in range(rng.randint(0, 3)):
+        doc = mutate_json(doc, rng)
+    try:
+        text = json.dumps(doc, allow_nan=True).encode("utf-8", "surrogatepass")
+    except (RecursionError, ValueError):
+        text = b'{"type":"Feature","assets":' + b"[" * 5000
+    return mutate_text(text, rng) if rng.random() < 0.5 else text
 
 
 def mutate_bytes(data: bytes, rng: random.Random) -> bytes:
@@ -325,6 +436,12 @@ def record(fmt: str, rng: random.Random) -> tuple[bytes | None, bytes | None, li
         value = wkb_value(rng, with_srid=True)
     elif fmt == "gpkg":
         value = gpkg_value(rng)
+    elif fmt == "json":
+        value = json_value(rng)
+    elif fmt == "wkt":
+        value = wkt_value(rng)
+    elif fmt == "stac":
+        value = stac_value(rng)
     else:
         value = rng.choice([geojson_value(rng), wkb_value(rng)])
         key = rng.choice(

@@ -38,6 +38,9 @@ class JobConfig:
     kafka_options: dict[str, str] = field(default_factory=dict)
     decode: DecodeOptions = field(default_factory=DecodeOptions)
     dead_letter: DeadLetterConfig | None = None  # None: rejects are counted, not sent
+    # An Iceberg table (namespace.name) the rejects are written to as well, committed with their
+    # batch (streaming/write/rejects_table.py); "": none.
+    rejects_table: str = ""
     # Test hook: after a committed batch, write this file and hold, so a test can kill the
     # process between the Iceberg commit and Spark's checkpoint commit.
     hold_after_commit_file: str = ""

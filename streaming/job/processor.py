@@ -76,6 +76,7 @@ from streaming.write.evolution import (
     plan_new_columns,
     seen_from_rows,
 )
+from streaming.write.rejects_table import RejectsTableFiles, WriteRejects
 from streaming.write.task import (
     RESULT_SCHEMA,
     BatchResults,
@@ -148,6 +149,9 @@ class BatchProcessor:
         self.config = config
         self.observers = observers
         self.committer = Committer(table)
+        # Rejects are committed to their own table (setting rejects_table) before the batch's data.
+        self.rejects_table = table.catalog.load_table(config.rejects_table) if config.rejects_table else None
+        self.rejects_committer = Committer(self.rejects_table) if self.rejects_table is not None else None
         # The contract file's columns, and the ones the table gained since (schema evolution):
         # refreshed when the table's schema changes, and per batch when it adds columns.
         self._file_contract = contract
@@ -247,6 +251,15 @@ class BatchProcessor:
         self._log_ignored(batch_id, ignored)
 
         step = time.monotonic()
+        reject_files = tuple(results.reject_files)
+        if reject_files:
+            try:
+                self._commit_rejects(batch_id, offsets, reject_files)
+            except Exception:
+                self._discard(files + delete_files)
+                raise
+            timings["rejects_commit"] = time.monotonic() - step
+            step = time.monotonic()
         try:
             outcome = self.committer.commit(
                 BatchCommit(
@@ -344,6 +357,7 @@ class BatchProcessor:
             isolate_decoder,
             staging,
             last_merge,
+            self._rejects_files(batch_id),
         )
         # At most one task per core (coalesce never adds partitions): fewer, longer runs (and, with
         # clustering "task", fewer files covering the same places).
@@ -428,6 +442,16 @@ class BatchProcessor:
                 step = time.monotonic()
                 send_dead_letters(decoded, self.config.dead_letter)
                 timings["dead_letter"] = time.monotonic() - step
+            reject_files: list[DataFileRecord] = []
+            rejects = self._rejects_files(batch_id)
+            if rejected and rejects is not None:
+                step = time.monotonic()
+                reject_rows = decoded.where(F.col(REJECT_REASON).isNotNull())
+                reject_files = [
+                    DataFileRecord.from_row(r)
+                    for r in reject_rows.mapInArrow(WriteRejects(rejects), DATA_FILE_RECORD_DDL).collect()
+                ]
+                timings["rejects_table"] = time.monotonic() - step
 
             step = time.monotonic()
             valid = sum(t.n for t in tallies if t.reason is None)
@@ -443,7 +467,7 @@ class BatchProcessor:
             timings["cluster_write"] = time.monotonic() - step
         finally:
             decoded.unpersist()
-        return BatchResults(tallies, files)
+        return BatchResults(tallies, files, reject_files=reject_files)
 
     def _file_settings(self, batch_id: int) -> FileSettings:
         return FileSettings(
@@ -454,10 +478,38 @@ class BatchProcessor:
             partition=partition_layout(self.table),
         )
 
-    def _discard(self, files: tuple[DataFileRecord, ...]) -> None:
+    def _rejects_files(self, batch_id: int) -> RejectsTableFiles | None:
+        if self.rejects_table is None:
+            return None
+        return RejectsTableFiles(
+            target_table=self.contract.table,
+            data_location=data_location(self.rejects_table),
+            file_prefix=f"{self.config.writer_id}-b{batch_id:09d}",
+            io_properties=dict(self.rejects_table.io.properties),
+            table_properties=dict(self.rejects_table.properties),
+        )
+
+    def _commit_rejects(self, batch_id: int, offsets: Offsets, files: tuple[DataFileRecord, ...]) -> None:
+        """The batch's rejects, committed to the rejects table under the batch's identity (a replay
+        skips them) before its data: a batch is never in the table without its rejects."""
+        assert self.rejects_committer is not None
+        try:
+            outcome = self.rejects_committer.commit(
+                BatchCommit(
+                    self.config.writer_id, batch_id, offsets, files, rejected=sum(f.record_count for f in files)
+                )
+            )
+        except CommitRetriesExhausted as exc:
+            if not exc.outcome_unknown:
+                self._discard(files, self.rejects_table)
+            raise
+        if outcome.status == "skipped_replay":
+            self._discard(files, self.rejects_table)
+
+    def _discard(self, files: tuple[DataFileRecord, ...], table: Table | None = None) -> None:
         for record in files:
             try:
-                self.table.io.delete(record.path)
+                (table or self.table).io.delete(record.path)
             except OSError as exc:  # left for `geoingest table orphans`
                 log.warning(
                     "could not delete an uncommitted file", extra={"batch": {"path": record.path, "error": str(exc)}}

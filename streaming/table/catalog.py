@@ -9,7 +9,7 @@ from typing import Any
 import requests
 import requests.adapters
 from pyiceberg.catalog import Catalog, load_catalog
-from pyiceberg.exceptions import NamespaceAlreadyExistsError, NoSuchTableError
+from pyiceberg.exceptions import NamespaceAlreadyExistsError, NoSuchTableError, TableAlreadyExistsError
 from pyiceberg.table import Table
 from pyiceberg.transforms import (
     BucketTransform,
@@ -31,6 +31,7 @@ from streaming.contract import (
     check_fresh_ids,
 )
 from streaming.write.partitions import LayoutField, PartitionLayout
+from streaming.write.rejects_table import REJECTS_SCHEMA, REJECTS_SPEC
 
 
 class TableMismatch(RuntimeError):
@@ -101,6 +102,31 @@ def create_table(catalog: Catalog, contract: Contract) -> tuple[Table, bool]:
         return table, True
     check_table_matches(table, contract)
     return table, False
+
+
+def create_rejects_table(catalog: Catalog, identifier: str) -> Table:
+    """The rejects table (streaming/write/rejects_table.py), created if missing. A table of that name
+    made otherwise (other columns) is refused, naming it: its files would not fit."""
+    namespace = identifier.rsplit(".", 1)[0] if "." in identifier else ""
+    if not namespace:
+        raise ValueError(f"rejects_table: {identifier!r} needs a namespace (namespace.table)")
+    try:
+        catalog.create_namespace(namespace)
+    except NamespaceAlreadyExistsError:
+        pass
+    try:
+        table = catalog.load_table(identifier)
+    except NoSuchTableError:
+        try:
+            table = catalog.create_table(identifier, schema=REJECTS_SCHEMA, partition_spec=REJECTS_SPEC)
+        except TableAlreadyExistsError:  # another service made it first
+            table = catalog.load_table(identifier)
+    if table.schema().as_struct() != REJECTS_SCHEMA.as_struct():
+        raise TableMismatch(
+            f"rejects_table: {identifier} exists with the columns {table.schema().column_names}, not a rejects "
+            f"table's {REJECTS_SCHEMA.column_names}"
+        )
+    return table
 
 
 def _iceberg_transform(name: str, param: int | None) -> Transform:

@@ -50,10 +50,11 @@ from streaming.decode.decoder import (
 from streaming.decode.isolation import IsolatedDecoder
 from streaming.decode.properties import PropertySeen, merge_seen
 from streaming.storage import list_files
-from streaming.write.data_files import EQUALITY_DELETES, RECORD_SCHEMA, DataFileRecord, GeoParquetWriter
+from streaming.write.data_files import DATA, EQUALITY_DELETES, RECORD_SCHEMA, DataFileRecord, GeoParquetWriter
 from streaming.write.dead_letter import DeadLetterConfig, DeadLetterWriter
 from streaming.write.freshness import EventTimes
 from streaming.write.partitions import PartitionLayout
+from streaming.write.rejects_table import REJECTS, RejectsTableFiles, RejectsWriter
 from streaming.write.upsert import (
     OFFSET,
     PARTITION,
@@ -173,6 +174,7 @@ class PartitionTask:
     # A folder URI: stage sorted runs there for MergeTasks instead of writing files (clustering "batch")
     staging: str | None = None
     last_merge: LastTaskMerge | None = None  # with staging: the last task merges a small batch
+    rejects: RejectsTableFiles | None = None  # None: no rejects table (setting rejects_table)
 
     def __call__(self, batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         """The mapInArrow function: Kafka source batches in, tally and file (or slice) rows out."""
@@ -202,6 +204,7 @@ class PartitionTask:
         records: list[DataFileRecord] = []
         slices: list[Slice] = []
         dead_letters: DeadLetterWriter | None = None
+        rejects = RejectsWriter(self.rejects) if self.rejects is not None else None
 
         def flush(run: list[pa.RecordBatch]) -> None:
             if self.staging is None:
@@ -224,6 +227,8 @@ class PartitionTask:
                 if rejected and self.dead_letter is not None:
                     dead_letters = dead_letters or DeadLetterWriter(self.dead_letter)
                     dead_letters.send(decoded)
+                if rejected and rejects is not None:
+                    rejects.add(decoded)
                 valid = decoded.select(keep)
                 if rejected:
                     valid = valid.filter(pc.is_null(decoded.column(REJECT_REASON)))
@@ -242,6 +247,7 @@ class PartitionTask:
                 run_rows = sum(b.num_rows for b in run)
             if run_rows:
                 flush(run)
+            reject_files = rejects.write() if rejects is not None else []
         finally:
             if dead_letters is not None:
                 dead_letters.close()
@@ -255,7 +261,12 @@ class PartitionTask:
                 records, merged_by = merged, number
         unmapped = decoder.unmapped if isinstance(decoder, Decoder) else {}
         yield results_batch(
-            merge_tallies(tallies), records + delete_files, slices, merged_by, unmapped, event_times.bins()
+            merge_tallies(tallies),
+            records + delete_files + reject_files,
+            slices,
+            merged_by,
+            unmapped,
+            event_times.bins(),
         )
 
     def _latest_versions(
@@ -540,10 +551,8 @@ def results_batch(
         }
         for t in tallies
     ]
-    # A delete file is its task's own, never part of a merge of the whole batch.
-    rows += [
-        {"kind": FILE, **r.to_row(), "merged_by": None if r.content == EQUALITY_DELETES else merged_by} for r in records
-    ]
+    # A delete file or a rejects table's file is its task's own, never part of a merge of the whole batch.
+    rows += [{"kind": FILE, **r.to_row(), "merged_by": None if r.content != DATA else merged_by} for r in records]
     rows += [
         {"kind": SLICE, "path": s.path, "slice": s.index, "key_lo": s.key_lo, "key_hi": s.key_hi, "n": s.rows}
         for s in slices
@@ -575,6 +584,8 @@ class BatchResults:
     merged: dict[int, list[DataFileRecord]] = field(default_factory=dict)
     # Upsert tables: the equality delete files of the keys each task touched
     delete_files: list[DataFileRecord] = field(default_factory=list)
+    # The rejects table's files (setting rejects_table)
+    reject_files: list[DataFileRecord] = field(default_factory=list)
     # Property names no column maps, in the decoders' samples
     unmapped: dict[str, PropertySeen] = field(default_factory=dict)
     # Kafka timestamps of the valid records, binned: (first ms, width ms, records)
@@ -605,6 +616,8 @@ class BatchResults:
                 out.slices.append(Slice(row["path"], row["slice"], row["key_lo"], row["key_hi"], row["n"]))
             elif row["content"] == EQUALITY_DELETES:
                 out.delete_files.append(DataFileRecord.from_row(row))
+            elif row["content"] == REJECTS:
+                out.reject_files.append(DataFileRecord.from_row(row))
             elif row["merged_by"] is not None:
                 out.merged.setdefault(row["merged_by"], []).append(DataFileRecord.from_row(row))
             else:

@@ -198,6 +198,7 @@ def test_ingest_dead_letters_query_and_time_travel_on_the_lakehouse(lakehouse, c
         GEOINGEST_SOURCE=source,
         GEOINGEST_MAX_OFFSETS_PER_TRIGGER="600",
         GEOINGEST_DEAD_LETTER_MAX_RECORD_BYTES="4096",
+        GEOINGEST_REJECTS_TABLE=f"{table.split('.')[0]}.rejects",
     )
     geoingest(env, tmp_path, "table", "create", "--contract", str(contract))
     summary = json.loads(geoingest(env, tmp_path, "run", "--contract", str(contract), "--until-idle").stdout)
@@ -223,6 +224,17 @@ def test_ingest_dead_letters_query_and_time_travel_on_the_lakehouse(lakehouse, c
     assert spilled.startswith(catalog_table.location()), spilled
     original = read_spilled(spilled, lakehouse.catalog.catalog_properties())
     assert (original["key"], original["value"]) == (bad[2][0], bad[2][1])
+    # The same rejects as rows of the rejects table in the bucket, the large one's bytes inline.
+    rejects = lakehouse.open_catalog().load_table(f"{table.split('.')[0]}.rejects")
+    assert all(task.file.file_path.startswith("s3://") for task in rejects.scan().plan_files())
+    rows = rejects.scan().to_arrow().to_pylist()
+    assert sorted((r["key"], r["value"], r["reason"]) for r in rows) == sorted(
+        [
+            (bad[0][0], bad[0][1], "malformed_json"),
+            (bad[1][0], bad[1][1], "outside_crs_area"),
+            (*bad[2][:2], "unknown_format"),
+        ]
+    )
     if clustering != "batch":
         return
 
