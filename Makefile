@@ -56,6 +56,7 @@ bench: setup
 	PYTHONPATH=$(CURDIR) $(PY) bench/formats.py
 	PYTHONPATH=$(CURDIR) $(PY) bench/registry_decode.py
 	PYTHONPATH=$(CURDIR) $(PY) bench/concurrency.py
+	PYTHONPATH=$(CURDIR) $(PY) bench/commit_cost.py
 	PYTHONPATH=$(CURDIR) $(PY) bench/reliability.py
 	PYTHONPATH=$(CURDIR) $(PY) bench/maintenance.py
 	PYTHONPATH=$(CURDIR) $(PY) bench/retention.py

@@ -29,7 +29,7 @@ from pyiceberg.exceptions import (
     TooManyRequestsError,
 )
 from pyiceberg.manifest import DataFile, DataFileContent, FileFormat
-from pyiceberg.table import Table
+from pyiceberg.table import Table, Transaction
 from pyiceberg.table.metadata import TableMetadata
 from pyiceberg.table.snapshots import Snapshot
 from pyiceberg.typedef import Record
@@ -438,10 +438,40 @@ def single_attempt_view(table: Table, properties: dict[str, str] | None = None) 
     why `properties` (e.g. manifest merging for one maintenance commit) stay with this view.
     """
     props = {**table.metadata.properties, **(properties or {}), "commit.retry.num-retries": "0"}
-    return Table(
+    return _SingleAttemptView(
         identifier=table.name(),
         metadata=table.metadata.model_copy(update={"properties": props}),
         metadata_location=table.metadata_location,
         io=table.io,
         catalog=table.catalog,
     )
+
+
+class _StagedMetadataTransaction(Transaction):
+    """A transaction that builds the metadata it would commit once per staged change.
+
+    pyiceberg's Transaction builds it afresh, as a deep copy of the whole table metadata (every
+    snapshot and its summary), each time its snapshot producer asks for it: 15 times in one
+    append. The cost grows with the snapshots the table keeps: measured on the demo table, a
+    commit took 33 ms at 1 snapshot and 812 ms at 160 (79 % of it in those copies), so at the
+    100 snapshots maintenance keeps it was most of a micro-batch's fixed cost. Staging replaces
+    the updates tuple, never changes it, and a commit replaces the table's metadata: both by
+    identity are the key. The metadata models are frozen; no caller changes what it gets."""
+
+    _staged: tuple[TableMetadata, tuple, TableMetadata] | None = None
+
+    @property
+    def table_metadata(self) -> TableMetadata:
+        staged = self._staged
+        if staged is not None and staged[0] is self._table.metadata and staged[1] is self._updates:
+            return staged[2]
+        metadata = super().table_metadata
+        self._staged = (self._table.metadata, self._updates, metadata)
+        return metadata
+
+
+class _SingleAttemptView(Table):
+    """The table view single_attempt_view makes: its transactions build their metadata once per change."""
+
+    def transaction(self) -> Transaction:
+        return _StagedMetadataTransaction(self)
