@@ -10,6 +10,8 @@ longitude and reaches that pole's latitude.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from streaming.kernels.antimeridian import covering_arcs, unwrap_paths
@@ -46,10 +48,11 @@ def _inside(rings: np.ndarray, px: np.ndarray, py: np.ndarray) -> np.ndarray:
 
 
 def wgs84_bounds(
-    transform: np.ndarray, width: np.ndarray, height: np.ndarray, epsg: int, points: int = DENSIFY
+    transform: np.ndarray, width: np.ndarray, height: np.ndarray, crs: Any, points: int = DENSIFY
 ) -> np.ndarray:
-    """(xmin, ymin, xmax, ymax) in EPSG:4326 of each raster of one CRS, wrapped across ±180;
-    NaN where the outline does not transform."""
+    """(xmin, ymin, xmax, ymax) in EPSG:4326 of each raster of one CRS (anything pyproj takes for
+    one: a pyproj CRS, an EPSG code, "EPSG:32660", WKT), wrapped across ±180; NaN where the outline
+    does not transform."""
     from pyproj import Transformer
 
     rings = envelope_rings(transform, width, height, points)
@@ -57,7 +60,7 @@ def wgs84_bounds(
     out = np.full((n, 4), np.nan)
     if n == 0:
         return out
-    to_wgs84 = Transformer.from_crs(f"EPSG:{epsg}", "EPSG:4326", always_xy=True)
+    to_wgs84 = Transformer.from_crs(crs, "EPSG:4326", always_xy=True)
     lon, lat = to_wgs84.transform(rings[..., 0].ravel(), rings[..., 1].ravel(), errcheck=False)
     lon = np.asarray(lon, dtype=np.float64).reshape(n, k)
     lat = np.asarray(lat, dtype=np.float64).reshape(n, k)
@@ -73,7 +76,7 @@ def wgs84_bounds(
     lo, hi = covering_arcs(xu.min(axis=1), xu.max(axis=1), np.arange(good.size), good.size)
     ymin, ymax = lat[good].min(axis=1), lat[good].max(axis=1)
     # a pole inside the footprint: every longitude, and the pole's latitude
-    from_wgs84 = Transformer.from_crs("EPSG:4326", f"EPSG:{epsg}", always_xy=True)
+    from_wgs84 = Transformer.from_crs("EPSG:4326", crs, always_xy=True)
     for pole_lat in (90.0, -90.0):
         px, py = from_wgs84.transform(np.zeros(good.size), np.full(good.size, pole_lat), errcheck=False)
         px, py = np.asarray(px, dtype=np.float64), np.asarray(py, dtype=np.float64)
