@@ -15,6 +15,7 @@ from streaming.contract.partition import parse_retention
 from streaming.contract.parts import Column
 from streaming.contract.sources import JsonFields
 from streaming.contract.terms import (
+    ASSET_KEY_SOURCE,
     BBOX_FIELDS,
     CELL_PROPERTY_PREFIX,
     COLUMN_TYPES,
@@ -26,6 +27,7 @@ from streaming.contract.terms import (
 )
 
 __all__ = [
+    "ASSET_KEY_SOURCE",
     "BBOX_FIELDS",
     "CELL_PROPERTY_PREFIX",
     "COLUMN_TYPES",

@@ -48,6 +48,7 @@ from streaming.contract.sources import (
 )
 from streaming.contract.terms import (
     ANTIMERIDIAN_READINGS,
+    ASSET_KEY_SOURCE,
     BBOX_FIELDS,
     CELL_PROPERTY_PREFIX,
     COLUMN_TYPES,
@@ -320,6 +321,7 @@ def parse_contract(raw: Any) -> Contract:
             raise ContractError(f"raster.id: id {raster.id} is already the id of {seen.get(raster.id)} or not positive")
         if raster.name in (*names, geometry.name, bbox_name, *flat_bbox_names(bbox_name)):
             raise ContractError(f"raster.name: {raster.name!r} is already the name of another column")
+    _check_asset_rows(columns, raster, primary_key, mode)
     return Contract(
         table=table,
         description=str(raw.get("description", "")),
@@ -341,6 +343,26 @@ def parse_contract(raw: Any) -> Contract:
         retention_s=retention_s,
         raster=raster,
     )
+
+
+def _check_asset_rows(
+    columns: tuple[Column, ...], raster: RasterSpec | None, primary_key: tuple[str, ...], mode: str
+) -> None:
+    """`asset.key` is only a source where a row is an asset; and there, the asset's rows of one
+    Item share its id and Kafka key, so an upsert key without the asset would keep one asset."""
+    per_asset = raster is not None and raster.rows == "asset"
+    from_asset = [c.name for c in columns if ASSET_KEY_SOURCE in c.sources]
+    for i, c in enumerate(columns):
+        if ASSET_KEY_SOURCE in c.sources and not per_asset:
+            raise ContractError(
+                f"columns[{i}].from: {ASSET_KEY_SOURCE!r} is the asset a row stands for; "
+                "only a table of rasters with raster.rows 'asset' has one"
+            )
+    if per_asset and mode == "upsert" and not set(from_asset) & set(primary_key):
+        raise ContractError(
+            "primary_key: with raster.rows 'asset' the rows of an Item share its id and Kafka key; "
+            f"include a column from {ASSET_KEY_SOURCE!r} in the key, or every version would keep one asset"
+        )
 
 
 def _declared_ids(columns: tuple[Column, ...], geometry_id: int, bbox_id: int) -> list[tuple[str, int]]:
@@ -447,13 +469,13 @@ def _parse_column(raw: Any, where: str) -> Column:
             raise ContractError(
                 f"{where}.from[{j}]: {src!r} is not an event field "
                 "(id, properties.<name>, json.<path>, kafka.key|timestamp|topic|partition|offset, "
-                "kafka.headers.<name>)"
+                "kafka.headers.<name>, asset.key)"
             )
     return Column(id=require(raw, "id", int, f"{where}."), name=name, type=ctype, required=required, sources=sources)
 
 
 def _is_source(src: str) -> bool:
-    if src == "id" or src in KAFKA_SOURCES:
+    if src in ("id", ASSET_KEY_SOURCE) or src in KAFKA_SOURCES:
         return True
     for prefix in ("properties.", "kafka.headers."):
         if src.startswith(prefix) and len(src) > len(prefix):

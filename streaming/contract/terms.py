@@ -50,8 +50,13 @@ FORMATS = ("geojson", "wkb", "ewkb", "gpkg", "json", "wkt", "ewkt", "avro", "pro
 JSON_OBJECT_FORMATS = ("geojson", "json", "stac")
 
 
-# What one row of a raster table is (`raster.rows`): a STAC Item (its assets the bands).
-RASTER_ROWS = ("item",)
+# What one row of a raster table is (`raster.rows`): a STAC Item (its raster assets the bands),
+# or one raster asset of an Item (the Item's properties repeated over its assets).
+RASTER_ROWS = ("item", "asset")
+
+
+# The column source of the key of the asset a row stands for (`raster.rows` "asset").
+ASSET_KEY_SOURCE = "asset.key"
 
 
 # How the one JSON field that holds a whole geometry spells it (`json.geometry.encoding`).

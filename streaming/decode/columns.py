@@ -1,6 +1,6 @@
 """The contract's columns of each record: from the GeoJSON Feature's id and properties, a JSON
 event's fields (`json.<path>`), the Kafka
-key, timestamp, topic, partition and offset, or a Kafka header, the first source that is set
+key, timestamp, topic, partition and offset, a Kafka header, or the asset key of a raster row, the first source that is set
 winning; each cast to its column's type, a value that does not fit rejecting its record."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from streaming.contract import JSON_SOURCE_PREFIX, Column, Contract
+from streaming.contract import ASSET_KEY_SOURCE, JSON_SOURCE_PREFIX, Column, Contract
 from streaming.decode.rejects import Reason, Rejects, shown
 
 
@@ -48,6 +48,7 @@ class ColumnMapper:
         properties: dict[str, pa.Array],
         rejects: Rejects,
         fields: dict[str, pa.Array] | None = None,
+        parts: pa.Array | None = None,
     ) -> dict[str, pa.Array]:
         """Each contract column of each record, from the first of its sources that is set; a
         required column none of them sets rejects the record."""
@@ -58,7 +59,7 @@ class ColumnMapper:
             for src in col.sources:
                 wanted = None if merged is None else pc.is_null(merged)
                 candidate = self._source_array(
-                    batch, src, feature_ids, properties, fields or {}, col, target, rejects, wanted
+                    batch, src, feature_ids, properties, fields or {}, col, target, rejects, wanted, parts
                 )
                 merged = candidate if merged is None else pc.coalesce(merged, candidate)
             if col.required:
@@ -82,6 +83,7 @@ class ColumnMapper:
         target: pa.DataType,
         rejects: Rejects,
         wanted: pa.Array | None,
+        parts: pa.Array | None = None,
     ) -> pa.Array:
         """Values of one source as the column's type, for the rows in `wanted` (all if None)."""
         if src.startswith("properties."):
@@ -94,6 +96,8 @@ class ColumnMapper:
             return _cast_or_reject(raw, target, f"{col.name} (from {src})", rejects)
         if src == "id":
             raw = feature_ids
+        elif src == ASSET_KEY_SOURCE:
+            raw = parts if parts is not None else pa.nulls(batch.num_rows, pa.string())
         elif src == "kafka.key":
             raw = batch.column("key")
         elif src == "kafka.timestamp":

@@ -3,7 +3,8 @@
 Input is the Kafka source's batch (key, value, topic, partition, offset, timestamp, headers);
 headers come as a list of (key, value) structs, or as the JSON text Spark's to_json makes of them
 (values base64), which is how the streaming job hands them over (see `headers_from_json`).
-Output has one row per input row: the contract's columns, the WKB geometry in the table CRS,
+Output has one row per input row (or, for a format whose records make several rows, a STAC Item
+read as one row per asset, one per such row, the record's Kafka fields repeated): the contract's columns, the WKB geometry in the table CRS,
 its bbox, its Hilbert key and the record's source coordinates. A record that cannot be used
 keeps its row, with a stable reason code and a message naming the offending field or value,
 so nothing is dropped silently: the caller routes rejects to the dead-letter topic.
@@ -169,8 +170,7 @@ class Decoder:
     def _decode(self, batch: pa.RecordBatch) -> pa.RecordBatch:
         n = batch.num_rows
         values = batch.column("value")
-        decoded = Decoded.empty(n, self._table_epsg, self._property_types)
-        rejects = decoded.rejects
+        rejects = Rejects(n)
 
         lengths = pc.fill_null(pc.binary_length(values), -1).to_numpy(zero_copy_only=False)
         rejects.add(lengths < 0, Reason.NULL_VALUE, "the Kafka record has a null value")
@@ -185,6 +185,14 @@ class Decoder:
                 for b in sizes[too_big]
             ],
         )
+
+        # A record that makes several rows (a STAC Item, one per asset) is repeated over them.
+        exploded = next((e for f in self._formats if (e := f.explode(values, rejects.ok)) is not None), None)
+        if exploded is not None:
+            batch = batch.take(pa.array(exploded.parents))
+            values, n, rejects = batch.column("value"), batch.num_rows, rejects.take(exploded.parents)
+        decoded = Decoded.empty(n, self._table_epsg, self._property_types, rejects)
+        decoded.exploded = exploded
 
         # Each value goes to the format its first significant byte names.
         first = first_significant_byte(values, rejects.ok)
@@ -210,7 +218,8 @@ class Decoder:
 
         self._rules.apply(decoded)
         self._decoded_batches += 1
-        columns = self._columns.map(batch, decoded.feature_ids, decoded.properties, rejects, decoded.fields)
+        parts = None if exploded is None else pa.array(exploded.parts, pa.string())
+        columns = self._columns.map(batch, decoded.feature_ids, decoded.properties, rejects, decoded.fields, parts)
         return self._assemble(
             batch, columns, decoded.geoms, rejects, decoded.wkb, decoded.points_xy, decoded.bounds, decoded.raster
         )

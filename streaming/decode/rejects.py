@@ -94,6 +94,12 @@ class Rejects:
         self.detail[idx[fresh]] = details[fresh]
         self._ok[idx[fresh]] = False
 
+    def take(self, rows: np.ndarray) -> Rejects:
+        """The reasons of the records at `rows`, one per row (a record repeated over its rows)."""
+        out = Rejects(len(rows))
+        out.reason, out.detail, out._ok = self.reason[rows], self.detail[rows], self._ok[rows]
+        return out
+
 
 _SHORT_REPR = reprlib.Repr()
 _SHORT_REPR.maxlevel, _SHORT_REPR.maxstring, _SHORT_REPR.maxother, _SHORT_REPR.maxlong = 3, 80, 80, 40

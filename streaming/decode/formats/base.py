@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import numpy as np
 import pyarrow as pa
@@ -12,6 +12,20 @@ import pyarrow as pa
 from streaming.contract import Contract
 from streaming.decode.rejects import Reason, Rejects
 from streaming.decode.schema_registry import RegistrySettings
+
+
+@dataclass
+class Exploded:
+    """Records that make several rows each (a STAC Item read as one row per raster asset): the
+    decoder repeats each record's Kafka fields over its rows, and the format reads each row's part."""
+
+    # the record (index into the batch as it came) of each row
+    parents: np.ndarray
+    # each record's parsed document (None where it did not parse, or was not read), and why not
+    docs: list[Any]
+    problems: list[tuple[Reason, str] | None]
+    # the part of its record each row stands for (an asset key), None where the record is one row
+    parts: list[str | None]
 
 
 @dataclass
@@ -37,11 +51,15 @@ class Decoded:
     # bounds, wrapped across ±180), which the covering takes instead of the footprint's (NaN: none)
     raster: pa.Array | None = None
     bounds: np.ndarray | None = None
+    # Set when the format's records make several rows each (see Exploded).
+    exploded: Exploded | None = None
 
     @classmethod
-    def empty(cls, n: int, table_epsg: int, property_types: dict[str, pa.DataType]) -> Decoded:
+    def empty(
+        cls, n: int, table_epsg: int, property_types: dict[str, pa.DataType], rejects: Rejects | None = None
+    ) -> Decoded:
         return cls(
-            rejects=Rejects(n),
+            rejects=rejects if rejects is not None else Rejects(n),
             geoms=np.full(n, None, dtype=object),
             wkb=np.full(n, None, dtype=object),
             srids=np.full(n, table_epsg, dtype=np.int64),
@@ -93,6 +111,11 @@ class InputFormat(ABC):
 
     def use_registry(self, settings: RegistrySettings) -> None:
         """The schema registry a registry-encoded format reads its schemas from (others need none)."""
+        return None
+
+    def explode(self, values: pa.Array, live: np.ndarray) -> Exploded | None:
+        """How many rows each of the live values makes, when a record may make several (None: one
+        each, the default). Called on the whole batch before `decode`, which then sees the rows."""
         return None
 
     @abstractmethod

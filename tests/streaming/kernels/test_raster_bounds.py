@@ -1,6 +1,6 @@
 """WGS84 bounds of rasters (Havasu's raster bounds) on hard-coded scenes: UTM zones either side
 of ±180, one across it, polar stereographic scenes on and off a pole. The expected values are
-pyproj's transform_bounds with 21 points per edge (rasterio's default), which the test also runs."""
+pyproj's transform_bounds, densified finely, which the test also runs."""
 
 from __future__ import annotations
 
@@ -25,10 +25,29 @@ def test_bounds_agree_with_densified_transform_bounds(epsg, transform, width, he
     bounds = wgs84_bounds(np.array([transform]), np.array([width]), np.array([height]), epsg)[0]
     np.testing.assert_allclose(bounds, expected, atol=1e-4)
     a, _, c, _, e, f = transform
-    reference = Transformer.from_crs(f"EPSG:{epsg}", "EPSG:4326", always_xy=True).transform_bounds(
-        c, f + e * height, c + a * width, f, densify_pts=21
+    to_wgs84 = Transformer.from_crs(f"EPSG:{epsg}", "EPSG:4326", always_xy=True)
+    reference = to_wgs84.transform_bounds(c, f + e * height, c + a * width, f, densify_pts=2001)
+    np.testing.assert_allclose(bounds, reference, atol=1e-7)
+    # inclusive: never inside what 21 points an edge find
+    coarse = to_wgs84.transform_bounds(c, f + e * height, c + a * width, f, densify_pts=21)
+    tol = 1e-9
+    assert bounds[1] <= coarse[1] + tol and bounds[3] >= coarse[3] - tol
+    if bounds[0] <= bounds[2]:
+        assert bounds[0] <= coarse[0] + tol and bounds[2] >= coarse[2] - tol
+
+
+def test_an_extreme_between_densified_points_is_found():
+    """A polar stereographic scene off the pole: its edge's point nearest the pole lies half-way
+    between two of the 21 points an edge, 0.003° further south than either."""
+    crs = "+proj=stere +lat_0=-90 +lat_ts=-65 +lon_0=180 +datum=WGS84 +units=m"
+    transform, width, height = (4000.0, 0, -700_000.0, 0, -4000.0, -500_000.0), 300, 200
+    bounds = wgs84_bounds(np.array([transform]), np.array([width]), np.array([height]), crs)[0]
+    _, nearest = Transformer.from_crs(crs, "EPSG:4326", always_xy=True).transform(0.0, -500_000.0)
+    assert bounds[1] == pytest.approx(nearest, abs=1e-7)
+    coarse = Transformer.from_crs(crs, "EPSG:4326", always_xy=True).transform_bounds(
+        -700_000.0, -1_300_000.0, 500_000.0, -500_000.0, densify_pts=21
     )
-    np.testing.assert_allclose(bounds, reference, atol=1e-9)
+    assert coarse[1] - bounds[1] > 5e-4
 
 
 def test_many_rasters_of_one_crs_in_one_call():

@@ -193,3 +193,36 @@ def test_a_table_of_rasters_gains_a_column_and_keeps_its_raster(tmp_path):
         edit(broken)
         with pytest.raises((EvolutionError, ValueError), match=message):
             apply_evolution(table, parse_contract(broken))
+
+
+def test_a_table_of_assets_answers_geoingest_query_and_inspect(root, table, monkeypatch, capsys, tmp_path):
+    """One row per raster asset: `geoingest query` returns each asset that meets the window with
+    its key and its file's URI, and `inspect --footprints` draws every asset's footprint."""
+    import json
+
+    from tests.raster_scenes import asset_item, cog_footprint, window_boxes
+    from tests.streaming.read.test_query import _cli
+
+    contract = load_contract(CONTRACT_PATH.parent / "scene_assets.json")
+    by_name = {s.name: s for s in SCENES}
+    made = {n: asset_item(by_name[n], root / "assets" / n) for n in ("utm60-across", "utm01-north", "paris")}
+    values = [item_bytes(item) for item, _ in made.values()]
+    rows = pa.Table.from_batches([Decoder(contract).decode(_kafka_batch([n.encode() for n in made], values))])
+    assert rows.column(REJECT_REASON).null_count == rows.num_rows
+    _append(
+        _create_table(_catalog(root), contract),
+        contract,
+        rows.drop_columns([c for c in rows.column_names if c.startswith("_") and c != "_hilbert"]),
+    )
+    cogs = {(n, k): cog for n, (_, files) in made.items() for k, cog in files.items()}
+    window = (179.0, 59.0, -179.0, 61.0)
+    assert _cli(monkeypatch, root, "query", "--table", contract.table, "--bbox", "179,59,-179,61") == 0
+    features = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    got = {(f["properties"]["scene_id"], f["properties"]["asset"]): f for f in features}
+    want = {k for k, cog in cogs.items() if any(cog_footprint(cog).intersects(b) for b in window_boxes(window))}
+    assert set(got) == want and want >= {("utm60-across", "B04"), ("utm60-across", "B11")}
+    for key, feature in got.items():
+        assert {b["uri"] for b in feature["properties"]["raster"]["bands"]} == {cogs[key].as_uri()}
+    png = tmp_path / "assets.png"
+    assert _cli(monkeypatch, root, "inspect", "--table", contract.table, "--plot", str(png), "--footprints") == 0
+    assert json.loads(capsys.readouterr().out)["footprints"] == len(cogs) and png.stat().st_size > 10_000

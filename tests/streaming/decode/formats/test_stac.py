@@ -8,12 +8,14 @@ import json
 from pathlib import Path
 
 import pyarrow as pa
+import pyproj
 import pytest
+import rasterio
 import shapely
 
 from streaming.contract import ContractError, load_contract, parse_contract
 from streaming.decode.decoder import REJECT_DETAIL, REJECT_REASON, Decoder
-from tests.raster_scenes import SCENES, item_bytes, stac_item, write_cog
+from tests.raster_scenes import SCENES, asset_item, cog_bounds, item_bytes, stac_item, write_cog
 from tests.streaming.read.test_query import _kafka_batch
 
 CONTRACT_PATH = Path(__file__).parents[4] / "schemas" / "scenes.json"
@@ -114,7 +116,7 @@ def _broken(item, edit) -> bytes:
             ["singular"],
         ),
         (lambda d: d["properties"].update({"proj:code": "EPSG:999999"}), "unknown_raster_crs", ["EPSG:999999"]),
-        (lambda d: d["properties"].update({"proj:code": "ESRI:54009"}), "unknown_raster_crs", ["ESRI:54009"]),
+        (lambda d: d["properties"].update({"proj:code": "ESRI:999999"}), "unknown_raster_crs", ["ESRI:999999"]),
         (lambda d: d["properties"].pop("proj:code"), "unknown_raster_crs", ["proj:code"]),
         (lambda d: d["properties"].update({"proj:shape": [100]}), "bad_raster_shape", ["proj:shape", "[100]"]),
         (lambda d: d["properties"].update({"proj:shape": [0, 10]}), "bad_raster_shape", ["proj:shape"]),
@@ -175,7 +177,7 @@ def test_the_contract_of_a_raster_table():
     assert CONTRACT.raster is not None and CONTRACT.raster.rows == "item"
     for edit, message in [
         (lambda r: r.pop("raster"), "raster: missing"),
-        (lambda r: r["raster"].update({"rows": "asset"}), "raster.rows"),
+        (lambda r: r["raster"].update({"rows": "band"}), "raster.rows"),
         (lambda r: r.update({"formats": ["stac", "geojson"]}), "formats"),
         (lambda r: r["geometry"].update({"crs": "EPSG:3857", "antimeridian": "planar"}), "EPSG:4326"),
         (lambda r: r["raster"].update({"name": "bbox"}), "raster.name"),
@@ -195,3 +197,118 @@ def test_raster_ids_are_those_iceberg_assigns():
     check_fresh_ids(CONTRACT)
     assert assign_fresh_schema_ids(CONTRACT.iceberg_schema) == CONTRACT.iceberg_schema
     assert CONTRACT.bbox_field_ids == {"xmin": 8, "ymin": 9, "xmax": 10, "ymax": 11}
+
+
+# One row per raster asset (`raster.rows` "asset").
+ASSETS_CONTRACT = load_contract(CONTRACT_PATH.parent / "scene_assets.json")
+
+
+def decode_assets(values: list[bytes]) -> list[dict]:
+    keys = [f"k{i}".encode() for i in range(len(values))]
+    return pa.Table.from_batches([Decoder(ASSETS_CONTRACT).decode(_kafka_batch(keys, values))]).to_pylist()
+
+
+@pytest.fixture(scope="module")
+def asset_items(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("assets")
+    by_name = {s.name: s for s in SCENES}
+    return {name: asset_item(by_name[name], folder / name) for name in ("utm01-north", "utm60-across", "arctic-pole")}
+
+
+def test_an_item_makes_a_row_per_raster_asset_on_its_own_grid(asset_items):
+    item, cogs = asset_items["utm01-north"]
+    rows = decode_assets([item_bytes(item), item_bytes(asset_items["arctic-pole"][0])])
+    assert [r[REJECT_DETAIL] for r in rows] == [None] * len(rows)
+    mine = [r for r in rows if r["scene_id"] == "utm01-north"]
+    # the thumbnail, the metadata JSON and the overview are no rows
+    assert [r["asset"] for r in mine] == ["B04", "B11", "lonlat"] == list(cogs)
+    assert {r["_source_offset"] for r in mine} == {0}  # one Kafka record
+    for row in mine:
+        cog = cogs[row["asset"]]
+        with rasterio.open(cog) as src:
+            assert (row["raster"]["width"], row["raster"]["height"]) == (src.width, src.height)
+            assert row["raster"]["scale_x"] == src.transform.a
+            assert [b["uri"] for b in row["raster"]["bands"]] == [cog.as_uri()] * src.count
+            assert pyproj.CRS(row["raster"]["crs"]) == pyproj.CRS(src.crs.to_wkt())
+        got = [row["bbox"][k] for k in ("xmin", "ymin", "xmax", "ymax")]
+        assert got == pytest.approx(cog_bounds(cog), abs=1e-5), row["asset"]
+        # the Item's properties, repeated
+        assert (row["platform"], row["cloud_cover"]) == ("test-sat", 30.0)
+        assert row["acquired"].isoformat() == "2026-06-01T10:30:00+00:00"
+    assert [b["band_number"] for b in mine[0]["raster"]["bands"]] == [0, 1]
+    assert "WGS 84" in mine[2]["raster"]["crs"] and "UTM" not in mine[2]["raster"]["crs"]  # the asset's own CRS
+    polar = [r for r in rows if r["scene_id"] == "arctic-pole"]
+    assert [r["asset"] for r in polar] == list(asset_items["arctic-pole"][1])
+    assert all(r["bbox"]["xmin"] == -180.0 and r["bbox"]["ymax"] == 90.0 for r in polar)
+
+
+@pytest.mark.parametrize(
+    "edit, asset, reason, names",
+    [
+        (
+            lambda d: d["assets"]["B11"].update({"proj:transform": [1, 0, 0, 0, "x", 0]}),
+            "B11",
+            "raster_without_transform",
+            ["assets.B11.proj:transform"],
+        ),
+        (lambda d: d["assets"]["B11"].update({"proj:shape": [0, 5]}), "B11", "bad_raster_shape", ["assets.B11"]),
+        (
+            lambda d: d["assets"]["lonlat"].update({"proj:wkt2": 'PROJCRS["nowhere",NOPE[]]'}),
+            "lonlat",
+            "unknown_raster_crs",
+            ["assets.lonlat.proj:wkt2"],
+        ),
+        (lambda d: d["assets"]["B04"].pop("href"), "B04", "not_a_feature", ["assets.B04.href"]),
+        (
+            lambda d: d["assets"]["B04"].update({"proj:code": "EPSG:999999"}),
+            "B04",
+            "unknown_raster_crs",
+            ["assets.B04.proj:code", "EPSG:999999"],
+        ),
+    ],
+)
+def test_a_bad_asset_is_a_reject_and_its_siblings_land(asset_items, edit, asset, reason, names):
+    item, _ = asset_items["utm01-north"]
+    rows = decode_assets([_broken(item, edit)])
+    by_asset = {r["asset"]: r for r in rows}
+    assert list(by_asset) == ["B04", "B11", "lonlat"]
+    bad = by_asset.pop(asset)
+    assert bad[REJECT_REASON] == reason, bad[REJECT_DETAIL]
+    assert all(name in bad[REJECT_DETAIL] for name in names), bad[REJECT_DETAIL]
+    assert bad["raster"] is None and bad["bbox"] is None
+    assert [r[REJECT_REASON] for r in by_asset.values()] == [None, None]
+
+
+def test_a_bad_item_is_one_reject_whatever_its_assets(asset_items):
+    item, _ = asset_items["utm60-across"]
+    no_rasters = _broken(item, lambda d: d.update({"assets": {"thumb": d["assets"]["thumbnail"]}}))
+    mistyped = _broken(item, lambda d: d["properties"].update({"eo:cloud_cover": "cloudy"}))
+    rows = decode_assets([no_rasters, b'{"type": "Feature", "assets": ', mistyped, item_bytes(item)])
+    reasons = [(r["_source_offset"], r[REJECT_REASON]) for r in rows]
+    # an Item whose properties do not fit rejects each of its rows; the good Item's land
+    assert reasons == [
+        (0, "not_a_feature"),
+        (1, "malformed_json"),
+        (2, "property_type_mismatch"),
+        (2, "property_type_mismatch"),
+        (3, None),
+        (3, None),
+    ]
+    across = [r for r in rows if r["_source_offset"] == 3]
+    assert all(r["bbox"]["xmin"] > r["bbox"]["xmax"] for r in across)  # both wrapped at 180
+
+
+def test_the_contract_of_a_table_of_assets():
+    raw = json.loads((CONTRACT_PATH.parent / "scene_assets.json").read_text())
+    assert ASSETS_CONTRACT.raster is not None and ASSETS_CONTRACT.raster.rows == "asset"
+    per_item = json.loads(CONTRACT_PATH.read_text())
+    per_item["columns"].append({"id": 25, "name": "asset", "type": "string", "from": ["asset.key"]})
+    with pytest.raises(ContractError, match="asset.key"):
+        parse_contract(per_item)
+    upsert = copy.deepcopy(raw)
+    upsert.update({"mode": "upsert", "primary_key": ["scene_id"]})
+    with pytest.raises(ContractError, match="asset.key"):
+        parse_contract(upsert)
+    raw["columns"][1]["required"] = True
+    raw.update({"mode": "upsert", "primary_key": ["scene_id", "asset"]})
+    assert parse_contract(raw).primary_key == ("scene_id", "asset")
