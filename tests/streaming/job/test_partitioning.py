@@ -7,6 +7,8 @@ an upsert stream whose features move across days and cells keeps one current row
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import time
 from collections import Counter
 from pathlib import Path
@@ -26,7 +28,13 @@ from streaming.read.predicate import Predicate
 from streaming.read.query import query, sql_where
 from streaming.table.catalog import create_table, open_catalog
 from tests.conftest import CACHE_DIR, duckdb_connection
-from tests.streaming.write.test_upsert import every_snapshot_matches, record_positions, reference_state, table_state
+from tests.streaming.write.test_upsert import (
+    ICEBERG_RUNTIME,
+    every_snapshot_matches,
+    record_positions,
+    reference_state,
+    table_state,
+)
 
 ROOT = Path(__file__).resolve().parents[3]
 DEMO = json.loads((ROOT / "schemas" / "demo_events.json").read_text())
@@ -239,6 +247,58 @@ def test_a_stream_over_days_and_places_lands_in_its_partitions_and_queries_prune
     ).fetchall()
     box = shapely.box(*WINDOW)
     assert {i for i, g in found if shapely.intersects(shapely.from_wkb(bytes(g)), box)} == expected
+
+    if source == "spark-kafka":  # once: Spark with Iceberg's runtime, the same condition, in SQL
+        found, metrics = spark_iceberg_window(table.metadata_location, where, tmp_path)
+        assert {i for i, g in found if shapely.intersects(shapely.from_wkb(g), box)} == expected
+        # Iceberg planned only files of the matching days and cells (fewer still: the bbox and
+        # event_time bounds of each file prune too).
+        assert 0 < metrics["resultDataFiles"] <= len(right) < len(tasks), metrics
+        assert metrics["resultDataFiles"] + metrics["skippedDataFiles"] <= len(tasks), metrics
+
+
+SPARK_WINDOW = """
+import json, sys
+from pathlib import Path
+from app.spark import spark_session
+cache, jars, location, where, out = sys.argv[1:6]
+spark = spark_session("local[1]", cache, "1g", extra_jars=[Path(j) for j in jars.split(",")])
+spark.conf.set("spark.sql.adaptive.enabled", "false")  # the scan node's metrics, in the plan that ran
+spark.read.format("iceberg").load(location).createOrReplaceTempView("events")
+df = spark.sql(f"SELECT event_id, geometry FROM events WHERE {where}")
+rows = df.collect()
+metrics = {}
+leaves = df._jdf.queryExecution().executedPlan().collectLeaves()
+for i in range(leaves.size()):
+    if leaves.apply(i).nodeName().startswith("BatchScan"):
+        entries = leaves.apply(i).metrics().iterator()
+        while entries.hasNext():
+            entry = entries.next()
+            metrics[entry._1()] = entry._2().value()
+json.dump({"rows": [[r.event_id, bytes(r.geometry).hex()] for r in rows], "metrics": metrics}, open(out, "w"))
+spark.stop()
+"""
+
+
+def spark_iceberg_window(metadata_location: str, where: str, tmp_path: Path) -> tuple[list, dict[str, int]]:
+    """The rows Spark with Iceberg's runtime reads for `where` (docs/partitioning.md's words), and
+    its scan's metrics (resultDataFiles: the files Iceberg planned), in a process of its own: the
+    session needs the runtime jar on its classpath from the start."""
+    from app.maven import resolve, without_spark_jars
+
+    jars = without_spark_jars(resolve([ICEBERG_RUNTIME], CACHE_DIR, "iceberg-spark-runtime-4.0-1.10.2"))
+    script, out = tmp_path / "spark_window.py", tmp_path / "spark_window.json"
+    script.write_text(SPARK_WINDOW)
+    done = subprocess.run(
+        [sys.executable, str(script), str(CACHE_DIR), ",".join(map(str, jars)), metadata_location, where, str(out)],
+        timeout=600,
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    answer = json.loads(out.read_text())
+    return [(i, bytes.fromhex(g)) for i, g in answer["rows"]], answer["metrics"]
 
 
 def make_moving_stream(n_keys: int, n_events: int, seed: int, start_ms: int, span_ms: int) -> list:
