@@ -46,18 +46,19 @@ class PartitionLayout:
 
 
 def with_cells(table: pa.Table, contract: Contract) -> pa.Table:
-    """The rows with the contract's cell columns (if any) filled from the bbox covering."""
-    if not contract.cell_fields:
+    """The rows with the table's cell columns (if any) filled from the bbox covering: every one
+    the table holds, so that a column an evolution left behind stays exact in new files too."""
+    if not contract.cell_columns:
         return table
     bbox = table.column(contract.bbox_name).combine_chunks()
     xmin, ymin, xmax, ymax = (
         bbox.field(name).to_numpy(zero_copy_only=False) for name in ("xmin", "ymin", "xmax", "ymax")
     )
-    for field in contract.cell_fields:
-        if field.name in table.column_names:
+    for cell in contract.cell_columns:
+        if cell.name in table.column_names:
             continue  # filled already, from the same covering
-        cells = enclosing_cells(xmin, ymin, xmax, ymax, field.param or 1)
-        table = table.append_column(field.name, pa.array(cells, pa.string()))
+        cells = enclosing_cells(xmin, ymin, xmax, ymax, cell.field.param or 1)
+        table = table.append_column(cell.name, pa.array(cells, pa.string()))
     return table
 
 

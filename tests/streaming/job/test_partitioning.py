@@ -351,3 +351,94 @@ def test_an_upsert_stream_moving_across_days_and_cells_keeps_one_current_row_per
     assert (n, keys) == (len(final), len(final))
     days = pc.unique(query(table, Predicate.from_bbox((-180, -90, 180, 90))).table.column("event_time").cast("int64"))
     assert len(set((v // 86_400_000_000) for v in days.to_pylist())) == 3
+
+
+@pytest.mark.integration
+def test_the_cell_length_evolves_and_a_window_over_old_and_new_files_stays_exact(
+    kafka, spark, topic, tmp_path, events, monkeypatch, capsys
+):
+    """Precision 1, then `geoingest table evolve` to precision 2: a new optional cell column, the
+    spec's identity field swapped; the files written before keep their spec and cells, the files
+    after fill both columns, and each file is pruned by its own spec's cells."""
+    from app.cli import main
+
+    raw = {**DEMO, "partition": ["day(event_time)", "geohash(geometry, 1)"]}
+    first, second = events[:2_000], events[2_000:]
+    settings = service_settings(kafka, topic, tmp_path, max_offsets_per_trigger=1_000)
+    create_table(open_catalog(settings.catalog_name, settings.catalog), parse_contract(raw))
+    assert produce_timed(kafka.bootstrap, topic, first) == len(first)
+    run(settings, parse_contract(raw), until_idle=True, spark=spark)
+
+    evolved = {**raw, "partition": ["day(event_time)", "geohash(geometry, 2)"]}
+    path = tmp_path / "evolved.json"
+    path.write_text(json.dumps(evolved))
+    monkeypatch.delenv("GEOINGEST_CONFIG", raising=False)
+    monkeypatch.setenv("GEOINGEST_CATALOG_NAME", settings.catalog_name)
+    monkeypatch.setenv("GEOINGEST_CATALOG__URI", settings.catalog["uri"])
+    monkeypatch.setenv("GEOINGEST_CATALOG__WAREHOUSE", settings.catalog["warehouse"])
+    assert main(["table", "evolve", "--contract", str(path)]) == 0
+    changes = json.loads(capsys.readouterr().out)["changes"]
+    assert {"change": "partition-remove", "field": "geometry_geohash1", "transform": "identity"} in changes
+    assert {"change": "partition-add", "field": "geometry_geohash2", "transform": "identity"} in changes
+    assert any(c["change"] == "cell-add" and c["column"] == "geometry_geohash2" for c in changes)
+
+    assert produce_timed(kafka.bootstrap, topic, second) == len(second)
+    totals = run(settings, parse_contract(evolved), until_idle=True, spark=spark)
+    assert totals.commits.get("failed", 0) == 0 and totals.batches >= 2
+
+    table = open_catalog(settings.catalog_name, settings.catalog).load_table(parse_contract(raw).table)
+    assert [f.name for f in table.spec().fields] == ["event_time_day", "geometry_geohash2"]
+    assert table.properties["geoingest.partition.cell.geometry_geohash1"] == "geohash:1:geometry"
+    assert table.properties["geoingest.partition.cell.geometry_geohash2"] == "geohash:2:geometry"
+    old_column, new_column = (table.schema().find_field(f"geometry_geohash{p}") for p in (1, 2))
+    assert old_column.required and not new_column.required and new_column.field_id > old_column.field_id
+
+    # Old files: precision-1 partitions, no precision-2 cells; new files: precision-2 partitions,
+    # both columns filled from each row's bbox.
+    tasks = list(table.scan().plan_files())
+    by_spec = Counter(t.file.spec_id for t in tasks)
+    assert len(by_spec) == 2, by_spec
+    partition_cells: dict[str, tuple[int, str]] = {}
+    for task in tasks:
+        data = pq.read_table(task.file.file_path.removeprefix("file://"))
+        bbox = data.column("bbox").combine_chunks()
+        corners = [bbox.field(n).to_numpy(zero_copy_only=False) for n in ("xmin", "ymin", "xmax", "ymax")]
+        assert data.column("geometry_geohash1").to_pylist() == enclosing_cells(*corners, 1).tolist()
+        cell = task.file.partition[1]
+        if task.file.spec_id == table.spec().spec_id:
+            assert set(data.column("geometry_geohash2").to_pylist()) == {cell}
+            assert data.column("geometry_geohash2").to_pylist() == enclosing_cells(*corners, 2).tolist()
+            partition_cells[task.file.file_path] = (2, cell)
+        else:
+            assert "geometry_geohash2" not in data.column_names and set(enclosing_cells(*corners, 1)) == {cell}
+            partition_cells[task.file.file_path] = (1, cell)
+    assert sum(1 for p, c in partition_cells.values() if p == 2 and len(c) == 2) > 20
+
+    # A window over both: exactly the brute-force answer, each file pruned by its own spec's cells.
+    lo, hi = midnight_ms(1) - 6 * 3_600_000, midnight_ms(0) + 6 * 3_600_000
+    expected = brute_force(events, WINDOW, lo, hi)
+    assert expected & brute_force(first, WINDOW, lo, hi) and expected & brute_force(second, WINDOW, lo, hi)
+    result = query(table, Predicate.from_bbox(WINDOW), time_from=iso(lo), time_to=iso(hi))
+    assert set(result.table.column("event_id").to_pylist()) == expected and result.table.num_rows == len(expected)
+    days = set(range(lo // DAY_MS, (hi - 1) // DAY_MS + 1))
+    covers = {p: set(covering_cells(WINDOW, p)) for p in (1, 2)}
+    right = [
+        t
+        for t in tasks
+        if t.file.partition[0] in days
+        and partition_cells[t.file.file_path][1] in covers[partition_cells[t.file.file_path][0]]
+    ]
+    assert 0 < result.stats.files_scanned <= len(right) < len(tasks)
+
+    # The SQL condition lets the rows of the old files through the new column (IS NULL); DuckDB
+    # reads the same rows with it.
+    where = sql_where(table, Predicate.from_bbox(WINDOW), iso(lo), iso(hi))
+    assert "geometry_geohash2 IS NULL" in where and "geometry_geohash1 IN (" in where
+    con = duckdb_connection()
+    con.execute("SET enable_geoparquet_conversion = false")
+    con.execute("SET TimeZone = 'UTC'")
+    found = con.execute(
+        f"SELECT event_id, geometry FROM iceberg_scan('{table.metadata_location}') WHERE {where}"
+    ).fetchall()
+    box = shapely.box(*WINDOW)
+    assert {i for i, g in found if shapely.intersects(shapely.from_wkb(bytes(g)), box)} == expected
