@@ -20,7 +20,9 @@ default. Files already written keep the spec they were written with (their manif
 new files take the new one, and a scan reads both, each file pruned by its own spec. Day to hour:
 `["day(event_time)"]` -> `["hour(event_time)"]`. A field of the list is an Iceberg transform in
 Spark SQL words: `year|month|day|hour(column)`, `bucket(N, column)`, `truncate(W, column)`,
-`identity(column)` or the bare column name.
+`identity(column)` or the bare column name, or a spatial cell `geohash(geometry, P)`: a cell column
+the table lacks is added (optional, after every other column, its `geoingest.partition.cell.*`
+property set), and the spec takes an identity field on it.
 
 The geometry, the bbox covering, the Hilbert curve, the primary key, the write mode and the
 input formats cannot change (the files already written and the table's geo.* properties are made

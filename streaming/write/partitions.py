@@ -21,10 +21,15 @@ from pyiceberg.transforms import BucketTransform
 from pyiceberg.types import IcebergType
 
 from streaming.contract import COLUMN_TYPES, Contract
+from streaming.contract.terms import MAX_PARTITIONS_PER_BATCH
 from streaming.kernels.geohash import enclosing_cells
 
 _MICROS_PER = {"day": 86_400_000_000, "hour": 3_600_000_000}
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+class PartitionLimitError(ValueError):
+    """A batch's rows fall in more partitions than a batch may write (MAX_PARTITIONS_PER_BATCH)."""
 
 
 @dataclass(frozen=True)
@@ -112,6 +117,16 @@ def split_by_partition(table: pa.Table, layout: PartitionLayout | None) -> Itera
     stacked = np.stack(codes, axis=1)
     distinct, inverse = np.unique(stacked, axis=0, return_inverse=True)
     inverse = inverse.reshape(-1)
+    if len(distinct) > MAX_PARTITIONS_PER_BATCH:
+        # The contract bounds what it can (cells, buckets, time); identity and truncate fields have
+        # no bound known in advance. Each partition is a file at least: stop rather than write them.
+        widest = max(range(len(layout.fields)), key=lambda i: len(dictionaries[i]))
+        field = layout.fields[widest]
+        raise PartitionLimitError(
+            f"partition field {field.name} ({field.transform} of {field.source}): these rows fall in "
+            f"{len(distinct):,} partitions ({len(dictionaries[widest]):,} values of {field.name}), more than "
+            f"{MAX_PARTITIONS_PER_BATCH:,} per batch; give the table a coarser spec with 'geoingest table evolve'"
+        )
     if len(distinct) == 1:
         yield _values(distinct[0], dictionaries), table
         return
