@@ -9,6 +9,7 @@ partitioned by identity.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -53,8 +54,8 @@ class PartitionLayout:
 def with_cells(table: pa.Table, contract: Contract) -> pa.Table:
     """The rows with the table's cell columns (if any) filled from the bbox covering: every one
     the table holds, so that a column an evolution left behind stays exact in new files too."""
-    if not contract.cell_columns:
-        return table
+    if all(c.name in table.column_names for c in contract.cell_columns):
+        return table  # none, or filled already from the same covering
     bbox = table.column(contract.bbox_name).combine_chunks()
     xmin, ymin, xmax, ymax = (
         bbox.field(name).to_numpy(zero_copy_only=False) for name in ("xmin", "ymin", "xmax", "ymax")
@@ -115,7 +116,16 @@ def split_by_partition(table: pa.Table, layout: PartitionLayout | None) -> Itera
         codes.append(np.where(encoded.is_null().to_numpy(zero_copy_only=False), -1, indices).astype(np.int64))
         dictionaries.append(encoded.dictionary.to_pylist())
     stacked = np.stack(codes, axis=1)
-    distinct, inverse = np.unique(stacked, axis=0, return_inverse=True)
+    if math.prod(len(d) + 1 for d in dictionaries) < 2**62:
+        # One int64 key per row (mixed radix over the fields' codes, null's -1 shifted to 0), in
+        # the order of the rows of codes: a 1-D unique is several times cheaper than one of rows.
+        key = np.zeros(table.num_rows, np.int64)
+        for field_codes, dictionary in zip(codes, dictionaries):
+            key = key * (len(dictionary) + 1) + (field_codes + 1)
+        _, first, inverse = np.unique(key, return_index=True, return_inverse=True)
+        distinct = stacked[first]
+    else:
+        distinct, inverse = np.unique(stacked, axis=0, return_inverse=True)
     inverse = inverse.reshape(-1)
     if len(distinct) > MAX_PARTITIONS_PER_BATCH:
         # The contract bounds what it can (cells, buckets, time); identity and truncate fields have
