@@ -8,6 +8,7 @@ every file inside one partition."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
@@ -30,6 +31,7 @@ pytestmark = pytest.mark.integration
 __all__ = ["lakehouse", "no_aws_variables"]  # fixtures this module uses
 
 SPEC = ["day(event_time)", "geohash(geometry, 1)"]
+ROOT = Path(__file__).resolve().parents[3]
 DAY_US = DAY_MS * 1000
 
 
@@ -66,6 +68,9 @@ def test_a_partitioned_table_on_the_lakehouse_prunes_drops_old_days_and_compacts
         GEOINGEST_MAINTENANCE_SNAPSHOT_MAX_AGE_S="0",
         GEOINGEST_MAINTENANCE_KEEP_SNAPSHOTS="1",
         GEOINGEST_RETENTION="2 days",
+        # The executors' Python workers import the checkout under test, not the one the venv was
+        # installed from (an editable install), as the driver does.
+        GEOINGEST_SPARK=json.dumps({"spark.executorEnv.PYTHONPATH": str(ROOT)}),
     )
     geoingest(env, tmp_path, "table", "create", "--contract", str(contract))
     summary = json.loads(geoingest(env, tmp_path, "run", "--contract", str(contract), "--until-idle").stdout)
