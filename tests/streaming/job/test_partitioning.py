@@ -24,6 +24,8 @@ from app.service import run
 from app.settings import load_settings
 from streaming.contract import parse_contract
 from streaming.kernels.geohash import covering_cells, enclosing_cells
+from streaming.maintenance.maintain import maintain
+from streaming.maintenance.plan import MaintenancePolicy
 from streaming.read.predicate import Predicate
 from streaming.read.query import query, sql_where
 from streaming.table.catalog import create_table, open_catalog
@@ -442,3 +444,15 @@ def test_the_cell_length_evolves_and_a_window_over_old_and_new_files_stays_exact
     ).fetchall()
     box = shapely.box(*WINDOW)
     assert {i for i, g in found if shapely.intersects(shapely.from_wkb(bytes(g)), box)} == expected
+
+    # Compaction rewrites the new spec's small files, still one partition each, both cells filled.
+    report = maintain(table, MaintenancePolicy(min_file_age_s=0), steps=("compact",))
+    assert report.compaction is not None and report.compaction.files_written > 0, report
+    table = open_catalog(settings.catalog_name, settings.catalog).load_table(parse_contract(raw).table)
+    for task in table.scan().plan_files():
+        if task.file.spec_id == table.spec().spec_id:
+            data = pq.read_table(task.file.file_path.removeprefix("file://"))
+            assert set(data.column("geometry_geohash2").to_pylist()) == {task.file.partition[1]}
+            assert data.column("geometry_geohash1").null_count == 0
+    result = query(table, Predicate.from_bbox(WINDOW), time_from=iso(lo), time_to=iso(hi))
+    assert set(result.table.column("event_id").to_pylist()) == expected and result.table.num_rows == len(expected)
