@@ -36,7 +36,13 @@ from pyiceberg.types import (
 )
 from pyproj import CRS
 
-from streaming.contract.partition import PartitionField, parse_contract_retention, parse_event_time, parse_partition
+from streaming.contract.partition import (
+    CellColumn,
+    PartitionField,
+    parse_contract_retention,
+    parse_event_time,
+    parse_partition,
+)
 from streaming.contract.parts import Clustering, Column, GeometrySpec, SchemaEvolution
 from streaming.contract.sources import (
     JsonFields,
@@ -108,11 +114,22 @@ class Contract:
         return tuple(f for f in self.partition if f.is_cell)
 
     @property
-    def cell_field_ids(self) -> dict[str, int]:
-        """Ids of the cell columns, by name: after the flat bbox columns, before the bbox's fields."""
+    def cell_columns(self) -> tuple[CellColumn, ...]:
+        """The cell columns the writer fills: the table's (`table_cells`), else the spec's, after
+        the flat bbox columns and before the bbox's fields, as a new table gets them."""
+        if self.table_cells is not None:
+            return self.table_cells
         first = self.bbox_id + 1 + len(self.flat_bbox_names)
-        return {f.name: first + i for i, f in enumerate(self.cell_fields)}
+        return tuple(CellColumn(first + i, f) for i, f in enumerate(self.cell_fields))
 
+    @property
+    def cell_field_ids(self) -> dict[str, int]:
+        """Ids of the cell columns, by name."""
+        return {c.name: c.id for c in self.cell_columns}
+
+    # The cell columns of the table the contract writes to (streaming/table/catalog.py's
+    # table_contract), which a partition evolution may have changed from the spec's; None: the spec's.
+    table_cells: tuple[CellColumn, ...] | None = None
     # How long rows are kept (`"retention": "30 days"`), in seconds; None: for ever. Maintenance
     # drops whole partitions of the time partition column once past it (streaming/maintenance/retention.py).
     retention_s: int | None = None
@@ -135,7 +152,11 @@ class Contract:
     def bbox_field_ids(self) -> dict[str, int]:
         """Ids of bbox.xmin .. bbox.ymax: Iceberg numbers nested fields after all top-level ones."""
         first = (
-            self.bbox_id + 1 + len(self.flat_bbox_names) + len(self.cell_fields) + (1 if self.raster is not None else 0)
+            self.bbox_id
+            + 1
+            + len(self.flat_bbox_names)
+            + sum(1 for c in self.cell_columns if not c.appended)
+            + (1 if self.raster is not None else 0)
         )
         return {name: first + i for i, name in enumerate(BBOX_FIELDS)}
 
@@ -162,13 +183,19 @@ class Contract:
         fields.append(NestedField(self.bbox_id, self.bbox_name, bbox, required=True))
         for name, fid in self.flat_bbox_field_ids.items():
             fields.append(NestedField(fid, name, DoubleType(), required=True))
-        for name, fid in self.cell_field_ids.items():
-            fields.append(NestedField(fid, name, StringType(), required=True))
+        appended = [c for c in self.cell_columns if c.appended]
+        for cell in self.cell_columns:
+            if not cell.appended:
+                fields.append(NestedField(cell.id, cell.name, StringType(), required=cell.required))
         if self.raster is not None:
             first = max(self.bbox_field_ids.values()) + 1
             fields.append(NestedField(self.raster.id, self.raster.name, self.raster.iceberg_type(first), required=True))
         # Iceberg appends the columns a table gains after all others.
-        fields += [NestedField(c.id, c.name, c.iceberg_type, required=False) for c in self.added_columns]
+        later = [(c.id, c.name, c.iceberg_type) for c in self.added_columns]
+        later += [(c.id, c.name, StringType()) for c in appended]
+        fields += [
+            NestedField(fid, name, kind, required=False) for fid, name, kind in sorted(later, key=lambda f: f[0])
+        ]
         return Schema(*fields)
 
     @cached_property
@@ -209,7 +236,7 @@ class Contract:
             "geo.hilbert.bits": str(self.clustering.hilbert_bits),
             "geo.hilbert.extent": ",".join(repr(v) for v in self.clustering.extent),
             **({EVENT_TIME_PROPERTY: self.event_time} if self.event_time else {}),
-            **{f"{CELL_PROPERTY_PREFIX}{f.name}": f.cell_meaning for f in self.cell_fields},
+            **{f"{CELL_PROPERTY_PREFIX}{c.name}": c.field.cell_meaning for c in self.cell_columns},
             "geoingest.contract": json.dumps(self.source, sort_keys=True, separators=(",", ":")),
         }
 

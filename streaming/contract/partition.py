@@ -57,6 +57,34 @@ class PartitionField:
         return f"{self.transform}:{self.param}:{self.source}"
 
 
+@dataclass(frozen=True)
+class CellColumn:
+    """A column of spatial cells the table holds, which the writer fills from the bbox covering.
+
+    The cells a table was made with sit after the flat bbox columns (`appended` False); one a
+    partition evolution added (`geoingest table evolve`) comes after every other column, optional,
+    as Iceberg adds columns: the files written before it have none."""
+
+    id: int
+    field: PartitionField
+    required: bool = True
+    appended: bool = False
+
+    @property
+    def name(self) -> str:
+        return self.field.name
+
+
+def cell_field(meaning: str) -> PartitionField | None:
+    """The partition field a cell column's table property describes (`geohash:<P>:<geometry>`),
+    None for a kind this version does not know."""
+    kind, _, rest = meaning.partition(":")
+    precision, _, source = rest.partition(":")
+    if kind != "geohash" or not precision.isdigit() or not source:
+        return None
+    return PartitionField(f"geohash({source}, {precision})", "geohash", source, int(precision))
+
+
 def parse_event_time(raw: dict, columns: tuple[Column, ...]) -> str | None:
     """The event-time column: as named, else the first timestamptz column fed by kafka.timestamp."""
     if "event_time" not in raw:

@@ -40,6 +40,7 @@ from pyiceberg.expressions import (
     BooleanExpression,
     GreaterThanOrEqual,
     In,
+    IsNull,
     LessThan,
     LessThanOrEqual,
     Or,
@@ -434,23 +435,35 @@ def _plain_boxes(predicate: Predicate) -> list[BBox]:
 
 def _cell_filter(table: Table, boxes: list[BBox]) -> BooleanExpression:
     """The cells whose rows a query of the window `boxes` may need, for every cell column the
-    table records (`geoingest.partition.cell.<column>` = `geohash:<precision>:<geometry>`)."""
+    table records (`geoingest.partition.cell.<column>` = `geohash:<precision>:<geometry>`).
+
+    A cell column a partition evolution added is null in the files written before it: those rows
+    are let through it (IS NULL), and found by the cell column of their own spec. So each file is
+    pruned by its own spec's cells, and by the bounds of the other cell columns it holds."""
     terms: list[BooleanExpression] = []
-    for key, meaning in table.properties.items():
-        if not key.startswith(CELL_PROPERTY_PREFIX):
-            continue
-        column = key.removeprefix(CELL_PROPERTY_PREFIX)
-        kind, precision, _ = meaning.split(":", 2)
-        if kind != "geohash":
-            continue
-        cells = sorted({c for box in boxes for c in covering_cells(box, int(precision))})
-        prefixes = sorted({p for box in boxes for p in prefix_cells(box, int(precision))})
+    for column, precision, optional in _cell_columns(table):
+        cells = sorted({c for box in boxes for c in covering_cells(box, precision)})
+        prefixes = sorted({p for box in boxes for p in prefix_cells(box, precision)})
         alternatives: list[BooleanExpression] = [In(term=Reference(column), values={literal(c) for c in cells})]
         alternatives += [StartsWith(term=Reference(column), value=literal(p)) for p in prefixes]
+        if optional:
+            alternatives.append(IsNull(term=Reference(column)))
         terms.append(Or(*alternatives) if len(alternatives) > 1 else alternatives[0])
     if not terms:
         return AlwaysTrue()
     return And(*terms) if len(terms) > 1 else terms[0]
+
+
+def _cell_columns(table: Table) -> list[tuple[str, int, bool]]:
+    """(column, geohash precision, optional) of every geohash cell column the table records."""
+    fields = {f.name: f for f in table.schema().fields}
+    found = []
+    for key, meaning in sorted(table.properties.items()):
+        column = key.removeprefix(CELL_PROPERTY_PREFIX)
+        kind, _, rest = meaning.partition(":")
+        if key.startswith(CELL_PROPERTY_PREFIX) and kind == "geohash" and column in fields:
+            found.append((column, int(rest.split(":", 1)[0]), not fields[column].required))
+    return found
 
 
 def sql_where(
@@ -473,16 +486,15 @@ def sql_where(
             terms.append(f"{column} >= TIMESTAMP '{_iso_micros(lo)}'")
         if hi is not None:
             terms.append(f"{column} < TIMESTAMP '{_iso_micros(hi)}'")
-    for key, meaning in sorted(table.properties.items()):
-        if key.startswith(CELL_PROPERTY_PREFIX) and meaning.startswith("geohash:"):
-            column = key.removeprefix(CELL_PROPERTY_PREFIX)
-            precision = int(meaning.split(":")[1])
-            cells = ", ".join(f"'{c}'" for c in sorted({c for b in boxes for c in covering_cells(b, precision)}))
-            alternatives = [f"{column} IN ({cells})"]
-            alternatives += [
-                f"{column} LIKE '{p}%'" for p in sorted({p for b in boxes for p in prefix_cells(b, precision)})
-            ]
-            terms.append(alternatives[0] if len(alternatives) == 1 else "(" + " OR ".join(alternatives) + ")")
+    for column, precision, optional in _cell_columns(table):
+        cells = ", ".join(f"'{c}'" for c in sorted({c for b in boxes for c in covering_cells(b, precision)}))
+        alternatives = [f"{column} IN ({cells})"]
+        alternatives += [
+            f"{column} LIKE '{p}%'" for p in sorted({p for b in boxes for p in prefix_cells(b, precision)})
+        ]
+        if optional:  # added by a partition evolution: null in the files written before it
+            alternatives.append(f"{column} IS NULL")
+        terms.append(alternatives[0] if len(alternatives) == 1 else "(" + " OR ".join(alternatives) + ")")
     covering = _property(table, f"geo.column.{_property(table, PRIMARY_COLUMN_PROPERTY)}.covering")
     if antimeridian_reading(table) == "short":
         # A wrapped row's box (xmin > xmax) fails every plain x condition: x is tested per half of

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,7 @@ from pyiceberg.transforms import (
     TruncateTransform,
     YearTransform,
 )
+from pyiceberg.types import StructType
 
 from streaming.contract import (
     CELL_PROPERTY_PREFIX,
@@ -30,6 +32,7 @@ from streaming.contract import (
     Contract,
     check_fresh_ids,
 )
+from streaming.contract.partition import CellColumn, cell_field
 from streaming.write.partitions import LayoutField, PartitionLayout
 from streaming.write.rejects_table import REJECTS_SCHEMA, REJECTS_SPEC
 
@@ -188,6 +191,32 @@ def load_contract_table(catalog: Catalog, contract: Contract) -> Table:
     return table
 
 
+def table_cells(table: Table, contract: Contract) -> tuple[CellColumn, ...] | None:
+    """The cell columns the table holds, by the property each has (`geoingest.partition.cell.<column>`):
+    those it was made with and those a partition evolution added after its other columns. None for
+    a table that records none (the contract's spec says then)."""
+    schema = table.schema()
+    found = []
+    for key, meaning in sorted(table.properties.items()):
+        if not key.startswith(CELL_PROPERTY_PREFIX):
+            continue
+        name = key.removeprefix(CELL_PROPERTY_PREFIX)
+        field = cell_field(meaning)
+        column = next((f for f in schema.fields if f.name == name), None)
+        if field is None or column is None or field.name != name:
+            raise TableMismatch(
+                f"table {contract.table}: property {key} = {meaning!r} is not a geohash cell column of the table"
+            )
+        found.append((column.field_id, field, column.required))
+    if not found:
+        return None
+    # A cell column with an id past the bbox's own fields came after the table was made.
+    bbox = next((f for f in schema.fields if f.field_id == contract.bbox_id), None)
+    nested = [f.field_id for f in bbox.field_type.fields] if bbox and isinstance(bbox.field_type, StructType) else []
+    last_nested = max(nested, default=contract.bbox_id)
+    return tuple(CellColumn(fid, field, required, fid > last_nested) for fid, field, required in sorted(found))
+
+
 def check_table_matches(table: Table, contract: Contract) -> None:
     """The table's schema and geometry properties are the contract's: writes would break otherwise."""
     table_contract(table, contract)
@@ -198,6 +227,9 @@ def table_contract(table: Table, contract: Contract) -> Contract:
     the same id, name, type and nullability, and the table's other fields (optional columns of
     a contract type, gained by schema evolution) become its added columns, each read from the
     property of its name. Anything else means that writes would break: TableMismatch."""
+    cells = table_cells(table, contract)
+    if cells is not None:
+        contract = replace(contract, table_cells=cells)
     actual = {f.field_id: f for f in table.schema().fields}
     for expected in contract.iceberg_schema.fields:
         found = actual.pop(expected.field_id, None)

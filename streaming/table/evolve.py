@@ -20,7 +20,9 @@ default. Files already written keep the spec they were written with (their manif
 new files take the new one, and a scan reads both, each file pruned by its own spec. Day to hour:
 `["day(event_time)"]` -> `["hour(event_time)"]`. A field of the list is an Iceberg transform in
 Spark SQL words: `year|month|day|hour(column)`, `bucket(N, column)`, `truncate(W, column)`,
-`identity(column)` or the bare column name.
+`identity(column)` or the bare column name, or a spatial cell `geohash(geometry, P)`: a cell column
+the table lacks is added (optional, after every other column, its `geoingest.partition.cell.*`
+property set), and the spec takes an identity field on it.
 
 The geometry, the bbox covering, the Hilbert curve, the primary key, the write mode and the
 input formats cannot change (the files already written and the table's geo.* properties are made
@@ -34,7 +36,7 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from pyiceberg.exceptions import CommitFailedException, ValidationError
@@ -50,9 +52,11 @@ from pyiceberg.transforms import (
     TruncateTransform,
     YearTransform,
 )
-from pyiceberg.types import NestedField
+from pyiceberg.types import NestedField, StringType
 
-from streaming.contract import COLUMN_TYPES, Column, Contract, ContractError, parse_contract
+from streaming.contract import CELL_PROPERTY_PREFIX, COLUMN_TYPES, Column, Contract, ContractError, parse_contract
+from streaming.contract.partition import CellColumn
+from streaming.table.catalog import table_cells
 
 CONTRACT_PROPERTY = "geoingest.contract"
 # The type promotions Iceberg allows between the contract's column types.
@@ -82,6 +86,8 @@ class Change:
             return {**out, "property": CONTRACT_PROPERTY, "keys": list(self.keys)}
         if self.kind in ("partition-add", "partition-remove"):
             return {**out, "field": self.column, "transform": self.after}
+        if self.kind == "cell-add":
+            return {**out, "id": self.id, "column": self.column, "property": f"{CELL_PROPERTY_PREFIX}{self.column}"}
         out.update(id=self.id, column=self.column)
         if self.kind == "rename":
             out["to"] = self.after
@@ -146,6 +152,18 @@ def _staged(table: Table, new: Contract) -> tuple[list[Change], Transaction]:
         )
         changes.append(Change("contract", "", keys=tuple(differing)))
 
+    # A spec's new cell column comes after every other column, optional (the rows already written
+    # have none), with the table's next free id once the columns above are added.
+    cells = table_cells(table, stored) or ()
+    next_id = table.metadata.last_column_id + 1 + sum(1 for c in changes if c.kind == "add")
+    added_cells: list[CellColumn] = []
+    for cell in new.cell_fields:
+        if all(c.name != cell.name for c in cells + tuple(added_cells)):
+            added_cells.append(CellColumn(next_id, cell, required=False, appended=True))
+            changes.append(Change("cell-add", cell.name, next_id, after=cell.cell_meaning))
+            next_id += 1
+    new = replace(new, table_cells=cells + tuple(added_cells))
+
     partition_changes, partition_fields = _partition_changes(table, new)
     changes += partition_changes
 
@@ -163,6 +181,9 @@ def _staged(table: Table, new: Contract) -> tuple[list[Change], Transaction]:
                     update.delete_column(change.column)
                 elif change.kind == "add":
                     update.add_column(change.column, COLUMN_TYPES[str(change.after)], required=False)
+            for change in changes:  # after the contract's columns: they take the ids the contract gives them
+                if change.kind == "cell-add":
+                    update.add_column(change.column, StringType(), required=False)
     except (ValueError, ValidationError) as exc:
         # The checks above are meant to leave pyiceberg nothing to refuse; should it, say so.
         raise EvolutionError(f"table {name}: Iceberg refuses the schema change: {exc}") from None
@@ -180,6 +201,9 @@ def _staged(table: Table, new: Contract) -> tuple[list[Change], Transaction]:
     _check_staged_schema(name, transaction.table_metadata.schema(), new)
     if any(change.kind == "contract" for change in changes):
         transaction.set_properties({CONTRACT_PROPERTY: new_json})
+    cell_properties = {f"{CELL_PROPERTY_PREFIX}{c.name}": c.field.cell_meaning for c in added_cells}
+    if cell_properties:
+        transaction.set_properties(cell_properties)
     return changes, transaction
 
 
@@ -438,11 +462,13 @@ def _partition_term(text: Any, where: str, columns: dict[str, int]) -> _Partitio
         if len(args) != 2 or not args[0].isdigit() or int(args[0]) < 1:
             raise EvolutionError(f"{where}: {text}: expected {transform}(N, column), N a positive whole number")
         param, args = int(args[0]), args[1:]
+    elif transform == "geohash" and len(args) == 2 and args[1].isdigit():
+        # The contract checked it (parse_partition); its cell column is partitioned by identity.
+        transform, args = "identity", [f"{args[0]}_geohash{int(args[1])}"]
     elif transform not in _SIMPLE_TRANSFORMS:
         raise EvolutionError(
             f"{where}: {text}: evolve changes a partition by an Iceberg transform (year, month, day, hour, "
-            "bucket, truncate, identity); a spatial cell's partition comes with the column that holds it, "
-            "which evolve does not add"
+            "bucket, truncate, identity) or a spatial cell (geohash)"
         )
     if len(args) != 1 or args[0] not in columns:
         raise EvolutionError(f"{where}: {text}: {', '.join(args)!r} is not a column of the table")
@@ -458,7 +484,7 @@ def _partition_changes(table: Table, new: Contract) -> tuple[list[Change], list[
     if not isinstance(raw, list):
         raise EvolutionError(f"partition: expected a list of transforms like ['day(event_time)'], got {raw!r}")
     schema = table.schema()
-    columns = {f.name: f.field_id for f in schema.fields}
+    columns = {f.name: f.field_id for f in schema.fields} | new.cell_field_ids
     wanted = [_partition_term(text, f"partition[{i}]", columns) for i, text in enumerate(raw)]
     current = table.spec()
     have = {(f.source_id, str(f.transform)): f for f in current.fields}

@@ -14,7 +14,6 @@ from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from pyiceberg.conversions import to_bytes
 from pyiceberg.io import load_file_io
@@ -181,15 +180,20 @@ class GeoParquetWriter:
         if not rows:
             return
         table = with_cells(pa.Table.from_batches(rows), self.contract)
+        # Whether any row wraps, asked once of the batch rather than of each partition's rows.
+        plain = not self._wrapped(table.column(self.contract.bbox_name).combine_chunks()).any()
         for values, part in split_by_partition(table, self.partition):
-            yield from self._write_partition(part.to_batches(), values)
+            yield from self._write_partition(part.to_batches(), values, plain)
 
-    def _write_partition(self, batches: Iterable[pa.RecordBatch], values: tuple) -> Iterator[DataFileRecord]:
+    def _write_partition(
+        self, batches: Iterable[pa.RecordBatch], values: tuple, plain: bool = False
+    ) -> Iterator[DataFileRecord]:
+        """`plain`: no row of these wraps, known already."""
         rows = self.contract.clustering.row_group_rows
         folder = partition_path(self.partition, values)
-        lanes = {False: _Lane(), True: _Lane()}
+        lanes = {False: _Lane(False), True: _Lane(True)}
         for batch in batches:
-            for wrapped, part in self._lanes_of(batch):
+            for wrapped, part in [(False, batch)] if plain else self._lanes_of(batch):
                 lane = lanes[wrapped]
                 for group in lane.add(part, rows):
                     yield from self._write_group(lane, group, folder, values)
@@ -201,21 +205,25 @@ class GeoParquetWriter:
                 yield self._finish(lane.file, values)
                 lane.file = None
 
+    def _wrapped(self, bbox: pa.StructArray) -> np.ndarray:
+        """Which rows wrap (xmin > xmax, under the short-way reading only)."""
+        if self.contract.geometry.antimeridian != "short" or len(bbox) == 0:
+            return np.zeros(len(bbox), bool)
+        xmin, xmax = (bbox.field(n).to_numpy(zero_copy_only=False) for n in ("xmin", "xmax"))
+        return np.greater(xmin, xmax)  # a null (NaN here) is not a wrapped box
+
     def _lanes_of(self, batch: pa.RecordBatch) -> list[tuple[bool, pa.RecordBatch]]:
-        if self.contract.geometry.antimeridian != "short" or batch.num_rows == 0:
+        wrapped = self._wrapped(batch.column(self.contract.bbox_name))
+        if not wrapped.any():
             return [(False, batch)]
-        bbox = batch.column(self.contract.bbox_name)
-        wrapped = pc.fill_null(pc.greater(bbox.field("xmin"), bbox.field("xmax")), False)
-        if not pc.any(wrapped).as_py():
-            return [(False, batch)]
-        return [(False, batch.filter(pc.invert(wrapped))), (True, batch.filter(wrapped))]
+        return [(False, batch.filter(pa.array(~wrapped))), (True, batch.filter(pa.array(wrapped)))]
 
     def _write_group(self, lane: _Lane, group: pa.RecordBatch, folder: str, values: tuple) -> Iterator[DataFileRecord]:
         table = with_cells(_with_flat_bbox(pa.Table.from_batches([group]), self.contract), self.contract)
         table = table.select(self.schema.names).cast(self.schema)
         if lane.file is None:
             lane.file = _OpenFile(self._new_path(folder), self.io, self.schema, self._parquet_options)
-        lane.file.write(table, self.contract)
+        lane.file.write(table, self.contract, lane.wrapped)
         if lane.file.bytes_written() >= self.contract.clustering.target_file_bytes:
             yield self._finish(lane.file, values)
             lane.file = None
@@ -282,14 +290,15 @@ class _OpenFile:
         self.geometry_types: set[str] = set()
         self.wrapped_rows = 0
 
-    def write(self, table: pa.Table, contract: Contract) -> None:
+    def write(self, table: pa.Table, contract: Contract, wrapped: bool) -> None:
+        """`wrapped`: the rows all wrap, or none does (the writer's lanes keep them apart)."""
         bbox = table.column(contract.bbox_name).combine_chunks()
-        if contract.geometry.antimeridian == "short":
-            self.wrapped_rows += int(pc.sum(pc.greater(bbox.field("xmin"), bbox.field("xmax"))).as_py() or 0)
+        if contract.geometry.antimeridian == "short" and wrapped:
+            self.wrapped_rows += table.num_rows
         for i, name in enumerate(BBOX_FIELDS):
-            lo_hi = pc.min_max(bbox.field(name))
-            self.bbox_min[i] = min(self.bbox_min[i], lo_hi["min"].as_py())
-            self.bbox_max[i] = max(self.bbox_max[i], lo_hi["max"].as_py())
+            values = bbox.field(name).to_numpy(zero_copy_only=False)
+            self.bbox_min[i] = min(self.bbox_min[i], float(np.fmin.reduce(values)))
+            self.bbox_max[i] = max(self.bbox_max[i], float(np.fmax.reduce(values)))
         self.geometry_types.update(geometry_type_names(table.column(contract.geometry.name)))
         self._writer.write_table(table, row_group_size=table.num_rows)
 
@@ -333,7 +342,8 @@ def _with_flat_bbox(table: pa.Table, contract: Contract) -> pa.Table:
 class _Lane:
     """Rows on their way to one kind of file: whole row groups of them cut as they come."""
 
-    def __init__(self) -> None:
+    def __init__(self, wrapped: bool) -> None:
+        self.wrapped = wrapped  # every row of this lane wraps (xmin > xmax), or none does
         self.pending: list[pa.RecordBatch] = []
         self.pending_rows = 0
         self.file: _OpenFile | None = None

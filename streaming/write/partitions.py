@@ -9,6 +9,7 @@ partitioned by identity.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -21,10 +22,15 @@ from pyiceberg.transforms import BucketTransform
 from pyiceberg.types import IcebergType
 
 from streaming.contract import COLUMN_TYPES, Contract
+from streaming.contract.terms import MAX_PARTITIONS_PER_BATCH
 from streaming.kernels.geohash import enclosing_cells
 
 _MICROS_PER = {"day": 86_400_000_000, "hour": 3_600_000_000}
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+class PartitionLimitError(ValueError):
+    """A batch's rows fall in more partitions than a batch may write (MAX_PARTITIONS_PER_BATCH)."""
 
 
 @dataclass(frozen=True)
@@ -46,18 +52,19 @@ class PartitionLayout:
 
 
 def with_cells(table: pa.Table, contract: Contract) -> pa.Table:
-    """The rows with the contract's cell columns (if any) filled from the bbox covering."""
-    if not contract.cell_fields:
-        return table
+    """The rows with the table's cell columns (if any) filled from the bbox covering: every one
+    the table holds, so that a column an evolution left behind stays exact in new files too."""
+    if all(c.name in table.column_names for c in contract.cell_columns):
+        return table  # none, or filled already from the same covering
     bbox = table.column(contract.bbox_name).combine_chunks()
     xmin, ymin, xmax, ymax = (
         bbox.field(name).to_numpy(zero_copy_only=False) for name in ("xmin", "ymin", "xmax", "ymax")
     )
-    for field in contract.cell_fields:
-        if field.name in table.column_names:
+    for cell in contract.cell_columns:
+        if cell.name in table.column_names:
             continue  # filled already, from the same covering
-        cells = enclosing_cells(xmin, ymin, xmax, ymax, field.param or 1)
-        table = table.append_column(field.name, pa.array(cells, pa.string()))
+        cells = enclosing_cells(xmin, ymin, xmax, ymax, cell.field.param or 1)
+        table = table.append_column(cell.name, pa.array(cells, pa.string()))
     return table
 
 
@@ -109,8 +116,27 @@ def split_by_partition(table: pa.Table, layout: PartitionLayout | None) -> Itera
         codes.append(np.where(encoded.is_null().to_numpy(zero_copy_only=False), -1, indices).astype(np.int64))
         dictionaries.append(encoded.dictionary.to_pylist())
     stacked = np.stack(codes, axis=1)
-    distinct, inverse = np.unique(stacked, axis=0, return_inverse=True)
+    if math.prod(len(d) + 1 for d in dictionaries) < 2**62:
+        # One int64 key per row (mixed radix over the fields' codes, null's -1 shifted to 0), in
+        # the order of the rows of codes: a 1-D unique is several times cheaper than one of rows.
+        key = np.zeros(table.num_rows, np.int64)
+        for field_codes, dictionary in zip(codes, dictionaries):
+            key = key * (len(dictionary) + 1) + (field_codes + 1)
+        _, first, inverse = np.unique(key, return_index=True, return_inverse=True)
+        distinct = stacked[first]
+    else:
+        distinct, inverse = np.unique(stacked, axis=0, return_inverse=True)
     inverse = inverse.reshape(-1)
+    if len(distinct) > MAX_PARTITIONS_PER_BATCH:
+        # The contract bounds what it can (cells, buckets, time); identity and truncate fields have
+        # no bound known in advance. Each partition is a file at least: stop rather than write them.
+        widest = max(range(len(layout.fields)), key=lambda i: len(dictionaries[i]))
+        field = layout.fields[widest]
+        raise PartitionLimitError(
+            f"partition field {field.name} ({field.transform} of {field.source}): these rows fall in "
+            f"{len(distinct):,} partitions ({len(dictionaries[widest]):,} values of {field.name}), more than "
+            f"{MAX_PARTITIONS_PER_BATCH:,} per batch; give the table a coarser spec with 'geoingest table evolve'"
+        )
     if len(distinct) == 1:
         yield _values(distinct[0], dictionaries), table
         return

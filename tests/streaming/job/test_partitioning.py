@@ -7,6 +7,8 @@ an upsert stream whose features move across days and cells keeps one current row
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import time
 from collections import Counter
 from pathlib import Path
@@ -22,11 +24,19 @@ from app.service import run
 from app.settings import load_settings
 from streaming.contract import parse_contract
 from streaming.kernels.geohash import covering_cells, enclosing_cells
+from streaming.maintenance.maintain import maintain
+from streaming.maintenance.plan import MaintenancePolicy
 from streaming.read.predicate import Predicate
 from streaming.read.query import query, sql_where
 from streaming.table.catalog import create_table, open_catalog
 from tests.conftest import CACHE_DIR, duckdb_connection
-from tests.streaming.write.test_upsert import every_snapshot_matches, record_positions, reference_state, table_state
+from tests.streaming.write.test_upsert import (
+    ICEBERG_RUNTIME,
+    every_snapshot_matches,
+    record_positions,
+    reference_state,
+    table_state,
+)
 
 ROOT = Path(__file__).resolve().parents[3]
 DEMO = json.loads((ROOT / "schemas" / "demo_events.json").read_text())
@@ -240,6 +250,58 @@ def test_a_stream_over_days_and_places_lands_in_its_partitions_and_queries_prune
     box = shapely.box(*WINDOW)
     assert {i for i, g in found if shapely.intersects(shapely.from_wkb(bytes(g)), box)} == expected
 
+    if source == "spark-kafka":  # once: Spark with Iceberg's runtime, the same condition, in SQL
+        found, metrics = spark_iceberg_window(table.metadata_location, where, tmp_path)
+        assert {i for i, g in found if shapely.intersects(shapely.from_wkb(g), box)} == expected
+        # Iceberg planned only files of the matching days and cells (fewer still: the bbox and
+        # event_time bounds of each file prune too).
+        assert 0 < metrics["resultDataFiles"] <= len(right) < len(tasks), metrics
+        assert metrics["resultDataFiles"] + metrics["skippedDataFiles"] <= len(tasks), metrics
+
+
+SPARK_WINDOW = """
+import json, sys
+from pathlib import Path
+from app.spark import spark_session
+cache, jars, location, where, out = sys.argv[1:6]
+spark = spark_session("local[1]", cache, "1g", extra_jars=[Path(j) for j in jars.split(",")])
+spark.conf.set("spark.sql.adaptive.enabled", "false")  # the scan node's metrics, in the plan that ran
+spark.read.format("iceberg").load(location).createOrReplaceTempView("events")
+df = spark.sql(f"SELECT event_id, geometry FROM events WHERE {where}")
+rows = df.collect()
+metrics = {}
+leaves = df._jdf.queryExecution().executedPlan().collectLeaves()
+for i in range(leaves.size()):
+    if leaves.apply(i).nodeName().startswith("BatchScan"):
+        entries = leaves.apply(i).metrics().iterator()
+        while entries.hasNext():
+            entry = entries.next()
+            metrics[entry._1()] = entry._2().value()
+json.dump({"rows": [[r.event_id, bytes(r.geometry).hex()] for r in rows], "metrics": metrics}, open(out, "w"))
+spark.stop()
+"""
+
+
+def spark_iceberg_window(metadata_location: str, where: str, tmp_path: Path) -> tuple[list, dict[str, int]]:
+    """The rows Spark with Iceberg's runtime reads for `where` (docs/partitioning.md's words), and
+    its scan's metrics (resultDataFiles: the files Iceberg planned), in a process of its own: the
+    session needs the runtime jar on its classpath from the start."""
+    from app.maven import resolve, without_spark_jars
+
+    jars = without_spark_jars(resolve([ICEBERG_RUNTIME], CACHE_DIR, "iceberg-spark-runtime-4.0-1.10.2"))
+    script, out = tmp_path / "spark_window.py", tmp_path / "spark_window.json"
+    script.write_text(SPARK_WINDOW)
+    done = subprocess.run(
+        [sys.executable, str(script), str(CACHE_DIR), ",".join(map(str, jars)), metadata_location, where, str(out)],
+        timeout=600,
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    answer = json.loads(out.read_text())
+    return [(i, bytes.fromhex(g)) for i, g in answer["rows"]], answer["metrics"]
+
 
 def make_moving_stream(n_keys: int, n_events: int, seed: int, start_ms: int, span_ms: int) -> list:
     """Every key created, then moved anywhere and to later days (times rise with offsets), 10 % tombstones."""
@@ -291,3 +353,106 @@ def test_an_upsert_stream_moving_across_days_and_cells_keeps_one_current_row_per
     assert (n, keys) == (len(final), len(final))
     days = pc.unique(query(table, Predicate.from_bbox((-180, -90, 180, 90))).table.column("event_time").cast("int64"))
     assert len(set((v // 86_400_000_000) for v in days.to_pylist())) == 3
+
+
+@pytest.mark.integration
+def test_the_cell_length_evolves_and_a_window_over_old_and_new_files_stays_exact(
+    kafka, spark, topic, tmp_path, events, monkeypatch, capsys
+):
+    """Precision 1, then `geoingest table evolve` to precision 2: a new optional cell column, the
+    spec's identity field swapped; the files written before keep their spec and cells, the files
+    after fill both columns, and each file is pruned by its own spec's cells."""
+    from app.cli import main
+
+    raw = {**DEMO, "partition": ["day(event_time)", "geohash(geometry, 1)"]}
+    first, second = events[:2_000], events[2_000:]
+    settings = service_settings(kafka, topic, tmp_path, max_offsets_per_trigger=1_000)
+    create_table(open_catalog(settings.catalog_name, settings.catalog), parse_contract(raw))
+    assert produce_timed(kafka.bootstrap, topic, first) == len(first)
+    run(settings, parse_contract(raw), until_idle=True, spark=spark)
+
+    evolved = {**raw, "partition": ["day(event_time)", "geohash(geometry, 2)"]}
+    path = tmp_path / "evolved.json"
+    path.write_text(json.dumps(evolved))
+    monkeypatch.delenv("GEOINGEST_CONFIG", raising=False)
+    monkeypatch.setenv("GEOINGEST_CATALOG_NAME", settings.catalog_name)
+    monkeypatch.setenv("GEOINGEST_CATALOG__URI", settings.catalog["uri"])
+    monkeypatch.setenv("GEOINGEST_CATALOG__WAREHOUSE", settings.catalog["warehouse"])
+    assert main(["table", "evolve", "--contract", str(path)]) == 0
+    changes = json.loads(capsys.readouterr().out)["changes"]
+    assert {"change": "partition-remove", "field": "geometry_geohash1", "transform": "identity"} in changes
+    assert {"change": "partition-add", "field": "geometry_geohash2", "transform": "identity"} in changes
+    assert any(c["change"] == "cell-add" and c["column"] == "geometry_geohash2" for c in changes)
+
+    assert produce_timed(kafka.bootstrap, topic, second) == len(second)
+    totals = run(settings, parse_contract(evolved), until_idle=True, spark=spark)
+    assert totals.commits.get("failed", 0) == 0 and totals.batches >= 2
+
+    table = open_catalog(settings.catalog_name, settings.catalog).load_table(parse_contract(raw).table)
+    assert [f.name for f in table.spec().fields] == ["event_time_day", "geometry_geohash2"]
+    assert table.properties["geoingest.partition.cell.geometry_geohash1"] == "geohash:1:geometry"
+    assert table.properties["geoingest.partition.cell.geometry_geohash2"] == "geohash:2:geometry"
+    old_column, new_column = (table.schema().find_field(f"geometry_geohash{p}") for p in (1, 2))
+    assert old_column.required and not new_column.required and new_column.field_id > old_column.field_id
+
+    # Old files: precision-1 partitions, no precision-2 cells; new files: precision-2 partitions,
+    # both columns filled from each row's bbox.
+    tasks = list(table.scan().plan_files())
+    by_spec = Counter(t.file.spec_id for t in tasks)
+    assert len(by_spec) == 2, by_spec
+    partition_cells: dict[str, tuple[int, str]] = {}
+    for task in tasks:
+        data = pq.read_table(task.file.file_path.removeprefix("file://"))
+        bbox = data.column("bbox").combine_chunks()
+        corners = [bbox.field(n).to_numpy(zero_copy_only=False) for n in ("xmin", "ymin", "xmax", "ymax")]
+        assert data.column("geometry_geohash1").to_pylist() == enclosing_cells(*corners, 1).tolist()
+        cell = task.file.partition[1]
+        if task.file.spec_id == table.spec().spec_id:
+            assert set(data.column("geometry_geohash2").to_pylist()) == {cell}
+            assert data.column("geometry_geohash2").to_pylist() == enclosing_cells(*corners, 2).tolist()
+            partition_cells[task.file.file_path] = (2, cell)
+        else:
+            assert "geometry_geohash2" not in data.column_names and set(enclosing_cells(*corners, 1)) == {cell}
+            partition_cells[task.file.file_path] = (1, cell)
+    assert sum(1 for p, c in partition_cells.values() if p == 2 and len(c) == 2) > 20
+
+    # A window over both: exactly the brute-force answer, each file pruned by its own spec's cells.
+    lo, hi = midnight_ms(1) - 6 * 3_600_000, midnight_ms(0) + 6 * 3_600_000
+    expected = brute_force(events, WINDOW, lo, hi)
+    assert expected & brute_force(first, WINDOW, lo, hi) and expected & brute_force(second, WINDOW, lo, hi)
+    result = query(table, Predicate.from_bbox(WINDOW), time_from=iso(lo), time_to=iso(hi))
+    assert set(result.table.column("event_id").to_pylist()) == expected and result.table.num_rows == len(expected)
+    days = set(range(lo // DAY_MS, (hi - 1) // DAY_MS + 1))
+    covers = {p: set(covering_cells(WINDOW, p)) for p in (1, 2)}
+    right = [
+        t
+        for t in tasks
+        if t.file.partition[0] in days
+        and partition_cells[t.file.file_path][1] in covers[partition_cells[t.file.file_path][0]]
+    ]
+    assert 0 < result.stats.files_scanned <= len(right) < len(tasks)
+
+    # The SQL condition lets the rows of the old files through the new column (IS NULL); DuckDB
+    # reads the same rows with it.
+    where = sql_where(table, Predicate.from_bbox(WINDOW), iso(lo), iso(hi))
+    assert "geometry_geohash2 IS NULL" in where and "geometry_geohash1 IN (" in where
+    con = duckdb_connection()
+    con.execute("SET enable_geoparquet_conversion = false")
+    con.execute("SET TimeZone = 'UTC'")
+    found = con.execute(
+        f"SELECT event_id, geometry FROM iceberg_scan('{table.metadata_location}') WHERE {where}"
+    ).fetchall()
+    box = shapely.box(*WINDOW)
+    assert {i for i, g in found if shapely.intersects(shapely.from_wkb(bytes(g)), box)} == expected
+
+    # Compaction rewrites the new spec's small files, still one partition each, both cells filled.
+    report = maintain(table, MaintenancePolicy(min_file_age_s=0), steps=("compact",))
+    assert report.compaction is not None and report.compaction.files_written > 0, report
+    table = open_catalog(settings.catalog_name, settings.catalog).load_table(parse_contract(raw).table)
+    for task in table.scan().plan_files():
+        if task.file.spec_id == table.spec().spec_id:
+            data = pq.read_table(task.file.file_path.removeprefix("file://"))
+            assert set(data.column("geometry_geohash2").to_pylist()) == {task.file.partition[1]}
+            assert data.column("geometry_geohash1").null_count == 0
+    result = query(table, Predicate.from_bbox(WINDOW), time_from=iso(lo), time_to=iso(hi))
+    assert set(result.table.column("event_id").to_pylist()) == expected and result.table.num_rows == len(expected)

@@ -374,6 +374,9 @@ def test_the_projection_finds_nested_fields_by_id_too() -> None:
     ]
 
 
+CELL = "geoingest.partition.cell.geometry_geohash2"
+
+
 def test_the_partition_spec_evolves_old_files_keep_theirs_and_queries_read_both(catalog) -> None:
     from pyiceberg.expressions import GreaterThanOrEqual
 
@@ -416,8 +419,15 @@ def test_the_partition_spec_evolves_old_files_keep_theirs_and_queries_read_both(
     assert len(list(table.scan(row_filter=later).plan_files())) == 1, "each file pruned by its own spec"
     assert evolve_to(["hour(event_time)", "kind"]) == [], "the same spec again: nothing to change"
 
-    with pytest.raises(EvolutionError, match=r"^partition\[1\]: geohash\(geometry, 2\): evolve changes"):
-        evolve_to(["hour(event_time)", "geohash(geometry, 2)"])
+    # A spatial cell: its column comes after the others, optional, with the table's next free id.
+    next_id = catalog.load_table(table.name()).metadata.last_column_id + 1
+    changes = evolve_to(["hour(event_time)", "geohash(geometry, 2)"])
+    assert {"change": "partition-remove", "field": "kind", "transform": "identity"} in changes
+    assert {"change": "partition-add", "field": "geometry_geohash2", "transform": "identity"} in changes
+    cell = catalog.load_table(table.name()).schema().find_field("geometry_geohash2")
+    assert {"change": "cell-add", "id": next_id, "column": "geometry_geohash2", "property": CELL} in changes
+    assert (cell.field_id, cell.required) == (next_id, False)
+    assert catalog.load_table(table.name()).properties[CELL] == "geohash:2:geometry"
     # The contract itself refuses a transform of a column it lacks, before evolve looks at the table.
     with pytest.raises(ContractError, match=r"^partition\[0\]: day\(nowhere\): 'nowhere' is not one of the columns"):
         evolve_to(["day(nowhere)"])

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pyarrow as pa
+import pytest
 from pyiceberg.transforms import (
     BucketTransform,
     DayTransform,
@@ -13,7 +14,14 @@ from pyiceberg.transforms import (
 )
 from pyiceberg.types import LongType, StringType, TimestamptzType
 
-from streaming.write.partitions import LayoutField, PartitionLayout, partition_path, split_by_partition
+from streaming.contract.terms import MAX_PARTITIONS_PER_BATCH
+from streaming.write.partitions import (
+    LayoutField,
+    PartitionLayout,
+    PartitionLimitError,
+    partition_path,
+    split_by_partition,
+)
 
 MICROS = [0, -1, 1_764_028_800_000_000, 1_764_028_800_000_000 + 3_599_999_999, 951_782_400_000_000, None]
 ROWS = pa.table(
@@ -74,3 +82,22 @@ def test_the_split_keeps_the_row_order_within_each_partition_and_names_folders()
     assert sum(rows.num_rows for _, rows in parts) == ROWS.num_rows
     assert partition_path(layout, (20417,)) == "t_day=2025-11-25"
     assert partition_path(layout, (None,)) == "t_day=null"
+
+
+def test_rows_in_more_partitions_than_a_batch_may_write_are_refused_naming_the_field():
+    """An identity field has no bound the contract can check in advance: the split refuses."""
+    n = MAX_PARTITIONS_PER_BATCH + 1
+    rows = pa.table({"id": pa.array([f"e{i}" for i in range(n)]), "kind": pa.array(["a", "b"] * (n // 2) + ["a"])})
+    layout = PartitionLayout(
+        1,
+        (
+            LayoutField(1000, "kind", "identity", None, "kind", "string"),
+            LayoutField(1001, "id", "identity", None, "id", "string"),
+        ),
+    )
+    with pytest.raises(
+        PartitionLimitError,
+        match=r"^partition field id \(identity of id\): these rows fall in 100,001 partitions \(100,001 values of id\), more than 100,000 per batch",
+    ):
+        list(split_by_partition(rows, layout))
+    assert len(list(split_by_partition(rows.slice(0, 1_000), layout))) == 1_000
