@@ -22,6 +22,8 @@ over the batch, per CRS, with numpy.
 
 from __future__ import annotations
 
+import json
+import re
 from functools import lru_cache
 from typing import Any, ClassVar
 
@@ -101,7 +103,7 @@ class StacFormat(InputFormat):
             raw = values[i].as_py()
             if raw[:1] != b"{" and raw.lstrip(b" \t\r\n")[:1] != b"{":
                 continue  # not this format's: the decoder says why
-            docs[i], problems[i] = _load_json(raw)
+            docs[i], problems[i] = _load_item(raw)
             assets = raster_asset_keys(docs[i])
             if assets:
                 keys[i], counts[i] = list(assets), len(assets)
@@ -119,7 +121,7 @@ class StacFormat(InputFormat):
             docs: list[Any] = [None] * n
             problems: list[tuple[Reason, str] | None] = [None] * n
             for i in rows.tolist():
-                docs[i], problems[i] = _load_json(values[i].as_py())
+                docs[i], problems[i] = _load_item(values[i].as_py())
         else:
             parents, parts, docs, problems = exploded.parents, exploded.parts, exploded.docs, exploded.problems
         records = len(docs)
@@ -228,3 +230,22 @@ class StacFormat(InputFormat):
             }
         assert self.contract.raster is not None  # the contract requires the column with the format
         out.raster = pa.array(structs, self.contract.arrow_schema.field(self.contract.raster.name).type)
+
+
+# A JSON escape of a UTF-16 surrogate (\ud800-\udfff), in either case.
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+
+
+def _load_item(raw: bytes) -> tuple[Any, tuple[Reason, str] | None]:
+    """The record's JSON document, or why it is none. A string holding a lone surrogate (JSON lets an
+    escape make one) could not be stored in any column or struct field: the record is refused."""
+    doc, problem = _load_json(raw)
+    if problem is None and _SURROGATE_ESCAPE.search(raw):
+        try:
+            json.dumps(doc, ensure_ascii=False).encode("utf-8")
+        except UnicodeEncodeError:
+            return None, (
+                Reason.MALFORMED_JSON,
+                "value holds a string that is not valid Unicode (an escaped lone surrogate)",
+            )
+    return doc, problem

@@ -312,3 +312,15 @@ def test_the_contract_of_a_table_of_assets():
     raw["columns"][1]["required"] = True
     raw.update({"mode": "upsert", "primary_key": ["scene_id", "asset"]})
     assert parse_contract(raw).primary_key == ("scene_id", "asset")
+
+
+def test_a_lone_surrogate_escape_is_malformed_json_and_a_surrogate_pair_is_text(items):
+    """JSON lets "\\ud800" stand alone; no column or struct field can hold it (found by fuzzing)."""
+    _, item = items["utm60-west"]
+    text = item_bytes(item).decode()
+    lone = text.replace(f'"id": "{item.id}"', '"id": "\\ud800"', 1).encode()
+    pair = text.replace(f'"id": "{item.id}"', '"id": "scene-\\ud83d\\ude00"', 1).encode()
+    assert lone != pair != item_bytes(item)
+    bad, good = decode([lone, pair])
+    assert bad[REJECT_REASON] == "malformed_json" and "lone surrogate" in bad[REJECT_DETAIL]
+    assert good[REJECT_REASON] is None and good["scene_id"] == "scene-\U0001f600"
