@@ -39,9 +39,11 @@ from pyproj import CRS
 from streaming.contract.partition import PartitionField, parse_contract_retention, parse_event_time, parse_partition
 from streaming.contract.parts import Clustering, Column, GeometrySpec, SchemaEvolution
 from streaming.contract.sources import (
+    DebeziumSpec,
     JsonFields,
     RasterSpec,
     RegistrySpec,
+    parse_debezium,
     parse_json_fields,
     parse_raster,
     parse_registry,
@@ -96,6 +98,8 @@ class Contract:
     json: JsonFields | None = None
     # For registry-encoded topics (REGISTRY_FORMATS): where the records hold their geometry.
     registry: RegistrySpec | None = None
+    # Debezium change events (format "debezium"): the source column that holds the geometry.
+    debezium: DebeziumSpec | None = None
     # The partition spec of a new table (an existing table keeps the spec it has), and the column
     # that holds an event's time (None: the contract has none).
     partition: tuple[PartitionField, ...] = ()
@@ -309,6 +313,7 @@ def parse_contract(raw: Any) -> Contract:
     schema_evolution = _parse_schema_evolution(raw.get("schema_evolution", "off"))
     json_fields = parse_json_fields(raw, formats, columns)
     registry = parse_registry(raw, formats)
+    debezium = parse_debezium(raw, formats, mode, columns)
     event_time = parse_event_time(raw, columns)
     partition = parse_partition(raw, columns, geometry, event_time, clustering, names)
     retention_s = parse_contract_retention(
@@ -336,6 +341,7 @@ def parse_contract(raw: Any) -> Contract:
         schema_evolution=schema_evolution,
         json=json_fields,
         registry=registry,
+        debezium=debezium,
         partition=partition,
         event_time=event_time,
         retention_s=retention_s,

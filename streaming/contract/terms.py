@@ -43,11 +43,11 @@ GEOMETRY_TYPES = (
 DIMENSIONS = ("XY", "XYZ", "XYM", "XYZM")
 
 
-FORMATS = ("geojson", "wkb", "ewkb", "gpkg", "json", "wkt", "ewkt", "avro", "protobuf", "stac")
+FORMATS = ("geojson", "wkb", "ewkb", "gpkg", "json", "wkt", "ewkt", "avro", "protobuf", "stac", "debezium")
 
 
 # Formats that read a JSON object; a table takes one of them.
-JSON_OBJECT_FORMATS = ("geojson", "json", "stac")
+JSON_OBJECT_FORMATS = ("geojson", "json", "stac", "debezium")
 
 
 # What one row of a raster table is (`raster.rows`): a STAC Item (its assets the bands).
@@ -140,8 +140,10 @@ KNOWN_KEYS = {
         "event_time",
         "retention",
         "raster",
+        "debezium",
     ),
     "raster": ("id", "name", "rows"),
+    "debezium": ("geometry", "crs"),
     "json": ("lon", "lat", "z", "geometry", "crs"),
     "json.geometry": ("path", "encoding"),
     "registry": ("geometry_field", "lon_field", "lat_field", "srid_field"),

@@ -38,6 +38,7 @@ from pyiceberg.io import FileIO
 
 from streaming.contract import Contract
 from streaming.decode.decoder import (
+    DELETE,
     HILBERT,
     REJECT_REASON,
     SOURCE_OFFSET,
@@ -225,6 +226,12 @@ class PartitionTask:
                     dead_letters = dead_letters or DeadLetterWriter(self.dead_letter)
                     dead_letters.send(decoded)
                 valid = decoded.select(keep)
+                deleting = decoded.column(DELETE)
+                if upsert and pc.any(deleting).as_py():
+                    # Deletes a format decoded (change events' deletes) go the way tombstones go.
+                    tombstones.append(_decoded_deletes(decoded.filter(deleting), self.contract))
+                    valid = valid.filter(pc.invert(deleting))
+                    decoded = decoded.filter(pc.invert(deleting))
                 if rejected:
                     valid = valid.filter(pc.is_null(decoded.column(REJECT_REASON)))
                 micros = decoded.column(SOURCE_TIMESTAMP).cast(pa.int64())
@@ -363,6 +370,19 @@ def tally_table(decoded: pa.RecordBatch) -> pa.Table:
             "n": grouped.column("offset_count"),
             # microseconds (Spark's timestamp unit) to the milliseconds Kafka speaks
             "oldest_ms": pc.divide(grouped.column("timestamp_min"), 1000),
+        }
+    )
+
+
+def _decoded_deletes(deletes: pa.RecordBatch, contract: Contract) -> pa.Table:
+    """The decoder's delete rows as tombstones are kept: the key columns and the Kafka position."""
+    return pa.table(
+        {
+            **{name: deletes.column(name) for name in contract.primary_key},
+            TOPIC: deletes.column(SOURCE_TOPIC),
+            PARTITION: deletes.column(SOURCE_PARTITION),
+            OFFSET: deletes.column(SOURCE_OFFSET),
+            TIMESTAMP: deletes.column(SOURCE_TIMESTAMP).cast(pa.int64()),
         }
     )
 
