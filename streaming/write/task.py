@@ -47,6 +47,7 @@ from streaming.decode.decoder import (
     SOURCE_TOPIC,
     DecodeOptions,
     Decoder,
+    decoded_schema,
 )
 from streaming.decode.isolation import IsolatedDecoder
 from streaming.decode.properties import PropertySeen, merge_seen
@@ -272,7 +273,10 @@ class PartitionTask:
         every key it touched (streaming/write/upsert.py). The whole range at once: an upsert task holds
         its rows until the end (memory bounded by the batch's maxOffsetsPerTrigger share)."""
         schema = pa.schema([*self.contract.arrow_schema, pa.field(HILBERT, pa.int64())])
-        rows = pa.Table.from_batches(run) if run else pa.table({f.name: pa.array([], f.type) for f in schema})
+        # A task whose records all delete (tombstones, change events' deletes) has no rows at all.
+        kept = decoded_schema(self.contract)
+        empty = pa.schema([*schema, *(kept.field(n) for n in (SOURCE_PARTITION, SOURCE_OFFSET, SOURCE_TIMESTAMP))])
+        rows = pa.Table.from_batches(run) if run else empty.empty_table()
         ordered = rows.append_column(PARTITION, rows.column(SOURCE_PARTITION))
         ordered = ordered.append_column(OFFSET, rows.column(SOURCE_OFFSET))
         ordered = ordered.append_column(TIMESTAMP, rows.column(SOURCE_TIMESTAMP).cast(pa.int64()))

@@ -51,6 +51,10 @@ def normalised(wkb: bytes) -> str:
     return shapely.to_wkb(shapely.normalize(shapely.from_wkb(wkb))).hex()
 
 
+def all_normalised(wkbs: list) -> list[str]:
+    return [b.hex() for b in shapely.to_wkb(shapely.normalize(shapely.from_wkb(np.array(wkbs, dtype=object))))]
+
+
 def postgis_state(server: PostgresServer) -> dict[int, tuple]:
     with connect_db(server) as conn, conn.cursor() as cur:
         cur.execute("SELECT column_name FROM information_schema.columns WHERE table_name = 'places'")
@@ -66,10 +70,8 @@ def iceberg_state(table, snapshot_id: int | None = None) -> dict[int, tuple]:
     heights = result.column("height").to_pylist() if "height" in result.column_names else [None] * result.num_rows
     ids = result.column("id").to_pylist()
     assert len(ids) == len(set(ids)), "one row per key"
-    return {
-        i: (name, h, normalised(g))
-        for i, name, h, g in zip(ids, result.column("name").to_pylist(), heights, result.column("geometry").to_pylist())
-    }
+    geometries = all_normalised(result.column("geometry").to_pylist())
+    return {i: (name, h, g) for i, name, h, g in zip(ids, result.column("name").to_pylist(), heights, geometries)}
 
 
 def apply_changes(server: PostgresServer, rng: np.random.Generator, first_id: int, n: int, with_height: bool) -> int:
