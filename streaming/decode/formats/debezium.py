@@ -35,11 +35,14 @@ from streaming.decode.formats.json_fields import _BlockParser, _leaf, base64_dec
 from streaming.decode.formats.wkb import EWKB_SRID_FLAG, read_wkb
 from streaming.decode.properties import PropertySeen, merge_seen, unmapped_properties
 from streaming.decode.rejects import Reason, shown
-from streaming.kernels.buffers import scatter
+from streaming.kernels.buffers import offsets_and_bytes, scatter
 
 PAYLOAD = "payload"
 UPSERT_OPS = ("c", "r", "u")
 DELETE_OP = "d"
+# How Kafka Connect's JSON converter spells an enveloped event: the schema first, then the payload.
+_SCHEMA_FIRST = '{"schema":'
+_PAYLOAD_MEMBER = '"payload":'
 _ENVELOPE = {"op": pa.string(), "source.lsn": pa.int64(), "source.ts_ms": pa.int64()}
 
 
@@ -99,7 +102,7 @@ class DebeziumFormat(InputFormat):
         if rows.size == 0:
             return
         flat = pc.replace_substring(pc.replace_substring(docs, "\n", " "), "\r", " ")
-        table, errors = self.parser.parse(flat)
+        table, errors = self._parse(flat)
         for local, (reason, detail) in errors.items():
             rejects.add(rows[[local]], reason, detail)
         enveloped = pc.is_valid(table.column(PAYLOAD).combine_chunks())
@@ -145,6 +148,24 @@ class DebeziumFormat(InputFormat):
             rows[geometry_rows],
             out,
         )
+
+    def _parse(self, flat: pa.Array) -> tuple[pa.Table, dict[int, tuple[Reason, str]]]:
+        """The leaves of each event. The schema the JSON converter puts before the payload is most
+        of an enveloped event's bytes, and the reader would tokenise it only to skip it: the payload
+        is cut out and read as a bare event. An event whose cut the reader refuses (a schema that
+        holds the text "payload": itself) is read again whole."""
+        cut, was_cut = _payloads(flat)
+        table, errors = self.parser.parse(cut)
+        again = np.array(sorted(i for i in errors if was_cut[i]), dtype=np.int64)
+        if again.size == 0:
+            return table, errors
+        whole, whole_errors = self.parser.parse(flat.take(pa.array(again)))
+        index = np.arange(len(flat))
+        index[again] = len(flat) + np.arange(again.size)
+        table = pa.concat_tables([table, whole]).take(pa.array(index))
+        errors = {i: e for i, e in errors.items() if not was_cut[i]}
+        errors.update({int(again[local]): e for local, e in whole_errors.items()})
+        return table, errors
 
     def _geometries(self, wkb_text: pa.Array, srid: pa.Array, rows: np.ndarray, out: Decoded) -> None:
         rejects, where = out.rejects, f"after.{self.spec.geometry}"
@@ -202,7 +223,7 @@ class DebeziumFormat(InputFormat):
     ) -> dict[str, PropertySeen]:
         """The source columns in these events' `after` that no contract column reads: what a
         column added with ALTER TABLE brings, for schema evolution."""
-        docs = values.take(pa.array(rows)).cast(pa.binary())
+        docs, _ = _payloads(values.take(pa.array(rows)))
         # The JSON converter writes the schema (or the payload) as the first member of an enveloped event.
         enveloped = pc.match_substring_regex(docs, r'^\s*\{\s*"(schema|payload)"\s*:').to_numpy(zero_copy_only=False)
         seen: dict[str, PropertySeen] = {}
@@ -213,3 +234,33 @@ class DebeziumFormat(InputFormat):
                 part_order = (order[0][positions], order[1][positions], order[2][positions])
                 merge_seen(seen, unmapped_properties(docs.take(pa.array(positions)), taken, part_order, member))
         return seen
+
+
+def _payloads(docs: pa.Array) -> tuple[pa.Array, np.ndarray]:
+    """Each enveloped event (`{"schema": ..., "payload": {...}}`, as the JSON converter writes it)
+    cut down to its payload, the others as they are; and which were cut. Over the whole batch: the
+    kept bytes of every event gathered at once."""
+    docs = docs.cast(pa.binary())
+    if len(docs) == 0:
+        return docs, np.zeros(0, dtype=bool)
+    at = pc.find_substring(docs, _PAYLOAD_MEMBER).to_numpy(zero_copy_only=False)
+    cut = (
+        pc.fill_null(pc.starts_with(docs, _SCHEMA_FIRST), False).to_numpy(zero_copy_only=False)
+        & pc.fill_null(pc.ends_with(docs, "}"), False).to_numpy(zero_copy_only=False)
+        & (at > 0)
+    )
+    if not cut.any():
+        return docs, cut
+    offsets, data = offsets_and_bytes(docs)
+    offsets = offsets.astype(np.int64)
+    start = offsets[:-1] + np.where(cut, at + len(_PAYLOAD_MEMBER), 0)
+    end = offsets[1:] - cut  # the envelope's closing brace
+    lengths = end - start
+    new_offsets = np.concatenate([[0], np.cumsum(lengths)])
+    gather = np.arange(new_offsets[-1]) + np.repeat(start - new_offsets[:-1], lengths)
+    out = pa.Array.from_buffers(
+        pa.binary(),
+        len(docs),
+        [None, pa.py_buffer(new_offsets.astype(np.int32).tobytes()), pa.py_buffer(data[gather].tobytes())],
+    )
+    return out, cut

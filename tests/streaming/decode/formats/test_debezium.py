@@ -19,7 +19,7 @@ from pyproj import Transformer
 
 from streaming.contract import ContractError, load_contract, parse_contract
 from streaming.decode.decoder import DELETE, Decoder
-from streaming.decode.formats.debezium import DebeziumFormat
+from streaming.decode.formats.debezium import DebeziumFormat, _payloads
 from streaming.decode.properties import record_order
 from streaming.decode.rejects import Reason
 from tests.streaming.decode.test_decoder import REJECT_DETAIL, REJECT_REASON, assert_valid, geometry_of, kafka_batch
@@ -207,3 +207,22 @@ def test_the_contract_section_is_checked():
     raw["columns"][1]["from"] = ["properties.geom"]
     with pytest.raises(ContractError, match="holds the geometry"):
         parse_contract(raw)
+
+
+def test_an_enveloped_event_whose_schema_names_payload_itself_is_read_whole():
+    # The payload is cut out of an enveloped event before reading; a schema holding the text
+    # "payload": (a column's parameters) makes that cut wrong, and the event is read whole instead.
+    point = geom(shapely.Point(3.5, 4.5))
+    tricky = json.dumps(
+        {
+            "schema": {"type": "struct", "parameters": {"payload": {"op": "d"}}, "fields": []},
+            "payload": json.loads(event("c", {"id": 9, "name": "tricky", "geom": point})),
+        },
+        separators=(",", ":"),
+    ).encode()
+    plain = event("u", {"id": 10, "name": "plain", "geom": point}, schemas=True)
+    assert _payloads(pa.array([tricky, plain, event("c", {"id": 1})]))[1].tolist() == [True, True, False]
+    rows = decode([tricky, plain])
+    for row in rows:
+        assert_valid(row)
+    assert [(r["id"], r["name"], r[DELETE]) for r in rows] == [(9, "tricky", False), (10, "plain", False)]
