@@ -143,8 +143,8 @@ DEBEZIUM = parse_contract(
 )
 
 
-def _field(name: str, kind: str, optional: bool = True, **more) -> dict:
-    return {"type": kind, "optional": optional, "field": name, **more}
+def _field(field: str, kind: str, optional: bool = True, **more) -> dict:
+    return {"type": kind, "optional": optional, "field": field, **more}
 
 
 def debezium_schema() -> dict:

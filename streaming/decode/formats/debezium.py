@@ -93,16 +93,19 @@ class DebeziumFormat(InputFormat):
     def decode(self, values: pa.Array, rows: np.ndarray, out: Decoded) -> None:
         n = len(values)
         rejects = out.rejects
-        docs = values.take(pa.array(rows))
-        rejects.add(rows[_invalid_utf8(docs)], Reason.MALFORMED_JSON, "value is not valid UTF-8 JSON")
-        rows, docs = _still_ok(rows, docs, rejects)
-        for local, detail in _raw_control_characters(docs):
+        # The payload is cut out first: the schema before it is most of an enveloped event's bytes.
+        docs = values.take(pa.array(rows)).cast(pa.binary())
+        cut, was_cut = _payloads(docs)
+        rejects.add(rows[_invalid_utf8(cut)], Reason.MALFORMED_JSON, "value is not valid UTF-8 JSON")
+        for local, detail in _raw_control_characters(cut):
             rejects.add(rows[[local]], Reason.MALFORMED_JSON, detail)
-        rows, docs = _still_ok(rows, docs, rejects)
+        keep = rejects.ok[rows]
+        if not keep.all():
+            mask = pa.array(keep)
+            rows, cut, docs, was_cut = rows[keep], cut.filter(mask), docs.filter(mask), was_cut[keep]
         if rows.size == 0:
             return
-        flat = pc.replace_substring(pc.replace_substring(docs, "\n", " "), "\r", " ")
-        table, errors = self._parse(flat)
+        table, errors = self._parse(_one_line(cut), docs, was_cut)
         for local, (reason, detail) in errors.items():
             rejects.add(rows[[local]], reason, detail)
         enveloped = pc.is_valid(table.column(PAYLOAD).combine_chunks())
@@ -149,19 +152,19 @@ class DebeziumFormat(InputFormat):
             out,
         )
 
-    def _parse(self, flat: pa.Array) -> tuple[pa.Table, dict[int, tuple[Reason, str]]]:
-        """The leaves of each event. The schema the JSON converter puts before the payload is most
-        of an enveloped event's bytes, and the reader would tokenise it only to skip it: the payload
-        is cut out and read as a bare event. An event whose cut the reader refuses (a schema that
-        holds the text "payload": itself) is read again whole."""
-        cut, was_cut = _payloads(flat)
+    def _parse(
+        self, cut: pa.Array, docs: pa.Array, was_cut: np.ndarray
+    ) -> tuple[pa.Table, dict[int, tuple[Reason, str]]]:
+        """The leaves of each event, read from its cut (the payload alone, `_payloads`). An event
+        whose cut the reader refuses (a schema that holds the text "payload": itself) is read again
+        whole."""
         table, errors = self.parser.parse(cut)
         again = np.array(sorted(i for i in errors if was_cut[i]), dtype=np.int64)
         if again.size == 0:
             return table, errors
-        whole, whole_errors = self.parser.parse(flat.take(pa.array(again)))
-        index = np.arange(len(flat))
-        index[again] = len(flat) + np.arange(again.size)
+        whole, whole_errors = self.parser.parse(_one_line(docs.take(pa.array(again))))
+        index = np.arange(len(cut))
+        index[again] = len(cut) + np.arange(again.size)
         table = pa.concat_tables([table, whole]).take(pa.array(index))
         errors = {i: e for i, e in errors.items() if not was_cut[i]}
         errors.update({int(again[local]): e for local, e in whole_errors.items()})
@@ -203,8 +206,7 @@ class DebeziumFormat(InputFormat):
         rows, docs = _still_ok(rows, docs, rejects)
         if rows.size == 0:
             return
-        flat = pc.replace_substring(pc.replace_substring(docs, "\n", " "), "\r", " ")
-        table, errors = self.key_parser.parse(flat)
+        table, errors = self.key_parser.parse(_one_line(docs))
         for local, (reason, detail) in errors.items():
             rejects.add(rows[[local]], reason, f"the tombstone's key: {detail}")
         enveloped = pc.is_valid(table.column(PAYLOAD).combine_chunks())
@@ -234,6 +236,11 @@ class DebeziumFormat(InputFormat):
                 part_order = (order[0][positions], order[1][positions], order[2][positions])
                 merge_seen(seen, unmapped_properties(docs.take(pa.array(positions)), taken, part_order, member))
         return seen
+
+
+def _one_line(docs: pa.Array) -> pa.Array:
+    """Line breaks (legal between JSON tokens) as spaces: the block reader reads a document a line."""
+    return pc.replace_substring(pc.replace_substring(docs, "\n", " "), "\r", " ")
 
 
 def _payloads(docs: pa.Array) -> tuple[pa.Array, np.ndarray]:
