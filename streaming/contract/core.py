@@ -53,6 +53,7 @@ from streaming.contract.terms import (
     BBOX_FIELDS,
     CELL_PROPERTY_PREFIX,
     COLUMN_TYPES,
+    DEBEZIUM_SOURCES,
     DEFAULT_HILBERT_BITS,
     DEFAULT_ROW_GROUP_ROWS,
     DEFAULT_TARGET_FILE_BYTES,
@@ -459,7 +460,7 @@ def _parse_column(raw: Any, where: str) -> Column:
 
 
 def _is_source(src: str) -> bool:
-    if src == "id" or src in KAFKA_SOURCES:
+    if src == "id" or src in KAFKA_SOURCES or src in DEBEZIUM_SOURCES:
         return True
     for prefix in ("properties.", "kafka.headers."):
         if src.startswith(prefix) and len(src) > len(prefix):

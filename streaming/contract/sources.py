@@ -10,6 +10,7 @@ from pyiceberg.types import DoubleType, IntegerType, ListType, NestedField, Stri
 from pyproj import CRS
 
 from streaming.contract.terms import (
+    DEBEZIUM_SOURCES,
     JSON_GEOMETRY_ENCODINGS,
     JSON_PATH,
     JSON_SOURCE_PREFIX,
@@ -255,6 +256,12 @@ def parse_debezium(raw: dict, formats: tuple[str, ...], mode: str, columns: tupl
     if "debezium" not in formats:
         if "debezium" in raw:
             raise ContractError("debezium: given, but 'debezium' is not in formats")
+        for i, col in enumerate(columns):
+            for j, src in enumerate(col.sources):
+                if src in DEBEZIUM_SOURCES:
+                    raise ContractError(
+                        f"columns[{i}].from[{j}]: {src!r} reads a Debezium change event, but 'debezium' is not in formats"
+                    )
         return None
     if formats != ("debezium",):
         raise ContractError(f"formats: a topic of Debezium change events holds nothing else, got {list(formats)}")

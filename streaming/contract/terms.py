@@ -61,6 +61,11 @@ JSON_GEOMETRY_ENCODINGS = ("wkt", "geojson", "wkb_hex", "wkb_base64")
 JSON_SOURCE_PREFIX = "json."
 
 
+# What a column may read of a Debezium change event beside its row (format "debezium"): the
+# operation (c, r, u, d), the source's log position and the time the source committed the change.
+DEBEZIUM_SOURCES = ("debezium.op", "debezium.lsn", "debezium.commit_time")
+
+
 JSON_PATH = re.compile(r"^[^.\s]+(\.[^.\s]+)*$")
 
 

@@ -139,6 +139,13 @@ class DebeziumFormat(InputFormat):
                 "'before': REPLICA IDENTITY DEFAULT or FULL on the source table)",
             )
         deleting = pa.array(delete)
+        commit_ms = leaf("source.ts_ms").cast(pa.timestamp("ms", tz="UTC"))
+        for name, value in (
+            ("debezium.op", op),
+            ("debezium.lsn", leaf("source.lsn")),
+            ("debezium.commit_time", commit_ms),
+        ):
+            out.fields[name] = scatter(value, rows, n)
         for name in self.columns:
             out.properties[name] = scatter(pc.if_else(deleting, leaf(f"before.{name}"), leaf(f"after.{name}")), rows, n)
         live = rejects.ok[rows]

@@ -226,3 +226,27 @@ def test_an_enveloped_event_whose_schema_names_payload_itself_is_read_whole():
     for row in rows:
         assert_valid(row)
     assert [(r["id"], r["name"], r[DELETE]) for r in rows] == [(9, "tricky", False), (10, "plain", False)]
+
+
+def test_columns_can_read_the_operation_the_log_position_and_the_commit_time():
+    raw = copy.deepcopy(RAW_PLACES)
+    raw["columns"] += [
+        {"id": 5, "name": "op", "type": "string", "from": ["debezium.op"]},
+        {"id": 6, "name": "lsn", "type": "long", "from": ["debezium.lsn"]},
+        {"id": 7, "name": "committed_at", "type": "timestamptz", "required": True, "from": ["debezium.commit_time"]},
+    ]
+    raw["geometry"]["id"], raw["bbox"]["id"] = 3, 4
+    contract = parse_contract(raw)
+    point = geom(shapely.Point(1, 2))
+    rows = decode(
+        [event("u", {"id": 1, "name": "a", "geom": point}, lsn=42), event("d", before={"id": 2}, lsn=43, schemas=True)],
+        contract=contract,
+    )
+    for row in rows:
+        assert_valid(row)
+    assert [(r["op"], r["lsn"]) for r in rows] == [("u", 42), ("d", 43)]
+    assert rows[0]["committed_at"].timestamp() == 1_764_000_000.0  # source.ts_ms
+    demo = json.loads((SCHEMAS / "demo_events.json").read_text())
+    demo["columns"][0]["from"] = ["debezium.lsn"]
+    with pytest.raises(ContractError, match="'debezium' is not in formats"):
+        parse_contract(demo)
