@@ -28,6 +28,7 @@ import pyarrow.json as pa_json
 from streaming.contract import Contract
 from streaming.decode.columns import ColumnMapper, property_types
 from streaming.decode.formats import INPUT_FORMATS, Decoded
+from streaming.decode.formats.debezium import DebeziumFormat
 from streaming.decode.formats.wkb import to_stored_wkb
 from streaming.decode.properties import (
     OFF_SAMPLE,
@@ -212,9 +213,15 @@ class Decoder:
                 fmt.decode(values, rows, decoded)
                 # Of the records the format read (a record it rejected may be anything).
                 sample = rows[decoded.rejects.ok[rows]][:OFF_SAMPLE]
-                if "geojson" in fmt.names and sample.size and self._decoded_batches % OFF_SAMPLE_EVERY == 0:
-                    seen = unmapped_properties(values.take(pa.array(sample)), self._mapped, record_order(batch, sample))
-                    merge_seen(self.unmapped, seen)
+                if sample.size and self._decoded_batches % OFF_SAMPLE_EVERY == 0:
+                    if "geojson" in fmt.names:
+                        seen = unmapped_properties(
+                            values.take(pa.array(sample)), self._mapped, record_order(batch, sample)
+                        )
+                        merge_seen(self.unmapped, seen)
+                    elif isinstance(fmt, DebeziumFormat):
+                        order = record_order(batch, sample)
+                        merge_seen(self.unmapped, fmt.unmapped_fields(values, sample, self._mapped, order))
 
         if self._tombstones is not None:
             rows = np.flatnonzero(tombstones & rejects.ok)

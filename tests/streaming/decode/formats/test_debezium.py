@@ -250,3 +250,12 @@ def test_columns_can_read_the_operation_the_log_position_and_the_commit_time():
     demo["columns"][0]["from"] = ["debezium.lsn"]
     with pytest.raises(ContractError, match="'debezium' is not in formats"):
         parse_contract(demo)
+
+
+def test_with_schema_evolution_off_the_source_columns_the_contract_lacks_are_counted():
+    raw = copy.deepcopy(RAW_PLACES)
+    raw["schema_evolution"] = "off"
+    decoder = Decoder(parse_contract(raw))
+    point = geom(shapely.Point(1, 2))
+    decoder.decode(kafka_batch([event("c", {"id": 1, "name": "a", "geom": point, "height": 2.5})]))
+    assert {name: seen.type for name, seen in decoder.unmapped.items()} == {"height": "double"}
