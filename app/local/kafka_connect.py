@@ -15,7 +15,6 @@ properties files on the command line, so a restart runs them again.
 
 from __future__ import annotations
 
-import http.client
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -185,22 +184,6 @@ class LocalKafkaConnect:
         answer = get_json(self.port, f"/connectors/{name}/status")
         return answer if isinstance(answer, dict) else None
 
-    def delete(self, name: str) -> None:
-        """Remove a connector from the running worker."""
-        connection = http.client.HTTPConnection(HOST, self.port, timeout=30)
-        try:
-            connection.request("DELETE", f"/connectors/{name}")
-            response = connection.getresponse()
-            body = response.read()
-        except (OSError, http.client.HTTPException) as exc:
-            raise KafkaConnectError(f"Kafka Connect at {self.url}: DELETE /connectors/{name}: {exc}") from exc
-        finally:
-            connection.close()
-        if response.status not in (200, 204, 404):
-            raise KafkaConnectError(
-                f"Kafka Connect at {self.url}: DELETE /connectors/{name}: {response.status} {body!r}"
-            )
-
     def log_tail(self) -> str:
         return self._process.log_tail()
 
@@ -276,8 +259,3 @@ def _write_properties(path: Path, settings: Mapping[str, str]) -> None:
 
 def _escaped(value: str) -> str:
     return value.replace("\\", "\\\\").replace("\n", "\\n")
-
-
-def connector_topics(prefix: str, tables: list[str]) -> list[str]:
-    """The topics Debezium writes the tables' changes to: <prefix>.<schema>.<table>."""
-    return [f"{prefix}.{table}" for table in tables]

@@ -69,3 +69,23 @@ def test_postgis_changes_come_out_as_debezium_events_with_their_geometry(
         after = next(f for f in by_key[1][1]["schema"]["fields"] if f["field"] == "after")
         geom = next(f for f in after["fields"] if f["field"] == "geom")
         assert geom["name"] == "io.debezium.data.geometry.Geometry"
+
+
+def test_a_restarted_worker_resumes_after_the_changes_it_sent(
+    postgis: PostgresServer, kafka_connect: LocalKafkaConnect
+) -> None:
+    with connect_db(postgis) as conn, conn.cursor() as cur:
+        cur.execute("CREATE TABLE resumed (id bigint PRIMARY KEY, geom geometry(Point, 4326))")
+        cur.execute("INSERT INTO resumed VALUES (1, ST_SetSRID(ST_MakePoint(1, 1), 4326))")
+    prefix, connectors = start_connector(kafka_connect, postgis, ["public.resumed"], schemas=False)
+    topic = f"{prefix}.public.resumed"
+    assert len(consume(kafka_connect.bootstrap, topic, 1)) == 1
+    kafka_connect.stop()
+    with connect_db(postgis) as conn, conn.cursor() as cur:  # made while the worker is down
+        cur.execute("INSERT INTO resumed VALUES (2, ST_SetSRID(ST_MakePoint(2, 2), 4326))")
+    kafka_connect.start(connectors)
+    # Waits for a third record for a while: the snapshot's read sent again would be one.
+    records = consume(kafka_connect.bootstrap, topic, 3, timeout_s=20)
+    ops = [(json.loads(r.key)["id"], json.loads(r.value)["op"]) for r in records]
+    assert ops.count((1, "r")) == 1, "the snapshot is not taken again: its offsets were kept"
+    assert (2, "c") in ops, kafka_connect.log_tail()
