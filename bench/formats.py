@@ -15,6 +15,9 @@ same doubles; each record carries an id and two other columns (kind, speed) wher
                         `POINT (x y)`, `SRID=4326;POINT (x y)` values (no other columns: the Kafka key)
   geojson / wkt hexagons
                         7-vertex polygons around the same places
+  debezium points (schemas off / on)
+                        Debezium change events (updates) of a PostGIS row {id, kind, speed, geom}, the
+                        JSON converter's schemas off, and on (the schema Debezium 3 writes, ~2.5 KB)
 
 Each figure is the best of --repeats runs. Prints a table and writes bench/results/formats.json and .md.
 """
@@ -121,7 +124,140 @@ def cases(n: int) -> dict[str, tuple[Contract, list[bytes]]]:
             ],
         ),
         "wkt hexagons": (wkt, [hexagon_wkt(a, b).encode() for a, b in zip(xs, ys)]),
+        "debezium points (schemas off)": (DEBEZIUM, debezium_events(points, schemas=False)),
+        "debezium points (schemas on)": (DEBEZIUM, debezium_events(points, schemas=True)),
     }
+
+
+DEBEZIUM = parse_contract(
+    {
+        **json.loads((ROOT / "schemas" / "postgis_places.json").read_text()),
+        "columns": [
+            {"id": 1, "name": "id", "type": "long", "required": True, "from": ["properties.id"]},
+            {"id": 2, "name": "kind", "type": "string", "from": ["properties.kind"]},
+            {"id": 3, "name": "speed", "type": "double", "from": ["properties.speed"]},
+        ],
+        "geometry": {"id": 4, "name": "geometry", "types": ["Point"], "dimensions": ["XY"], "crs": "EPSG:4326"},
+        "bbox": {"id": 5, "name": "bbox"},
+    }
+)
+
+
+def _field(field: str, kind: str, optional: bool = True, **more) -> dict:
+    return {"type": kind, "optional": optional, "field": field, **more}
+
+
+def debezium_schema() -> dict:
+    """The value schema Debezium 3's PostgreSQL connector writes with the JSON converter."""
+    geometry = {
+        "type": "struct",
+        "fields": [_field("wkb", "bytes", False), _field("srid", "int32")],
+        "optional": True,
+        "name": "io.debezium.data.geometry.Geometry",
+        "version": 1,
+        "doc": "Geometry",
+    }
+    row = {
+        "type": "struct",
+        "fields": [
+            _field("id", "int64", False),
+            _field("kind", "string"),
+            _field("speed", "double"),
+            {**geometry, "field": "geom"},
+        ],
+        "optional": True,
+        "name": "dbz.public.places.Value",
+    }
+    source = [
+        _field(n, t, False)
+        for n, t in (("version", "string"), ("connector", "string"), ("name", "string"), ("ts_ms", "int64"))
+    ]
+    source += [_field("snapshot", "string", True, name="io.debezium.data.Enum", version=1, default="false")]
+    source += [
+        _field(n, t, o)
+        for n, t, o in (
+            ("db", "string", False),
+            ("sequence", "string", True),
+            ("ts_us", "int64", True),
+            ("ts_ns", "int64", True),
+            ("schema", "string", False),
+            ("table", "string", False),
+            ("txId", "int64", True),
+            ("lsn", "int64", True),
+            ("xmin", "int64", True),
+        )
+    ]
+    transaction = [
+        _field("id", "string", False),
+        _field("total_order", "int64", False),
+        _field("data_collection_order", "int64", False),
+    ]
+    return {
+        "type": "struct",
+        "fields": [
+            {**row, "field": "before"},
+            {**row, "field": "after"},
+            {
+                "type": "struct",
+                "fields": source,
+                "optional": False,
+                "name": "io.debezium.connector.postgresql.Source",
+                "field": "source",
+            },
+            {
+                "type": "struct",
+                "fields": transaction,
+                "optional": True,
+                "name": "event.block",
+                "version": 1,
+                "field": "transaction",
+            },
+            _field("op", "string", False),
+            _field("ts_ms", "int64"),
+            _field("ts_us", "int64"),
+            _field("ts_ns", "int64"),
+        ],
+        "optional": False,
+        "name": "dbz.public.places.Envelope",
+        "version": 2,
+    }
+
+
+def debezium_events(points: list, schemas: bool) -> list[bytes]:
+    schema = debezium_schema()
+    out = []
+    for i, p in enumerate(points):
+        wkb = base64.b64encode(shapely.to_wkb(shapely.set_srid(p, 4326), include_srid=True)).decode()
+        source = {
+            "version": "3.6.1.Final",
+            "connector": "postgresql",
+            "name": "dbz",
+            "ts_ms": 1764000000000,
+            "snapshot": "false",
+            "db": "gis",
+            "sequence": f'["{i}","{i + 1}"]',
+            "ts_us": 1764000000000000,
+            "ts_ns": 1764000000000000000,
+            "schema": "public",
+            "table": "places",
+            "txId": 1000 + i,
+            "lsn": 40000000 + 100 * i,
+            "xmin": None,
+        }
+        after = {"id": i, "kind": "ping", "speed": float(i % 120), "geom": {"wkb": wkb, "srid": 4326}}
+        envelope = {
+            "before": None,
+            "after": after,
+            "source": source,
+            "transaction": None,
+            "op": "u",
+            "ts_ms": 1764000000100,
+            "ts_us": 1764000000100000,
+            "ts_ns": 1764000000100000000,
+        }
+        doc = {"schema": schema, "payload": envelope} if schemas else envelope
+        out.append(json.dumps(doc, separators=(",", ":")).encode())
+    return out
 
 
 def kafka_batch(values: list[bytes], start: int) -> pa.RecordBatch:

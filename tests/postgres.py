@@ -74,16 +74,20 @@ def find_bin_dir() -> Path | None:
 
 def install_postgresql() -> float:
     """Install Debian's `postgresql` package; returns the seconds it took."""
+    return install_packages(["postgresql"], "PostgreSQL server binaries are not installed")
+
+
+def install_packages(packages: list[str], why: str) -> float:
+    """Install Debian packages with apt-get (as root); returns the seconds it took."""
     if os.geteuid() != 0:
         raise PostgresUnavailable(
-            "PostgreSQL server binaries are not installed and this process is not "
-            "root, so it cannot install them (apt-get install postgresql)"
+            f"{why} and this process is not root, so it cannot install them (apt-get install {' '.join(packages)})"
         )
     if shutil.which("apt-get") is None:
-        raise PostgresUnavailable("PostgreSQL server binaries are not installed and apt-get is not available")
+        raise PostgresUnavailable(f"{why} and apt-get is not available")
     env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
     started = time.monotonic()
-    for cmd in (["apt-get", "update", "-qq"], ["apt-get", "install", "-y", "-qq", "postgresql"]):
+    for cmd in (["apt-get", "update", "-qq"], ["apt-get", "install", "-y", "-qq", *packages]):
         try:
             done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=INSTALL_TIMEOUT_S)
         except subprocess.TimeoutExpired:
@@ -93,6 +97,14 @@ def install_postgresql() -> float:
                 f"'{' '.join(cmd)}' failed ({done.returncode}): {(done.stderr or done.stdout).strip()[-2000:]}"
             )
     return time.monotonic() - started
+
+
+def ensure_postgis(bin_dir: Path) -> None:
+    """PostGIS 3 for the server in `bin_dir`, from Debian's postgresql-<major>-postgis-3 package."""
+    major = bin_dir.parent.name
+    if Path(f"/usr/share/postgresql/{major}/extension/postgis.control").exists():
+        return
+    install_packages([f"postgresql-{major}-postgis-3"], f"PostGIS is not installed for PostgreSQL {major}")
 
 
 def ensure_bin_dir() -> tuple[Path, float | None]:
@@ -145,13 +157,19 @@ class _Runner:
 
 
 @contextmanager
-def postgres_server(durable: bool = False) -> Iterator[PostgresServer]:
+def postgres_server(durable: bool = False, logical: bool = False, postgis: bool = False) -> Iterator[PostgresServer]:
     """A fresh PostgreSQL cluster on a free loopback port, stopped and deleted on exit.
+
+    `logical=True` turns logical decoding on (wal_level=logical, replication slots and WAL
+    senders) and gives the database user the REPLICATION attribute: what Debezium reads with.
+    `postgis=True` installs PostGIS if needed and creates the extension in the database.
 
     `durable=False` turns fsync off: the cluster is thrown away, and the tests run on a shared
     machine. Commit semantics (row locks, isolation, UPDATE ... WHERE) are the same either way.
     """
     bin_dir, install_seconds = ensure_bin_dir()
+    if postgis:
+        ensure_postgis(bin_dir)
     runner = _Runner()
     base = Path(tempfile.mkdtemp(prefix="geoingest-pg-"))
     data_dir, socket_dir, log = base / "data", base / "sock", base / "server.log"
@@ -179,6 +197,8 @@ def postgres_server(durable: bool = False) -> Iterator[PostgresServer]:
         options = f"-p {port} -k {socket_dir} -c listen_addresses=127.0.0.1"
         if not durable:
             options += " -c fsync=off -c synchronous_commit=off -c full_page_writes=off"
+        if logical:
+            options += " -c wal_level=logical -c max_replication_slots=8 -c max_wal_senders=8"
         runner.run(
             [str(bin_dir / "pg_ctl"), "start", "-w", "-t", "60", "-D", str(data_dir), "-l", str(log), "-o", options]
         )
@@ -198,8 +218,11 @@ def postgres_server(durable: bool = False) -> Iterator[PostgresServer]:
             "ON_ERROR_STOP=1",
             "-qAt",
         ]
-        runner.run(psql + ["-c", f"CREATE ROLE {DB_USER} LOGIN PASSWORD '{password}'"])
+        replication = " REPLICATION" if logical else ""
+        runner.run(psql + ["-c", f"CREATE ROLE {DB_USER} LOGIN{replication} PASSWORD '{password}'"])
         runner.run(psql + ["-c", f"CREATE DATABASE {DB_NAME} OWNER {DB_USER}"])
+        if postgis:
+            runner.run([*psql[:8], DB_NAME, *psql[9:], "-c", "CREATE EXTENSION postgis"])
         version = runner.run(psql + ["-c", "SHOW server_version"]).stdout.strip()
         yield PostgresServer(
             uri=f"postgresql+psycopg2://{DB_USER}:{password}@127.0.0.1:{port}/{DB_NAME}",

@@ -45,9 +45,11 @@ from streaming.contract.partition import (
 )
 from streaming.contract.parts import Clustering, Column, GeometrySpec, SchemaEvolution
 from streaming.contract.sources import (
+    DebeziumSpec,
     JsonFields,
     RasterSpec,
     RegistrySpec,
+    parse_debezium,
     parse_json_fields,
     parse_raster,
     parse_registry,
@@ -58,6 +60,7 @@ from streaming.contract.terms import (
     BBOX_FIELDS,
     CELL_PROPERTY_PREFIX,
     COLUMN_TYPES,
+    DEBEZIUM_SOURCES,
     DEFAULT_HILBERT_BITS,
     DEFAULT_ROW_GROUP_ROWS,
     DEFAULT_TARGET_FILE_BYTES,
@@ -103,6 +106,8 @@ class Contract:
     json: JsonFields | None = None
     # For registry-encoded topics (REGISTRY_FORMATS): where the records hold their geometry.
     registry: RegistrySpec | None = None
+    # Debezium change events (format "debezium"): the source column that holds the geometry.
+    debezium: DebeziumSpec | None = None
     # The partition spec of a new table (an existing table keeps the spec it has), and the column
     # that holds an event's time (None: the contract has none).
     partition: tuple[PartitionField, ...] = ()
@@ -337,6 +342,7 @@ def parse_contract(raw: Any) -> Contract:
     schema_evolution = _parse_schema_evolution(raw.get("schema_evolution", "off"))
     json_fields = parse_json_fields(raw, formats, columns)
     registry = parse_registry(raw, formats)
+    debezium = parse_debezium(raw, formats, mode, columns)
     event_time = parse_event_time(raw, columns)
     partition = parse_partition(raw, columns, geometry, event_time, clustering, names)
     retention_s = parse_contract_retention(
@@ -365,6 +371,7 @@ def parse_contract(raw: Any) -> Contract:
         schema_evolution=schema_evolution,
         json=json_fields,
         registry=registry,
+        debezium=debezium,
         partition=partition,
         event_time=event_time,
         retention_s=retention_s,
@@ -502,7 +509,7 @@ def _parse_column(raw: Any, where: str) -> Column:
 
 
 def _is_source(src: str) -> bool:
-    if src in ("id", ASSET_KEY_SOURCE) or src in KAFKA_SOURCES:
+    if src in ("id", ASSET_KEY_SOURCE) or src in KAFKA_SOURCES or src in DEBEZIUM_SOURCES:
         return True
     for prefix in ("properties.", "kafka.headers."):
         if src.startswith(prefix) and len(src) > len(prefix):

@@ -10,6 +10,7 @@ from pyiceberg.types import DoubleType, IntegerType, ListType, NestedField, Stri
 from pyproj import CRS
 
 from streaming.contract.terms import (
+    DEBEZIUM_SOURCES,
     JSON_GEOMETRY_ENCODINGS,
     JSON_PATH,
     JSON_SOURCE_PREFIX,
@@ -91,6 +92,16 @@ class JsonFields:
     @property
     def coordinate_paths(self) -> tuple[str, ...]:
         return tuple(p for p in (self.lon, self.lat, self.z) if p is not None)
+
+
+@dataclass(frozen=True)
+class DebeziumSpec:
+    """Where a Debezium change event's row holds its geometry: the source table's column (a
+    PostGIS geometry or geography, which Debezium sends as a {wkb, srid} struct); `epsg` is the CRS
+    of a geometry that carries no SRID (0 or none)."""
+
+    geometry: str
+    epsg: int = 4326
 
 
 @dataclass(frozen=True)
@@ -236,3 +247,46 @@ def parse_registry(raw: dict, formats: tuple[str, ...]) -> RegistrySpec | None:
     if bool(spec.lon_field) != bool(spec.lat_field):
         raise ContractError("registry: lon_field and lat_field go together")
     return spec
+
+
+def parse_debezium(raw: dict, formats: tuple[str, ...], mode: str, columns: tuple[Column, ...]) -> DebeziumSpec | None:
+    """The `debezium` section: required with format "debezium", which reads nothing else; the
+    table is an upsert table (a change event addresses its row by the source's primary key), and
+    its columns read the row's columns as `properties.<column>`."""
+    if "debezium" not in formats:
+        if "debezium" in raw:
+            raise ContractError("debezium: given, but 'debezium' is not in formats")
+        for i, col in enumerate(columns):
+            for j, src in enumerate(col.sources):
+                if src in DEBEZIUM_SOURCES:
+                    raise ContractError(
+                        f"columns[{i}].from[{j}]: {src!r} reads a Debezium change event, but 'debezium' is not in formats"
+                    )
+        return None
+    if formats != ("debezium",):
+        raise ContractError(f"formats: a topic of Debezium change events holds nothing else, got {list(formats)}")
+    if mode != "upsert":
+        raise ContractError(
+            "mode: format 'debezium' mirrors a table: its changes need mode 'upsert' "
+            "(and primary_key, the source table's primary key)"
+        )
+    section = raw.get("debezium")
+    if not isinstance(section, dict):
+        raise ContractError(
+            'debezium: missing or not an object; name the source column that holds the geometry ({"geometry": "geom"})'
+        )
+    known_keys_only(section, "debezium", "debezium.")
+    geometry = require(section, "geometry", str, "debezium.")
+    crs_text = section.get("crs", "EPSG:4326")
+    if not isinstance(crs_text, str):
+        raise ContractError(f"debezium.crs: expected a string, got {crs_text!r}")
+    for i, col in enumerate(columns):
+        for j, src in enumerate(col.sources):
+            if src == f"properties.{geometry}":
+                raise ContractError(f"columns[{i}].from[{j}]: {src!r} holds the geometry; a column cannot read it too")
+            if src == "id" or src.startswith(JSON_SOURCE_PREFIX):
+                raise ContractError(
+                    f"columns[{i}].from[{j}]: {src!r} is not in a Debezium change event; "
+                    "its row's columns are properties.<column>"
+                )
+    return DebeziumSpec(geometry=geometry, epsg=epsg_code(crs_text, "debezium.crs"))

@@ -43,11 +43,11 @@ GEOMETRY_TYPES = (
 DIMENSIONS = ("XY", "XYZ", "XYM", "XYZM")
 
 
-FORMATS = ("geojson", "wkb", "ewkb", "gpkg", "json", "wkt", "ewkt", "avro", "protobuf", "stac")
+FORMATS = ("geojson", "wkb", "ewkb", "gpkg", "json", "wkt", "ewkt", "avro", "protobuf", "stac", "debezium")
 
 
 # Formats that read a JSON object; a table takes one of them.
-JSON_OBJECT_FORMATS = ("geojson", "json", "stac")
+JSON_OBJECT_FORMATS = ("geojson", "json", "stac", "debezium")
 
 
 # What one row of a raster table is (`raster.rows`): a STAC Item (its raster assets the bands),
@@ -64,6 +64,11 @@ JSON_GEOMETRY_ENCODINGS = ("wkt", "geojson", "wkb_hex", "wkb_base64")
 
 
 JSON_SOURCE_PREFIX = "json."
+
+
+# What a column may read of a Debezium change event beside its row (format "debezium"): the
+# operation (c, r, u, d), the source's log position and the time the source committed the change.
+DEBEZIUM_SOURCES = ("debezium.op", "debezium.lsn", "debezium.commit_time")
 
 
 JSON_PATH = re.compile(r"^[^.\s]+(\.[^.\s]+)*$")
@@ -145,8 +150,10 @@ KNOWN_KEYS = {
         "event_time",
         "retention",
         "raster",
+        "debezium",
     ),
     "raster": ("id", "name", "rows"),
+    "debezium": ("geometry", "crs"),
     "json": ("lon", "lat", "z", "geometry", "crs"),
     "json.geometry": ("path", "encoding"),
     "registry": ("geometry_field", "lon_field", "lat_field", "srid_field"),

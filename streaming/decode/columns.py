@@ -9,7 +9,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from streaming.contract import ASSET_KEY_SOURCE, JSON_SOURCE_PREFIX, Column, Contract
+from streaming.contract import ASSET_KEY_SOURCE, DEBEZIUM_SOURCES, JSON_SOURCE_PREFIX, Column, Contract
 from streaming.decode.rejects import Reason, Rejects, shown
 
 
@@ -88,7 +88,8 @@ class ColumnMapper:
         """Values of one source as the column's type, for the rows in `wanted` (all if None)."""
         if src.startswith("properties."):
             return properties[src.removeprefix("properties.")]
-        if src.startswith(JSON_SOURCE_PREFIX):
+        if src.startswith(JSON_SOURCE_PREFIX) or src in DEBEZIUM_SOURCES:
+            # A change event's op, LSN and commit time are among the fields under their source's name.
             path = src.removeprefix(JSON_SOURCE_PREFIX)
             raw = fields[path] if path in fields else pa.nulls(batch.num_rows, target)
             if wanted is not None:

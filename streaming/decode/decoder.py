@@ -29,6 +29,7 @@ import pyarrow.json as pa_json
 from streaming.contract import Contract
 from streaming.decode.columns import ColumnMapper, property_types
 from streaming.decode.formats import INPUT_FORMATS, Decoded
+from streaming.decode.formats.debezium import DebeziumFormat
 from streaming.decode.formats.wkb import to_stored_wkb
 from streaming.decode.properties import (
     OFF_SAMPLE,
@@ -59,6 +60,9 @@ REJECT_DETAIL = "_reject_detail"
 RAW_KEY = "_raw_key"
 RAW_VALUE = "_raw_value"
 RAW_HEADERS = "_raw_headers"
+# True where a valid record deletes its key (a change event's delete, a tombstone the format reads):
+# the row holds the primary key columns only, and the upsert pass applies it as a tombstone.
+DELETE = "_delete"
 
 HEADERS_TYPE = pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())]))
 _JSON_WHITESPACE = (0x20, 0x09, 0x0D, 0x0A)
@@ -91,6 +95,7 @@ def decoded_schema(contract: Contract) -> pa.Schema:
         pa.field(RAW_KEY, pa.binary()),
         pa.field(RAW_VALUE, pa.binary()),
         pa.field(RAW_HEADERS, HEADERS_TYPE),
+        pa.field(DELETE, pa.bool_()),
     ]
     return pa.schema(fields)
 
@@ -110,6 +115,7 @@ class Decoder:
         self._formats = registry or [f for f in formats if not f.registry_encoded]
         for fmt in registry:
             fmt.use_registry(self.options.schema_registry)
+        self._tombstones = next((f for f in self._formats if f.reads_tombstones), None)
         self._rules = GeometryRules(contract, self.options.max_vertices, self.options.max_record_seconds)
         self._columns = ColumnMapper(contract)
         # Property names no column maps, seen in a sample of each batch's GeoJSON records.
@@ -173,7 +179,10 @@ class Decoder:
         rejects = Rejects(n)
 
         lengths = pc.fill_null(pc.binary_length(values), -1).to_numpy(zero_copy_only=False)
-        rejects.add(lengths < 0, Reason.NULL_VALUE, "the Kafka record has a null value")
+        tombstones = np.zeros(n, dtype=bool)
+        if self._tombstones is not None and "key" in batch.schema.names:
+            tombstones = (lengths < 0) & pc.is_valid(batch.column("key")).to_numpy(zero_copy_only=False)
+        rejects.add((lengths < 0) & ~tombstones, Reason.NULL_VALUE, "the Kafka record has a null value")
         sizes = _record_bytes(batch)
         too_big = rejects.ok & (sizes > self.options.max_message_bytes)
         rejects.add(
@@ -191,6 +200,7 @@ class Decoder:
         if exploded is not None:
             batch = batch.take(pa.array(exploded.parents))
             values, n, rejects = batch.column("value"), batch.num_rows, rejects.take(exploded.parents)
+            tombstones = tombstones[exploded.parents]
         decoded = Decoded.empty(n, self._table_epsg, self._property_types, rejects)
         decoded.exploded = exploded
 
@@ -201,7 +211,7 @@ class Decoder:
         for i in sorted(range(len(self._formats)), key=lambda i: -self._formats[i].precedence):
             claimed[i] = self._formats[i].claims(values, first) & ~taken
             taken |= claimed[i]
-        unknown = rejects.ok & ~np.logical_or.reduce(claimed)
+        unknown = rejects.ok & ~np.logical_or.reduce(claimed) & ~tombstones
         for fmt in self._formats:
             for byte, (reason, detail) in fmt.refused_first_bytes.items():
                 rejects.add(unknown & (first == byte), reason, detail)
@@ -212,17 +222,47 @@ class Decoder:
                 fmt.decode(values, rows, decoded)
                 # Of the records the format read (a record it rejected may be anything).
                 sample = rows[decoded.rejects.ok[rows]][:OFF_SAMPLE]
-                if "geojson" in fmt.names and sample.size and self._decoded_batches % OFF_SAMPLE_EVERY == 0:
-                    seen = unmapped_properties(values.take(pa.array(sample)), self._mapped, record_order(batch, sample))
-                    merge_seen(self.unmapped, seen)
+                if sample.size and self._decoded_batches % OFF_SAMPLE_EVERY == 0:
+                    if "geojson" in fmt.names:
+                        seen = unmapped_properties(
+                            values.take(pa.array(sample)), self._mapped, record_order(batch, sample)
+                        )
+                        merge_seen(self.unmapped, seen)
+                    elif isinstance(fmt, DebeziumFormat):
+                        order = record_order(batch, sample)
+                        merge_seen(self.unmapped, fmt.unmapped_fields(values, sample, self._mapped, order))
 
-        self._rules.apply(decoded)
+        if self._tombstones is not None:
+            rows = np.flatnonzero(tombstones & rejects.ok)
+            if rows.size:
+                self._tombstones.decode_tombstones(batch.column("key"), rows, decoded)
+
+        deletes = decoded.deletes
+        with rejects.set_aside(deletes):
+            self._rules.apply(decoded)
         self._decoded_batches += 1
         parts = None if exploded is None else pa.array(exploded.parts, pa.string())
-        columns = self._columns.map(batch, decoded.feature_ids, decoded.properties, rejects, decoded.fields, parts)
+        with rejects.set_aside(deletes):
+            columns = self._columns.map(batch, decoded.feature_ids, decoded.properties, rejects, decoded.fields, parts)
+        if deletes.any():
+            self._check_delete_keys(columns, deletes, rejects)
         return self._assemble(
-            batch, columns, decoded.geoms, rejects, decoded.wkb, decoded.points_xy, decoded.bounds, decoded.raster
+            batch,
+            columns,
+            decoded.geoms,
+            rejects,
+            decoded.wkb,
+            decoded.points_xy,
+            decoded.bounds,
+            decoded.raster,
+            deletes,
         )
+
+    def _check_delete_keys(self, columns: dict[str, pa.Array], deletes: np.ndarray, rejects: Rejects) -> None:
+        """A delete must name its whole key: the other columns are not in it."""
+        for name in self.contract.primary_key:
+            missing = deletes & rejects.ok & pc.is_null(columns[name]).to_numpy(zero_copy_only=False)
+            rejects.add(missing, Reason.MISSING_REQUIRED_FIELD, f"{name}: a delete names no value of this key column")
 
     def _assemble(
         self,
@@ -234,9 +274,12 @@ class Decoder:
         points_xy: np.ndarray,
         given_bounds: np.ndarray | None = None,
         raster: pa.Array | None = None,
+        deletes: np.ndarray | None = None,
     ) -> pa.RecordBatch:
-        ok = rejects.ok
         n = batch.num_rows
+        deleting = np.zeros(n, dtype=bool) if deletes is None else deletes & rejects.ok
+        # The rows that get a geometry: the valid ones, but for deletes.
+        ok = rejects.ok & ~deleting
         keep = np.where(ok, geoms, NONE)
         wkb = np.where(ok, wkb, NONE)
         unwritten = ok & np.equal(wkb, NONE)
@@ -278,9 +321,11 @@ class Decoder:
         out[SOURCE_PARTITION] = batch.column("partition").cast(pa.int32())
         out[SOURCE_OFFSET] = batch.column("offset").cast(pa.int64())
         out[SOURCE_TIMESTAMP] = batch.column("timestamp").cast(pa.timestamp("us", tz="UTC"))
+        out[DELETE] = pa.array(deleting, pa.bool_())
         out[REJECT_REASON] = pa.array(rejects.reason, pa.string())
         out[REJECT_DETAIL] = pa.array(rejects.detail, pa.string())
         # The raw record is kept for rejects only (their dead letters).
+        ok = rejects.ok
         rejected = pa.array(ok)
         for name, source, raw_type in (
             (RAW_KEY, "key", pa.binary()),

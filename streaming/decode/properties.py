@@ -88,12 +88,16 @@ def record_order(batch: pa.RecordBatch, rows: np.ndarray) -> tuple[np.ndarray, n
 
 
 def unmapped_properties(
-    docs: pa.Array, mapped: Collection[str], order: tuple[np.ndarray, np.ndarray, np.ndarray]
+    docs: pa.Array,
+    mapped: Collection[str],
+    order: tuple[np.ndarray, np.ndarray, np.ndarray],
+    member: tuple[str, ...] = ("properties",),
 ) -> dict[str, PropertySeen]:
     """The property names of these GeoJSON documents that are not in `mapped`, with their types.
 
-    `order` is the (timestamp ms, partition, offset) of each document. A document that is not
-    JSON, or not an object, holds no properties here (the decoder rejects it for what it is)."""
+    `order` is the (timestamp ms, partition, offset) of each document; `member` the path of the
+    object whose members are the properties (a Debezium event's row: ("after",)). A document that
+    is not JSON, or not an object, holds no properties here (the decoder rejects it for what it is)."""
     docs = docs.cast(pa.binary())
     brackets = (pc.count_substring(docs, "[") + pc.count_substring(docs, "{")).to_numpy(zero_copy_only=False)
     by_block = np.nan_to_num(brackets, nan=0) <= MAX_BLOCK_BRACKETS
@@ -111,7 +115,7 @@ def unmapped_properties(
         if positions.size == 0:
             continue
         part = docs.take(pa.array(positions))
-        kinds = (_kinds_by_block(part) if block else None) or _kinds_one_by_one(part)
+        kinds = (_kinds_by_block(part, member) if block else None) or _kinds_one_by_one(part, member)
         for name, (kind, first, count) in kinds.items():
             if name in mapped:
                 continue
@@ -121,20 +125,25 @@ def unmapped_properties(
     return seen
 
 
-def _kinds_by_block(docs: pa.Array) -> dict[str, tuple[str, int, int]] | None:
+def _kinds_by_block(docs: pa.Array, member: tuple[str, ...]) -> dict[str, tuple[str, int, int]] | None:
     """name -> (type, first document holding a value, documents holding one); None when the
     reader refuses the block."""
     flat = pc.replace_substring(pc.replace_substring(docs.cast(pa.binary()), "\n", " "), "\r", " ")
     data = ndjson(flat)
     read_options = pa_json.ReadOptions(use_threads=False, block_size=max(data.size + 1, 1 << 20))
-    parse_options = pa_json.ParseOptions(explicit_schema=_PROPERTIES_ONLY, unexpected_field_behavior="infer")
+    schema = _PROPERTIES_ONLY if member == ("properties",) else _member_only(member)
+    parse_options = pa_json.ParseOptions(explicit_schema=schema, unexpected_field_behavior="infer")
     try:
         table = pa_json.read_json(pa.BufferReader(data), read_options=read_options, parse_options=parse_options)
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
         return None
     if table.num_rows != len(docs):
         return None
-    properties = table.column("properties").combine_chunks()
+    properties = table.column(member[0]).combine_chunks()
+    for name in member[1:]:
+        if not pa.types.is_struct(properties.type) or properties.type.get_field_index(name) < 0:
+            return None
+        properties = pc.struct_field(properties, name)
     if not pa.types.is_struct(properties.type):
         return None
     kinds = {}
@@ -160,14 +169,23 @@ def _arrow_kind(t: pa.DataType) -> str:
     return NESTED
 
 
-def _kinds_one_by_one(docs: pa.Array) -> dict[str, tuple[str, int, int]]:
+def _member_only(member: tuple[str, ...]) -> pa.Schema:
+    inner: pa.DataType = pa.struct([])
+    for name in reversed(member[1:]):
+        inner = pa.struct([(name, inner)])
+    return pa.schema([(member[0], inner)])
+
+
+def _kinds_one_by_one(docs: pa.Array, member: tuple[str, ...]) -> dict[str, tuple[str, int, int]]:
     kinds: dict[str, tuple[str, int, int]] = {}
     for position, raw in enumerate(docs.to_pylist()):
         try:
             doc = json.loads(raw)
         except (ValueError, TypeError, RecursionError):
             continue
-        properties = doc.get("properties") if isinstance(doc, dict) else None
+        properties = doc
+        for name in member:
+            properties = properties.get(name) if isinstance(properties, dict) else None
         if not isinstance(properties, dict):
             continue
         for name, value in properties.items():

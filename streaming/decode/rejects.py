@@ -4,6 +4,8 @@ which rows were rejected, for what and why (first reason wins)."""
 from __future__ import annotations
 
 import reprlib
+from collections.abc import Iterator
+from contextlib import contextmanager
 from enum import StrEnum
 from typing import Any
 
@@ -57,6 +59,11 @@ class Reason(StrEnum):
     UNKNOWN_SCHEMA_ID = "unknown_schema_id"
     SCHEMA_NOT_SUPPORTED = "schema_not_supported"
     SCHEMA_MISMATCH = "schema_mismatch"
+    # Debezium change events (format "debezium"): no envelope, an operation other than c/r/u/d,
+    # an upsert without its row ('after') or a delete without its key ('before').
+    NOT_A_CHANGE_EVENT = "not_a_change_event"
+    UNKNOWN_OPERATION = "unknown_operation"
+    MISSING_ROW = "missing_row"
     # Rasters (format "stac"): no usable geotransform, a CRS PROJ does not know, a shape that is
     # not [height, width] in whole pixels (or no asset on the raster's grid).
     RASTER_WITHOUT_TRANSFORM = "raster_without_transform"
@@ -69,6 +76,18 @@ class Reason(StrEnum):
 
 class Rejects:
     """First reason wins: a record is reported for the first check it fails."""
+
+    @contextmanager
+    def set_aside(self, rows: np.ndarray) -> Iterator[None]:
+        """Leaves these rows (a boolean mask) out of the checks run meanwhile: no reason can be
+        given to them, and `ok` is false for them until the block ends (the geometry rules skip the
+        deletes of a change stream, which carry no geometry)."""
+        held = rows & self._ok
+        self._ok[held] = False
+        try:
+            yield
+        finally:
+            self._ok[held] = True
 
     def __init__(self, n: int):
         self.reason = np.full(n, None, dtype=object)

@@ -221,7 +221,10 @@ class BatchProcessor:
             return ColumnPlan()
         step = time.monotonic()
         registry = self.contract if self.contract.registry is not None else None
-        scan = PropertyScan(mapped_names(self.contract), registry, self.config.decode.schema_registry)
+        debezium = self.contract if self.contract.debezium is not None else None
+        scan = PropertyScan(
+            mapped_names(self.contract), registry, self.config.decode.schema_registry, debezium_contract=debezium
+        )
         source, read_and_scan = self._records(batch, scan)
         rows = source.coalesce(self.parallelism).mapInArrow(read_and_scan, self._spark_scan_schema).collect()
         plan = plan_new_columns(self.contract, seen_from_rows(rows), self.table.metadata.last_column_id)

@@ -21,8 +21,10 @@ from pyiceberg.schema import Schema
 from pyiceberg.table import Transaction
 
 from streaming.contract import Column, Contract
+from streaming.decode.columns import property_types
 from streaming.decode.decoder import first_significant_byte
 from streaming.decode.formats.avro import AvroFormat
+from streaming.decode.formats.debezium import DebeziumFormat
 from streaming.decode.formats.protobuf import ProtobufFormat
 from streaming.decode.properties import NESTED, PropertySeen, merge_seen, record_order, unmapped_properties
 from streaming.decode.schema_registry import RegistrySettings
@@ -118,6 +120,8 @@ class PropertyScan:
     # its properties, read from the schema registry.
     registry_contract: Contract | None = None
     registry: RegistrySettings = RegistrySettings()
+    # A contract of Debezium change events: the members of each event's row ('after') are its properties.
+    debezium_contract: Contract | None = None
 
     def __call__(self, batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         seen: dict[str, PropertySeen] = {}
@@ -126,6 +130,9 @@ class PropertyScan:
             kind = ProtobufFormat if "protobuf" in self.registry_contract.formats else AvroFormat
             avro = kind(self.registry_contract, 0, {})
             avro.use_registry(self.registry)
+        debezium = None
+        if self.debezium_contract is not None:
+            debezium = DebeziumFormat(self.debezium_contract, 0, property_types(self.debezium_contract))
         for batch in batches:
             values = batch.column("value")
             live = pc.is_valid(values).to_numpy(zero_copy_only=False)
@@ -137,6 +144,9 @@ class PropertyScan:
                 continue
             rows = np.flatnonzero(first == ord("{"))
             if rows.size == 0:
+                continue
+            if debezium is not None:
+                merge_seen(seen, debezium.unmapped_fields(values, rows, self.mapped, record_order(batch, rows)))
                 continue
             merge_seen(seen, unmapped_properties(values.take(pa.array(rows)), self.mapped, record_order(batch, rows)))
         yield seen_batch(seen)

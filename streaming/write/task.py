@@ -38,6 +38,7 @@ from pyiceberg.io import FileIO
 
 from streaming.contract import Contract
 from streaming.decode.decoder import (
+    DELETE,
     HILBERT,
     REJECT_REASON,
     SOURCE_OFFSET,
@@ -46,6 +47,7 @@ from streaming.decode.decoder import (
     SOURCE_TOPIC,
     DecodeOptions,
     Decoder,
+    decoded_schema,
 )
 from streaming.decode.isolation import IsolatedDecoder
 from streaming.decode.properties import PropertySeen, merge_seen
@@ -230,6 +232,12 @@ class PartitionTask:
                 if rejected and rejects is not None:
                     rejects.add(decoded)
                 valid = decoded.select(keep)
+                deleting = decoded.column(DELETE)
+                if upsert and pc.any(deleting).as_py():
+                    # Deletes a format decoded (change events' deletes) go the way tombstones go.
+                    tombstones.append(_decoded_deletes(decoded.filter(deleting), self.contract))
+                    valid = valid.filter(pc.invert(deleting))
+                    decoded = decoded.filter(pc.invert(deleting))
                 if rejected:
                     valid = valid.filter(pc.is_null(decoded.column(REJECT_REASON)))
                 micros = decoded.column(SOURCE_TIMESTAMP).cast(pa.int64())
@@ -276,7 +284,10 @@ class PartitionTask:
         every key it touched (streaming/write/upsert.py). The whole range at once: an upsert task holds
         its rows until the end (memory bounded by the batch's maxOffsetsPerTrigger share)."""
         schema = pa.schema([*self.contract.arrow_schema, pa.field(HILBERT, pa.int64())])
-        rows = pa.Table.from_batches(run) if run else pa.table({f.name: pa.array([], f.type) for f in schema})
+        # A task whose records all delete (tombstones, change events' deletes) has no rows at all.
+        kept = decoded_schema(self.contract)
+        empty = pa.schema([*schema, *(kept.field(n) for n in (SOURCE_PARTITION, SOURCE_OFFSET, SOURCE_TIMESTAMP))])
+        rows = pa.Table.from_batches(run) if run else empty.empty_table()
         ordered = rows.append_column(PARTITION, rows.column(SOURCE_PARTITION))
         ordered = ordered.append_column(OFFSET, rows.column(SOURCE_OFFSET))
         ordered = ordered.append_column(TIMESTAMP, rows.column(SOURCE_TIMESTAMP).cast(pa.int64()))
@@ -374,6 +385,19 @@ def tally_table(decoded: pa.RecordBatch) -> pa.Table:
             "n": grouped.column("offset_count"),
             # microseconds (Spark's timestamp unit) to the milliseconds Kafka speaks
             "oldest_ms": pc.divide(grouped.column("timestamp_min"), 1000),
+        }
+    )
+
+
+def _decoded_deletes(deletes: pa.RecordBatch, contract: Contract) -> pa.Table:
+    """The decoder's delete rows as tombstones are kept: the key columns and the Kafka position."""
+    return pa.table(
+        {
+            **{name: deletes.column(name) for name in contract.primary_key},
+            TOPIC: deletes.column(SOURCE_TOPIC),
+            PARTITION: deletes.column(SOURCE_PARTITION),
+            OFFSET: deletes.column(SOURCE_OFFSET),
+            TIMESTAMP: deletes.column(SOURCE_TIMESTAMP).cast(pa.int64()),
         }
     )
 

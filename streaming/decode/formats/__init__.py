@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from streaming.decode.formats.avro import AvroFormat
 from streaming.decode.formats.base import Decoded, InputFormat
+from streaming.decode.formats.debezium import DebeziumFormat
 from streaming.decode.formats.geojson import GeoJsonFormat
 from streaming.decode.formats.gpkg import GeoPackageFormat
 from streaming.decode.formats.json_fields import JsonFieldsFormat
@@ -29,6 +30,7 @@ INPUT_FORMATS: tuple[type[InputFormat], ...] = (
     AvroFormat,
     ProtobufFormat,
     StacFormat,
+    DebeziumFormat,
 )
 
 __all__ = ["INPUT_FORMATS", "Decoded", "InputFormat"]

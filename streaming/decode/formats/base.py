@@ -53,6 +53,8 @@ class Decoded:
     bounds: np.ndarray | None = None
     # Set when the format's records make several rows each (see Exploded).
     exploded: Exploded | None = None
+    # Records that delete their key (a change event's delete): their key columns only, no geometry.
+    deletes: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=bool))
 
     @classmethod
     def empty(
@@ -66,6 +68,7 @@ class Decoded:
             points_xy=np.full((n, 2), np.nan),
             feature_ids=pa.nulls(n, pa.string()),
             properties={name: pa.nulls(n, t) for name, t in property_types.items()},
+            deletes=np.zeros(n, dtype=bool),
         )
 
 
@@ -108,6 +111,13 @@ class InputFormat(ABC):
         self.contract = contract
         self.max_nesting = max_nesting
         self.property_types = property_types
+
+    # Whether a null value with a key is this format's (a tombstone it reads with `decode_tombstones`).
+    reads_tombstones: ClassVar[bool] = False
+
+    def decode_tombstones(self, keys: pa.Array, rows: np.ndarray, out: Decoded) -> None:
+        """Reads the Kafka keys at `rows` of records with a null value (tombstones) into `out`."""
+        raise NotImplementedError(f"{type(self).__name__} reads no tombstones")
 
     def use_registry(self, settings: RegistrySettings) -> None:
         """The schema registry a registry-encoded format reads its schemas from (others need none)."""

@@ -50,9 +50,9 @@ class GeoJsonFormat(InputFormat):
 
     @classmethod
     def active(cls, contract: Contract) -> bool:
-        # A table that reads plain JSON events (format "json") or rasters (format "stac") reads
-        # every JSON object so.
-        return "json" not in contract.formats and "stac" not in contract.formats
+        # A table that reads plain JSON events (format "json"), rasters (format "stac") or change
+        # events (format "debezium") reads every JSON object so.
+        return not {"json", "stac", "debezium"} & set(contract.formats)
 
     def decode(self, values: pa.Array, rows: np.ndarray, out: Decoded) -> None:
         if "geojson" not in self.contract.formats:

@@ -299,3 +299,17 @@ def memory_pool_of_a_prepared_worker(env: dict[str, str]) -> str:
 def test_a_worker_allocates_with_malloc_unless_arrow_is_told_a_pool():
     assert memory_pool_of_a_prepared_worker({}) == "system"
     assert memory_pool_of_a_prepared_worker({"ARROW_DEFAULT_MEMORY_POOL": "mimalloc"}) == "mimalloc"
+
+
+def test_a_partition_of_deletes_only_writes_their_keys_and_no_rows(tmp_path):
+    # Change events of a mirrored table (format "debezium") whose task range holds only deletes:
+    # a delete event and the tombstone after it, of two keys.
+    from tests.streaming.decode.formats.test_debezium import PLACES, event, key
+
+    deletes = [event("d", before={"id": i, "name": None, "geom": None}) for i in (3, 4)]
+    upsert_task = dataclasses.replace(task(tmp_path), contract=PLACES)
+    results = run(upsert_task, [kafka_batch([*deletes, None, None], keys=[key(3), key(4), key(3), key(4)])])
+    assert results.files == [] and len(results.delete_files) == 1
+    deleted = pq.read_table(results.delete_files[0].path.removeprefix("file://"))
+    assert sorted(deleted.column("id").to_pylist()) == [3, 4]
+    assert [(t.reason, t.n) for t in results.tallies] == [(None, 4)], "deletes count as valid records"

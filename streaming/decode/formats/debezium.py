@@ -1,0 +1,280 @@
+"""Debezium change events of a PostGIS table (contract format "debezium"), with Kafka Connect's
+JSON converter, its schemas on (`{"schema": ..., "payload": <envelope>}`) or off (the envelope).
+
+The envelope: `op` (c: insert, r: snapshot read, u: update, d: delete), `before` and `after` (the
+row, each column a member), `source` (where in the source's log: `lsn`, commit time `ts_ms`). A
+PostGIS geometry or geography column comes as the struct `{"wkb": <base64>, "srid": <int>}`
+(io.debezium.data.geometry.Geometry / Geography), the bytes PostGIS's EWKB: the contract's
+`debezium.geometry` names that column. Inserts, reads and updates give the row from `after`;
+deletes give the key columns from `before` (REPLICA IDENTITY DEFAULT holds the primary key there)
+and mark the row as a delete, which the upsert pass applies as tombstones are
+(streaming/write/upsert.py). The tombstone Debezium writes after a delete (a null value, the
+key) deletes the key again: its key columns are read from the Kafka key (the primary key, as
+Debezium writes it: `{"id": 1}`, or `{"schema": ..., "payload": {"id": 1}}`).
+
+A block of events is read at once by pyarrow's JSON reader, the columns the contract reads (each at
+its path, with its type, for both envelope spellings) as its explicit schema, as the JSON-fields
+format reads (streaming/decode/formats/json_fields.py); the geometries' base64 and WKB are decoded
+over the whole batch. Ordering is the source's commit order within a Kafka partition: Debezium
+keys each change by the row's primary key, so all changes of a row are in one partition, in order.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import shapely
+
+from streaming.contract import Contract
+from streaming.decode.formats.base import Decoded, InputFormat
+from streaming.decode.formats.geojson import _invalid_utf8, _raw_control_characters, _still_ok
+from streaming.decode.formats.json_fields import _BlockParser, _leaf, base64_decode
+from streaming.decode.formats.wkb import EWKB_SRID_FLAG, read_wkb
+from streaming.decode.properties import PropertySeen, merge_seen, unmapped_properties
+from streaming.decode.rejects import Reason, shown
+from streaming.kernels.buffers import offsets_and_bytes, scatter
+
+PAYLOAD = "payload"
+UPSERT_OPS = ("c", "r", "u")
+DELETE_OP = "d"
+# How Kafka Connect's JSON converter spells an enveloped event: the schema first, then the payload.
+_SCHEMA_FIRST = '{"schema":'
+_PAYLOAD_MEMBER = '"payload":'
+_ENVELOPE = {"op": pa.string(), "source.lsn": pa.int64(), "source.ts_ms": pa.int64()}
+
+
+class DebeziumFormat(InputFormat):
+    names: ClassVar[tuple[str, ...]] = ("debezium",)
+    first_bytes: ClassVar[tuple[int, ...]] = (ord("{"),)
+    described: ClassVar[str] = "a Debezium change event (a JSON object)"
+    first_bytes_shown: ClassVar[tuple[str, ...]] = ("'{'",)
+    refused_first_bytes: ClassVar[dict[int, tuple[Reason, str]]] = {
+        ord("["): (Reason.NOT_A_CHANGE_EVENT, "a JSON array is not a Debezium change event (an object)")
+    }
+    # A null value with a key is Debezium's tombstone of that key, read by `decode_tombstones`.
+    reads_tombstones: ClassVar[bool] = True
+
+    @classmethod
+    def active(cls, contract: Contract) -> bool:
+        return "debezium" in contract.formats
+
+    def __init__(self, contract: Contract, max_nesting: int, property_types: dict[str, pa.DataType]):
+        super().__init__(contract, max_nesting, property_types)
+        assert contract.debezium is not None  # the contract requires the section with the format
+        self.spec = contract.debezium
+        geometry = self.spec.geometry
+        self.columns = {name: t for name, t in property_types.items() if name != geometry}
+        row: dict[str, pa.DataType] = {f"{geometry}.wkb": pa.string(), f"{geometry}.srid": pa.int64(), **self.columns}
+        envelope = dict(_ENVELOPE)
+        for side in ("after", "before"):
+            envelope.update({f"{side}.{path}": t for path, t in row.items()})
+        leaves = {**envelope, **{f"{PAYLOAD}.{path}": t for path, t in envelope.items()}}
+        self._wkb_paths = {
+            f"{prefix}{side}.{geometry}.wkb" for prefix in ("", f"{PAYLOAD}.") for side in ("after", "before")
+        }
+        self.parser = _BlockParser(leaves, self._kind_of)
+        keys = {
+            self._source_name(name): property_types.get(self._source_name(name), pa.string())
+            for name in contract.primary_key
+        }
+        self.key_parser = _BlockParser({**keys, **{f"{PAYLOAD}.{k}": t for k, t in keys.items()}}, self._kind_of)
+
+    def _source_name(self, column: str) -> str:
+        """The source table's column a primary key column reads (its `properties.<name>` source)."""
+        col = next(c for c in self.contract.all_columns if c.name == column)
+        return next((s.removeprefix("properties.") for s in col.sources if s.startswith("properties.")), column)
+
+    def _kind_of(self, path: str) -> str:
+        return "text" if path in self._wkb_paths else "column"
+
+    def decode(self, values: pa.Array, rows: np.ndarray, out: Decoded) -> None:
+        n = len(values)
+        rejects = out.rejects
+        # The payload is cut out first: the schema before it is most of an enveloped event's bytes.
+        docs = values.take(pa.array(rows)).cast(pa.binary())
+        cut, was_cut = _payloads(docs)
+        rejects.add(rows[_invalid_utf8(cut)], Reason.MALFORMED_JSON, "value is not valid UTF-8 JSON")
+        for local, detail in _raw_control_characters(cut):
+            rejects.add(rows[[local]], Reason.MALFORMED_JSON, detail)
+        keep = rejects.ok[rows]
+        if not keep.all():
+            mask = pa.array(keep)
+            rows, cut, docs, was_cut = rows[keep], cut.filter(mask), docs.filter(mask), was_cut[keep]
+        if rows.size == 0:
+            return
+        table, errors = self._parse(_one_line(cut), docs, was_cut)
+        for local, (reason, detail) in errors.items():
+            rejects.add(rows[[local]], reason, detail)
+        enveloped = pc.is_valid(table.column(PAYLOAD).combine_chunks())
+
+        def leaf(path: str) -> pa.Array:
+            return pc.if_else(enveloped, _leaf(table, f"{PAYLOAD}.{path}"), _leaf(table, path))
+
+        op = leaf("op")
+        live = rejects.ok[rows]
+        no_op = live & pc.is_null(op).to_numpy(zero_copy_only=False)
+        rejects.add(
+            rows[no_op],
+            Reason.NOT_A_CHANGE_EVENT,
+            "no 'op' member: not a Debezium change event (before, after, op and source, or {schema, payload})",
+        )
+        ops = pc.fill_null(op, "").to_numpy(zero_copy_only=False)
+        upsert = np.isin(ops, UPSERT_OPS)
+        delete = ops == DELETE_OP
+        odd = live & ~no_op & ~upsert & ~delete
+        rejects.add(
+            rows[odd],
+            Reason.UNKNOWN_OPERATION,
+            [f"op {shown(o)} is not c, r, u or d (insert, snapshot read, update, delete)" for o in ops[odd]],
+        )
+        for side, wanted in (("after", upsert), ("before", delete)):
+            missing = rejects.ok[rows] & wanted & pc.is_null(leaf(side)).to_numpy(zero_copy_only=False)
+            rejects.add(
+                rows[missing],
+                Reason.MISSING_ROW,
+                f"op {'d' if side == 'before' else 'c/r/u'} without '{side}' (a delete needs the key in "
+                "'before': REPLICA IDENTITY DEFAULT or FULL on the source table)",
+            )
+        deleting = pa.array(delete)
+        commit_ms = leaf("source.ts_ms").cast(pa.timestamp("ms", tz="UTC"))
+        for name, value in (
+            ("debezium.op", op),
+            ("debezium.lsn", leaf("source.lsn")),
+            ("debezium.commit_time", commit_ms),
+        ):
+            out.fields[name] = scatter(value, rows, n)
+        for name in self.columns:
+            out.properties[name] = scatter(pc.if_else(deleting, leaf(f"before.{name}"), leaf(f"after.{name}")), rows, n)
+        live = rejects.ok[rows]
+        out.deletes[rows[live & delete]] = True
+        out.srids[rows] = self.spec.epsg
+        geometry_rows = live & upsert
+        self._geometries(
+            leaf(f"after.{self.spec.geometry}.wkb").filter(pa.array(geometry_rows)),
+            leaf(f"after.{self.spec.geometry}.srid").filter(pa.array(geometry_rows)),
+            rows[geometry_rows],
+            out,
+        )
+
+    def _parse(
+        self, cut: pa.Array, docs: pa.Array, was_cut: np.ndarray
+    ) -> tuple[pa.Table, dict[int, tuple[Reason, str]]]:
+        """The leaves of each event, read from its cut (the payload alone, `_payloads`). An event
+        whose cut the reader refuses (a schema that holds the text "payload": itself) is read again
+        whole."""
+        table, errors = self.parser.parse(cut)
+        again = np.array(sorted(i for i in errors if was_cut[i]), dtype=np.int64)
+        if again.size == 0:
+            return table, errors
+        whole, whole_errors = self.parser.parse(_one_line(docs.take(pa.array(again))))
+        index = np.arange(len(cut))
+        index[again] = len(cut) + np.arange(again.size)
+        table = pa.concat_tables([table, whole]).take(pa.array(index))
+        errors = {i: e for i, e in errors.items() if not was_cut[i]}
+        errors.update({int(again[local]): e for local, e in whole_errors.items()})
+        return table, errors
+
+    def _geometries(self, wkb_text: pa.Array, srid: pa.Array, rows: np.ndarray, out: Decoded) -> None:
+        rejects, where = out.rejects, f"after.{self.spec.geometry}"
+        missing = pc.is_null(wkb_text).to_numpy(zero_copy_only=False)
+        rejects.add(rows[missing], Reason.MISSING_GEOMETRY, f"{where}: missing or null")
+        keep = pa.array(~missing)
+        rows, wkb_text, srid = rows[~missing], wkb_text.filter(keep), srid.filter(keep)
+        blobs, ok = base64_decode(wkb_text)
+        rejects.add(
+            rows[~ok],
+            Reason.BAD_GEOMETRY_ENCODING,
+            [f"{where}.wkb: {shown(v)} is not base64 text" for v in wkb_text.filter(pa.array(~ok)).to_pylist()],
+        )
+        given = pc.fill_null(srid, 0).to_numpy(zero_copy_only=False)[ok]
+        rows, blobs = rows[ok], blobs.filter(pa.array(ok))
+        read_rows, codes, geoms = read_wkb(blobs, rows, out, self.contract, self.max_nesting, f"{where}.wkb")
+        given = given[np.isin(rows, read_rows)]
+        # PostGIS's EWKB carries the SRID; else the struct's, else (0: unknown) the contract's CRS.
+        has_srid = (codes & EWKB_SRID_FLAG) != 0
+        fallback = np.where(given > 0, given, self.spec.epsg)
+        out.srids[read_rows] = np.where(has_srid, shapely.get_srid(geoms), fallback)
+        # Plain WKB points are read as if in the table CRS: these may be in another.
+        plain = ~np.isnan(out.points_xy[read_rows, 0]) & ~has_srid & (fallback != self.contract.geometry.epsg)
+        moved = read_rows[plain]
+        out.geoms[moved] = shapely.points(out.points_xy[moved])
+        out.points_xy[moved] = np.nan
+        out.wkb[moved] = None
+
+    def decode_tombstones(self, keys: pa.Array, rows: np.ndarray, out: Decoded) -> None:
+        """Tombstones (null values) of these Kafka keys: deletes of the keys' rows."""
+        n = len(keys)
+        rejects = out.rejects
+        docs = keys.take(pa.array(rows)).cast(pa.binary())
+        rejects.add(rows[_invalid_utf8(docs)], Reason.MALFORMED_JSON, "the tombstone's key is not valid UTF-8 JSON")
+        rows, docs = _still_ok(rows, docs, rejects)
+        if rows.size == 0:
+            return
+        table, errors = self.key_parser.parse(_one_line(docs))
+        for local, (reason, detail) in errors.items():
+            rejects.add(rows[[local]], reason, f"the tombstone's key: {detail}")
+        enveloped = pc.is_valid(table.column(PAYLOAD).combine_chunks())
+        for name in self.contract.primary_key:
+            source = self._source_name(name)
+            value = pc.if_else(enveloped, _leaf(table, f"{PAYLOAD}.{source}"), _leaf(table, source))
+            out.properties[source] = pc.coalesce(out.properties[source], scatter(value, rows, n))
+        out.deletes[rows[rejects.ok[rows]]] = True
+
+    def unmapped_fields(
+        self,
+        values: pa.Array,
+        rows: np.ndarray,
+        mapped: frozenset[str],
+        order: tuple[np.ndarray, np.ndarray, np.ndarray],
+    ) -> dict[str, PropertySeen]:
+        """The source columns in these events' `after` that no contract column reads: what a
+        column added with ALTER TABLE brings, for schema evolution."""
+        docs, _ = _payloads(values.take(pa.array(rows)))
+        # The JSON converter writes the schema (or the payload) as the first member of an enveloped event.
+        enveloped = pc.match_substring_regex(docs, r'^\s*\{\s*"(schema|payload)"\s*:').to_numpy(zero_copy_only=False)
+        seen: dict[str, PropertySeen] = {}
+        taken = mapped | {self.spec.geometry}
+        for mask, member in ((enveloped, (PAYLOAD, "after")), (~enveloped, ("after",))):
+            if mask.any():
+                positions = np.flatnonzero(mask)
+                part_order = (order[0][positions], order[1][positions], order[2][positions])
+                merge_seen(seen, unmapped_properties(docs.take(pa.array(positions)), taken, part_order, member))
+        return seen
+
+
+def _one_line(docs: pa.Array) -> pa.Array:
+    """Line breaks (legal between JSON tokens) as spaces: the block reader reads a document a line."""
+    return pc.replace_substring(pc.replace_substring(docs, "\n", " "), "\r", " ")
+
+
+def _payloads(docs: pa.Array) -> tuple[pa.Array, np.ndarray]:
+    """Each enveloped event (`{"schema": ..., "payload": {...}}`, as the JSON converter writes it)
+    cut down to its payload, the others as they are; and which were cut. Over the whole batch: the
+    kept bytes of every event gathered at once."""
+    docs = docs.cast(pa.binary())
+    if len(docs) == 0:
+        return docs, np.zeros(0, dtype=bool)
+    at = pc.find_substring(docs, _PAYLOAD_MEMBER).to_numpy(zero_copy_only=False)
+    cut = (
+        pc.fill_null(pc.starts_with(docs, _SCHEMA_FIRST), False).to_numpy(zero_copy_only=False)
+        & pc.fill_null(pc.ends_with(docs, "}"), False).to_numpy(zero_copy_only=False)
+        & (at > 0)
+    )
+    if not cut.any():
+        return docs, cut
+    offsets, data = offsets_and_bytes(docs)
+    offsets = offsets.astype(np.int64)
+    start = offsets[:-1] + np.where(cut, at + len(_PAYLOAD_MEMBER), 0)
+    end = offsets[1:] - cut  # the envelope's closing brace
+    lengths = end - start
+    new_offsets = np.concatenate([[0], np.cumsum(lengths)])
+    gather = np.arange(new_offsets[-1]) + np.repeat(start - new_offsets[:-1], lengths)
+    out = pa.Array.from_buffers(
+        pa.binary(),
+        len(docs),
+        [None, pa.py_buffer(new_offsets.astype(np.int32).tobytes()), pa.py_buffer(data[gather].tobytes())],
+    )
+    return out, cut
