@@ -767,7 +767,8 @@ def test_kill_9_at_random_moments_loses_and_duplicates_nothing(kafka, tmp_path):
     topic = f"chaos-{uuid.uuid4().hex[:8]}"
     env, events = prepare(kafka.bootstrap, topic, tmp_path, EVENTS)
     print(f"{EVENTS} events produced in {time.monotonic() - started:.0f} s")
-    check_kill_9_chaos(env, topic, events, tmp_path, KILLS, hold_kills={2}, write_kills={3})
+    # The kill while files are written comes early: a fast service drains the topic in a few runs.
+    check_kill_9_chaos(env, topic, events, tmp_path, KILLS, hold_kills={2}, write_kills={1})
 
 
 def check_kill_9_chaos(
@@ -909,7 +910,9 @@ def test_a_restarted_service_survives_the_progress_of_a_recovered_batch():
 
 def test_kill_9_with_the_python_source_loses_and_duplicates_nothing(kafka, tmp_path):
     """The same promise when the tasks read their offset ranges themselves (source "python"):
-    Spark's checkpoint still holds the offsets, the table's snapshots still recognise a replay."""
+    Spark's checkpoint still holds the offsets, the table's snapshots still recognise a replay.
+    The kill while files are written comes first: a fast service can drain the topic within
+    two runs, after which no batch is left to kill in the middle of."""
     topic = f"chaos-py-{uuid.uuid4().hex[:8]}"
     env, events = prepare(kafka.bootstrap, topic, tmp_path, 100_000, GEOINGEST_SOURCE="python")
-    check_kill_9_chaos(env, topic, events, tmp_path, kills=3, hold_kills={1}, write_kills={2})
+    check_kill_9_chaos(env, topic, events, tmp_path, kills=3, hold_kills={1}, write_kills={0})
