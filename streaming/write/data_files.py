@@ -258,6 +258,41 @@ class GeoParquetWriter:
         )
 
 
+def write_plain_file(
+    io,
+    path: str,
+    table: pa.Table,
+    iceberg_schema,
+    table_properties: dict[str, str],
+    content: str,
+    partition_values: tuple = (),
+) -> DataFileRecord:
+    """`table` as one Parquet file without geometry (a delete file, a rejects table's file), with
+    the Iceberg statistics of its columns by field id; its record has no bbox."""
+    with io.new_output(path).create(overwrite=False) as stream:
+        writer = pq.ParquetWriter(
+            stream, table.schema, write_statistics=True, **parquet_write_options(table_properties)
+        )
+        writer.write_table(table)
+        writer.close()
+        metadata = writer.writer.metadata
+    stats = data_file_statistics_from_parquet_metadata(
+        metadata, compute_statistics_plan(iceberg_schema, table_properties), parquet_path_to_id_mapping(iceberg_schema)
+    )
+    metrics = stats.to_serialized_dict()
+    record_count = metrics.pop("record_count")
+    nan = float("nan")
+    return DataFileRecord(
+        path=path,
+        file_size_in_bytes=len(io.new_input(path)),
+        record_count=record_count,
+        bbox=(nan, nan, nan, nan),
+        metrics=serializable_metrics(metrics),
+        content=content,
+        partition_values=partition_values,
+    )
+
+
 def serializable_metrics(metrics: dict) -> dict:
     """pyiceberg's serialized statistics as JSON: field ids as strings, bounds hex-encoded."""
     return {

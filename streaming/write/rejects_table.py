@@ -23,12 +23,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 from pyiceberg.io import load_file_io
 from pyiceberg.io.pyarrow import (
-    compute_statistics_plan,
-    data_file_statistics_from_parquet_metadata,
-    parquet_path_to_id_mapping,
     schema_to_pyarrow,
 )
 from pyiceberg.partitioning import PartitionField, PartitionSpec
@@ -56,7 +52,7 @@ from streaming.decode.decoder import (
     SOURCE_TIMESTAMP,
     SOURCE_TOPIC,
 )
-from streaming.write.data_files import DataFileRecord, parquet_write_options, records_to_arrow, serializable_metrics
+from streaming.write.data_files import DataFileRecord, records_to_arrow, write_plain_file
 
 REJECTS = "rejects"  # DataFileRecord.content of a rejects table's file
 
@@ -138,30 +134,7 @@ class RejectsWriter:
             f"{self.files.data_location.rstrip('/')}/source_timestamp_day={date}/"
             f"{self.files.file_prefix}-rejects-{uuid.uuid4().hex}.parquet"
         )
-        with io.new_output(path).create(overwrite=False) as stream:
-            writer = pq.ParquetWriter(
-                stream, _ARROW_SCHEMA, write_statistics=True, **parquet_write_options(self.files.table_properties)
-            )
-            writer.write_table(rows)
-            writer.close()
-            metadata = writer.writer.metadata
-        stats = data_file_statistics_from_parquet_metadata(
-            metadata,
-            compute_statistics_plan(REJECTS_SCHEMA, self.files.table_properties),
-            parquet_path_to_id_mapping(REJECTS_SCHEMA),
-        )
-        metrics = stats.to_serialized_dict()
-        record_count = metrics.pop("record_count")
-        nan = float("nan")
-        return DataFileRecord(
-            path=path,
-            file_size_in_bytes=len(io.new_input(path)),
-            record_count=record_count,
-            bbox=(nan, nan, nan, nan),
-            metrics=serializable_metrics(metrics),
-            content=REJECTS,
-            partition_values=(day,),
-        )
+        return write_plain_file(io, path, rows, REJECTS_SCHEMA, self.files.table_properties, REJECTS, (day,))
 
 
 def rejects_rows(rejected: pa.RecordBatch, target_table: str) -> pa.Table:

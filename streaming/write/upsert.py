@@ -24,16 +24,10 @@ import uuid
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 from pyiceberg.io import FileIO
-from pyiceberg.io.pyarrow import (
-    compute_statistics_plan,
-    data_file_statistics_from_parquet_metadata,
-    parquet_path_to_id_mapping,
-)
 
 from streaming.contract import Contract
-from streaming.write.data_files import EQUALITY_DELETES, DataFileRecord, parquet_write_options, serializable_metrics
+from streaming.write.data_files import EQUALITY_DELETES, DataFileRecord, write_plain_file
 
 # Columns of the Kafka source batch that place a record, and order versions (TIMESTAMP as int64 us).
 TOPIC, PARTITION, OFFSET, TIMESTAMP = "topic", "partition", "offset", "timestamp"
@@ -162,26 +156,7 @@ def write_equality_deletes(
     schema = pa.schema([file_schema.field(name) for name in contract.primary_key])
     path = f"{data_location.rstrip('/')}/{file_prefix}-eq-deletes-{uuid.uuid4().hex}.parquet"
     table = keys.select(list(contract.primary_key)).cast(schema)
-    with io.new_output(path).create(overwrite=False) as stream:
-        writer = pq.ParquetWriter(stream, schema, write_statistics=True, **parquet_write_options(table_properties))
-        writer.write_table(table)
-        writer.close()
-        metadata = writer.writer.metadata
-    iceberg_schema = contract.iceberg_schema
-    stats = data_file_statistics_from_parquet_metadata(
-        metadata, compute_statistics_plan(iceberg_schema, table_properties), parquet_path_to_id_mapping(iceberg_schema)
-    )
-    metrics = stats.to_serialized_dict()
-    record_count = metrics.pop("record_count")
-    nan = float("nan")
-    return DataFileRecord(
-        path=path,
-        file_size_in_bytes=len(io.new_input(path)),
-        record_count=record_count,
-        bbox=(nan, nan, nan, nan),
-        metrics=serializable_metrics(metrics),
-        content=EQUALITY_DELETES,
-    )
+    return write_plain_file(io, path, table, contract.iceberg_schema, table_properties, EQUALITY_DELETES)
 
 
 def equality_field_ids(contract: Contract) -> list[int]:
