@@ -7,8 +7,6 @@ an upsert stream whose features move across days and cells keeps one current row
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import time
 from collections import Counter
 from pathlib import Path
@@ -31,10 +29,10 @@ from streaming.read.query import query, sql_where
 from streaming.table.catalog import create_table, open_catalog
 from tests.conftest import CACHE_DIR, duckdb_connection
 from tests.streaming.write.test_upsert import (
-    ICEBERG_RUNTIME,
     every_snapshot_matches,
     record_positions,
     reference_state,
+    run_with_iceberg_spark,
     table_state,
 )
 
@@ -286,20 +284,7 @@ def spark_iceberg_window(metadata_location: str, where: str, tmp_path: Path) -> 
     """The rows Spark with Iceberg's runtime reads for `where` (docs/partitioning.md's words), and
     its scan's metrics (resultDataFiles: the files Iceberg planned), in a process of its own: the
     session needs the runtime jar on its classpath from the start."""
-    from app.maven import resolve, without_spark_jars
-
-    jars = without_spark_jars(resolve([ICEBERG_RUNTIME], CACHE_DIR, "iceberg-spark-runtime-4.0-1.10.2"))
-    script, out = tmp_path / "spark_window.py", tmp_path / "spark_window.json"
-    script.write_text(SPARK_WINDOW)
-    done = subprocess.run(
-        [sys.executable, str(script), str(CACHE_DIR), ",".join(map(str, jars)), metadata_location, where, str(out)],
-        timeout=600,
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    answer = json.loads(out.read_text())
+    answer = run_with_iceberg_spark(SPARK_WINDOW, tmp_path, metadata_location, where)
     return [(i, bytes.fromhex(g)) for i, g in answer["rows"]], answer["metrics"]
 
 

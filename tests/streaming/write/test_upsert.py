@@ -148,27 +148,33 @@ spark.stop()
 """
 
 
-def spark_iceberg_state(metadata_location: str, tmp_path: Path) -> dict[str, tuple]:
-    """The table as Spark with Iceberg's own runtime reads it (equality deletes applied by Iceberg),
-    in a process of its own: its session needs the runtime jar on its classpath from the start."""
+def run_with_iceberg_spark(script: str, tmp_path: Path, *args: str):
+    """Run `script` in a Python process of its own (a Spark session needs Iceberg's runtime jar on
+    its classpath from the start) with the arguments: the cache folder, the runtime's jars, `args`,
+    then a file for its answer; returns the JSON it wrote there."""
     import subprocess
     import sys
 
     from app.maven import resolve, without_spark_jars
 
     jars = without_spark_jars(resolve([ICEBERG_RUNTIME], CACHE_DIR, "iceberg-spark-runtime-4.0-1.10.2"))
-    script, out = tmp_path / "spark_reader.py", tmp_path / "spark_rows.json"
-    script.write_text(SPARK_READER)
+    path, out = tmp_path / "iceberg_spark_script.py", tmp_path / "iceberg_spark_answer.json"
+    path.write_text(script)
     done = subprocess.run(
-        [sys.executable, str(script), str(CACHE_DIR), ",".join(str(j) for j in jars), metadata_location, str(out)],
+        [sys.executable, str(path), str(CACHE_DIR), ",".join(str(j) for j in jars), *args, str(out)],
         timeout=600,
         capture_output=True,
         text=True,
         cwd=ROOT,
     )
     assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(out.read_text())
+
+
+def spark_iceberg_state(metadata_location: str, tmp_path: Path) -> dict[str, tuple]:
+    """The table as Spark with Iceberg's own runtime reads it (equality deletes applied by Iceberg)."""
     state = {}
-    for key, geometry, speed in json.loads(out.read_text()):
+    for key, geometry, speed in run_with_iceberg_spark(SPARK_READER, tmp_path, metadata_location):
         assert key not in state, f"Spark reads {key} twice"
         point = shapely.from_wkb(bytes.fromhex(geometry))
         state[key] = (round(float(shapely.get_x(point)), 5), round(float(shapely.get_y(point)), 5), speed)

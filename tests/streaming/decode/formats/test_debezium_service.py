@@ -11,8 +11,6 @@ from __future__ import annotations
 import base64
 import json
 import os
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -26,7 +24,7 @@ from streaming.read.predicate import Predicate
 from streaming.read.query import query
 from streaming.table.catalog import create_table
 from streaming.table.commit import KAFKA_OFFSETS
-from tests.conftest import CACHE_DIR, duckdb_connection
+from tests.conftest import duckdb_connection
 from tests.debezium import connect_db, kafka_connect, postgis, start_connector  # noqa: F401
 from tests.postgres import PostgresServer
 from tests.streaming.decode.formats.test_debezium import PLACES, RAW_PLACES
@@ -152,22 +150,10 @@ spark.stop()
 
 
 def spark_state(metadata_location: str, tmp_path: Path) -> dict[int, tuple]:
-    from app.maven import resolve, without_spark_jars
-    from tests.streaming.write.test_upsert import ICEBERG_RUNTIME
+    from tests.streaming.write.test_upsert import run_with_iceberg_spark
 
-    jars = without_spark_jars(resolve([ICEBERG_RUNTIME], CACHE_DIR, "iceberg-spark-runtime-4.0-1.10.2"))
-    script, out = tmp_path / "spark_reader.py", tmp_path / "spark_rows.json"
-    script.write_text(SPARK_READER)
-    done = subprocess.run(
-        [sys.executable, str(script), str(CACHE_DIR), ",".join(str(j) for j in jars), metadata_location, str(out)],
-        timeout=600,
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
     state: dict[int, tuple] = {}
-    for i, name, height, geometry in json.loads(out.read_text()):
+    for i, name, height, geometry in run_with_iceberg_spark(SPARK_READER, tmp_path, metadata_location):
         assert i not in state, f"Spark reads {i} twice"
         state[i] = (name, height, normalised(bytes.fromhex(geometry)))
     return state
