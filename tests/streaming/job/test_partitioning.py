@@ -113,6 +113,16 @@ def brute_force(events, bbox, lo_ms: int, hi_ms: int) -> set[str]:
     }
 
 
+def duckdb_window_ids(metadata_location: str, where: str) -> set[str]:
+    """The ids of the events DuckDB reads with the condition `where` that intersect WINDOW."""
+    con = duckdb_connection()
+    con.execute("SET enable_geoparquet_conversion = false")
+    con.execute("SET TimeZone = 'UTC'")
+    found = con.execute(f"SELECT event_id, geometry FROM iceberg_scan('{metadata_location}') WHERE {where}").fetchall()
+    box = shapely.box(*WINDOW)
+    return {i for i, g in found if shapely.intersects(shapely.from_wkb(bytes(g)), box)}
+
+
 def iso(ms: int) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(ms / 1000))
 
@@ -239,18 +249,11 @@ def test_a_stream_over_days_and_places_lands_in_its_partitions_and_queries_prune
     assert (
         where == sql_where(table, Predicate.from_bbox(WINDOW), iso(lo), iso(hi)) and "geometry_geohash2 IN (" in where
     )
-    con = duckdb_connection()
-    con.execute("SET enable_geoparquet_conversion = false")
-    con.execute("SET TimeZone = 'UTC'")
-    found = con.execute(
-        f"SELECT event_id, geometry FROM iceberg_scan('{table.metadata_location}') WHERE {where}"
-    ).fetchall()
-    box = shapely.box(*WINDOW)
-    assert {i for i, g in found if shapely.intersects(shapely.from_wkb(bytes(g)), box)} == expected
+    assert duckdb_window_ids(table.metadata_location, where) == expected
 
     if source == "spark-kafka":  # once: Spark with Iceberg's runtime, the same condition, in SQL
         found, metrics = spark_iceberg_window(table.metadata_location, where, tmp_path)
-        assert {i for i, g in found if shapely.intersects(shapely.from_wkb(g), box)} == expected
+        assert {i for i, g in found if shapely.intersects(shapely.from_wkb(g), shapely.box(*WINDOW))} == expected
         # Iceberg planned only files of the matching days and cells (fewer still: the bbox and
         # event_time bounds of each file prune too).
         assert 0 < metrics["resultDataFiles"] <= len(right) < len(tasks), metrics
@@ -421,14 +424,7 @@ def test_the_cell_length_evolves_and_a_window_over_old_and_new_files_stays_exact
     # reads the same rows with it.
     where = sql_where(table, Predicate.from_bbox(WINDOW), iso(lo), iso(hi))
     assert "geometry_geohash2 IS NULL" in where and "geometry_geohash1 IN (" in where
-    con = duckdb_connection()
-    con.execute("SET enable_geoparquet_conversion = false")
-    con.execute("SET TimeZone = 'UTC'")
-    found = con.execute(
-        f"SELECT event_id, geometry FROM iceberg_scan('{table.metadata_location}') WHERE {where}"
-    ).fetchall()
-    box = shapely.box(*WINDOW)
-    assert {i for i, g in found if shapely.intersects(shapely.from_wkb(bytes(g)), box)} == expected
+    assert duckdb_window_ids(table.metadata_location, where) == expected
 
     # Compaction rewrites the new spec's small files, still one partition each, both cells filled.
     report = maintain(table, MaintenancePolicy(min_file_age_s=0), steps=("compact",))
