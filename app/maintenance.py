@@ -15,7 +15,8 @@ streaming/maintenance/maintain.py's).
 - "off": nothing in the service (`geoingest table maintain`, or the chart's CronJob).
 
 Schedule, in every mode: all steps every `maintenance_interval_s`, all but orphans after every
-`maintenance_interval_commits` committed batches. Ingest commits and maintenance commits interleave
+`maintenance_interval_commits` committed batches, those at least `maintenance_min_gap_s` after the
+previous run. Ingest commits and maintenance commits interleave
 on the catalog with each side's optimistic retry (streaming/table/commit.py, maintenance/commits.py);
 the table's maintenance lease keeps one maintainer at a time.
 
@@ -189,11 +190,12 @@ class MaintenanceRunner:
 
     def due_steps(self) -> tuple[str, ...]:
         """What a run now would do: every step once the interval passed, all but orphans once the
-        batch count is reached, nothing otherwise."""
+        batch count is reached and the minimum gap passed, nothing otherwise."""
         if time.monotonic() - self._last_run >= self.settings.maintenance_interval_s:
             return self.steps
         every = self.settings.maintenance_interval_commits
-        if every and self._commits_since_run >= every:
+        gap_passed = time.monotonic() - self._last_run >= self.settings.maintenance_min_gap_s
+        if every and self._commits_since_run >= every and gap_passed:
             return tuple(s for s in self.steps if s != "orphans") or self.steps
         return ()
 

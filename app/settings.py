@@ -110,6 +110,9 @@ class Settings:
     maintenance_cpu_percent: float = 25.0
     maintenance_interval_s: int = 3600
     maintenance_interval_commits: int = 10  # 0: by time alone
+    # Runs the batch count starts come at least this many seconds apart: at a fast trigger ten
+    # commits take seconds, and a run every few seconds races ingest's commits for nothing.
+    maintenance_min_gap_s: int = 60
     maintenance_steps: str = "retention,compact,expire,orphans"  # some of retention, compact, expire, orphans
     # How long rows are kept, "N days" or "N hours" (docs/retention.md): maintenance drops whole time
     # partitions once past it. Empty: the table contract's "retention", else for ever.

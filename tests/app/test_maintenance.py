@@ -54,6 +54,7 @@ def test_the_cpu_budget_sleeps_until_the_run_is_within_its_share():
 
 def test_beside_is_the_default_and_runs_in_a_niced_child_process_on_the_commit_count(settings, table):
     assert load_settings(env={}).maintenance_mode == "beside"
+    settings = dataclasses.replace(settings, maintenance_min_gap_s=0)
     registry = CollectorRegistry()
     runner = MaintenanceRunner(settings, "demo.events", MaintenanceMetrics(registry, "demo.events"))
     write_batches(table, load_contract(CONTRACT_PATH), 30)
@@ -80,7 +81,9 @@ def test_beside_is_the_default_and_runs_in_a_niced_child_process_on_the_commit_c
 
 def test_sigterm_abandons_a_long_compaction_releases_the_lease_and_loses_nothing(settings, table):
     # Many tiny bins at a twentieth of a core: a compaction that lasts long enough to be stopped.
-    slow = dataclasses.replace(settings, maintenance_max_bin_bytes=48 * 1024, maintenance_cpu_percent=5.0)
+    slow = dataclasses.replace(
+        settings, maintenance_max_bin_bytes=48 * 1024, maintenance_cpu_percent=5.0, maintenance_min_gap_s=0
+    )
     write_batches(table, load_contract(CONTRACT_PATH), 60, rows=150)
     before = table.current_snapshot().snapshot_id
     registry = CollectorRegistry()

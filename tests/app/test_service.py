@@ -48,9 +48,13 @@ def table(settings):
     return table
 
 
-def test_between_batches_maintains_every_10_commits_without_orphans(settings, table):
+def test_between_batches_maintains_every_10_commits_a_minute_apart_without_orphans(settings, table):
     settings = dataclasses.replace(settings, maintenance_mode="between-batches")
-    assert (settings.maintenance_interval_commits, settings.maintenance_interval_s) == (10, 3600)
+    assert (
+        settings.maintenance_interval_commits,
+        settings.maintenance_interval_s,
+        settings.maintenance_min_gap_s,
+    ) == (10, 3600, 60)
     registry = CollectorRegistry()
     runner = MaintenanceRunner(settings, "demo.events", MaintenanceMetrics(registry, "demo.events"))
     runs = []
@@ -58,21 +62,25 @@ def test_between_batches_maintains_every_10_commits_without_orphans(settings, ta
     runner.run_once = lambda steps=None, **kw: runs.append(steps) or run_once(steps, **kw)  # type: ignore[method-assign]
 
     write_batches(table, load_contract(CONTRACT_PATH), 30)
+    runner._last_run -= 60  # the service started a minute ago
     for batch_id in range(9):
         runner.after_batch(committed(batch_id))
     assert runs == [], "not before the 10th commit"
     runner.after_batch(committed(9))
     assert runs == [("retention", "compact", "expire")], "the count's run leaves orphans to the hourly one"
-    for batch_id in range(10, 19):
+    for batch_id in range(10, 30):
         runner.after_batch(committed(batch_id))
-    assert len(runs) == 1, "counted again from the last run"
+    assert len(runs) == 1, "20 more commits, but within a minute of the last run"
+    runner._last_run -= 60
+    runner.after_batch(committed(30))
+    assert len(runs) == 2, "a minute later, at the next commit"
 
     table.refresh()
     assert len(table.metadata.snapshots) <= 6, "expired down to maintenance_max_snapshots (and a carrier)"
     completed = registry.get_sample_value(
         "geoingest_maintenance_runs_total", {"table": "demo.events", "outcome": "completed"}
     )
-    assert completed == 1
+    assert completed == 2
 
 
 def test_a_run_meeting_another_maintainers_lease_is_skipped_and_counted(settings, table):
