@@ -113,7 +113,8 @@ class Decoder:
         ]
         registry = [f for f in formats if f.registry_encoded and set(f.names) & set(contract.formats)]
         self._formats = registry or [f for f in formats if not f.registry_encoded]
-        for fmt in registry:
+        # The registry formats, and those that read registry-encoded values beside others (Debezium's).
+        for fmt in self._formats:
             fmt.use_registry(self.options.schema_registry)
         self._tombstones = next((f for f in self._formats if f.reads_tombstones), None)
         self._rules = GeometryRules(contract, self.options.max_vertices, self.options.max_record_seconds)

@@ -133,6 +133,7 @@ class PropertyScan:
         debezium = None
         if self.debezium_contract is not None:
             debezium = DebeziumFormat(self.debezium_contract, 0, property_types(self.debezium_contract))
+            debezium.use_registry(self.registry)
         for batch in batches:
             values = batch.column("value")
             live = pc.is_valid(values).to_numpy(zero_copy_only=False)
@@ -142,11 +143,15 @@ class PropertyScan:
                 if rows.size:
                     merge_seen(seen, avro.unmapped_fields(values, rows, self.mapped, record_order(batch, rows)))
                 continue
+            if debezium is not None:
+                # Its events with the JSON converter, or an Avro one (the wire format's zero byte).
+                rows = np.flatnonzero((first == ord("{")) | (first == 0))
+                if rows.size == 0:
+                    continue
+                merge_seen(seen, debezium.unmapped_fields(values, rows, self.mapped, record_order(batch, rows)))
+                continue
             rows = np.flatnonzero(first == ord("{"))
             if rows.size == 0:
-                continue
-            if debezium is not None:
-                merge_seen(seen, debezium.unmapped_fields(values, rows, self.mapped, record_order(batch, rows)))
                 continue
             merge_seen(seen, unmapped_properties(values.take(pa.array(rows)), self.mapped, record_order(batch, rows)))
         yield seen_batch(seen)

@@ -1,5 +1,7 @@
 """Debezium change events of a PostGIS table (contract format "debezium"), with Kafka Connect's
-JSON converter, its schemas on (`{"schema": ..., "payload": <envelope>}`) or off (the envelope).
+JSON converter, its schemas on (`{"schema": ..., "payload": <envelope>}`) or off (the envelope), or
+with an Avro converter through a schema registry (a zero byte first: read by
+streaming/decode/formats/debezium_avro.py, then `apply` as the JSON events are).
 
 The envelope: `op` (c: insert, r: snapshot read, u: update, d: delete), `before` and `after` (the
 row, each column a member), `source` (where in the source's log: `lsn`, commit time `ts_ms`). A
@@ -21,6 +23,7 @@ keys each change by the row's primary key, so all changes of a row are in one pa
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import ClassVar
 
 import numpy as np
@@ -29,13 +32,16 @@ import pyarrow.compute as pc
 import shapely
 
 from streaming.contract import Contract
+from streaming.decode.columns import _cast_or_reject
 from streaming.decode.formats.base import Decoded, InputFormat
+from streaming.decode.formats.debezium_avro import AvroEvents, starts_with_zero
 from streaming.decode.formats.geojson import _invalid_utf8, _raw_control_characters, _still_ok
 from streaming.decode.formats.json_fields import _BlockParser, _leaf, base64_decode
 from streaming.decode.formats.wkb import EWKB_SRID_FLAG, read_wkb
 from streaming.decode.properties import PropertySeen, merge_seen, unmapped_properties
-from streaming.decode.rejects import Reason, shown
-from streaming.kernels.buffers import offsets_and_bytes, scatter
+from streaming.decode.rejects import Reason, Rejects, shown
+from streaming.decode.schema_registry import RegistrySettings
+from streaming.kernels.buffers import offsets_and_bytes, scatter, scatter_into
 
 PAYLOAD = "payload"
 UPSERT_OPS = ("c", "r", "u")
@@ -48,9 +54,11 @@ _ENVELOPE = {"op": pa.string(), "source.lsn": pa.int64(), "source.ts_ms": pa.int
 
 class DebeziumFormat(InputFormat):
     names: ClassVar[tuple[str, ...]] = ("debezium",)
-    first_bytes: ClassVar[tuple[int, ...]] = (ord("{"),)
-    described: ClassVar[str] = "a Debezium change event (a JSON object)"
-    first_bytes_shown: ClassVar[tuple[str, ...]] = ("'{'",)
+    # JSON ('{'), or Avro in the Confluent wire format (its zero byte, claimed before WKB's).
+    first_bytes: ClassVar[tuple[int, ...]] = (ord("{"), 0)
+    precedence: ClassVar[int] = 1
+    described: ClassVar[str] = "a Debezium change event (a JSON object, or Avro in the Confluent wire format)"
+    first_bytes_shown: ClassVar[tuple[str, ...]] = ("'{'", "0x00")
     refused_first_bytes: ClassVar[dict[int, tuple[Reason, str]]] = {
         ord("["): (Reason.NOT_A_CHANGE_EVENT, "a JSON array is not a Debezium change event (an object)")
     }
@@ -77,12 +85,13 @@ class DebeziumFormat(InputFormat):
         }
         self.parser = _BlockParser(leaves, self._kind_of)
         keys = {
-            self._source_name(name): property_types.get(self._source_name(name), pa.string())
+            self.source_name(name): property_types.get(self.source_name(name), pa.string())
             for name in contract.primary_key
         }
         self.key_parser = _BlockParser({**keys, **{f"{PAYLOAD}.{k}": t for k, t in keys.items()}}, self._kind_of)
+        self.avro = AvroEvents(self)
 
-    def _source_name(self, column: str) -> str:
+    def source_name(self, column: str) -> str:
         """The source table's column a primary key column reads (its `properties.<name>` source)."""
         col = next(c for c in self.contract.all_columns if c.name == column)
         return next((s.removeprefix("properties.") for s in col.sources if s.startswith("properties.")), column)
@@ -90,7 +99,18 @@ class DebeziumFormat(InputFormat):
     def _kind_of(self, path: str) -> str:
         return "text" if path in self._wkb_paths else "column"
 
+    def use_registry(self, settings: RegistrySettings) -> None:
+        self.avro.use_registry(settings)
+
     def decode(self, values: pa.Array, rows: np.ndarray, out: Decoded) -> None:
+        # Avro through a registry (a zero byte first) or JSON ('{'): a topic may change converter.
+        avro = starts_with_zero(values, rows)
+        if (~avro).any():
+            self._decode_json(values, rows[~avro], out)
+        if avro.any():
+            self.avro.decode(values, rows[avro], out)
+
+    def _decode_json(self, values: pa.Array, rows: np.ndarray, out: Decoded) -> None:
         n = len(values)
         rejects = out.rejects
         # The payload is cut out first: the schema before it is most of an enveloped event's bytes.
@@ -113,7 +133,24 @@ class DebeziumFormat(InputFormat):
         def leaf(path: str) -> pa.Array:
             return pc.if_else(enveloped, _leaf(table, f"{PAYLOAD}.{path}"), _leaf(table, path))
 
-        op = leaf("op")
+        present = {side: pc.is_valid(leaf(side)).to_numpy(zero_copy_only=False) for side in ("after", "before")}
+        self.apply(rows, n, out, leaf("op"), leaf("source.lsn"), leaf("source.ts_ms"), present, leaf)
+
+    def apply(
+        self,
+        rows: np.ndarray,
+        n: int,
+        out: Decoded,
+        op: pa.Array,
+        lsn: pa.Array,
+        ts_ms: pa.Array,
+        present: dict[str, np.ndarray],
+        leaf: Callable[[str], pa.Array],
+    ) -> None:
+        """What change events do, whichever converter wrote them: `op` and the leaves of the
+        events at rows (`leaf("after.name")`, one value per row), `present` where an event holds
+        its `before` / `after` row. Rows the reader rejected are skipped."""
+        rejects = out.rejects
         live = rejects.ok[rows]
         no_op = live & pc.is_null(op).to_numpy(zero_copy_only=False)
         rejects.add(
@@ -131,7 +168,7 @@ class DebeziumFormat(InputFormat):
             [f"op {shown(o)} is not c, r, u or d (insert, snapshot read, update, delete)" for o in ops[odd]],
         )
         for side, wanted in (("after", upsert), ("before", delete)):
-            missing = rejects.ok[rows] & wanted & pc.is_null(leaf(side)).to_numpy(zero_copy_only=False)
+            missing = rejects.ok[rows] & wanted & ~present[side]
             rejects.add(
                 rows[missing],
                 Reason.MISSING_ROW,
@@ -139,23 +176,28 @@ class DebeziumFormat(InputFormat):
                 "'before': REPLICA IDENTITY DEFAULT or FULL on the source table)",
             )
         deleting = pa.array(delete)
-        commit_ms = leaf("source.ts_ms").cast(pa.timestamp("ms", tz="UTC"))
-        for name, value in (
-            ("debezium.op", op),
-            ("debezium.lsn", leaf("source.lsn")),
-            ("debezium.commit_time", commit_ms),
-        ):
-            out.fields[name] = scatter(value, rows, n)
-        for name in self.columns:
-            out.properties[name] = scatter(pc.if_else(deleting, leaf(f"before.{name}"), leaf(f"after.{name}")), rows, n)
+        commit_ms = ts_ms.cast(pa.int64()).cast(pa.timestamp("ms", tz="UTC"))
+        for name, value in (("debezium.op", op.cast(pa.string())), ("debezium.lsn", lsn.cast(pa.int64()))):
+            _put(out.fields, name, value, rows, n)
+        _put(out.fields, "debezium.commit_time", commit_ms, rows, n)
+        for name, target in self.columns.items():
+            before, after = leaf(f"before.{name}"), leaf(f"after.{name}")
+            # A field the event's schema lacks reads as nulls of no type.
+            before = before.cast(after.type) if before.type == pa.null() else before
+            after = after.cast(before.type) if after.type == pa.null() else after
+            value = pc.if_else(deleting, before, after)
+            checked = Rejects(len(rows))
+            value = _cast_or_reject(value, target, f"properties.{name}", checked)
+            rejects.add(rows[~checked.ok], Reason.PROPERTY_TYPE_MISMATCH, list(checked.detail[~checked.ok]))
+            out.properties[name] = scatter_into(out.properties[name], value, rows)
         live = rejects.ok[rows]
         out.deletes[rows[live & delete]] = True
         out.srids[rows] = self.spec.epsg
-        geometry_rows = live & upsert
+        geometry_rows = pa.array(live & upsert)
         self._geometries(
-            leaf(f"after.{self.spec.geometry}.wkb").filter(pa.array(geometry_rows)),
-            leaf(f"after.{self.spec.geometry}.srid").filter(pa.array(geometry_rows)),
-            rows[geometry_rows],
+            leaf(f"after.{self.spec.geometry}.wkb").filter(geometry_rows),
+            leaf(f"after.{self.spec.geometry}.srid").filter(geometry_rows),
+            rows[live & upsert],
             out,
         )
 
@@ -177,19 +219,23 @@ class DebeziumFormat(InputFormat):
         errors.update({int(again[local]): e for local, e in whole_errors.items()})
         return table, errors
 
-    def _geometries(self, wkb_text: pa.Array, srid: pa.Array, rows: np.ndarray, out: Decoded) -> None:
+    def _geometries(self, wkb: pa.Array, srid: pa.Array, rows: np.ndarray, out: Decoded) -> None:
+        """The geometries of upserts: `wkb` the bytes (Avro) or their base64 text (JSON)."""
         rejects, where = out.rejects, f"after.{self.spec.geometry}"
-        missing = pc.is_null(wkb_text).to_numpy(zero_copy_only=False)
+        missing = pc.is_null(wkb).to_numpy(zero_copy_only=False)
         rejects.add(rows[missing], Reason.MISSING_GEOMETRY, f"{where}: missing or null")
         keep = pa.array(~missing)
-        rows, wkb_text, srid = rows[~missing], wkb_text.filter(keep), srid.filter(keep)
-        blobs, ok = base64_decode(wkb_text)
-        rejects.add(
-            rows[~ok],
-            Reason.BAD_GEOMETRY_ENCODING,
-            [f"{where}.wkb: {shown(v)} is not base64 text" for v in wkb_text.filter(pa.array(~ok)).to_pylist()],
-        )
-        given = pc.fill_null(srid, 0).to_numpy(zero_copy_only=False)[ok]
+        rows, wkb, srid = rows[~missing], wkb.filter(keep), srid.filter(keep)
+        if pa.types.is_string(wkb.type):
+            blobs, ok = base64_decode(wkb)
+            rejects.add(
+                rows[~ok],
+                Reason.BAD_GEOMETRY_ENCODING,
+                [f"{where}.wkb: {shown(v)} is not base64 text" for v in wkb.filter(pa.array(~ok)).to_pylist()],
+            )
+        else:
+            blobs, ok = wkb.cast(pa.binary()), np.ones(len(wkb), dtype=bool)
+        given = pc.fill_null(srid.cast(pa.int64()), 0).to_numpy(zero_copy_only=False)[ok]
         rows, blobs = rows[ok], blobs.filter(pa.array(ok))
         read_rows, codes, geoms = read_wkb(blobs, rows, out, self.contract, self.max_nesting, f"{where}.wkb")
         given = given[np.isin(rows, read_rows)]
@@ -206,6 +252,12 @@ class DebeziumFormat(InputFormat):
 
     def decode_tombstones(self, keys: pa.Array, rows: np.ndarray, out: Decoded) -> None:
         """Tombstones (null values) of these Kafka keys: deletes of the keys' rows."""
+        avro = starts_with_zero(keys, rows)
+        if avro.any():
+            self.avro.decode_keys(keys, rows[avro], out)
+        rows = rows[~avro]
+        if rows.size == 0:
+            return
         n = len(keys)
         rejects = out.rejects
         docs = keys.take(pa.array(rows)).cast(pa.binary())
@@ -218,7 +270,7 @@ class DebeziumFormat(InputFormat):
             rejects.add(rows[[local]], reason, f"the tombstone's key: {detail}")
         enveloped = pc.is_valid(table.column(PAYLOAD).combine_chunks())
         for name in self.contract.primary_key:
-            source = self._source_name(name)
+            source = self.source_name(name)
             value = pc.if_else(enveloped, _leaf(table, f"{PAYLOAD}.{source}"), _leaf(table, source))
             out.properties[source] = pc.coalesce(out.properties[source], scatter(value, rows, n))
         out.deletes[rows[rejects.ok[rows]]] = True
@@ -232,10 +284,17 @@ class DebeziumFormat(InputFormat):
     ) -> dict[str, PropertySeen]:
         """The source columns in these events' `after` that no contract column reads: what a
         column added with ALTER TABLE brings, for schema evolution."""
+        avro = starts_with_zero(values, rows)
+        seen: dict[str, PropertySeen] = {}
+        if avro.any():
+            part = np.flatnonzero(avro)
+            seen = self.avro.unmapped_fields(values, rows[part], mapped, tuple(o[part] for o in order))
+            rows, order = rows[~avro], (order[0][~avro], order[1][~avro], order[2][~avro])
+        if rows.size == 0:
+            return seen
         docs, _ = _payloads(values.take(pa.array(rows)))
         # The JSON converter writes the schema (or the payload) as the first member of an enveloped event.
         enveloped = pc.match_substring_regex(docs, r'^\s*\{\s*"(schema|payload)"\s*:').to_numpy(zero_copy_only=False)
-        seen: dict[str, PropertySeen] = {}
         taken = mapped | {self.spec.geometry}
         for mask, member in ((enveloped, (PAYLOAD, "after")), (~enveloped, ("after",))):
             if mask.any():
@@ -243,6 +302,11 @@ class DebeziumFormat(InputFormat):
                 part_order = (order[0][positions], order[1][positions], order[2][positions])
                 merge_seen(seen, unmapped_properties(docs.take(pa.array(positions)), taken, part_order, member))
         return seen
+
+
+def _put(fields: dict[str, pa.Array], name: str, value: pa.Array, rows: np.ndarray, n: int) -> None:
+    """value[i] into row rows[i] of the field (JSON and Avro events of a batch fill it in turn)."""
+    fields[name] = scatter(value, rows, n) if name not in fields else scatter_into(fields[name], value, rows)
 
 
 def _one_line(docs: pa.Array) -> pa.Array:
