@@ -40,14 +40,20 @@ class ResolveError(RuntimeError):
 
 
 def resolve(
-    coordinates: Sequence[str], cache_dir: Path, name: str, progress: Callable[[str], None] | None = None
+    coordinates: Sequence[str],
+    cache_dir: Path,
+    name: str,
+    progress: Callable[[str], None] | None = None,
+    exclude: Sequence[str] = (),
 ) -> list[Path]:
     """The jars of `coordinates` ("group:artifact:version") and their dependencies, downloaded
     once into <cache_dir>/jars/<name>/; returns their paths, sorted.
 
     "group:artifact:version:classifier" names one classified jar (such as a
     `jar-with-dependencies` bundle) and takes it alone, without the artifact's dependencies:
-    the classified jars asked for by name are bundles that already hold them."""
+    the classified jars asked for by name are bundles that already hold them. `exclude` names
+    dependencies ("group" or "group:artifact") left out wherever they are pulled: ones that are
+    not on Maven Central and that the jars asked for do not need."""
     target = Path(cache_dir).resolve() / "jars" / name
     if any(target.glob("*.jar")):
         return sorted(target.glob("*.jar"))
@@ -59,7 +65,7 @@ def resolve(
     staging = Path(tempfile.mkdtemp(prefix=f"{name}-", dir=target.parent))
     try:
         (staging / "ivysettings.xml").write_text(_SETTINGS)
-        (staging / "ivy.xml").write_text(_ivy_module(name, coordinates))
+        (staging / "ivy.xml").write_text(_ivy_module(name, coordinates, exclude))
         command = [
             str(java_executable(Path(cache_dir))),
             *trust_store_options(),
@@ -121,7 +127,7 @@ def ivy_jar() -> Path:
     return Path(jars[-1])
 
 
-def _ivy_module(name: str, coordinates: Sequence[str]) -> str:
+def _ivy_module(name: str, coordinates: Sequence[str], exclude: Sequence[str] = ()) -> str:
     lines = []
     for coordinate in coordinates:
         parts = coordinate.split(":")
@@ -137,6 +143,9 @@ def _ivy_module(name: str, coordinates: Sequence[str]) -> str:
                 f'      <artifact name="{artifact}" type="jar" ext="jar" m:classifier="{parts[3]}"/>\n'
                 f"    </dependency>"
             )
+    for excluded in exclude:
+        org, _, module = excluded.partition(":")
+        lines.append(f'    <exclude org="{org}"' + (f' module="{module}"' if module else "") + "/>")
     body = "\n".join(lines)
     return f"""<ivy-module version="2.0" xmlns:m="http://ant.apache.org/ivy/maven">
   <info organisation="geoingest" module="{name}"/>

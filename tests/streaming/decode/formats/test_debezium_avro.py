@@ -1,7 +1,8 @@
 """Debezium change events with an Avro converter (format "debezium", values in the Confluent wire
-format): the envelope's schema as Apicurio's converter registers it for Debezium's PostgreSQL
-connector (named row type used twice, `connect.*` attributes, a union with "null" second, the
-`transaction` record, ts_us / ts_ns), registered in the real registry (Apicurio, tests/conftest.py)
+format): the envelope's schema as Apicurio's converter registers it for Debezium 3.6's PostgreSQL
+connector (captured from tests/streaming/decode/formats/test_debezium_avro_service.py: the named
+row type used twice, `connect.*` attributes, a union with "null" second, the `transaction` record,
+ts_us / ts_ns), registered in the real registry (Apicurio, tests/conftest.py)
 and its records written by fastavro; decoded with the same rules as the JSON converter's events.
 tests/streaming/decode/formats/test_debezium_avro_service.py runs the real connector and converter."""
 
@@ -41,7 +42,9 @@ GEOMETRY = {
 ENUM_STRING = {
     "type": "string",
     "connect.version": 1,
-    "connect.parameters": {"allowed": "true,first,first_in_data_collection,last_in_data_collection,last,false"},
+    "connect.parameters": {
+        "allowed": "true,first,first_in_data_collection,last_in_data_collection,last,false,incremental"
+    },
     "connect.default": "false",
     "connect.name": "io.debezium.data.Enum",
 }
@@ -57,7 +60,7 @@ def envelope(prefix: str, height: bool = False) -> dict:
     row = [
         {"name": "id", "type": "long"},
         {"name": "name", "type": optional("string"), "default": None},
-        {"name": "geom", "type": GEOMETRY},
+        {"name": "geom", "type": optional(GEOMETRY), "doc": "Geometry", "default": None},
     ]
     if height:
         row.append({"name": "height", "type": optional("double"), "default": None})
@@ -76,6 +79,8 @@ def envelope(prefix: str, height: bool = False) -> dict:
         {"name": "txId", "type": optional("long"), "default": None},
         {"name": "lsn", "type": optional("long"), "default": None},
         {"name": "xmin", "type": optional("long"), "default": None},
+        {"name": "origin", "type": optional("string"), "default": None},
+        {"name": "origin_lsn", "type": optional("long"), "default": None},
     ]
     block = {
         "type": "record",
@@ -104,6 +109,7 @@ def envelope(prefix: str, height: bool = False) -> dict:
                     "name": "Source",
                     "namespace": "io.debezium.connector.postgresql",
                     "fields": source,
+                    "connect.version": 1,
                     "connect.name": "io.debezium.connector.postgresql.Source",
                 },
             },
@@ -148,6 +154,8 @@ def change(op: str, after: dict | None = None, before: dict | None = None, lsn: 
         "txId": 7,
         "lsn": lsn,
         "xmin": None,
+        "origin": None,
+        "origin_lsn": None,
     }
     return {
         "before": before,
@@ -266,6 +274,7 @@ def test_bad_events_are_rejects_with_their_reasons(schema_registry, registered):
         value(registered, "v1", change("u", None)),  # an update without its row
         value(registered, "v1", change("d", None, None)),  # a delete without its key
         value(registered, "v1", change("c", {"id": 3, "name": "x", "geom": {"wkb": b"\x01\x01\x00", "srid": 4326}})),
+        value(registered, "v1", change("c", {"id": 4, "name": "no geometry", "geom": None})),
         None,  # a tombstone whose Avro key names an unknown schema
     ]
     keys = [avro_key(registered, i) for i in range(len(values) - 1)] + [wire(999_998, b"\x02")]
@@ -279,12 +288,13 @@ def test_bad_events_are_rejects_with_their_reasons(schema_registry, registered):
         Reason.MISSING_ROW,
         Reason.MISSING_ROW,
         Reason.BAD_WKB,
+        Reason.MISSING_GEOMETRY,
         Reason.UNKNOWN_SCHEMA_ID,
     ]
     assert "999999" in rows[0][REJECT_DETAIL] and schema_registry.url in rows[0][REJECT_DETAIL]
     assert "'t'" in rows[4][REJECT_DETAIL]
     assert "after.geom" in rows[7][REJECT_DETAIL]
-    assert "tombstone" in rows[8][REJECT_DETAIL]
+    assert "tombstone" in rows[9][REJECT_DETAIL]
     assert all(r[DELETE] is False for r in rows)
 
 
