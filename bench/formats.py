@@ -18,6 +18,10 @@ same doubles; each record carries an id and two other columns (kind, speed) wher
   debezium points (schemas off / on)
                         Debezium change events (updates) of a PostGIS row {id, kind, speed, geom}, the
                         JSON converter's schemas off, and on (the schema Debezium 3 writes, ~2.5 KB)
+  debezium points (avro)
+                        the same events with an Avro converter: the Confluent wire format, the
+                        schema the converter makes of the same Connect schema, as the registry
+                        hands it over (put in the registry client's cache: no registry runs here)
 
 Each figure is the best of --repeats runs. Prints a table and writes bench/results/formats.json and .md.
 """
@@ -27,6 +31,7 @@ from __future__ import annotations
 import argparse
 import base64
 import copy
+import io
 import json
 import os
 import sys
@@ -38,15 +43,22 @@ for path in (ROOT, ROOT / "bench"):  # run as a script: streaming/ and bench/cit
     if str(path) not in sys.path:
         sys.path.insert(0, str(path))
 
+import fastavro  # noqa: E402
 import numpy as np  # noqa: E402
 import pyarrow as pa  # noqa: E402
 import shapely  # noqa: E402
 from cities import city_points  # noqa: E402
 
 from streaming.contract import Contract, parse_contract  # noqa: E402
-from streaming.decode.decoder import REJECT_REASON, Decoder  # noqa: E402
+from streaming.decode.decoder import REJECT_REASON, DecodeOptions, Decoder  # noqa: E402
+from streaming.decode.schema_registry import RegisteredSchema, RegistrySettings, client_for  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
+# Registry-encoded cases read their schema from the registry client's cache, filled here: the
+# decoder never asks this address.
+REGISTRY = RegistrySettings(url="http://registry.invalid/apis/ccompat/v7")
+CACHED = client_for(REGISTRY)._schemas
+AVRO_ID = 7
 DEMO = json.loads((ROOT / "schemas" / "demo_events.json").read_text())
 HEXAGON = np.column_stack([np.cos(np.arange(7) * np.pi / 3), np.sin(np.arange(7) * np.pi / 3)]) * 0.001
 HEXAGON[-1] = HEXAGON[0]
@@ -126,6 +138,7 @@ def cases(n: int) -> dict[str, tuple[Contract, list[bytes]]]:
         "wkt hexagons": (wkt, [hexagon_wkt(a, b).encode() for a, b in zip(xs, ys)]),
         "debezium points (schemas off)": (DEBEZIUM, debezium_events(points, schemas=False)),
         "debezium points (schemas on)": (DEBEZIUM, debezium_events(points, schemas=True)),
+        "debezium points (avro)": (DEBEZIUM, debezium_avro_events(points)),
     }
 
 
@@ -223,11 +236,50 @@ def debezium_schema() -> dict:
     }
 
 
+def avro_schema(connect: dict, named: set[str]) -> object:
+    """The Avro schema an Avro converter makes of a Connect schema (structs as records, optional
+    fields as unions with null first, a named record used again by its name)."""
+    kinds = {"int64": "long", "int32": "int", "string": "string", "double": "double", "bytes": "bytes"}
+    if connect["type"] == "struct":
+        full = connect["name"]
+        if full in named:
+            avro: object = full
+        else:
+            named.add(full)
+            space, _, name = full.rpartition(".")
+            fields = [{"name": f["field"], "type": avro_schema(f, named)} for f in connect["fields"]]
+            avro = {"type": "record", "name": name, "namespace": space, "fields": fields}
+    else:
+        avro = kinds[connect["type"]]
+    return ["null", avro] if connect.get("optional", True) else avro
+
+
+def debezium_avro_events(points: list) -> list[bytes]:
+    schema = avro_schema({**debezium_schema(), "optional": False}, set())
+    CACHED[AVRO_ID] = RegisteredSchema(AVRO_ID, "AVRO", json.dumps(schema))
+    parsed = fastavro.parse_schema(schema)
+    out = []
+    for event in debezium_envelopes(points, base64_wkb=False):
+        body = io.BytesIO()
+        fastavro.schemaless_writer(body, parsed, event)
+        out.append(b"\x00" + AVRO_ID.to_bytes(4, "big") + body.getvalue())
+    return out
+
+
 def debezium_events(points: list, schemas: bool) -> list[bytes]:
     schema = debezium_schema()
     out = []
+    for envelope in debezium_envelopes(points, base64_wkb=True):
+        doc = {"schema": schema, "payload": envelope} if schemas else envelope
+        out.append(json.dumps(doc, separators=(",", ":")).encode())
+    return out
+
+
+def debezium_envelopes(points: list, base64_wkb: bool) -> list[dict]:
+    out = []
     for i, p in enumerate(points):
-        wkb = base64.b64encode(shapely.to_wkb(shapely.set_srid(p, 4326), include_srid=True)).decode()
+        blob = shapely.to_wkb(shapely.set_srid(p, 4326), include_srid=True)
+        wkb = base64.b64encode(blob).decode() if base64_wkb else blob
         source = {
             "version": "3.6.1.Final",
             "connector": "postgresql",
@@ -255,8 +307,7 @@ def debezium_events(points: list, schemas: bool) -> list[bytes]:
             "ts_us": 1764000000100000,
             "ts_ns": 1764000000100000000,
         }
-        doc = {"schema": schema, "payload": envelope} if schemas else envelope
-        out.append(json.dumps(doc, separators=(",", ":")).encode())
+        out.append(envelope)
     return out
 
 
@@ -279,7 +330,7 @@ def measure(c: Contract, values: list[bytes], batch: int, repeats: int) -> tuple
     pass (0: every event landed). CPU time is the figure: the machine is shared, and a pass that
     waits for the core counts that wait in wall time only."""
     batches = [kafka_batch(values[i : i + batch], i) for i in range(0, len(values), batch)]
-    decoder = Decoder(c)
+    decoder = Decoder(c, DecodeOptions(schema_registry=REGISTRY))
     out = [decoder.decode(b) for b in batches]  # warm-up, and the reject count
     rejects = sum(o.num_rows - o.column(REJECT_REASON).null_count for o in out)
     best_cpu = best_wall = 0.0
