@@ -45,8 +45,8 @@ _CONVERTER_EXCLUDED = ("com.github.everit-org.json-schema",)
 
 def avro_converters(registry_url: str) -> dict[str, str]:
     """Connector settings for Avro keys and values through Apicurio Registry at `registry_url` (its
-    root, http://host:port): each schema registered whole on first use, the record in the Confluent
-    wire format (a zero byte, the 4-byte id, no Kafka headers) with the id the registry's
+    root, http://host:port): each schema registered on first use (a record field's type, the
+    envelope's `source`, apart, as a schema reference), the record in the Confluent wire format (a zero byte, the 4-byte id, no Kafka headers) with the id the registry's
     Confluent-compatible API serves (the content id), as geoingest reads it (docs/debezium.md)."""
     settings: dict[str, str] = {}
     for side in ("key", "value"):
@@ -57,9 +57,6 @@ def avro_converters(registry_url: str) -> dict[str, str]:
             ("as-confluent", "true"),
             ("use-id", "contentId"),
             ("headers.enabled", "false"),
-            # The whole schema registered under its id: by default a record field's type (the
-            # envelope's `source`) is registered apart and only referred to by name.
-            ("dereference-schema", "true"),
         ):
             settings[f"{side}.converter.apicurio.registry.{option}"] = value
     return settings

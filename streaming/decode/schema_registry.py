@@ -1,7 +1,8 @@
 """A client of a schema registry's Confluent-compatible REST API, with a cache of schemas by id.
 
 Registry-encoded Kafka values (the Confluent wire format) start with a zero byte and a 4-byte
-big-endian schema id; the schema is fetched once per id (`GET <url>/schemas/ids/<id>`) and kept:
+big-endian schema id; the schema is fetched once per id (`GET <url>/schemas/ids/<id>`), with the
+schemas it refers to (`references`: `GET <url>/subjects/<subject>/versions/<version>`), and kept:
 an id names one schema for good, so the cache is never invalidated. Apicurio Registry serves this
 API under `/apis/ccompat/v7`, Confluent's Schema Registry and Karapace at their root.
 
@@ -22,6 +23,7 @@ import ssl
 import threading
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -45,6 +47,8 @@ class RegisteredSchema:
     id: int
     schema_type: str  # "AVRO" or "PROTOBUF" (the registry's names)
     text: str
+    # The schemas it refers to by name (schema references), each after the ones it refers to.
+    references: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -114,12 +118,35 @@ class SchemaRegistryClient:
                 f"schema registry at {self.settings.url}: GET /schemas/ids/{schema_id} answered "
                 f"{str(body)[:200]!r}, which is not a schema"
             )
-        found = RegisteredSchema(schema_id, str(body.get("schemaType") or "AVRO").upper(), body["schema"])
+        references = tuple(self._references(body, schema_id, set()))
+        found = RegisteredSchema(schema_id, str(body.get("schemaType") or "AVRO").upper(), body["schema"], references)
         with self._lock:
             self._schemas[schema_id] = found
         return found
 
-    def _get(self, path: str, schema_id: int) -> object:
+    def _references(self, body: dict, schema_id: int, seen: set[tuple[str, str]]) -> list[str]:
+        """The texts of the schemas `body` refers to (`references`: subject and version each), the
+        ones they refer to first. A reference the registry does not have is left out: the schema
+        then names a type it does not define, which the compiler reports."""
+        texts: list[str] = []
+        for reference in body.get("references") or ():
+            if not isinstance(reference, dict):
+                continue
+            key = (str(reference.get("subject", "")), str(reference.get("version", "")))
+            if key in seen:
+                continue
+            seen.add(key)
+            path = f"/subjects/{urllib.parse.quote(key[0], safe='')}/versions/{urllib.parse.quote(key[1], safe='')}"
+            try:
+                referred = self._get(path, None)
+            except UnknownSchemaId:
+                continue
+            if isinstance(referred, dict) and isinstance(referred.get("schema"), str):
+                texts += self._references(referred, schema_id, seen)
+                texts.append(referred["schema"])
+        return texts
+
+    def _get(self, path: str, schema_id: int | None) -> object:
         url = f"{self.settings.url}{path}"
         request = urllib.request.Request(url, headers=self._headers)
         self.requests += 1
@@ -129,8 +156,9 @@ class SchemaRegistryClient:
         except urllib.error.HTTPError as exc:
             detail = exc.read()[:300].decode(errors="replace")
             if exc.code == 404:
-                with self._lock:
-                    self._unknown[schema_id] = time.monotonic()
+                if schema_id is not None:
+                    with self._lock:
+                        self._unknown[schema_id] = time.monotonic()
                 raise UnknownSchemaId(schema_id) from None
             raise RegistryUnavailable(
                 f"schema registry at {self.settings.url} answered GET {path} with HTTP {exc.code}: {detail}"

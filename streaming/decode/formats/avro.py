@@ -17,13 +17,15 @@ does not know. A registry that cannot be reached stops the batch (RegistryUnavai
 
 Supported schemas: records (nested too) of null, boolean, int, long, float, double, bytes, string,
 enum and fixed, unions of null and one other type (optional fields), logical types on them
-(timestamp-millis / -micros read as timestamps). Arrays, maps and unions of several non-null types
+(timestamp-millis / -micros read as timestamps), types named from schemas it refers to (schema
+references, fetched with it). Arrays, maps and unions of several non-null types
 reject their records with `schema_not_supported`.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -38,6 +40,7 @@ from streaming.decode.formats.base import Decoded, InputFormat
 from streaming.decode.formats.wkb import EWKB_SRID_FLAG, read_wkb
 from streaming.decode.rejects import Reason, Rejects
 from streaming.decode.schema_registry import (
+    RegisteredSchema,
     RegistrySettings,
     SchemaRegistryClient,
     UnknownSchemaId,
@@ -89,13 +92,17 @@ class Plan:
     leaves: dict[str, Node]  # column name -> its leaf node
 
 
-def compile_schema(schema_id: int, text: str) -> Plan:
-    """A reading plan of an Avro schema (JSON text); raises UnsupportedSchema."""
+def compile_schema(schema_id: int, text: str, references: Sequence[str] = ()) -> Plan:
+    """A reading plan of an Avro schema (JSON text), the types it names from the schemas it refers
+    to (`references`, each after those it uses); raises UnsupportedSchema."""
     try:
         raw = json.loads(text)
+        referred = [json.loads(r) for r in references]
     except ValueError as exc:
         raise UnsupportedSchema(f"schema id {schema_id} is not Avro schema JSON: {exc}") from None
     named: dict[str, Any] = {}
+    for schema in referred:
+        _compile(schema, "", named, {}, None)
     leaves: dict[str, Node] = {}
     root = _compile(raw, "", named, leaves, None)
     if root.kind != "record":
@@ -441,7 +448,7 @@ class AvroFormat(InputFormat):
                 )
             else:
                 try:
-                    cached = self.compile(schema_id, registered.text)
+                    cached = self.compile(registered)
                 except UnsupportedSchema as exc:
                     cached = exc
             self._plans[schema_id] = cached
@@ -449,8 +456,8 @@ class AvroFormat(InputFormat):
             raise cached
         return cached
 
-    def compile(self, schema_id: int, text: str) -> Plan:
-        return compile_schema(schema_id, text)
+    def compile(self, registered: RegisteredSchema) -> Plan:
+        return compile_schema(registered.id, registered.text, registered.references)
 
     def reader(self, plan: Plan, data: np.ndarray, start: np.ndarray, end: np.ndarray) -> RecordReader:
         return RecordReader(plan, data, start, end)

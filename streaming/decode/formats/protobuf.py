@@ -26,6 +26,7 @@ from typing import ClassVar
 import numpy as np
 
 from streaming.decode.formats.avro import AvroFormat, Node, Plan, RecordReader, UnsupportedSchema
+from streaming.decode.schema_registry import RegisteredSchema
 
 # proto type -> (the reader's kind, how it is encoded)
 _SCALARS = {
@@ -224,8 +225,8 @@ class ProtobufFormat(AvroFormat):
     described: ClassVar[str] = "a Protobuf message in the Confluent wire format"
     schema_type: ClassVar[str] = "PROTOBUF"
 
-    def compile(self, schema_id: int, text: str) -> Plan:
-        return compile_proto(schema_id, text)
+    def compile(self, registered: RegisteredSchema) -> Plan:
+        return compile_proto(registered.id, registered.text)
 
     def reader(self, plan: Plan, data: np.ndarray, start: np.ndarray, end: np.ndarray) -> RecordReader:
         return ProtoReader(plan, data, start, end)

@@ -9,6 +9,8 @@ tests/streaming/decode/formats/test_debezium_avro_service.py runs the real conne
 from __future__ import annotations
 
 import copy
+import json
+import urllib.request
 import uuid
 from typing import NamedTuple
 
@@ -54,7 +56,35 @@ def optional(avro_type: object) -> list:
     return ["null", avro_type]
 
 
-def envelope(prefix: str, height: bool = False) -> dict:
+SOURCE_FIELDS = [
+    {"name": "version", "type": "string"},
+    {"name": "connector", "type": "string"},
+    {"name": "name", "type": "string"},
+    {"name": "ts_ms", "type": "long"},
+    {"name": "snapshot", "type": [ENUM_STRING, "null"], "default": "false"},
+    {"name": "db", "type": "string"},
+    {"name": "sequence", "type": optional("string"), "default": None},
+    {"name": "ts_us", "type": optional("long"), "default": None},
+    {"name": "ts_ns", "type": optional("long"), "default": None},
+    {"name": "schema", "type": "string"},
+    {"name": "table", "type": "string"},
+    {"name": "txId", "type": optional("long"), "default": None},
+    {"name": "lsn", "type": optional("long"), "default": None},
+    {"name": "xmin", "type": optional("long"), "default": None},
+    {"name": "origin", "type": optional("string"), "default": None},
+    {"name": "origin_lsn", "type": optional("long"), "default": None},
+]
+SOURCE = {
+    "type": "record",
+    "name": "Source",
+    "namespace": "io.debezium.connector.postgresql",
+    "fields": SOURCE_FIELDS,
+    "connect.version": 1,
+    "connect.name": "io.debezium.connector.postgresql.Source",
+}
+
+
+def envelope(prefix: str, height: bool = False, source: object = SOURCE) -> dict:
     """The value schema of `<prefix>.public.places` (id bigint, name text, geom geometry[, height
     float8]) as the Avro converter writes Debezium's Connect schema."""
     row = [
@@ -64,24 +94,6 @@ def envelope(prefix: str, height: bool = False) -> dict:
     ]
     if height:
         row.append({"name": "height", "type": optional("double"), "default": None})
-    source = [
-        {"name": "version", "type": "string"},
-        {"name": "connector", "type": "string"},
-        {"name": "name", "type": "string"},
-        {"name": "ts_ms", "type": "long"},
-        {"name": "snapshot", "type": [ENUM_STRING, "null"], "default": "false"},
-        {"name": "db", "type": "string"},
-        {"name": "sequence", "type": optional("string"), "default": None},
-        {"name": "ts_us", "type": optional("long"), "default": None},
-        {"name": "ts_ns", "type": optional("long"), "default": None},
-        {"name": "schema", "type": "string"},
-        {"name": "table", "type": "string"},
-        {"name": "txId", "type": optional("long"), "default": None},
-        {"name": "lsn", "type": optional("long"), "default": None},
-        {"name": "xmin", "type": optional("long"), "default": None},
-        {"name": "origin", "type": optional("string"), "default": None},
-        {"name": "origin_lsn", "type": optional("long"), "default": None},
-    ]
     block = {
         "type": "record",
         "name": "block",
@@ -102,17 +114,7 @@ def envelope(prefix: str, height: bool = False) -> dict:
         "fields": [
             {"name": "before", "type": optional(value), "default": None},
             {"name": "after", "type": optional("Value"), "default": None},
-            {
-                "name": "source",
-                "type": {
-                    "type": "record",
-                    "name": "Source",
-                    "namespace": "io.debezium.connector.postgresql",
-                    "fields": source,
-                    "connect.version": 1,
-                    "connect.name": "io.debezium.connector.postgresql.Source",
-                },
-            },
+            {"name": "source", "type": source},
             {"name": "transaction", "type": optional(block), "default": None},
             {"name": "op", "type": "string"},
             {"name": "ts_ms", "type": optional("long"), "default": None},
@@ -315,3 +317,29 @@ def test_a_column_added_in_a_new_schema_version_is_seen_for_schema_evolution(sch
     # and the decoder reads the new version's rows as the old one's
     for r in decoder(schema_registry).decode(batch).to_pylist():
         assert_valid(r)
+
+
+def test_an_envelope_that_names_its_source_record_registered_apart_is_read_with_it(schema_registry):
+    # What Apicurio's converter registers unless told to dereference (apicurio.registry.dereference-schema):
+    # the envelope names its `source` record, a schema of its own (a schema reference).
+    prefix = f"dbz{uuid.uuid4().hex[:8]}"
+    register(schema_registry.url, f"{prefix}-source", SOURCE)
+    full_name = f"{SOURCE['namespace']}.{SOURCE['name']}"
+    request = urllib.request.Request(
+        f"{schema_registry.url}/subjects/{prefix}.public.places-value/versions",
+        data=json.dumps(
+            {
+                "schema": json.dumps(envelope(prefix, source=full_name)),
+                "references": [{"name": full_name, "subject": f"{prefix}-source", "version": 1}],
+            }
+        ).encode(),
+        headers={"Content-Type": "application/vnd.schemaregistry.v1+json"},
+        method="POST",
+    )
+    with urllib.request.urlopen(request, timeout=30) as response:
+        schema_id = int(json.loads(response.read())["id"])
+    point = shapely.Point(13.4, 52.5)
+    body = avro_bytes(envelope(prefix), change("c", row(1, point), lsn=77))  # the same bytes either way
+    [r] = decoder(schema_registry).decode(kafka_batch([wire(schema_id, body)])).to_pylist()
+    assert_valid(r)
+    assert (r["id"], r["name"], geometry_of(r).coords[0]) == (1, "p1", (13.4, 52.5))

@@ -106,6 +106,9 @@ def test_a_postgis_table_is_mirrored_through_debezium_with_avro_through_the_regi
         (schema_id,) = struct.unpack(">I", raw[1:5])
         registered = client.schema(schema_id)
         assert registered.schema_type == "AVRO" and f'"name":"{record_name}"' in registered.text.replace(" ", "")
+    # The converter registers the envelope's `source` record apart, which the envelope names: the
+    # client fetched it with the envelope (a schema reference).
+    assert any('"name":"Source"' in text.replace(" ", "") for text in registered.references)
 
     settings = load_settings(
         env={},
