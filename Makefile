@@ -48,6 +48,7 @@ check: setup
 bench: setup
 	$(PY) -m pip install --quiet --editable ".[test,bench]"
 	PYTHONPATH=$(CURDIR) $(PY) bench/ingest.py
+	PYTHONPATH=$(CURDIR) $(PY) bench/sustained.py
 	PYTHONPATH=$(CURDIR) $(PY) bench/lakehouse.py
 	PYTHONPATH=$(CURDIR) $(PY) bench/pruning.py
 	PYTHONPATH=$(CURDIR) $(PY) bench/antimeridian.py

@@ -38,6 +38,7 @@ import time
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # run as a script: app/ and streaming/ live at the project root
@@ -156,7 +157,48 @@ def table_name(topic: str, max_offsets_per_trigger: int) -> str:
 
 
 # -- the caller's side ----------------------------------------------------------------------------
-def run_plain_stack(
+@dataclass
+class PlainStackProcess:
+    """A plain stack's query running in a child process of its own session (its JVM and Python
+    workers go with it): its folder, the Iceberg table's folder, and the process."""
+
+    spec: PlainStackRun
+    process: subprocess.Popen
+    log_path: Path
+
+    @property
+    def table_location(self) -> Path:
+        """The table's folder in the Hadoop catalog's warehouse (metadata/ holds its versions)."""
+        _, namespace, name = table_name(self.spec.topic, self.spec.max_offsets_per_trigger).split(".")
+        return Path(self.spec.run_dir) / "warehouse" / namespace / name
+
+    def wait(self) -> dict:
+        """Its figures, once it consumed and committed `expected_events` (or failed)."""
+        spec, process = self.spec, self.process
+        try:
+            process.wait(timeout=spec.timeout_s + 300)
+        except subprocess.TimeoutExpired as error:
+            raise PlainStackError(
+                f"plain stack on topic {spec.topic!r} ran past {spec.timeout_s + 300:.0f} s; log: {self.log_path}\n"
+                f"{_tail(self.log_path)}"
+            ) from error
+        finally:
+            self.stop()
+        result_path = Path(spec.run_dir) / "result.json"
+        if process.returncode != 0 or not result_path.exists():
+            raise PlainStackError(
+                f"plain stack on topic {spec.topic!r} (batches of {spec.max_offsets_per_trigger}, trigger "
+                f"{spec.trigger!r}) exited with {process.returncode}; log: {self.log_path}\n{_tail(self.log_path)}"
+            )
+        return json.loads(result_path.read_text())
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait()
+
+
+def launch_plain_stack(
     bootstrap: str,
     topic: str,
     fmt: str,
@@ -169,9 +211,9 @@ def run_plain_stack(
     driver_memory: str = "4g",
     timeout_s: float = 3600.0,
     warmup_topic: str | None = None,
-) -> dict:
-    """Run the plain stack over `topic` from the earliest offset in a fresh Python process and
-    JVM, until `expected_events` are consumed and committed; returns its figures.
+) -> PlainStackProcess:
+    """Start the plain stack over `topic` from the earliest offset in a fresh Python process and
+    JVM; it stops once `expected_events` are consumed and committed (or at `stop()`).
 
     `trigger`: a processingTime interval (the default "0 seconds" is a service catching up on a
     backlog) or "availableNow". Each run works in a new folder under `workdir` (warehouse,
@@ -210,28 +252,17 @@ def run_plain_stack(
     log_path = run_dir / "plain-stack.log"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
     with open(log_path, "wb") as log:
-        # Its own session, so that its JVM and Python workers go with it if this caller gives up.
         command = [sys.executable, str(Path(__file__).resolve()), "--child", str(run_dir / "spec.json")]
         process = subprocess.Popen(
             command, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=str(ROOT), start_new_session=True
         )
-        try:
-            process.wait(timeout=timeout_s + 300)
-        except subprocess.TimeoutExpired as error:
-            raise PlainStackError(
-                f"plain stack on topic {topic!r} ran past {timeout_s + 300:.0f} s; log: {log_path}\n{_tail(log_path)}"
-            ) from error
-        finally:
-            if process.poll() is None:
-                os.killpg(process.pid, signal.SIGKILL)
-                process.wait()
-    result_path = run_dir / "result.json"
-    if process.returncode != 0 or not result_path.exists():
-        raise PlainStackError(
-            f"plain stack on topic {topic!r} (batches of {max_offsets_per_trigger}, trigger "
-            f"{trigger!r}) exited with {process.returncode}; log: {log_path}\n{_tail(log_path)}"
-        )
-    return json.loads(result_path.read_text())
+    return PlainStackProcess(spec, process, log_path)
+
+
+def run_plain_stack(*args: Any, **kwargs: Any) -> dict:
+    """`launch_plain_stack(...)`, waited for: its figures (events/s from query start to the last
+    commit, batches, rows read back from the table, seconds per stage, session start apart)."""
+    return launch_plain_stack(*args, **kwargs).wait()
 
 
 def _tail(path: Path, lines: int = 40) -> str:

@@ -1,0 +1,466 @@
+"""Sustained capacity: the highest steady rate each stack holds for --hold seconds with its lag
+bounded, per dataset, and its freshness there. The headline figure of `make bench`; the burst
+figures of bench/ingest.py (400,000 events drained from a backlog) are secondary.
+
+One broker; for each dataset (bench/ingest.py's events: GeoJSON points, WKB points, WKB polygons)
+and each stack, a topic of its own and the stack running on it as a service runs, trigger
+"0 seconds", from an empty topic:
+
+  geoingest (spark-kafka)  `geoingest run` on the demo contract, every setting at its default
+  geoingest (python)       the same with its Python source
+  plain                    the hand-wired stack of bench/plain_stack.py (Spark's Kafka source,
+                           Sedona, iceberg-spark-runtime), its query left running
+
+A producer process (confluent-kafka, paced every 10 ms) sends the dataset's events at a rate the
+bench changes as it goes, so a stack is started once per dataset:
+
+  ramp     steps of --step-seconds, each --step times the last, from --start times the stack's
+           burst figure (bench/results/ingest.json, 1,000,000 events per batch) until a step's lag
+           is not bounded
+  drain    at half the last rate held, until the lag is back under --lag-bound seconds of events
+  hold     the last rate held, for --hold seconds; if its lag is not bounded, drain and hold again
+           at --step-down of it, up to --tries times
+
+Lag is the topic's end offsets less what the table holds (geoingest: the offsets its snapshots
+record; the plain stack: its rows), sampled every 2 s, in seconds of events at the rate asked.
+A step or hold is bounded when the lag at its end and its mean over its second half are under
+--lag-bound seconds, the lag did not grow over the second half by more than a third of the bound,
+and after its first 20 s it never passed twice the bound. Freshness over the hold: every row
+added by an append committed in it, from its Kafka timestamp to that commit (p50, p99), read
+from the table as bench/freshness.py does. The service runs on its defaults (maintenance
+beside, at most 100 snapshots kept), so its freshness comes from the hold's appends its expiry
+kept (the last 100 or more); the plain stack keeps every snapshot.
+
+The producer shares the 2 cores with the stack, as a producer on the same host would.
+
+Writes bench/results/sustained.json and sustained.md (--results names them otherwise).
+
+    .venv/bin/python bench/sustained.py [--datasets geojson-points,wkb-points,wkb-polygons]
+        [--stacks spark-kafka,python,plain] [--hold 180] [--step-seconds 30] [--lag-bound 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing
+import os
+import signal
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # the service harness lives in tests/
+sys.path.insert(0, str(ROOT / "bench"))  # bench/ingest.py's imports of its neighbours
+
+import numpy as np  # noqa: E402
+import pyarrow.parquet as pq  # noqa: E402
+
+from bench.ingest import make_events  # noqa: E402
+from bench.plain_stack import DATASET_FORMATS, PlainStackProcess, launch_plain_stack  # noqa: E402
+from bench.upsert import broker_topic  # noqa: E402
+from streaming.table.commit import recorded_offsets  # noqa: E402
+from tests.streaming.job.test_chaos import (  # noqa: E402
+    CONTRACT,
+    Service,
+    catalog_of,
+    end_offsets,
+    kafka_client,
+    service_env,
+    wait_for,
+)
+from tests.streaming.job.test_faults import start_broker  # noqa: E402
+
+RESULTS = ROOT / "bench" / "results"
+STACKS = ("spark-kafka", "python", "plain")
+# The burst figure each stack's ramp starts from, when bench/results/ingest.json has none.
+BURST_KEYS = {"spark-kafka": "batch", "python": "python", "plain": "plain"}
+POOL = 50_000  # distinct events a producer cycles through
+SAMPLE_S = 2.0
+SETTLE_S = 20.0  # a stage's first seconds, while the lag of the last rate settles
+
+
+def produce_steadily(bootstrap: str, topic: str, dataset: str, rate, stop, sent) -> None:
+    """A child process: the dataset's events at `rate.value` events/s (read every 10 ms) until
+    `stop` is set; `sent.value` counts what it handed to the client."""
+    from confluent_kafka import Producer
+
+    events = make_events(dataset, POOL)
+    keys, values = [e.key for e in events], [e.value for e in events]
+    producer = Producer(
+        {"bootstrap.servers": bootstrap, "linger.ms": 5, "batch.num.messages": 10000, "compression.type": "lz4"}
+    )
+    tick, due, count = 0.01, 0.0, 0
+    next_tick = time.monotonic()
+    parent = os.getppid()
+    while not stop.is_set() and os.getppid() == parent:  # gone with the bench, however it ends
+        due += rate.value * tick
+        while count < due:
+            try:
+                producer.produce(topic, values[count % POOL], keys[count % POOL])
+            except BufferError:
+                producer.poll(0.001)
+                continue
+            count += 1
+        sent.value = count
+        producer.poll(0)
+        next_tick += tick
+        pause = next_tick - time.monotonic()
+        if pause > 0:
+            time.sleep(pause)
+        elif pause < -1.0:
+            next_tick = time.monotonic()  # fell behind by a second: the rate asked is above what it can send
+    producer.flush(60)
+    sent.value = count
+
+
+@dataclass
+class Stage:
+    kind: str  # "ramp", "drain" or "hold"
+    rate: int
+    started: float  # epoch seconds
+    ended: float = 0.0
+    lag_s: list[tuple[float, float]] = field(default_factory=list)  # (epoch s, lag in seconds of events)
+    bounded: bool = False
+    sent_rate: int = 0
+    load: float = 0.0  # the machine's 1-minute load average at the stage's end: other work on the cores
+
+    def judge(self, bound_s: float, settle_s: float) -> bool:
+        second_half = [lag for t, lag in self.lag_s if t >= (self.started + self.ended) / 2]
+        settled = [lag for t, lag in self.lag_s if t >= self.started + settle_s]
+        if not second_half:
+            return False
+        grew = second_half[-1] - second_half[0]
+        self.bounded = (
+            second_half[-1] < bound_s
+            and float(np.mean(second_half)) < bound_s
+            and grew < bound_s / 3
+            and max(settled, default=0.0) < 2 * bound_s
+        )
+        return self.bounded
+
+    def shown(self) -> dict:
+        lags = [lag for _, lag in self.lag_s]
+        return {
+            "kind": self.kind,
+            "rate": self.rate,
+            "sent_rate": self.sent_rate,
+            "seconds": round(self.ended - self.started, 1),
+            "bounded": self.bounded,
+            "lag_s_end": round(lags[-1], 2) if lags else None,
+            "lag_s_max": round(max(lags), 2) if lags else None,
+            "load": round(self.load, 1),
+        }
+
+
+class Run:
+    """One stack on one topic, the producer beside it, stepped through stages."""
+
+    def __init__(self, bootstrap: str, topic: str, dataset: str, lag_events: Callable[[], int], bound_s: float):
+        self.bootstrap, self.topic, self.lag_events, self.bound_s = bootstrap, topic, lag_events, bound_s
+        spawn = multiprocessing.get_context("spawn")
+        self.rate, self.stop, self.sent = spawn.Value("d", 0.0), spawn.Event(), spawn.Value("q", 0)
+        self.producer = spawn.Process(
+            target=produce_steadily, args=(bootstrap, topic, dataset, self.rate, self.stop, self.sent), daemon=True
+        )
+        self.producer.start()
+        self.stages: list[Stage] = []
+
+    def stage(self, kind: str, rate: int, seconds: float, until_drained: bool = False) -> Stage:
+        self.rate.value = float(rate)
+        stage = Stage(kind, rate, time.time())
+        sent_before, began = self.sent.value, time.monotonic()
+        while time.monotonic() - began < seconds:
+            time.sleep(SAMPLE_S)
+            if not self.producer.is_alive():
+                raise RuntimeError(f"the producer of topic {self.topic!r} stopped (exit {self.producer.exitcode})")
+            stage.lag_s.append((time.time(), self.lag_events() / max(rate, 1)))
+            if until_drained and stage.lag_s[-1][1] < self.bound_s / 2:
+                break
+        stage.ended = time.time()
+        stage.load = os.getloadavg()[0]
+        stage.sent_rate = round((self.sent.value - sent_before) / max(time.monotonic() - began, 1e-9))
+        stage.judge(self.bound_s, SETTLE_S)
+        self.stages.append(stage)
+        print(json.dumps({"topic": self.topic, **stage.shown()}), flush=True)
+        return stage
+
+    def close(self) -> None:
+        self.stop.set()
+        self.producer.join(90)
+        if self.producer.is_alive():
+            self.producer.kill()
+
+
+def find_capacity(run: Run, start_rate: int, args: argparse.Namespace) -> Stage | None:
+    """Ramp, then hold the last rate held (stepping down if it does not hold): the hold kept."""
+    rate, held = start_rate, 0
+    for _ in range(args.max_steps):
+        if run.stage("ramp", rate, args.step_seconds).bounded:
+            held, rate = rate, int(rate * args.step)
+        elif held:
+            break
+        else:
+            run.stage("drain", max(rate // 4, 1000), args.drain_seconds, until_drained=True)
+            rate = int(rate / args.step / args.step)
+    for _ in range(args.tries):
+        if not held:
+            return None
+        run.stage("drain", held // 2, args.drain_seconds, until_drained=True)
+        hold = run.stage("hold", held, args.hold)
+        if hold.bounded:
+            return hold
+        held = int(held * args.step_down)
+    return None
+
+
+def ages_in(table, since_ms: int, until_ms: int) -> np.ndarray:
+    """Seconds from each row's event_time (its Kafka timestamp) to the commit of the snapshot that
+    added it, for snapshots committed within [since_ms, until_ms]."""
+    from pyiceberg.manifest import ManifestEntryStatus
+    from pyiceberg.table.snapshots import Operation
+
+    ages = []
+    for snapshot in table.metadata.snapshots:
+        # Appends only: a compaction's files hold old rows, a manifest merge re-lists old files.
+        if not since_ms <= snapshot.timestamp_ms <= until_ms or snapshot.summary.operation != Operation.APPEND:
+            continue
+        for manifest in snapshot.manifests(table.io):
+            if manifest.added_snapshot_id != snapshot.snapshot_id:
+                continue
+            for entry in manifest.fetch_manifest_entry(table.io, discard_deleted=True):
+                if entry.status != ManifestEntryStatus.ADDED or entry.snapshot_id != snapshot.snapshot_id:
+                    continue
+                with table.io.new_input(entry.data_file.file_path).open() as stream:
+                    times = pq.read_table(stream, columns=["event_time"]).column("event_time")
+                event_ms = times.cast("int64").to_numpy() // 1000
+                ages.append((snapshot.timestamp_ms - event_ms) / 1000)
+    return np.concatenate(ages) if ages else np.zeros(0)
+
+
+def plain_table(stack: PlainStackProcess):
+    from pyiceberg.table import StaticTable
+
+    versions = sorted(
+        (stack.table_location / "metadata").glob("v*.metadata.json"), key=lambda p: int(p.name[1:].split(".")[0])
+    )
+    return StaticTable.from_metadata(str(versions[-1])) if versions else None
+
+
+def one_stack(bootstrap: str, workdir: Path, dataset: str, stack: str, start_rate: int, args) -> dict:
+    topic = f"sustained-{dataset}-{stack}"
+    broker_topic(bootstrap, topic)
+    client = {"bootstrap_servers": bootstrap}
+    service: Service | None = None
+    plain: PlainStackProcess | None = None
+    if stack == "plain":
+        plain = launch_plain_stack(
+            bootstrap, topic, DATASET_FORMATS[dataset], 10**12, 2_000_000, workdir=workdir, timeout_s=24 * 3600
+        )
+
+        def consumed() -> int:
+            table = plain_table(plain)
+            return int(table.current_snapshot().summary["total-records"]) if table and table.current_snapshot() else 0
+
+        def started() -> bool:
+            # Spark writes the checkpoint's metadata as the query starts.
+            return plain.process.poll() is None and (Path(plain.spec.run_dir) / "checkpoint" / "metadata").exists()
+
+        def table():
+            return plain_table(plain)
+    else:
+        env = service_env(
+            bootstrap,
+            topic,
+            workdir / topic,
+            GEOINGEST_TRIGGER_INTERVAL="0 seconds",
+            GEOINGEST_MAX_OFFSETS_PER_TRIGGER="2000000",
+            GEOINGEST_DRIVER_MEMORY="2g",
+            GEOINGEST_SOURCE=stack,
+        )
+        from streaming.table.catalog import create_table
+
+        create_table(catalog_of(env), CONTRACT)
+        (workdir / topic).mkdir(parents=True, exist_ok=True)
+        service = Service(env, workdir / topic, "service")
+        client = kafka_client(env)
+        geo = catalog_of(env).load_table(CONTRACT.table)
+
+        def consumed() -> int:
+            geo.refresh()
+            return sum(last + 1 for _, last in recorded_offsets(geo).get(topic, {}).values())
+
+        def started() -> bool:
+            return service.query_started()
+
+        def table():
+            geo.refresh()
+            return geo
+
+    try:
+        if not wait_for(started, timeout=300, service=service):
+            raise RuntimeError(f"{stack} on {dataset} did not start")
+        time.sleep(5)
+
+        def lag() -> int:
+            return sum(end_offsets(client, topic).values()) - consumed()
+
+        run = Run(bootstrap, topic, dataset, lag, args.lag_bound)
+        try:
+            hold = find_capacity(run, start_rate, args)
+        finally:
+            run.close()
+        result: dict = {"dataset": dataset, "stack": stack, "stages": [s.shown() for s in run.stages]}
+        if hold is None:
+            return {**result, "capacity": None}
+        ages = ages_in(table(), int(hold.started * 1000), int(hold.ended * 1000))
+        q = np.percentile(ages, [50, 99]) if ages.size else [float("nan")] * 2
+        return {
+            **result,
+            "capacity": hold.rate,
+            "sent_rate": hold.sent_rate,
+            "hold_s": round(hold.ended - hold.started),
+            "lag_s_max": round(max(lag for _, lag in hold.lag_s), 2),
+            "load": round(hold.load, 1),
+            "p50_s": round(float(q[0]), 3),
+            "p99_s": round(float(q[1]), 3),
+            "rows_measured": int(ages.size),
+        }
+    finally:
+        if service is not None:
+            service.stop()
+        if plain is not None:
+            plain.stop()
+
+
+def burst_figures() -> dict[tuple[str, str], int]:
+    """(dataset, stack) -> events/s of bench/ingest.py's last run at 1,000,000 events per batch,
+    and (dataset, "limit chain")."""
+    path = RESULTS / "ingest.json"
+    if not path.exists():
+        return {}
+    figures: dict[tuple[str, str], int] = {}
+    for dataset, result in json.loads(path.read_text()).get("datasets", {}).items():
+        for stack, key in BURST_KEYS.items():
+            rate = (result.get("runs", {}).get(f"{key}-1000000") or {}).get("events_per_s")
+            if rate:
+                figures[(dataset, stack)] = int(rate)
+        if rate := (result.get("limit_chain") or {}).get("events_per_s"):
+            figures[(dataset, "limit chain")] = int(rate)
+    return figures
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--datasets", default=",".join(DATASET_FORMATS))
+    parser.add_argument("--stacks", default=",".join(STACKS))
+    parser.add_argument("--hold", type=float, default=180, help="seconds a capacity must be held")
+    parser.add_argument("--step-seconds", type=float, default=30, help="seconds of each ramp step")
+    parser.add_argument("--step", type=float, default=1.25, help="each ramp step's rate over the last")
+    parser.add_argument("--step-down", type=float, default=0.85, help="a failed hold's next rate over its own")
+    parser.add_argument("--start", type=float, default=1.0, help="the ramp's first rate over the burst figure")
+    parser.add_argument("--max-steps", type=int, default=8)
+    parser.add_argument("--tries", type=int, default=2)
+    parser.add_argument("--drain-seconds", type=float, default=120)
+    parser.add_argument("--lag-bound", type=float, default=5.0, help="seconds of events")
+    parser.add_argument("--results", default="sustained")
+    parser.add_argument(
+        "--resume", action="store_true", help="keep the runs the results file holds and measure only the others"
+    )
+    args = parser.parse_args()
+    datasets = [d.strip() for d in args.datasets.split(",")]
+    stacks = [s.strip() for s in args.stacks.split(",")]
+    if bad := [d for d in datasets if d not in DATASET_FORMATS] + [s for s in stacks if s not in STACKS]:
+        parser.error(f"unknown dataset or stack: {', '.join(bad)}")
+    burst = burst_figures()
+    # `timeout` and friends send SIGTERM: leave through the finally blocks, stack and broker stopped.
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+    runs: list[dict] = []
+    if args.resume and (RESULTS / f"{args.results}.json").exists():
+        runs = json.loads((RESULTS / f"{args.results}.json").read_text())["runs"]
+    done = {(r["dataset"], r["stack"]) for r in runs}
+    started = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="geoingest-sustained-") as tmp:
+        workdir = Path(tmp)
+        broker = start_broker(workdir / "kafka")
+        try:
+            for dataset in datasets:
+                for stack in stacks:
+                    if (dataset, stack) in done:
+                        continue
+                    start_rate = int(args.start * burst.get((dataset, stack), 40_000))
+                    run = one_stack(broker.bootstrap, workdir, dataset, stack, start_rate, args)
+                    run["burst"] = burst.get((dataset, stack))
+                    run["limit_chain"] = burst.get((dataset, "limit chain"))
+                    print(json.dumps({k: v for k, v in run.items() if k != "stages"}), flush=True)
+                    runs.append(run)
+                    report = {"args": vars(args), "minutes": round((time.monotonic() - started) / 60), "runs": runs}
+                    write_results(report, args.results)  # after each stack: a run cut short keeps what it measured
+        finally:
+            broker.stop()
+
+
+def write_results(report: dict, name: str) -> None:
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / f"{name}.json").write_text(json.dumps(report, indent=2) + "\n")
+    a = report["args"]
+    by = {(r["dataset"], r["stack"]): r for r in report["runs"]}
+    lines = [
+        "# Sustained capacity",
+        "",
+        f"The highest rate each stack held for {a['hold']:.0f} s with its lag under {a['lag_bound']:g} s of events, "
+        "trigger '0 seconds', Spark local[2] on 2 cores shared with the producer; freshness over that hold "
+        f"(Kafka timestamp to commit, every row). The last invocation took {report['minutes']} min "
+        "(with --resume, runs of earlier ones are kept).",
+        "",
+        "| dataset | stack | events/s held | sent | p50 s | p99 s | max lag s | load average | burst (1M per batch) |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in report["runs"]:
+        held = f"{r['capacity']:,}" if r.get("capacity") else "none held"
+        lines.append(
+            f"| {r['dataset']} | {r['stack']} | {held} | {_count(r.get('sent_rate'))} | {r.get('p50_s', '')} "
+            f"| {r.get('p99_s', '')} | {r.get('lag_s_max', '')} | {r.get('load', '')} | {_count(r.get('burst'))} |"
+        )
+    lines += [
+        "",
+        "| dataset | geoingest source | / plain stack (goal 3) | / limit chain (goal 0.5) |",
+        "|---|---|---|---|",
+    ]
+    for (dataset, stack), r in by.items():
+        if stack == "plain" or not r.get("capacity"):
+            continue
+        plain = (by.get((dataset, "plain")) or {}).get("capacity")
+        limit = r.get("limit_chain")
+        lines.append(
+            f"| {dataset} | {stack} | {round(r['capacity'] / plain, 2) if plain else ''} "
+            f"| {round(r['capacity'] / limit, 2) if limit else ''} |"
+        )
+    lines += [
+        "",
+        "Each stage: rate asked (rate sent), kept up or behind, lag at its end / its max (seconds of events), "
+        "load average at its end:",
+        "",
+    ]
+    for r in report["runs"]:
+        stages = "; ".join(
+            f"{s['kind']} {s['rate']:,} ({s['sent_rate']:,}) {'ok' if s['bounded'] else 'behind'} "
+            f"{s['lag_s_end']}/{s['lag_s_max']} (load {s['load']})"
+            for s in r["stages"]
+        )
+        lines.append(f"- {r['dataset']}, {r['stack']}: {stages}")
+    lines.append("")
+    (RESULTS / f"{name}.md").write_text("\n".join(lines))
+    print("\n".join(lines))
+
+
+def _count(value: int | None) -> str:
+    return f"{value:,}" if value else ""
+
+
+if __name__ == "__main__":
+    main()
