@@ -19,6 +19,22 @@ from streaming.table.catalog import open_catalog
 # Jars (Kafka broker, Spark's Kafka connector) are shared with dev work and the demo.
 CACHE_DIR = Path(load_settings(env=dict(os.environ)).cache_dir)
 
+
+def local_settings(kafka: LocalBroker, topic: str, tmp_path: Path, **more):
+    """Settings of a service on the test broker, its embedded SQLite catalog, warehouse and
+    checkpoints under tmp_path, no metrics server; `more` as load_settings takes them."""
+    return load_settings(
+        env={},
+        bootstrap_servers=kafka.bootstrap,
+        topic=topic,
+        metrics_port=0,
+        cache_dir=str(CACHE_DIR),
+        catalog={"type": "sql", "uri": f"sqlite:///{tmp_path / 'c.db'}", "warehouse": f"file://{tmp_path / 'wh'}"},
+        checkpoint_location=str(tmp_path / "ck"),
+        **more,
+    )
+
+
 # The Spark session of a module's shape (local, or a standalone cluster) and the lakehouse's servers.
 from tests.lakehouse import object_store, rest_catalog  # noqa: E402,F401
 from tests.spark_shapes import cluster_spark, spark, spark_cluster, spark_sessions  # noqa: E402,F401

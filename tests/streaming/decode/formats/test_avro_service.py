@@ -10,11 +10,10 @@ import shapely
 
 from app.local.process import free_port
 from app.service import run
-from app.settings import load_settings
 from streaming.contract import parse_contract
 from streaming.table.catalog import create_table, open_catalog
 from tests.app.local.test_schema_registry import V1, V2, register
-from tests.conftest import CACHE_DIR, produce_records
+from tests.conftest import local_settings, produce_records
 from tests.streaming.decode.formats.test_avro import avro_bytes, wire
 from tests.streaming.decode.test_dead_letter_corpus import dead_letters
 
@@ -73,16 +72,8 @@ def test_avro_records_through_the_registry_with_a_schema_change_midstream(
         records.insert(151 * n + 7, (key, value, []))
     assert produce_records(kafka.bootstrap, topic, records) == len(records)
 
-    settings = load_settings(
-        env={},
-        bootstrap_servers=kafka.bootstrap,
-        topic=topic,
-        metrics_port=0,
-        cache_dir=str(CACHE_DIR),
-        catalog={"type": "sql", "uri": f"sqlite:///{tmp_path / 'c.db'}", "warehouse": f"file://{tmp_path / 'wh'}"},
-        checkpoint_location=str(tmp_path / "ck"),
-        max_offsets_per_trigger=250,
-        schema_registry={"url": schema_registry.url},
+    settings = local_settings(
+        kafka, topic, tmp_path, max_offsets_per_trigger=250, schema_registry={"url": schema_registry.url}
     )
     contract = parse_contract(CONTRACT)
     create_table(open_catalog(settings.catalog_name, settings.catalog), contract)
@@ -108,16 +99,7 @@ def test_an_unreachable_registry_stops_the_service_naming_it(kafka, spark, topic
     nowhere = f"http://127.0.0.1:{free_port()}/apis/ccompat/v7"
     value = wire(1, avro_bytes(V1, {"id": "a", "lon": 1.0, "lat": 2.0, "speed": None}))
     assert produce_records(kafka.bootstrap, topic, [(b"a", value, [])]) == 1
-    settings = load_settings(
-        env={},
-        bootstrap_servers=kafka.bootstrap,
-        topic=topic,
-        metrics_port=0,
-        cache_dir=str(CACHE_DIR),
-        catalog={"type": "sql", "uri": f"sqlite:///{tmp_path / 'c.db'}", "warehouse": f"file://{tmp_path / 'wh'}"},
-        checkpoint_location=str(tmp_path / "ck"),
-        schema_registry={"url": nowhere},
-    )
+    settings = local_settings(kafka, topic, tmp_path, schema_registry={"url": nowhere})
     contract = parse_contract({**CONTRACT, "schema_evolution": "off"})
     create_table(open_catalog(settings.catalog_name, settings.catalog), contract)
     with pytest.raises(Exception, match=f"schema registry at {nowhere} is unreachable"):

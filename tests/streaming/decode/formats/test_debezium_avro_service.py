@@ -19,10 +19,9 @@ from kafka import KafkaConsumer, TopicPartition
 
 from app.local.kafka_connect import LocalKafkaConnect
 from app.service import run
-from app.settings import load_settings
 from streaming.decode.schema_registry import RegistrySettings, SchemaRegistryClient
 from streaming.table.catalog import create_table, open_catalog
-from tests.conftest import CACHE_DIR, duckdb_connection, produce_records
+from tests.conftest import duckdb_connection, local_settings, produce_records
 from tests.debezium import connect_db, kafka_connect, postgis, start_connector  # noqa: F401
 from tests.postgres import PostgresServer
 from tests.streaming.decode.formats.test_debezium import PLACES
@@ -110,16 +109,8 @@ def test_a_postgis_table_is_mirrored_through_debezium_with_avro_through_the_regi
     # client fetched it with the envelope (a schema reference).
     assert any('"name":"Source"' in text.replace(" ", "") for text in registered.references)
 
-    settings = load_settings(
-        env={},
-        bootstrap_servers=kafka.bootstrap,
-        topic=topic,
-        metrics_port=0,
-        cache_dir=str(CACHE_DIR),
-        catalog={"type": "sql", "uri": f"sqlite:///{tmp_path / 'c.db'}", "warehouse": f"file://{tmp_path / 'wh'}"},
-        checkpoint_location=str(tmp_path / "ck"),
-        max_offsets_per_trigger=1000,
-        schema_registry={"url": schema_registry.url},
+    settings = local_settings(
+        kafka, topic, tmp_path, max_offsets_per_trigger=1000, schema_registry={"url": schema_registry.url}
     )
     catalog = open_catalog(settings.catalog_name, settings.catalog)
     create_table(catalog, PLACES)

@@ -12,9 +12,8 @@ import shapely
 from pyproj import Transformer
 
 from app.service import run
-from app.settings import load_settings
 from streaming.table.catalog import create_table, open_catalog
-from tests.conftest import CACHE_DIR, produce_records
+from tests.conftest import local_settings, produce_records
 from tests.gpkg_blobs import gpkg, header, kart
 from tests.streaming.decode.formats.test_gpkg import GPKG
 from tests.streaming.decode.test_dead_letter_corpus import dead_letters
@@ -59,16 +58,7 @@ def test_geopackage_records_land_as_rows_and_malformed_ones_as_dead_letters(kafk
         records.insert(37 * n + 5, (key, value, []))
     assert produce_records(kafka.bootstrap, topic, records) == len(records)
 
-    settings = load_settings(
-        env={},
-        bootstrap_servers=kafka.bootstrap,
-        topic=topic,
-        metrics_port=0,
-        cache_dir=str(CACHE_DIR),
-        catalog={"type": "sql", "uri": f"sqlite:///{tmp_path / 'c.db'}", "warehouse": f"file://{tmp_path / 'wh'}"},
-        checkpoint_location=str(tmp_path / "ck"),
-        max_offsets_per_trigger=250,
-    )
+    settings = local_settings(kafka, topic, tmp_path, max_offsets_per_trigger=250)
     contract = dataclasses.replace(GPKG, geometry=dataclasses.replace(GPKG.geometry, invalid_polygons="reject"))
     create_table(open_catalog(settings.catalog_name, settings.catalog), contract)
     totals = run(settings, contract, until_idle=True, spark=spark)

@@ -14,9 +14,8 @@ import shapely
 from pyproj import Transformer
 
 from app.service import run
-from app.settings import load_settings
 from streaming.table.catalog import create_table, open_catalog
-from tests.conftest import CACHE_DIR, produce_records
+from tests.conftest import local_settings, produce_records
 from tests.streaming.decode.formats.test_json_fields import BAD, VEHICLES
 from tests.streaming.decode.formats.test_wkt import BAD as BAD_WKT
 from tests.streaming.decode.test_dead_letter_corpus import dead_letters
@@ -25,19 +24,6 @@ from tests.streaming.decode.test_decoder import WKT_CONTRACT
 pytestmark = pytest.mark.integration
 
 TO_3857 = Transformer.from_crs("EPSG:4326", "EPSG:3857", always_xy=True)
-
-
-def settings_for(kafka, topic, tmp_path):
-    return load_settings(
-        env={},
-        bootstrap_servers=kafka.bootstrap,
-        topic=topic,
-        metrics_port=0,
-        cache_dir=str(CACHE_DIR),
-        catalog={"type": "sql", "uri": f"sqlite:///{tmp_path / 'c.db'}", "warehouse": f"file://{tmp_path / 'wh'}"},
-        checkpoint_location=str(tmp_path / "ck"),
-        max_offsets_per_trigger=250,
-    )
 
 
 def test_vehicle_positions_land_as_rows_and_bad_inputs_as_dead_letters(kafka, spark, topic, tmp_path):
@@ -56,7 +42,7 @@ def test_vehicle_positions_land_as_rows_and_bad_inputs_as_dead_letters(kafka, sp
         records.insert(23 * n + 5, (key, value, []))
     assert produce_records(kafka.bootstrap, topic, records) == len(records)
 
-    settings = settings_for(kafka, topic, tmp_path)
+    settings = local_settings(kafka, topic, tmp_path, max_offsets_per_trigger=250)
     create_table(open_catalog(settings.catalog_name, settings.catalog), VEHICLES)
     totals = run(settings, VEHICLES, until_idle=True, spark=spark)
     assert totals.commits == {"committed": totals.batches}
@@ -99,7 +85,7 @@ def test_wkt_and_ewkt_values_land_as_rows_and_bad_ones_as_dead_letters(kafka, sp
         records.insert(31 * n + 5, (key, value, []))
     assert produce_records(kafka.bootstrap, topic, records) == len(records)
 
-    settings = settings_for(kafka, topic, tmp_path)
+    settings = local_settings(kafka, topic, tmp_path, max_offsets_per_trigger=250)
     contract = dataclasses.replace(
         WKT_CONTRACT, geometry=dataclasses.replace(WKT_CONTRACT.geometry, invalid_polygons="reject")
     )
