@@ -46,8 +46,11 @@ WINDOW = (-10.0, 35.0, 30.0, 60.0)
 
 
 def midnight_ms(days_ago: int) -> int:
+    """The start of the day `days_ago` days before yesterday. The tests write days no later than
+    yesterday: a broker refuses a record stamped more than an hour ahead of its clock (Kafka 4's
+    `log.message.timestamp.after.max.ms`), so "today up to 06:00" fails before 05:00."""
     now = int(time.time() * 1000)
-    return now - now % DAY_MS - days_ago * DAY_MS
+    return now - now % DAY_MS - (days_ago + 1) * DAY_MS
 
 
 def geometry_of(rng: np.random.Generator, i: int) -> dict:

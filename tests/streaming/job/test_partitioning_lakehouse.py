@@ -54,7 +54,7 @@ def file_partitions(table, bucket_dir) -> dict[str, tuple]:
 
 
 def test_a_partitioned_table_on_the_lakehouse_prunes_drops_old_days_and_compacts_within_partitions(lakehouse, tmp_path):
-    # Four days: the last 6 hours of 3 days ago, two whole days, and today up to 06:00.
+    # Four days: the last 6 hours of 4 days ago, two whole days, and yesterday up to 06:00.
     events = make_events(2_000, seed=7, start_ms=midnight_ms(2) - 6 * 3_600_000, span_ms=2 * DAY_MS + 12 * 3_600_000)
     topic = new_topic(lakehouse)
     table_name = "lh_partitioned.events"
@@ -67,7 +67,7 @@ def test_a_partitioned_table_on_the_lakehouse_prunes_drops_old_days_and_compacts
         GEOINGEST_MAINTENANCE_MIN_FILE_AGE_S="0",
         GEOINGEST_MAINTENANCE_SNAPSHOT_MAX_AGE_S="0",
         GEOINGEST_MAINTENANCE_KEEP_SNAPSHOTS="1",
-        GEOINGEST_RETENTION="2 days",
+        GEOINGEST_RETENTION="3 days",
         # The executors' Python workers import the checkout under test, not the one the venv was
         # installed from (an editable install), as the driver does.
         GEOINGEST_SPARK=json.dumps({"spark.executorEnv.PYTHONPATH": str(ROOT)}),
@@ -103,7 +103,7 @@ def test_a_partitioned_table_on_the_lakehouse_prunes_drops_old_days_and_compacts
     assert count["count"] == len(expected)
     assert 0 < count["files_scanned"] <= len(right) < len(partitions), (count, len(right), len(partitions))
 
-    # Retention of 2 days: the oldest day (wholly past) goes, as a delete of its files; the day the
+    # Retention of 3 days: the oldest day (wholly past) goes, as a delete of its files; the day the
     # horizon cuts stays whole. No data file is written, and the dropped ones stay on the bucket
     # (time travel) until expiry.
     oldest = min(days)
