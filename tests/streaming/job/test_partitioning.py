@@ -19,7 +19,6 @@ import shapely
 from kafka import KafkaProducer
 
 from app.service import run
-from app.settings import load_settings
 from streaming.contract import parse_contract
 from streaming.kernels.geohash import covering_cells, enclosing_cells
 from streaming.maintenance.maintain import maintain
@@ -27,7 +26,7 @@ from streaming.maintenance.plan import MaintenancePolicy
 from streaming.read.predicate import Predicate
 from streaming.read.query import query, sql_where
 from streaming.table.catalog import create_table, open_catalog
-from tests.conftest import CACHE_DIR, duckdb_connection
+from tests.conftest import duckdb_connection, local_settings
 from tests.streaming.write.test_upsert import (
     every_snapshot_matches,
     record_positions,
@@ -93,19 +92,6 @@ def produce_timed(bootstrap: str, topic: str, records: list[tuple[bytes, bytes |
         producer.close()
 
 
-def service_settings(kafka, topic: str, tmp_path: Path, **more):
-    return load_settings(
-        env={},
-        bootstrap_servers=kafka.bootstrap,
-        topic=topic,
-        catalog={"type": "sql", "uri": f"sqlite:///{tmp_path / 'c.db'}", "warehouse": f"file://{tmp_path / 'wh'}"},
-        checkpoint_location=str(tmp_path / "ck"),
-        metrics_port=0,
-        cache_dir=str(CACHE_DIR),
-        **more,
-    )
-
-
 def brute_force(events, bbox, lo_ms: int, hi_ms: int) -> set[str]:
     box = shapely.box(*bbox)
     return {
@@ -142,7 +128,7 @@ def test_a_stream_over_days_and_places_lands_in_its_partitions_and_queries_prune
 ):
     contract = parse_contract({**DEMO, "partition": SPEC})
     assert produce_timed(kafka.bootstrap, topic, events) == len(events)
-    settings = service_settings(
+    settings = local_settings(
         kafka, topic, tmp_path, clustering=clustering, source=source, max_offsets_per_trigger=1_500
     )
     create_table(open_catalog(settings.catalog_name, settings.catalog), contract)
@@ -326,7 +312,7 @@ def test_an_upsert_stream_moving_across_days_and_cells_keeps_one_current_row_per
     assert produce_timed(kafka.bootstrap, topic, records) == len(records)
     with_headers = [(k, v, []) for k, v, _ in records]
     positions = record_positions(kafka.bootstrap, topic, with_headers)
-    settings = service_settings(kafka, topic, tmp_path, clustering="batch", max_offsets_per_trigger=1_000)
+    settings = local_settings(kafka, topic, tmp_path, clustering="batch", max_offsets_per_trigger=1_000)
     create_table(open_catalog(settings.catalog_name, settings.catalog), contract)
     totals = run(settings, contract, until_idle=True, spark=spark)
     assert totals.commits.get("failed", 0) == 0 and totals.batches >= 4
@@ -357,7 +343,7 @@ def test_the_cell_length_evolves_and_a_window_over_old_and_new_files_stays_exact
 
     raw = {**DEMO, "partition": ["day(event_time)", "geohash(geometry, 1)"]}
     first, second = events[:2_000], events[2_000:]
-    settings = service_settings(kafka, topic, tmp_path, max_offsets_per_trigger=1_000)
+    settings = local_settings(kafka, topic, tmp_path, max_offsets_per_trigger=1_000)
     create_table(open_catalog(settings.catalog_name, settings.catalog), parse_contract(raw))
     assert produce_timed(kafka.bootstrap, topic, first) == len(first)
     run(settings, parse_contract(raw), until_idle=True, spark=spark)

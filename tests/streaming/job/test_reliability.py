@@ -12,7 +12,6 @@ import shapely
 from kafka import KafkaConsumer
 
 from app.service import run
-from app.settings import load_settings
 from streaming.contract import load_contract
 from streaming.job.config import SOURCES, JobConfig
 from streaming.job.processor import BatchProcessor
@@ -27,7 +26,7 @@ from streaming.write.dead_letter import (
     SOURCE_PARTITION_HEADER,
     SOURCE_TOPIC_HEADER,
 )
-from tests.conftest import CACHE_DIR, produce_records
+from tests.conftest import local_settings, produce_records
 
 pytestmark = pytest.mark.integration
 
@@ -50,23 +49,6 @@ def good_records(prefix: str, n: int):
         (f"{prefix}{i}".encode(), point_feature(f"{prefix}{i}", (i % 300) * 0.1, (i % 170) * 0.1 - 8), [])
         for i in range(n)
     ]
-
-
-def settings_for(tmp_path: Path, kafka, topic: str, **extra):
-    return load_settings(
-        env={},
-        bootstrap_servers=kafka.bootstrap,
-        topic=topic,
-        metrics_port=0,
-        catalog={
-            "type": "sql",
-            "uri": f"sqlite:///{tmp_path / 'catalog.db'}",
-            "warehouse": f"file://{tmp_path / 'warehouse'}",
-        },
-        checkpoint_location=str(tmp_path / "checkpoints"),
-        cache_dir=str(CACHE_DIR),
-        **extra,
-    )
 
 
 def table_ids(settings) -> list[str]:
@@ -108,7 +90,7 @@ def test_every_record_ends_in_the_table_or_the_dead_letter_topic(kafka, spark, t
         records.insert(100 * i + 7, record)
     assert produce_records(kafka.bootstrap, topic, records) == len(records)
 
-    settings = settings_for(tmp_path, kafka, topic, source=source)
+    settings = local_settings(kafka, topic, tmp_path, source=source)
     create_table(open_catalog(settings.catalog_name, settings.catalog), CONTRACT)
     totals = run(settings, CONTRACT, until_idle=True, spark=spark)
 
@@ -171,12 +153,12 @@ def test_a_replayed_batch_is_recognised_and_leaves_no_files_behind(kafka, spark,
 
 
 def test_a_lost_checkpoint_resumes_from_the_offsets_in_the_table(kafka, spark, topic, tmp_path, source):
-    settings = settings_for(tmp_path, kafka, topic, source=source)
+    settings = local_settings(kafka, topic, tmp_path, source=source)
     create_table(open_catalog(settings.catalog_name, settings.catalog), CONTRACT)
     produce_records(kafka.bootstrap, topic, good_records("a", 500) + [(b"bad", b"nope", [])])
     run(settings, CONTRACT, until_idle=True, spark=spark)
 
-    shutil.rmtree(tmp_path / "checkpoints")
+    shutil.rmtree(tmp_path / "ck")
     produce_records(kafka.bootstrap, topic, good_records("b", 300))
     totals = run(settings, CONTRACT, until_idle=True, spark=spark, resume_from_table=True)
 
@@ -193,11 +175,11 @@ def test_without_resume_a_lost_checkpoint_starts_from_the_earliest_offsets_and_a
 ):
     """Starting over is the documented default; the new writer id keeps batch 0 from being
     mistaken for the old batch 0 (which would silently drop it)."""
-    settings = settings_for(tmp_path, kafka, topic)
+    settings = local_settings(kafka, topic, tmp_path)
     create_table(open_catalog(settings.catalog_name, settings.catalog), CONTRACT)
     produce_records(kafka.bootstrap, topic, good_records("a", 200))
     run(settings, CONTRACT, until_idle=True, spark=spark)
-    shutil.rmtree(tmp_path / "checkpoints")
+    shutil.rmtree(tmp_path / "ck")
     produce_records(kafka.bootstrap, topic, good_records("b", 100))
     totals = run(settings, CONTRACT, until_idle=True, spark=spark)
     assert totals.consumed == 300 and totals.commits == {"committed": totals.batches}
@@ -249,7 +231,7 @@ def test_files_of_a_batch_that_never_committed_are_listed_as_orphans(tmp_path, c
 
 
 def test_a_batch_of_only_rejects_still_records_its_offsets(kafka, spark, topic, tmp_path):
-    settings = settings_for(tmp_path, kafka, topic)
+    settings = local_settings(kafka, topic, tmp_path)
     create_table(open_catalog(settings.catalog_name, settings.catalog), CONTRACT)
     produce_records(kafka.bootstrap, topic, [(b"x", b"junk", []), (b"y", None, [])])
     totals = run(settings, CONTRACT, until_idle=True, spark=spark)
