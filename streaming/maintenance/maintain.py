@@ -42,15 +42,20 @@ from __future__ import annotations
 
 import logging
 import time
+import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import cast
 
-from pyiceberg.manifest import ManifestContent, ManifestEntry, ManifestEntryStatus, ManifestFile
-from pyiceberg.table import Table
+from pyiceberg.avro.codecs import AvroCompressionCodec
+from pyiceberg.io import FileIO
+from pyiceberg.manifest import ManifestContent, ManifestEntry, ManifestEntryStatus, ManifestFile, write_manifest
+from pyiceberg.table import Table, TableProperties, Transaction
 from pyiceberg.table.snapshots import Operation, Snapshot
 from pyiceberg.table.update.snapshot import _FastAppendFiles
 
 from streaming.maintenance.commits import (
+    MaintenanceGaveUp,
     Progress,
     Retrier,
     adopt,
@@ -189,35 +194,65 @@ def _reachable(table: Table, snapshots: Iterable[Snapshot], with_deleted: bool) 
 
 
 # -- manifests ----------------------------------------------------------------------------------
-class _ManifestsByPartition(_FastAppendFiles):
-    """A snapshot with no new files whose data manifests are the parent's live entries regrouped by
-    `plan_manifests`: one spec per manifest, each a short run of partitions. pyiceberg's merge append
-    packs manifests by size in the order they came (one per batch), so a merged manifest would
-    hold every partition of its batches."""
+@dataclass(frozen=True)
+class _MergedManifests:
+    """Data manifests written once for a merge, and the data manifests of the base they replace."""
 
-    target_bytes: int = 8 * 1024 * 1024
+    snapshot_id: int  # of the snapshot that commits them, written into them
+    replaced: frozenset[str]
+    merged: tuple[ManifestFile, ...]
 
-    def _existing_manifests(self) -> list[ManifestFile]:
-        parent = self._transaction.table_metadata.snapshot_by_id(self._parent_snapshot_id or -1)
-        if parent is None:
-            return []
-        kept: list[ManifestFile] = []
-        entries: list[ManifestEntry] = []
-        data_bytes = 0
-        for manifest in parent.manifests(io=self._io):
-            if manifest.content != ManifestContent.DATA:
-                kept.append(manifest)  # delete files: as they are
-                continue
+    def on(self, snapshot: Snapshot, io: FileIO) -> list[ManifestFile] | None:
+        """`snapshot`'s manifests with the replaced ones swapped for the merged ones, or None when
+        a commit since the base rewrote a replaced manifest (a removal rewrites the manifest that
+        held the file)."""
+        manifests = snapshot.manifests(io)
+        if not self.replaced <= {m.manifest_path for m in manifests}:
+            return None
+        return [m for m in manifests if m.manifest_path not in self.replaced] + list(self.merged)
+
+
+def _write_merged_manifests(view: Table, policy: MaintenancePolicy) -> _MergedManifests:
+    """The current snapshot's live data entries regrouped by `plan_manifests`, one spec per
+    manifest, each a short run of partitions (pyiceberg's merge append packs manifests by size in
+    the order they came, one per batch, so a merged manifest would hold every partition of its
+    batches). Written outside any commit, so a commit that loses its race leaves them for the next
+    attempt."""
+    metadata = view.metadata
+    snapshot = view.current_snapshot()
+    assert snapshot is not None
+    replaced: list[str] = []
+    entries: list[ManifestEntry] = []
+    data_bytes = 0
+    for manifest in snapshot.manifests(view.io):
+        if manifest.content == ManifestContent.DATA:
+            replaced.append(manifest.manifest_path)
             data_bytes += manifest.manifest_length
-            entries += manifest.fetch_manifest_entry(io=self._io, discard_deleted=True)
-        if not entries:
-            return kept
+            entries += manifest.fetch_manifest_entry(io=view.io, discard_deleted=True)
+    merged: list[ManifestFile] = []
+    snapshot_id = metadata.new_snapshot_id()
+    if entries:
         keys = [
             (e.data_file.spec_id, tuple(e.data_file.partition[i] for i in range(len(e.data_file.partition))))
             for e in entries
         ]
-        for group in plan_manifests(keys, data_bytes / len(entries), self.target_bytes):
-            with self.new_manifest_writer(self.spec(keys[group[0]][0])) as writer:
+        name = uuid.uuid4()
+        locations = view.location_provider()
+        compression = cast(
+            AvroCompressionCodec,
+            metadata.properties.get(
+                TableProperties.WRITE_AVRO_COMPRESSION, TableProperties.WRITE_AVRO_COMPRESSION_DEFAULT
+            ),
+        )
+        for n, group in enumerate(plan_manifests(keys, data_bytes / len(entries), policy.manifest_target_bytes)):
+            with write_manifest(
+                format_version=metadata.format_version,
+                spec=metadata.specs()[keys[group[0]][0]],
+                schema=metadata.schema(),
+                output_file=view.io.new_output(locations.new_metadata_location(f"{name}-m{n}.avro")),
+                snapshot_id=snapshot_id,
+                avro_compression=compression,
+            ) as writer:
                 for i in group:
                     entry = entries[i]
                     writer.add_entry(
@@ -229,8 +264,32 @@ class _ManifestsByPartition(_FastAppendFiles):
                             data_file=entry.data_file,
                         )
                     )
-            kept.append(writer.to_manifest_file())
-        return kept
+            merged.append(writer.to_manifest_file())
+    return _MergedManifests(snapshot_id, frozenset(replaced), tuple(merged))
+
+
+class _ReplaceManifests(_FastAppendFiles):
+    """A snapshot with no new files whose manifests are the parent's, with a merge's replaced data
+    manifests swapped for its merged ones. It takes the snapshot id the merged manifests were
+    written under, on every attempt: a manifest names the snapshot that added it, and the
+    manifest list gives such a manifest the commit's sequence number."""
+
+    def __init__(self, view: Table, transaction: Transaction, merged: _MergedManifests):
+        super().__init__(
+            operation=Operation.APPEND,
+            transaction=transaction,
+            io=view.io,
+            snapshot_properties=carry(view, "manifest-merge"),
+        )
+        self._snapshot_id = merged.snapshot_id
+        self.merged = merged
+
+    def _existing_manifests(self) -> list[ManifestFile]:
+        parent = self._transaction.table_metadata.snapshot_by_id(self._parent_snapshot_id or -1)
+        assert parent is not None
+        swap = self.merged.on(parent, self._io)
+        assert swap is not None
+        return swap
 
 
 def merge_manifests(
@@ -238,29 +297,39 @@ def merge_manifests(
 ) -> ManifestReport:
     """Merge the current snapshot's data manifests when there are more than `max_manifests` (or
     always, with `force`: the snapshot it commits also carries the writer histories expiry needs),
-    regrouped by spec and partition (`plan_manifests`)."""
+    regrouped by spec and partition.
+
+    The merged manifests are written once. When an ingest commit lands first, the retry commits
+    the same merged manifests on the new base beside the manifests the commits since then added,
+    a metadata-only attempt that takes milliseconds, so a merge keeps up with a commit every few
+    hundred milliseconds. Only when a replaced manifest is gone from the new base (a commit
+    removed files) is the merge written again."""
     started = time.monotonic()
     table.refresh()
     before = data_manifest_count(table)
     if dry_run or table.current_snapshot() is None or (before <= policy.max_manifests and not force):
         return ManifestReport(before, before, None, 0, time.monotonic() - started)
+    written: list[_MergedManifests] = []
 
     def attempt() -> int:
         table.refresh()
         view = single_attempt_view(table)
+        snapshot = view.current_snapshot()
+        assert snapshot is not None
+        if not written or written[-1].on(snapshot, view.io) is None:
+            written.append(_write_merged_manifests(view, policy))
         with view.transaction() as tx:
-            merge = _ManifestsByPartition(
-                operation=Operation.APPEND,
-                transaction=tx,
-                io=view.io,
-                snapshot_properties=carry(view, "manifest-merge"),
-            )
-            merge.target_bytes = policy.manifest_target_bytes
-            merge.commit()
+            _ReplaceManifests(view, tx, written[-1]).commit()
         adopt(table, view)
         return current_snapshot_id(view)
 
-    snapshot_id, conflicts = (retrier or Retrier(table)).run("manifest merge", attempt)
+    try:
+        snapshot_id, conflicts = (retrier or Retrier(table)).run("manifest merge", attempt)
+    except MaintenanceGaveUp:
+        delete_quietly(table, (m.manifest_path for merge in written for m in merge.merged))
+        raise
+    # Merges written for a base a removal then changed were never committed.
+    delete_quietly(table, (m.manifest_path for merge in written[:-1] for m in merge.merged))
     return ManifestReport(before, data_manifest_count(table), snapshot_id, conflicts, time.monotonic() - started)
 
 

@@ -22,9 +22,16 @@ from pyiceberg.types import DoubleType
 from streaming.contract import Contract, load_contract
 from streaming.decode.decoder import DecodeOptions
 from streaming.kernels.hilbert import hilbert_keys_of_bounds
-from streaming.maintenance.commits import MAINTENANCE, MaintenanceGaveUp
+from streaming.maintenance import maintain as maintain_module
+from streaming.maintenance.commits import MAINTENANCE, MaintenanceGaveUp, Retrier
 from streaming.maintenance.compaction import COMPACTION_FILE_PREFIX, compact
-from streaming.maintenance.maintain import data_manifest_count, delete_orphans, expire_snapshots, maintain
+from streaming.maintenance.maintain import (
+    data_manifest_count,
+    delete_orphans,
+    expire_snapshots,
+    maintain,
+    merge_manifests,
+)
 from streaming.maintenance.orphans import referenced_files, referenced_metadata_files
 from streaming.maintenance.plan import (
     LiveFile,
@@ -399,6 +406,94 @@ def test_a_compaction_that_keeps_losing_gives_up_and_leaves_the_table_as_it_was(
     assert table_ids(table) == expected_ids(range(5))
     data_dir = Path(table.location().removeprefix("file://")) / "data"
     assert not list(data_dir.rglob(f"{COMPACTION_FILE_PREFIX}*"))
+
+
+# -- manifest merging racing ingest -----------------------------------------------------------------
+MERGE_ALL = MaintenancePolicy(max_manifests=1)
+
+
+def data_manifest_paths(table) -> set[str]:
+    table.refresh()
+    return {m.manifest_path for m in table.current_snapshot().manifests(table.io) if m.content.value == 0}
+
+
+def merges_written(monkeypatch) -> list:
+    """Every set of merged manifests the merge writes (the real writer, recorded)."""
+    written: list = []
+    write = maintain_module._write_merged_manifests
+
+    def recorded(view, policy):
+        written.append(write(view, policy))
+        return written[-1]
+
+    monkeypatch.setattr(maintain_module, "_write_merged_manifests", recorded)
+    return written
+
+
+def test_a_manifest_merge_racing_ingest_commits_lands_its_merge_once_written_on_the_new_base(
+    monkeypatch, catalog, table, contract
+):
+    writer = write_batches(table, contract, 6)
+    mine = open_catalog(catalog.name, dict(catalog.properties)).load_table(contract.table)
+    rng = np.random.default_rng(7)
+    # Refresh 1 counts the manifests; 2, 3 and 4 start commit attempts, and an ingest batch lands
+    # right after the first two: attempt 3 commits.
+    raced = race_on_refresh(
+        monkeypatch, mine, lambda: writer.commit(6 + len(raced), *world_points(rng, 100)), on_calls={2, 3}
+    )
+    written = merges_written(monkeypatch)
+    report = merge_manifests(mine, MERGE_ALL, retrier=Retrier(mine, sleep=lambda s: None))
+
+    assert [o.status for o in raced] == ["committed", "committed"] and report.conflicts == 2
+    assert len(written) == 1, "written once, for the base it planned on; the retries only swap manifests"
+    racing = {
+        m.manifest_path for o in raced for m in table.metadata.snapshot_by_id(o.snapshot_id).manifests(table.io)
+    } - written[0].replaced
+    assert len(racing) == 2
+    merged = {m.manifest_path for m in written[0].merged}
+    assert data_manifest_paths(table) == merged | racing, "the merge beside the racing batches' manifests, as they are"
+    assert report.manifests_before == 6 and report.manifests_after == len(merged) + 2
+    assert table_ids(table) == expected_ids(range(8)), "every row once"
+    snapshot = table.current_snapshot()
+    assert snapshot.snapshot_id == written[0].snapshot_id == report.snapshot_id
+    assert snapshot.summary.additional_properties[MAINTENANCE] == "manifest-merge"
+    # The ingest history goes on: the racing batches are found by the replay check.
+    assert committed_snapshot(table, "writer-a", 7) is not None
+
+
+def test_a_manifest_merge_whose_base_lost_files_writes_again_and_deletes_its_first_merge(
+    monkeypatch, catalog, table, contract
+):
+    write_batches(table, contract, 5)
+    mine = open_catalog(catalog.name, dict(catalog.properties)).load_table(contract.table)
+    # A compaction lands right after the first attempt's refresh: the manifests it planned on are gone.
+    other = race_on_refresh(monkeypatch, mine, lambda: compact(table, EAGER), on_calls={2})
+    written = merges_written(monkeypatch)
+    report = merge_manifests(mine, MERGE_ALL, retrier=Retrier(mine, sleep=lambda s: None))
+
+    assert other[0].files_rewritten == 10 and report.conflicts == 1
+    assert len(written) == 2
+    assert data_manifest_paths(table) == {m.manifest_path for m in written[1].merged}
+    assert not any(Path(m.manifest_path.removeprefix("file://")).exists() for m in written[0].merged)
+    assert table_ids(table) == expected_ids(range(5))
+
+
+def test_a_manifest_merge_that_keeps_losing_gives_up_and_deletes_what_it_wrote(monkeypatch, catalog, table, contract):
+    writer = write_batches(table, contract, 3)
+    with table.transaction() as tx:
+        tx.set_properties({"commit.retry.num-retries": "1", "commit.retry.min-wait-ms": "1"})
+    mine = open_catalog(catalog.name, dict(catalog.properties)).load_table(contract.table)
+    rng = np.random.default_rng(5)
+    batch_ids = iter(range(3, 100))
+    race_on_refresh(monkeypatch, mine, lambda: writer.commit(next(batch_ids), *world_points(rng, 100)), on_calls={2, 3})
+    written = merges_written(monkeypatch)
+    before = data_manifest_paths(table)
+    with pytest.raises(MaintenanceGaveUp, match=r"manifest merge of demo.events gave up after 2 conflict"):
+        merge_manifests(mine, MERGE_ALL, retrier=Retrier(mine, sleep=lambda s: None))
+    assert len(written) == 1 and written[0].merged
+    assert not any(Path(m.manifest_path.removeprefix("file://")).exists() for m in written[0].merged)
+    assert data_manifest_paths(table) >= before and len(data_manifest_paths(table)) == 5
+    assert table_ids(table) == expected_ids(range(5))
 
 
 # -- expiry keeps exactly-once working --------------------------------------------------------------
