@@ -44,7 +44,7 @@ from streaming.storage import data_location
 from streaming.table.catalog import partition_layout
 from streaming.table.commit import data_spec_id, single_attempt_view, to_data_file
 from streaming.table.deletes import EqualityDeletes, has_delete_files, snapshot_files
-from streaming.write.data_files import DataFileRecord, GeoParquetWriter
+from streaming.write.data_files import DataFileRecord, GeoParquetWriter, written_ms
 
 log = logging.getLogger("geoingest.maintenance")
 
@@ -99,7 +99,7 @@ def live_files(
                         int(f.file_size_in_bytes),
                         int(f.record_count),
                         None,
-                        None if entry.snapshot_id is None else added_ms.get(entry.snapshot_id),
+                        added_ms.get(entry.snapshot_id or -1, written_ms(f.file_path)),
                         manifest.partition_spec_id,
                         tuple(f.partition[i] for i in range(len(f.partition))),
                         None if upper is None else int.from_bytes(upper, "little", signed=True),

@@ -101,7 +101,9 @@ class LiveFile:
     file_size_in_bytes: int
     record_count: int
     hilbert_key: int | None  # of its extent's centre; None without bbox bounds
-    added_ms: int | None  # when the snapshot that added it was committed; None if it expired
+    # When the snapshot that added it was committed; once that expired, when it was written (its
+    # name, streaming/write/data_files.py data_file_name); None if neither is known.
+    added_ms: int | None
     spec_id: int = 0  # the partition spec it was written with
     partition: tuple[Any, ...] = ()  # its partition values, in the order of that spec's fields
     # The upper bound of the retention column in its manifest entry (microseconds), if it has one.
@@ -146,7 +148,8 @@ def compaction_candidates(
 ) -> list[LiveFile]:
     """Files worth rewriting: small, old enough, and with bounds (so they can be placed on the curve).
 
-    A file whose adding snapshot has expired is older than any snapshot still kept, so old enough."""
+    A file of unknown age (its adding snapshot expired and its name carries no write time) is
+    older than any snapshot still kept, so old enough."""
     return [
         f
         for f in files

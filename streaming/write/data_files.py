@@ -8,6 +8,8 @@ compute for fields nested in a struct.
 from __future__ import annotations
 
 import json
+import re
+import time
 import uuid
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -39,6 +41,26 @@ DATA_FILE_RECORD_DDL = (
 DATA = "data"
 EQUALITY_DELETES = "equality_deletes"
 _BOUND_KEYS = ("lower_bounds", "upper_bounds")
+
+# `{prefix}-t{write time, epoch ms}-{uuid}.parquet`
+_WRITTEN_MS = re.compile(r"-t(\d{13})-[0-9a-f]{32}\.parquet$")
+
+
+def data_file_name(prefix: str, now_ms: int | None = None) -> str:
+    """A new data file's name, with the time it is written in it: the one record of a file's age
+    that outlives the snapshot that added it (expiry removes that snapshot's time), which
+    compaction's `min_file_age_s` needs."""
+    ms = int(time.time() * 1000) if now_ms is None else now_ms
+    return f"{prefix}-t{ms:013d}-{uuid.uuid4().hex}.parquet"
+
+
+def written_ms(path: str) -> int | None:
+    """The write time `data_file_name` put in a file's name; None for a name without one (files
+    written before names carried it, or by another writer)."""
+    found = _WRITTEN_MS.search(path)
+    return int(found.group(1)) if found else None
+
+
 # Footer key: how many rows of the file have a bbox crossing the anti-meridian (short-way tables).
 WRAPPED_ROWS_KEY = "geoingest.wrapped_rows"
 
@@ -230,7 +252,7 @@ class GeoParquetWriter:
 
     def _new_path(self, folder: str = "") -> str:
         folder = f"/{folder}" if folder else ""
-        return f"{self._data_location}{folder}/{self._file_prefix}-{uuid.uuid4().hex}.parquet"
+        return f"{self._data_location}{folder}/{data_file_name(self._file_prefix)}"
 
     def _finish(self, file: _OpenFile, values: tuple = ()) -> DataFileRecord:
         parquet_metadata = file.close(self.contract)

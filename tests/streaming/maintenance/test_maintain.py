@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -562,6 +563,22 @@ def test_expiry_deletes_only_files_no_kept_snapshot_references(table, contract):
     assert table_ids(table, compacted) == expected_ids(range(10))
     with pytest.raises(ValueError, match="no such snapshot"):
         query(table, Predicate.from_bbox((0, 0, 1, 1)), snapshot_id=compacted - 1)
+
+
+def test_files_whose_snapshots_expired_keep_their_age_from_their_names(table, contract):
+    """At a fast trigger, `max_snapshots` expires a batch's snapshot within seconds: its files'
+    age then comes from their names, so `min_file_age_s` still keeps young files out of compaction."""
+    write_batches(table, contract, 10)
+    files = data_paths(table)
+    policy = dataclasses.replace(EAGER, min_file_age_s=3600, keep_snapshots=1, max_snapshots=1)
+    expire_snapshots(table, policy)
+    table.refresh()
+    assert len(table.metadata.snapshots) == 1, "every batch's snapshot expired"
+
+    assert compact(table, policy).files_rewritten == 0, "written seconds ago: too young"
+    in_two_hours = int(time.time() * 1000) + 2 * 3600 * 1000
+    assert compact(table, policy, now_ms=in_two_hours).files_rewritten == len(files) == 20
+    assert table_ids(table) == expected_ids(range(10))
 
 
 def test_snapshots_younger_than_the_max_age_never_expire(table, contract):

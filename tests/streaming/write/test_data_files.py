@@ -15,7 +15,7 @@ from pyiceberg.table import Table
 from streaming.contract import Contract, load_contract
 from streaming.decode.decoder import HILBERT, REJECT_REASON, Decoder
 from streaming.table.catalog import create_table
-from streaming.write.data_files import GeoParquetWriter, parquet_write_options
+from streaming.write.data_files import GeoParquetWriter, data_file_name, parquet_write_options, written_ms
 
 CONTRACT_PATH = Path(__file__).resolve().parents[3] / "schemas" / "demo_events.json"
 
@@ -126,3 +126,13 @@ def test_a_higher_zstd_level_writes_smaller_files(table, contract):
 def test_a_codec_the_writer_cannot_use_is_an_error_naming_the_property(properties, named):
     with pytest.raises(ValueError, match=named.replace(".", r"\.")):
         parquet_write_options(properties)
+
+
+def test_a_data_file_name_carries_its_write_time():
+    name = data_file_name("writer-a-b7", now_ms=1_795_600_000_123)
+    assert name.startswith("writer-a-b7-t1795600000123-") and name.endswith(".parquet")
+    assert written_ms(f"s3://bucket/wh/demo/events/data/event_time_day=2026-11-26/{name}") == 1_795_600_000_123
+    assert data_file_name("p", now_ms=1) != data_file_name("p", now_ms=1), "unique for one writer and moment"
+    # Names without a write time: files written before, or by another writer.
+    assert written_ms("s3://bucket/data/writer-a-b7-0f1e2d3c4b5a69788796a5b4c3d2e1f0.parquet") is None
+    assert written_ms("s3://bucket/data/00000-0-3f2a.parquet") is None
