@@ -20,7 +20,6 @@ from kafka import KafkaAdminClient, KafkaConsumer
 from kafka.admin import NewTopic
 
 from app.service import run
-from app.settings import load_settings
 from streaming.contract import load_contract
 from streaming.table.catalog import create_table, open_catalog
 from streaming.write.dead_letter import (
@@ -33,7 +32,7 @@ from streaming.write.dead_letter import (
     SOURCE_PARTITION_HEADER,
     read_spilled,
 )
-from tests.conftest import CACHE_DIR, produce_records
+from tests.conftest import local_settings, produce_records
 
 pytestmark = pytest.mark.integration
 
@@ -495,14 +494,10 @@ def test_each_bad_record_reaches_the_dead_letter_topic_with_its_reason_and_bytes
     records += java_only + tail
     good += tail
 
-    settings = load_settings(
-        env={},
-        bootstrap_servers=kafka.bootstrap,
-        topic=topic,
-        metrics_port=0,
-        cache_dir=str(CACHE_DIR),
-        catalog={"type": "sql", "uri": f"sqlite:///{tmp_path / 'c.db'}", "warehouse": f"file://{tmp_path / 'wh'}"},
-        checkpoint_location=str(tmp_path / "ck"),
+    settings = local_settings(
+        kafka,
+        topic,
+        tmp_path,
         max_message_bytes=MAX_MESSAGE_BYTES,
         max_vertices=MAX_VERTICES,
         max_offsets_per_trigger=700,  # several batches, each with bad records in it

@@ -392,16 +392,23 @@ def test_a_bin_whose_files_another_compaction_replaced_is_given_up(monkeypatch, 
     assert on_disk == {p.removeprefix("file://") for p in data_paths(table)}, "the loser's files were deleted"
 
 
-def test_a_compaction_that_keeps_losing_gives_up_and_leaves_the_table_as_it_was(monkeypatch, catalog, table, contract):
+def losing_every_race(monkeypatch, catalog, table, contract, on_calls: set[int]) -> Table:
+    """Three batches in `table`, one commit retry allowed, and a second handle on it after whose
+    refreshes `on_calls` an ingest batch lands: the maintenance through it loses both attempts."""
     writer = write_batches(table, contract, 3)
     with table.transaction() as tx:
         tx.set_properties({"commit.retry.num-retries": "1", "commit.retry.min-wait-ms": "1"})
     mine = open_catalog(catalog.name, dict(catalog.properties)).load_table(contract.table)
     rng = np.random.default_rng(5)
     batch_ids = iter(range(3, 100))
+    race_on_refresh(monkeypatch, mine, lambda: writer.commit(next(batch_ids), *world_points(rng, 100)), on_calls)
+    return mine
+
+
+def test_a_compaction_that_keeps_losing_gives_up_and_leaves_the_table_as_it_was(monkeypatch, catalog, table, contract):
     # Refresh 1 looks for work, 2 takes the maintenance lease, 3 plans; both commit attempts (4, 5)
     # lose to a batch.
-    race_on_refresh(monkeypatch, mine, lambda: writer.commit(next(batch_ids), *world_points(rng, 100)), on_calls={4, 5})
+    mine = losing_every_race(monkeypatch, catalog, table, contract, on_calls={4, 5})
     with pytest.raises(MaintenanceGaveUp, match=r"compaction of demo.events gave up after 2 conflict"):
         maintain(mine, EAGER, steps=("compact",), sleep=lambda s: None)
     assert table_ids(table) == expected_ids(range(5))
@@ -480,13 +487,8 @@ def test_a_manifest_merge_whose_base_lost_files_writes_again_and_deletes_its_fir
 
 
 def test_a_manifest_merge_that_keeps_losing_gives_up_and_deletes_what_it_wrote(monkeypatch, catalog, table, contract):
-    writer = write_batches(table, contract, 3)
-    with table.transaction() as tx:
-        tx.set_properties({"commit.retry.num-retries": "1", "commit.retry.min-wait-ms": "1"})
-    mine = open_catalog(catalog.name, dict(catalog.properties)).load_table(contract.table)
-    rng = np.random.default_rng(5)
-    batch_ids = iter(range(3, 100))
-    race_on_refresh(monkeypatch, mine, lambda: writer.commit(next(batch_ids), *world_points(rng, 100)), on_calls={2, 3})
+    # Refresh 1 counts the manifests; both commit attempts (2, 3) lose to a batch.
+    mine = losing_every_race(monkeypatch, catalog, table, contract, on_calls={2, 3})
     written = merges_written(monkeypatch)
     before = data_manifest_paths(table)
     with pytest.raises(MaintenanceGaveUp, match=r"manifest merge of demo.events gave up after 2 conflict"):
