@@ -36,7 +36,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from multiprocessing.connection import Connection
 from typing import TYPE_CHECKING
 
@@ -66,6 +66,8 @@ class RunResult:
     conflicts: int = 0
     snapshots: int = 0
     data_manifests: int = 0
+    cpu_s: float = 0.0  # CPU time the run took (the child's whole process in "beside")
+    paced_s: float = 0.0  # time it slept to stay within maintenance_cpu_percent
 
 
 class Abandoned(Exception):
@@ -133,6 +135,8 @@ class MaintenanceRunner:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._child: MaintenanceChild | None = None
+        # A run's CPU: its thread's in the service's process, the whole process in the child's.
+        self.cpu_clock: Callable[[], float] = time.thread_time
 
     def table(self) -> Table:
         if self._table is None:
@@ -148,6 +152,11 @@ class MaintenanceRunner:
         return self.record(self.execute(steps or self.steps, dry_run, progress or no_progress), dry_run)
 
     def execute(self, steps: tuple[str, ...], dry_run: bool = False, progress: Progress = no_progress) -> RunResult:
+        cpu0 = self.cpu_clock()
+        result = self._execute(steps, dry_run, progress)
+        return replace(result, cpu_s=round(self.cpu_clock() - cpu0, 3))
+
+    def _execute(self, steps: tuple[str, ...], dry_run: bool, progress: Progress) -> RunResult:
         try:
             table = self.table()
             report = maintain(table, self.policy, steps, dry_run=dry_run, progress=progress)
@@ -176,6 +185,7 @@ class MaintenanceRunner:
         if result.failure is not None:
             if self.metrics:
                 self.metrics.observe_failure(result.failure, result.conflicts)
+                self.metrics.observe_cost(result.cpu_s, result.paced_s)
             return None
         report = result.report
         if report is None:
@@ -184,8 +194,12 @@ class MaintenanceRunner:
             log.info("maintenance skipped", extra={"summary": report.to_json()})
             if self.metrics:
                 self.metrics.observe_skip()
-        elif self.metrics and not dry_run:
-            self.metrics.observe(report, result.snapshots, result.data_manifests)
+        else:
+            log.info("maintenance cost", extra={"summary": {"cpu_s": result.cpu_s, "paced_s": result.paced_s}})
+            if self.metrics and not dry_run:
+                self.metrics.observe(report, result.snapshots, result.data_manifests)
+        if self.metrics:
+            self.metrics.observe_cost(result.cpu_s, result.paced_s)
         return report
 
     def due_steps(self) -> tuple[str, ...]:
@@ -325,6 +339,7 @@ def child_main(settings: Settings, table_name: str, conn: Connection) -> None:
         budget.pace()
 
     runner = MaintenanceRunner(settings, table_name)
+    runner.cpu_clock = time.process_time  # Arrow's and the IO threads' too
     parent = os.getppid()
     while not stopping.is_set():
         try:
@@ -337,8 +352,8 @@ def child_main(settings: Settings, table_name: str, conn: Connection) -> None:
             return
         budget.start()
         result = runner.execute(steps, progress=paced)
+        budget.pace()  # the run's share is kept before the next one starts
         try:
-            conn.send(result)
+            conn.send(replace(result, paced_s=round(budget.slept, 3)))
         except (BrokenPipeError, OSError):
             return
-        budget.pace()  # the run's share is kept before the next one starts

@@ -295,6 +295,18 @@ class MaintenanceMetrics:
             t,
             registry=registry,
         )
+        self.cpu = Counter(
+            "geoingest_maintenance_cpu_seconds",
+            "CPU time maintenance runs took (in maintenance_mode beside: the child process's, every thread)",
+            t,
+            registry=registry,
+        )
+        self.paced = Counter(
+            "geoingest_maintenance_paced_seconds",
+            "Time maintenance runs slept to stay within maintenance_cpu_percent of one core",
+            t,
+            registry=registry,
+        )
         self.data_manifests = Gauge(
             "geoingest_table_data_manifests",
             "Data manifests of the current snapshot, after the last maintenance run",
@@ -352,6 +364,10 @@ class MaintenanceMetrics:
         self.snapshots.labels(t).set(snapshots)
         self.data_manifests.labels(t).set(data_manifests)
         self.last_run.labels(t).set(time.time())
+
+    def observe_cost(self, cpu_s: float, paced_s: float) -> None:
+        self.cpu.labels(self.table).inc(cpu_s)
+        self.paced.labels(self.table).inc(paced_s)
 
     def observe_failure(self, outcome: str, conflicts: int = 0) -> None:
         self.runs.labels(self.table, outcome).inc()

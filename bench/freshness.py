@@ -133,8 +133,9 @@ def one_load(
     maintenance: str,
     source: str,
     warmup_s: float,
+    repeat: int = 0,
 ) -> dict:
-    topic = f"load-{rate}-{trigger.split()[0]}-{maintenance}-{source}"
+    topic = f"load-{rate}-{trigger.split()[0]}-{maintenance}-{source}" + (f"-{repeat}" if repeat else "")
     broker_topic(bootstrap, topic)
     env = service_env(
         bootstrap,
@@ -195,6 +196,7 @@ def one_load(
         "source": source,
         "trigger": trigger,
         "maintenance": maintenance,
+        "repeat": repeat,
         "produced": sent,
         "rate_kept": round(sent / produce_s),
         "caught_up": caught_up,
@@ -263,7 +265,9 @@ def batch_breakdown(log: list[dict], since_ms: int) -> dict:
         if rows
     }
     maintenance = [line for line in measured if line.get("msg") == "maintenance"]
+    costs = [line["summary"] for line in measured if line.get("msg") == "maintenance cost"]
     return {
+        "maintenance_cpu_s": round(sum(c["cpu_s"] for c in costs), 1),
         "batches_measured": len(rows),
         "breakdown_ms": breakdown,
         "ingest_commit_conflicts": sum(int(b.get("commit_conflicts") or 0) for b in seconds.values()),
@@ -289,6 +293,13 @@ def main() -> None:
         help="the service's maintenance_mode (comma-separated to compare): beside (the default), "
         "between-batches, background, off",
     )
+    parser.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        help="run the modes compared at a rate this many times, in turn (A B A B): the spread of one mode "
+        "over its runs is the machine's noise the comparison must beat",
+    )
     args = parser.parse_args()
     runs = []
     with tempfile.TemporaryDirectory(prefix="geoingest-freshness-") as tmp:
@@ -300,20 +311,22 @@ def main() -> None:
             for trigger in args.triggers.split(","):
                 for rate in (int(r) for r in args.rates.split(",")):
                     for source in args.sources.split(","):
-                        for maintenance in args.maintenance.split(","):
-                            run = one_load(
-                                broker.bootstrap,
-                                workdir,
-                                rate,
-                                args.seconds,
-                                trigger.strip(),
-                                args.slow_record,
-                                maintenance.strip(),
-                                source.strip(),
-                                args.warmup,
-                            )
-                            print(json.dumps(run), flush=True)
-                            runs.append(run)
+                        for repeat in range(args.repeat):
+                            for maintenance in args.maintenance.split(","):
+                                run = one_load(
+                                    broker.bootstrap,
+                                    workdir,
+                                    rate,
+                                    args.seconds,
+                                    trigger.strip(),
+                                    args.slow_record,
+                                    maintenance.strip(),
+                                    source.strip(),
+                                    args.warmup,
+                                    repeat,
+                                )
+                                print(json.dumps(run), flush=True)
+                                runs.append(run)
         finally:
             broker.stop()
     report = {"args": vars(args), "runs": runs}
@@ -362,7 +375,11 @@ def write_results(report: dict, name: str) -> None:
             "Where a measured micro-batch's wall time goes, ms, median (p95) over the measured batches "
             "(Spark's own trigger timing and the service's; `bench/freshness.py` PIECES):",
             "",
-            "| piece | " + " | ".join(f"{r['maintenance']} {r['rate'] // 1000}k {r['source']}" for r in runs) + " |",
+            "| piece | "
+            + " | ".join(
+                f"{r['maintenance']} {r['rate'] // 1000}k {r['source']} #{r.get('repeat', 0) + 1}" for r in runs
+            )
+            + " |",
             "|---|" + "---|" * len(runs),
         ]
         for piece, what in PIECES:
@@ -379,6 +396,7 @@ def write_results(report: dict, name: str) -> None:
             )
             + " |"
         )
+        lines.append("| maintenance CPU, s | " + " | ".join(str(r.get("maintenance_cpu_s", "")) for r in runs) + " |")
         lines.append("")
     (RESULTS / f"{name}.md").write_text("\n".join(lines))
     print("\n".join(lines))

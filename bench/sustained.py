@@ -14,6 +14,8 @@ and each stack, a topic of its own and the stack running on it as a service runs
 A producer process (confluent-kafka, paced every 10 ms) sends the dataset's events at a rate the
 bench changes as it goes, so a stack is started once per dataset:
 
+  warm     --warmup-seconds at half the first rate, not judged (the first batches of a fresh JVM
+           and fresh Python workers take seconds), then drained
   ramp     steps of --step-seconds, each --step times the last, from --start times the stack's
            burst figure (bench/results/ingest.json, 1,000,000 events per batch) until a step's lag
            is not bounded
@@ -120,7 +122,7 @@ def produce_steadily(bootstrap: str, topic: str, dataset: str, rate, stop, sent)
 
 @dataclass
 class Stage:
-    kind: str  # "ramp", "drain" or "hold"
+    kind: str  # "warm", "ramp", "drain" or "hold"
     rate: int
     started: float  # epoch seconds
     ended: float = 0.0
@@ -197,7 +199,16 @@ class Run:
 
 
 def find_capacity(run: Run, start_rate: int, args: argparse.Namespace) -> Stage | None:
-    """Ramp, then hold the last rate held (stepping down if it does not hold): the hold kept."""
+    """Ramp, then hold the last rate held (stepping down if it does not hold): the hold kept.
+    With --hold-at, one step at that rate and one hold, whatever they show."""
+    # The first seconds of load run in a JVM and Python workers that have not run the pass yet
+    # (the first batch takes seconds): a warm-up, not judged, so the ramp's first step measures
+    # the stack and not its start.
+    warm = args.hold_at or start_rate
+    run.stage("warm", warm // 2, args.warmup_seconds)
+    run.stage("drain", warm // 4, args.drain_seconds, until_drained=True)
+    if args.hold_at:
+        return run.stage("hold", args.hold_at, args.hold)
     rate, held = start_rate, 0
     for _ in range(args.max_steps):
         if run.stage("ramp", rate, args.step_seconds).bounded:
@@ -242,6 +253,20 @@ def ages_in(table, since_ms: int, until_ms: int) -> np.ndarray:
     return np.concatenate(ages) if ages else np.zeros(0)
 
 
+def maintenance_cost(log: list[dict], hold: Stage) -> dict:
+    """The maintenance runs that ended within the hold, and the CPU they took (their
+    "maintenance cost" lines, app/maintenance.py), as a share of one core over the hold."""
+    since = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(hold.started))
+    until = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(hold.ended))
+    costs = [line["summary"] for line in log if line.get("msg") == "maintenance cost" and since <= line["ts"] <= until]
+    cpu_s = sum(c["cpu_s"] for c in costs)
+    return {
+        "maintenance_runs": len(costs),
+        "maintenance_cpu_s": round(cpu_s, 1),
+        "maintenance_core_share": round(cpu_s / max(hold.ended - hold.started, 1e-9), 3),
+    }
+
+
 def plain_table(stack: PlainStackProcess):
     from pyiceberg.table import StaticTable
 
@@ -281,6 +306,7 @@ def one_stack(bootstrap: str, workdir: Path, dataset: str, stack: str, start_rat
             GEOINGEST_MAX_OFFSETS_PER_TRIGGER="2000000",
             GEOINGEST_DRIVER_MEMORY="2g",
             GEOINGEST_SOURCE=stack,
+            **({"GEOINGEST_MAINTENANCE_MODE": args.maintenance} if args.maintenance else {}),
         )
         from streaming.table.catalog import create_table
 
@@ -315,8 +341,14 @@ def one_stack(bootstrap: str, workdir: Path, dataset: str, stack: str, start_rat
         finally:
             run.close()
         result: dict = {"dataset": dataset, "stack": stack, "stages": [s.shown() for s in run.stages]}
+        if service is not None:
+            result["maintenance"] = args.maintenance or "beside"
         if hold is None:
             return {**result, "capacity": None}
+        if service is not None:
+            result.update(maintenance_cost(service.log(), hold))
+        if args.hold_at and not hold.bounded:
+            result["held"] = False
         ages = ages_in(table(), int(hold.started * 1000), int(hold.ended * 1000))
         q = np.percentile(ages, [50, 99]) if ages.size else [float("nan")] * 2
         return {
@@ -359,6 +391,7 @@ def main() -> None:
     parser.add_argument("--datasets", default=",".join(DATASET_FORMATS))
     parser.add_argument("--stacks", default=",".join(STACKS))
     parser.add_argument("--hold", type=float, default=180, help="seconds a capacity must be held")
+    parser.add_argument("--warmup-seconds", type=float, default=45, help="seconds of load at half the first rate first")
     parser.add_argument("--step-seconds", type=float, default=30, help="seconds of each ramp step")
     parser.add_argument("--step", type=float, default=1.25, help="each ramp step's rate over the last")
     parser.add_argument("--step-down", type=float, default=0.85, help="a failed hold's next rate over its own")
@@ -368,6 +401,17 @@ def main() -> None:
     parser.add_argument("--drain-seconds", type=float, default=120)
     parser.add_argument("--lag-bound", type=float, default=5.0, help="seconds of events")
     parser.add_argument("--results", default="sustained")
+    parser.add_argument(
+        "--maintenance",
+        default=None,
+        help="geoingest's maintenance_mode (default: its default, beside); a run records the mode it ran",
+    )
+    parser.add_argument(
+        "--hold-at",
+        type=int,
+        default=None,
+        help="no ramp: the warm-up, then hold this rate (events/s) once, held or not; for comparing modes",
+    )
     parser.add_argument(
         "--resume", action="store_true", help="keep the runs the results file holds and measure only the others"
     )
@@ -417,14 +461,23 @@ def write_results(report: dict, name: str) -> None:
         f"(Kafka timestamp to commit, every row). The last invocation took {report['minutes']} min "
         "(with --resume, runs of earlier ones are kept).",
         "",
-        "| dataset | stack | events/s held | sent | p50 s | p99 s | max lag s | load average | burst (1M per batch) |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| dataset | stack | maintenance | events/s held | sent | p50 s | p99 s | max lag s | load average "
+        "| maintenance runs, CPU (share of a core) | burst (1M per batch) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in report["runs"]:
         held = f"{r['capacity']:,}" if r.get("capacity") else "none held"
+        if r.get("held") is False:
+            held = f"{r['capacity']:,} not held"
+        cost = (
+            f"{r['maintenance_runs']}, {r['maintenance_cpu_s']} s ({r['maintenance_core_share']})"
+            if "maintenance_runs" in r
+            else ""
+        )
         lines.append(
-            f"| {r['dataset']} | {r['stack']} | {held} | {_count(r.get('sent_rate'))} | {r.get('p50_s', '')} "
-            f"| {r.get('p99_s', '')} | {r.get('lag_s_max', '')} | {r.get('load', '')} | {_count(r.get('burst'))} |"
+            f"| {r['dataset']} | {r['stack']} | {r.get('maintenance', '')} | {held} | {_count(r.get('sent_rate'))} "
+            f"| {r.get('p50_s', '')} | {r.get('p99_s', '')} | {r.get('lag_s_max', '')} | {r.get('load', '')} "
+            f"| {cost} | {_count(r.get('burst'))} |"
         )
     lines += [
         "",

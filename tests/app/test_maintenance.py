@@ -77,6 +77,13 @@ def test_beside_is_the_default_and_runs_in_a_niced_child_process_on_the_commit_c
     rewritten = registry.get_sample_value("geoingest_maintenance_files_rewritten_total", {"table": "demo.events"})
     assert rewritten == 60
     assert lease_state(table).holder is None, "the lease released"
+    # The run's CPU is the child's, and it slept enough to stay within its share of a core.
+    sample = lambda name, **labels: registry.get_sample_value(name, {"table": "demo.events", **labels})  # noqa: E731
+    cpu = sample("geoingest_maintenance_cpu_seconds_total")
+    paced = sample("geoingest_maintenance_paced_seconds_total")
+    wall = sample("geoingest_maintenance_duration_seconds_sum", step="total")
+    assert cpu > 0.05 and paced > 0
+    assert cpu <= settings.maintenance_cpu_percent / 100 * (wall + paced) + 0.05
 
 
 def test_sigterm_abandons_a_long_compaction_releases_the_lease_and_loses_nothing(settings, table):

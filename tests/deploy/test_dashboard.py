@@ -153,6 +153,7 @@ def exported_metric_names() -> set[str]:
         snapshots=100,
         data_manifests=3,
     )
+    maintenance.observe_cost(cpu_s=0.9, paced_s=2.7)
     text = generate_latest(registry).decode()
     return {sample.name for family in text_string_to_metric_families(text) for sample in family.samples}
 
