@@ -448,6 +448,11 @@ def main() -> None:
             broker.stop()
 
 
+def held_rate(run: dict) -> int | None:
+    """The rate a run held, or None: a --hold-at run records the rate it tried, held or not."""
+    return None if run.get("held") is False else run.get("capacity")
+
+
 def write_results(report: dict, name: str) -> None:
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / f"{name}.json").write_text(json.dumps(report, indent=2) + "\n")
@@ -466,7 +471,7 @@ def write_results(report: dict, name: str) -> None:
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in report["runs"]:
-        held = f"{r['capacity']:,}" if r.get("capacity") else "none held"
+        held = f"{r['capacity']:,}" if held_rate(r) else "none held"
         if r.get("held") is False:
             held = f"{r['capacity']:,} not held"
         cost = (
@@ -485,13 +490,14 @@ def write_results(report: dict, name: str) -> None:
         "|---|---|---|---|",
     ]
     for (dataset, stack), r in by.items():
-        if stack == "plain" or not r.get("capacity"):
+        capacity = held_rate(r)
+        if stack == "plain" or not capacity:
             continue
-        plain = (by.get((dataset, "plain")) or {}).get("capacity")
+        plain = held_rate(by.get((dataset, "plain")) or {})
         limit = r.get("limit_chain")
         lines.append(
-            f"| {dataset} | {stack} | {round(r['capacity'] / plain, 2) if plain else ''} "
-            f"| {round(r['capacity'] / limit, 2) if limit else ''} |"
+            f"| {dataset} | {stack} | {round(capacity / plain, 2) if plain else ''} "
+            f"| {round(capacity / limit, 2) if limit else ''} |"
         )
     lines += [
         "",
