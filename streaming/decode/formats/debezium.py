@@ -36,6 +36,7 @@ from streaming.decode.columns import _cast_or_reject
 from streaming.decode.formats.base import Decoded, InputFormat
 from streaming.decode.formats.debezium_avro import AvroEvents, starts_with_zero
 from streaming.decode.formats.geojson import _invalid_utf8, _raw_control_characters, _still_ok
+from streaming.decode.formats.json_blocks import one_per_line
 from streaming.decode.formats.json_fields import _BlockParser, _leaf, base64_decode
 from streaming.decode.formats.wkb import EWKB_SRID_FLAG, read_wkb
 from streaming.decode.properties import PropertySeen, merge_seen, unmapped_properties
@@ -125,7 +126,7 @@ class DebeziumFormat(InputFormat):
             rows, cut, docs, was_cut = rows[keep], cut.filter(mask), docs.filter(mask), was_cut[keep]
         if rows.size == 0:
             return
-        table, errors = self._parse(_one_line(cut), docs, was_cut)
+        table, errors = self._parse(one_per_line(cut), docs, was_cut)
         for local, (reason, detail) in errors.items():
             rejects.add(rows[[local]], reason, detail)
         enveloped = pc.is_valid(table.column(PAYLOAD).combine_chunks())
@@ -211,7 +212,7 @@ class DebeziumFormat(InputFormat):
         again = np.array(sorted(i for i in errors if was_cut[i]), dtype=np.int64)
         if again.size == 0:
             return table, errors
-        whole, whole_errors = self.parser.parse(_one_line(docs.take(pa.array(again))))
+        whole, whole_errors = self.parser.parse(one_per_line(docs.take(pa.array(again))))
         index = np.arange(len(cut))
         index[again] = len(cut) + np.arange(again.size)
         table = pa.concat_tables([table, whole]).take(pa.array(index))
@@ -265,7 +266,7 @@ class DebeziumFormat(InputFormat):
         rows, docs = _still_ok(rows, docs, rejects)
         if rows.size == 0:
             return
-        table, errors = self.key_parser.parse(_one_line(docs))
+        table, errors = self.key_parser.parse(one_per_line(docs))
         for local, (reason, detail) in errors.items():
             rejects.add(rows[[local]], reason, f"the tombstone's key: {detail}")
         enveloped = pc.is_valid(table.column(PAYLOAD).combine_chunks())
@@ -307,11 +308,6 @@ class DebeziumFormat(InputFormat):
 def _put(fields: dict[str, pa.Array], name: str, value: pa.Array, rows: np.ndarray, n: int) -> None:
     """value[i] into row rows[i] of the field (JSON and Avro events of a batch fill it in turn)."""
     fields[name] = scatter(value, rows, n) if name not in fields else scatter_into(fields[name], value, rows)
-
-
-def _one_line(docs: pa.Array) -> pa.Array:
-    """Line breaks (legal between JSON tokens) as spaces: the block reader reads a document a line."""
-    return pc.replace_substring(pc.replace_substring(docs, "\n", " "), "\r", " ")
 
 
 def _payloads(docs: pa.Array) -> tuple[pa.Array, np.ndarray]:

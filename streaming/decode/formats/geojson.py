@@ -21,8 +21,9 @@ import shapely
 
 from streaming.contract import Contract
 from streaming.decode.formats.base import Decoded, InputFormat
-from streaming.decode.formats.geojson_geometry import ndjson, read_geometries
-from streaming.decode.formats.json_blocks import ROW_IN_ERROR, read_in_blocks
+from streaming.decode.formats.geojson_geometry import KnownCoordinates, coordinates_type, ndjson, read_geometries
+from streaming.decode.formats.json_blocks import ROW_IN_ERROR, has_line_break, one_per_line, read_in_blocks
+from streaming.decode.formats.wkt import store_points
 from streaming.decode.rejects import Reason, Rejects, shown
 from streaming.kernels.buffers import NONE, scatter
 
@@ -58,23 +59,26 @@ class GeoJsonFormat(InputFormat):
         if "geojson" not in self.contract.formats:
             out.rejects.add(rows, Reason.FORMAT_NOT_ACCEPTED, "GeoJSON events are not accepted by this table")
             return
-        out.feature_ids, out.properties = self._read(values, rows, out.geoms, out.rejects, len(values))
+        out.feature_ids, out.properties = self._read(values, rows, out)
         out.srids[rows] = GEOJSON_SRID
 
-    def _read(
-        self, values: pa.Array, rows: np.ndarray, geoms: np.ndarray, rejects: Rejects, n: int
-    ) -> tuple[pa.Array, dict[str, pa.Array]]:
-        """Geometries into `geoms`, and the Feature ids and properties of the n rows (null where
-        a row is not one of `rows` or is rejected)."""
+    def _read(self, values: pa.Array, rows: np.ndarray, out: Decoded) -> tuple[pa.Array, dict[str, pa.Array]]:
+        """Geometries (and plain points) into `out`, and the Feature ids and properties of its
+        rows (null where a row is not one of `rows` or is rejected)."""
+        geoms, rejects, n = out.geoms, out.rejects, len(values)
         no_ids = pa.nulls(n, pa.string())
         no_properties = {k: pa.nulls(n, t) for k, t in self.property_types.items()}
         docs = values.take(pa.array(rows))
         # Every object GEOS recurses into has a "type" member, so a document with few of them
         # cannot nest deeply; the rare one with many is checked exactly before GEOS sees it.
-        many_types = pc.greater(pc.count_substring(docs.cast(pa.binary()), '"type"'), self.max_nesting).to_numpy(
-            zero_copy_only=False
+        # Only a document long enough to hold that many is searched for them.
+        long_enough = np.flatnonzero(
+            pc.greater(pc.binary_length(docs), len('"type"') * self.max_nesting).to_numpy(zero_copy_only=False)
         )
-        for local in np.flatnonzero(many_types).tolist():
+        many_types = pc.greater(
+            pc.count_substring(docs.take(pa.array(long_enough)).cast(pa.binary()), '"type"'), self.max_nesting
+        ).to_numpy(zero_copy_only=False)
+        for local in long_enough[many_types].tolist():
             problem = _geojson_nesting_problem(docs[int(local)].as_py(), self.max_nesting)
             if problem is not None:
                 rejects.add(rows[[local]], *problem)
@@ -87,9 +91,7 @@ class GeoJsonFormat(InputFormat):
         rows, docs = _still_ok(rows, docs, rejects)
         if rows.size == 0:
             return no_ids, no_properties
-        # Line breaks left in a document now lie between tokens, where they are whitespace; the
-        # block readers split documents on them.
-        flat = pc.replace_substring(pc.replace_substring(docs, "\n", " "), "\r", " ")
+        flat = one_per_line(docs)
         parsed = _FeatureParser(self.property_types).parse(flat)
         for local, (reason, detail) in parsed.errors.items():
             rejects.add(rows[[local]], reason, detail)
@@ -133,13 +135,20 @@ class GeoJsonFormat(InputFormat):
                 bad_rows |= odd
 
         local_usable = np.flatnonzero(~bad_rows)
-        fast, read = read_geometries(
-            flat.take(pa.array(local_usable)),
-            geometry_types.take(pa.array(local_usable)).to_numpy(zero_copy_only=False),
+        usable = pa.array(local_usable)
+        known = parsed.known
+        fast = read_geometries(
+            flat.take(usable),
+            geometry_types.take(usable).to_numpy(zero_copy_only=False),
+            known=None if known is None else KnownCoordinates(known.geometry_type, known.coordinates.take(usable)),
         )
-        geoms[rows[local_usable[read]]] = fast[read]
+        plain = fast.plain
+        read_rows = rows[local_usable]
+        geoms[read_rows[fast.read & ~plain]] = fast.geoms[fast.read & ~plain]
+        xy = fast.points_xy[plain]
+        store_points(out, read_rows[plain], xy, np.full(len(xy), GEOJSON_SRID), self.contract.geometry.epsg)
         # What the fast reader leaves (other shapes, anything not plainly well formed) GEOS reads.
-        rest = local_usable[~read]
+        rest = local_usable[~fast.read]
         text = pc.cast(docs.take(pa.array(rest)), pa.string()).to_numpy(zero_copy_only=False)
         with np.errstate(all="ignore"):  # a number beyond the double range is reported below, not warned of
             decoded = shapely.from_geojson(text, on_invalid="ignore") if rest.size else np.zeros(0, dtype=object)
@@ -166,6 +175,8 @@ class _ParsedFeatures:
     ids: pa.Array
     properties: dict[str, pa.Array]
     errors: dict[int, tuple[Reason, str]]
+    # The coordinates of the documents of the geometry type read with the members, if one was
+    known: KnownCoordinates | None
 
 
 class _FeatureParser:
@@ -178,6 +189,11 @@ class _FeatureParser:
     with the others). Refusals close together would cost a block read each, so a run of rows
     after them is read one by one instead, a longer run while they keep coming: a batch of bad
     records costs about what json.loads costs, never a block read per record.
+
+    The coordinates of one geometry type, the first document's, are read in the same pass: a
+    stream of one type (points, most often) is then read once, not twice. A block holding
+    another type makes the reader refuse that schema; the block is read again without it, and
+    so is the rest of the batch (the coordinates are read by type afterwards, as for any batch).
     """
 
     _BLOCK_ID_TYPES = (pa.string(), pa.int64())
@@ -188,9 +204,14 @@ class _FeatureParser:
     def __init__(self, property_types: dict[str, pa.DataType]):
         self.property_types = property_types
         self._props = pa.struct([pa.field(k, v) for k, v in property_types.items()])
+        self._coordinates: pa.DataType | None = None  # the type of the coordinates read with the members
+        self._with_coordinates = False  # whether the next block is read with them
 
     def parse(self, flat: pa.Array) -> _ParsedFeatures:
         """Documents without raw line breaks, one per element."""
+        expected = _first_geometry_type(flat)
+        self._coordinates = None if expected is None else coordinates_type(expected)
+        self._with_coordinates = self._coordinates is not None
         errors: dict[int, tuple[Reason, str]] = {}
         pieces: list[pa.Table] = []
         singles: list[dict] = []  # rows read one by one since the last block
@@ -214,18 +235,24 @@ class _FeatureParser:
         )
         add_block(self._empty(0))
         table = pa.concat_tables(pieces)
+        geometry = table.column("geometry").combine_chunks()
         return _ParsedFeatures(
             types=table.column("type").combine_chunks(),
-            geometry_types=pc.struct_field(table.column("geometry").combine_chunks(), "type"),
+            geometry_types=pc.struct_field(geometry, "type"),
             ids=table.column("id").combine_chunks(),
             properties={k: table.column("properties").combine_chunks().field(k) for k in self.property_types},
             errors=errors,
+            known=None
+            if expected is None or self._coordinates is None
+            else KnownCoordinates(expected, pc.struct_field(geometry, "coordinates")),
         )
 
-    def _schema(self, id_type: pa.DataType) -> pa.Schema:
-        return pa.schema(
-            [("type", pa.string()), ("id", id_type), ("properties", self._props), ("geometry", GEOMETRY_MEMBER)]
-        )
+    def _schema(self, id_type: pa.DataType, with_coordinates: bool = True) -> pa.Schema:
+        """The members read; the geometry's coordinates too if this batch reads them (see parse)."""
+        geometry = GEOMETRY_MEMBER
+        if with_coordinates and self._coordinates is not None:
+            geometry = pa.struct([("type", pa.string()), ("coordinates", self._coordinates)])
+        return pa.schema([("type", pa.string()), ("id", id_type), ("properties", self._props), ("geometry", geometry)])
 
     def _empty(self, n: int) -> pa.Table:
         schema = self._schema(pa.string())
@@ -233,11 +260,25 @@ class _FeatureParser:
 
     def _read_block(self, block: pa.Array) -> tuple[pa.Table | None, int | None]:
         """The block as a table, or (None, the row the reader refused if it says which)."""
+        if self._with_coordinates:
+            table, bad_row = self._read_block_as(block, with_coordinates=True)
+            if table is not None:
+                return table, None
+        table, bad_row = self._read_block_as(block, with_coordinates=False)
+        if table is None or self._coordinates is None:
+            return table, bad_row
+        # Read without them, so the block holds another geometry type: so may the rest.
+        self._with_coordinates = False
+        return _with_null_coordinates(table, self._coordinates), None
+
+    def _read_block_as(self, block: pa.Array, with_coordinates: bool) -> tuple[pa.Table | None, int | None]:
         data = ndjson(block)
         read_options = pa_json.ReadOptions(use_threads=False, block_size=max(data.size + 1, 1 << 20))
         bad_row = None
         for id_type in self._BLOCK_ID_TYPES:
-            options = pa_json.ParseOptions(explicit_schema=self._schema(id_type), unexpected_field_behavior="ignore")
+            options = pa_json.ParseOptions(
+                explicit_schema=self._schema(id_type, with_coordinates), unexpected_field_behavior="ignore"
+            )
             try:
                 table = pa_json.read_json(pa.BufferReader(data), parse_options=options, read_options=read_options)
             except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
@@ -249,7 +290,7 @@ class _FeatureParser:
             if table.num_rows != len(block):
                 # A value that holds several documents: no row to blame, so split the block.
                 return None, None
-            return table.cast(self._schema(pa.string())), None
+            return table.cast(self._schema(pa.string(), with_coordinates)), None
         if bad_row is not None and not 0 <= bad_row < len(block):
             bad_row = None
         return None, bad_row
@@ -320,6 +361,27 @@ class _FeatureParser:
             "properties": values,
             "geometry": None if geometry is None else {"type": geometry["type"]},
         }
+
+
+def _first_geometry_type(flat: pa.Array) -> str | None:
+    """The geometry type named by the first document, if it is a Feature with one."""
+    if len(flat) == 0:
+        return None
+    doc, problem = _load_json(flat[0].as_py())
+    geometry = doc.get("geometry") if problem is None and isinstance(doc, dict) else None
+    kind = geometry.get("type") if isinstance(geometry, dict) else None
+    return kind if isinstance(kind, str) else None
+
+
+def _with_null_coordinates(table: pa.Table, coordinates: pa.DataType) -> pa.Table:
+    """A block read without the geometry's coordinates, in the schema of one read with them."""
+    geometry = table.column("geometry").combine_chunks()
+    widened = pa.StructArray.from_arrays(
+        [pc.struct_field(geometry, "type"), pa.nulls(len(geometry), coordinates)],
+        names=["type", "coordinates"],
+        mask=pc.is_null(geometry),
+    )
+    return table.set_column(table.schema.get_field_index("geometry"), "geometry", widened)
 
 
 def _is_unicode(value: Any) -> bool:
@@ -491,9 +553,9 @@ def _raw_control_characters(docs: pa.Array) -> list[tuple[int, str]]:
     """Documents with a raw line break inside a string, which JSON forbids. The block readers see
     line breaks replaced by spaces, so they would take the string with a space in it: these are
     found first, with RE2 over the documents that have a line break at all (few do)."""
-    breaks = np.flatnonzero(pc.match_substring_regex(docs, "[\r\n]").to_numpy(zero_copy_only=False))
-    if breaks.size == 0:
+    if not has_line_break(docs):
         return []
+    breaks = np.flatnonzero(pc.match_substring_regex(docs, "[\r\n]").to_numpy(zero_copy_only=False))
     inside = pc.match_substring_regex(docs.take(pa.array(breaks)), _LINE_BREAK_IN_STRING).to_numpy(zero_copy_only=False)
     return [
         (int(local), "value has a raw line break inside a JSON string (JSON escapes it as \\n or \\r)")

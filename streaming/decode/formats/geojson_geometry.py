@@ -10,6 +10,10 @@ to geometries, points 520k documents/s against msgspec 314k, orjson 304k, pysimd
 json 152k; hexagon polygons 340k against 87k at best. Per-record parsers lose on building
 Python objects for every coordinate, which the geometries then have to be copied out of.
 
+2D points get no geometry object at all: their x, y come back as numbers, which the caller keeps
+as plain points (their stored WKB written for all at once), as the WKB and JSON lon/lat formats
+do; building a GEOS point and writing its WKB again was a third of decoding GeoJSON points.
+
 It reads only what is plainly well formed: positions of 2 or 3 finite numbers, the same in a whole
 geometry, no empty parts, lines of 2 positions or more, closed rings of 4 or more. Every other
 document is left unread (`read` is False) for the caller to hand to GEOS, which then accepts or
@@ -17,6 +21,9 @@ refuses it exactly as before: this path never decides that a document is bad.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 import pyarrow as pa
@@ -42,27 +49,74 @@ _RINGS = {"Polygon", "MultiPolygon"}
 _MAX_ISOLATED = 8
 
 
+class ReadGeometries(NamedTuple):
+    """What was read of each document: `read` is False where it is left for GEOS. A read 2D
+    point has its x, y in `points_xy` and no geometry; every other read document has its
+    geometry in `geoms` and NaN in `points_xy`."""
+
+    geoms: np.ndarray
+    read: np.ndarray
+    points_xy: np.ndarray
+
+    @property
+    def plain(self) -> np.ndarray:
+        return ~np.isnan(self.points_xy[:, 0])
+
+
+def coordinates_type(geometry_type: str) -> pa.DataType | None:
+    """The Arrow type the block reader reads the coordinates of a geometry type as (None: a type
+    it does not read, a GeometryCollection or an unknown name)."""
+    layout = _LAYOUTS.get(geometry_type)
+    if layout is None:
+        return None
+    coordinate_type = _POSITION
+    for _ in range(layout[1]):
+        coordinate_type = pa.list_(coordinate_type)
+    return coordinate_type
+
+
+@dataclass(frozen=True)
+class KnownCoordinates:
+    """Coordinates already read, with the documents' other members, for the documents of one
+    geometry type (null where they were not): only the null ones are read here."""
+
+    geometry_type: str
+    coordinates: pa.ListArray
+
+
 def read_geometries(
-    docs: pa.Array, geometry_types: np.ndarray, member: tuple[str, ...] = ("geometry",)
-) -> tuple[np.ndarray, np.ndarray]:
+    docs: pa.Array,
+    geometry_types: np.ndarray,
+    member: tuple[str, ...] = ("geometry",),
+    known: KnownCoordinates | None = None,
+) -> ReadGeometries:
     """Geometries of GeoJSON Feature documents (one per line: no raw line breaks), given each
-    document's geometry type name (None where unknown). Returns (geometries, read): `read` is
-    False where the document is left for GEOS, and its geometry is then None. `member` is where
-    the geometry object is in each document (a Feature's "geometry"; any path in a JSON event)."""
+    document's geometry type name (None where unknown). `member` is where the geometry object is
+    in each document (a Feature's "geometry"; any path in a JSON event)."""
     n = len(docs)
     geoms = np.full(n, None, dtype=object)
     read = np.zeros(n, dtype=bool)
+    points_xy = np.full((n, 2), np.nan)
     for name, layout in _LAYOUTS.items():
         rows = np.flatnonzero(geometry_types == name)
         if rows.size == 0:
             continue
-        coordinates, parsed = _parse_coordinates(docs.take(pa.array(rows)), layout[1], member)
-        if coordinates is None:
-            continue
-        built, ok = _build(coordinates, layout, closed_rings=name in _RINGS)
-        geoms[rows[parsed][ok]] = built[ok]
-        read[rows[parsed][ok]] = True
-    return geoms, read
+        batches = []
+        if known is not None and known.geometry_type == name:
+            coordinates = known.coordinates.take(pa.array(rows))
+            have = pc.is_valid(coordinates).to_numpy(zero_copy_only=False)
+            batches.append((rows[have], coordinates.filter(pa.array(have))))
+            rows = rows[~have]  # not read with the members (a block of another type): read now
+        if rows.size:
+            coordinates, parsed = _parse_coordinates(docs.take(pa.array(rows)), layout[1], member)
+            if coordinates is not None:
+                batches.append((rows[parsed], coordinates))
+        for these, coordinates in batches:
+            built, xy, ok = _build(coordinates, layout, closed_rings=name in _RINGS)
+            geoms[these[ok]] = built[ok]
+            points_xy[these[ok]] = xy[ok]
+            read[these[ok]] = True
+    return ReadGeometries(geoms, read, points_xy)
 
 
 def _parse_coordinates(
@@ -71,7 +125,7 @@ def _parse_coordinates(
     """geometry.coordinates of each document, typed with `levels` lists above the positions, and
     which documents it holds (the reader refuses a whole block over one document of another shape:
     up to _MAX_ISOLATED such documents are set aside and the rest read again)."""
-    coordinate_type = _POSITION
+    coordinate_type: pa.DataType = _POSITION
     for _ in range(levels):
         coordinate_type = pa.list_(coordinate_type)
     node: pa.DataType = pa.struct([("coordinates", coordinate_type)])
@@ -108,8 +162,9 @@ def _parse_coordinates(
 
 def _build(
     coordinates: pa.ListArray, layout: tuple[GeometryType, int, tuple[int, ...]], closed_rings: bool
-) -> tuple[np.ndarray, np.ndarray]:
-    """Geometries of one type from their coordinate lists, and which rows were plainly well formed."""
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Geometries of one type from their coordinate lists (2D points as x, y only, NaN for the
+    others), and which rows were plainly well formed."""
     kind, levels, fewest = layout
     n = len(coordinates)
     ok = np.ones(n, dtype=bool)
@@ -138,11 +193,20 @@ def _build(
     if closed_rings:
         ok[_rows_with_open_rings(lengths_per_level, dims, values, n)] = False
     geoms = np.full(n, None, dtype=object)
+    points_xy = np.full((n, 2), np.nan)
+    made = np.zeros(n, dtype=bool)
     for dim in (2, 3):
         rows = np.flatnonzero(ok & (widest == dim))
-        if rows.size:
-            geoms[rows] = _ragged(coordinates.take(pa.array(rows)) if rows.size < n else coordinates, kind, levels, dim)
-    return geoms, ok & (geoms != None)  # noqa: E711 - elementwise
+        if rows.size == 0:
+            continue
+        taken = coordinates.take(pa.array(rows)) if rows.size < n else coordinates
+        if kind == GeometryType.POINT and dim == 2:
+            points_xy[rows] = pc.list_flatten(taken).to_numpy(zero_copy_only=False).reshape(-1, 2)
+            made[rows] = True
+        else:
+            geoms[rows] = _ragged(taken, kind, levels, dim)
+            made[rows] = geoms[rows] != None  # noqa: E711 - elementwise
+    return geoms, points_xy, ok & made
 
 
 def _ragged(coordinates: pa.ListArray, kind: GeometryType, levels: int, dim: int) -> np.ndarray:

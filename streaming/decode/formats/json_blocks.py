@@ -6,7 +6,9 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 # Where pyarrow's JSON reader names the document it refused.
 ROW_IN_ERROR = re.compile(r"in row (\d+)")
@@ -54,3 +56,27 @@ def read_in_blocks(
             stop = min(n, lo + refused + 1 + run)
             one_by_one(lo, stop)
             lo, window = stop, min_block
+
+
+def has_line_break(docs: pa.Array) -> bool:
+    """Whether any document holds a CR or LF: one pass over the bytes, without a kernel call per
+    document (most batches have none, and then the searches for them are skipped)."""
+    if len(docs) == 0:
+        return False
+    binary = docs.cast(pa.binary())
+    offsets = np.frombuffer(binary.buffers()[1], dtype=np.int32)
+    data = binary.buffers()[2]
+    if data is None:
+        return False
+    start, stop = offsets[binary.offset], offsets[binary.offset + len(binary)]
+    chars = np.frombuffer(data, dtype=np.uint8)[start:stop]
+    return bool(np.any((chars == 0x0A) | (chars == 0x0D)))
+
+
+def one_per_line(docs: pa.Array) -> pa.Array:
+    """The documents with their line breaks made spaces, for the block readers that split
+    documents on them: called once the breaks inside strings are refused, so the ones left lie
+    between tokens, where they are whitespace."""
+    if not has_line_break(docs):
+        return docs
+    return pc.replace_substring(pc.replace_substring(docs, "\n", " "), "\r", " ")

@@ -39,7 +39,7 @@ from streaming.decode.formats.geojson import (
     _still_ok,
 )
 from streaming.decode.formats.geojson_geometry import ndjson, read_geometries
-from streaming.decode.formats.json_blocks import ROW_IN_ERROR, read_in_blocks
+from streaming.decode.formats.json_blocks import ROW_IN_ERROR, one_per_line, read_in_blocks
 from streaming.decode.formats.wkb import EWKB_SRID_FLAG, read_wkb
 from streaming.decode.formats.wkt import read_wkt, store_points
 from streaming.decode.rejects import Reason, Rejects, shown
@@ -92,7 +92,7 @@ class JsonFieldsFormat(InputFormat):
         rows, docs = _still_ok(rows, docs, rejects)
         if rows.size == 0:
             return
-        flat = pc.replace_substring(pc.replace_substring(docs, "\n", " "), "\r", " ")
+        flat = one_per_line(docs)
         table, errors = self.parser.parse(flat)
         for local, (reason, detail) in errors.items():
             rejects.add(rows[[local]], reason, detail)
@@ -223,9 +223,12 @@ class JsonFieldsFormat(InputFormat):
         assert spec.geometry_path is not None
         member = tuple(spec.geometry_path.split("."))
         types = pc.struct_field(field, "type").to_numpy(zero_copy_only=False)
-        geoms, read = read_geometries(flat, types, member)
-        out.geoms[rows[read]] = geoms[read]
-        for local in np.flatnonzero(~read):
+        fast = read_geometries(flat, types, member)
+        plain = fast.plain
+        out.geoms[rows[fast.read & ~plain]] = fast.geoms[fast.read & ~plain]
+        xy = fast.points_xy[plain]
+        store_points(out, rows[plain], xy, np.full(len(xy), spec.epsg), self.contract.geometry.epsg)
+        for local in np.flatnonzero(~fast.read):
             doc, _ = _load_json(flat[int(local)].as_py())
             value = _at_path(doc, spec.geometry_path)
             geometry = None

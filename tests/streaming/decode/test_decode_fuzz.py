@@ -130,4 +130,5 @@ def test_a_short_coverage_guided_run_finds_no_crash(tmp_path):
     assert run.returncode == 0, f"crashing inputs, saved to the corpus:\n{run.stdout[-3000:]}{run.stderr[-3000:]}"
     runs = json.loads(results.read_text())["runs"]
     assert {r["format"] for r in runs} == set(FORMATS)
-    assert all(r["inputs"] == 2000 and r["crashes"] == [] for r in runs), runs
+    # libFuzzer may execute a few units beyond -runs (2010 of 2000 seen once).
+    assert all(r["inputs"] >= 2000 and r["crashes"] == [] for r in runs), runs

@@ -136,6 +136,59 @@ def test_isolating_one_bad_record_reads_each_document_a_bounded_number_of_times(
     )
 
 
+LINE = {"type": "LineString", "coordinates": [[2.0, 48.0], [2.1, 48.05]]}
+HEXAGON = {"type": "Polygon", "coordinates": [SQUARE, HOLE]}
+
+
+@pytest.mark.parametrize(
+    "geometries",
+    [
+        pytest.param([point(i / 2, i / 4) for i in range(300)], id="points"),
+        pytest.param([point(i / 2, i / 4) for i in range(150)] + [LINE, HEXAGON] * 75, id="points-then-others"),
+        pytest.param([HEXAGON] + [point(i / 2, i / 4) for i in range(299)], id="another-type-first"),
+        pytest.param([point(i / 2, i / 4, 7.5) if i % 3 else point(i / 2, i / 4) for i in range(300)], id="2d-and-3d"),
+        pytest.param(
+            [point(i / 2, i / 4) for i in range(100)] + [{"type": "Point", "coordinates": [[1, 2]]}] + [LINE] * 199,
+            id="an-odd-point-then-lines",
+        ),
+    ],
+)
+def test_a_batch_is_read_as_geos_reads_it_whatever_its_mix_of_types(geometries):
+    """The first document's geometry type is read with the Feature members, in one pass; the
+    others, and any block that refuses that reading, by type after it: every geometry still
+    comes out as GEOS reads it, or as its reject."""
+    values = [feature(g, fid=f"f-{i}") for i, g in enumerate(geometries)]
+    rows = decode(values)
+    for value, geometry, row in zip(values, geometries, rows):
+        if geometry["coordinates"] == [[1, 2]]:
+            assert row[REJECT_REASON] == Reason.INVALID_GEOJSON_GEOMETRY, row
+            continue
+        assert_valid(row)
+        expected = shapely.from_geojson(json.dumps(geometry))
+        assert shapely.equals_exact(geometry_of(row), expected, tolerance=0), value
+        assert shapely.has_z(geometry_of(row)) == shapely.has_z(expected)
+    assert [r["event_id"] for r in rows] == [f"f-{i}" for i in range(len(values))]
+
+
+def test_a_batch_of_one_geometry_type_is_parsed_once(monkeypatch):
+    """Its coordinates are read with the Feature members: the JSON reader sees its bytes once,
+    and a sample of them again for the property names no column maps (properties.py)."""
+    parses = []
+    read_json = pa_json.read_json
+
+    def counting_read_json(source, *args, **kwargs):
+        parses.append(source.size())
+        return read_json(source, *args, **kwargs)
+
+    monkeypatch.setattr(pa_json, "read_json", counting_read_json)
+    values = [feature(point(i % 170, i % 80), fid=f"g-{i}") for i in range(1000)]
+    rows = decode(values)
+    assert all(r[REJECT_REASON] is None for r in rows)
+    batch_bytes = sum(len(v) + 1 for v in values)
+    assert parses[0] == batch_bytes
+    assert sum(parses) < 1.5 * batch_bytes, f"{sum(parses) / batch_bytes:.2f} x the batch in {len(parses)} reads"
+
+
 def test_integer_property_out_of_int64_range_is_a_type_mismatch_not_a_crash():
     rows = decode([GOOD, feature(point(1, 2), population=2**64)])
     assert_valid(rows[0])

@@ -50,7 +50,29 @@ def feature(geometry) -> str:
 
 
 def read(docs: list[str], types: list[str | None]):
-    return read_geometries(pa.array(docs, pa.string()), np.array(types, dtype=object))
+    """Geometries read, the plain 2D points made geometries to compare with GEOS's."""
+    got = read_geometries(pa.array(docs, pa.string()), np.array(types, dtype=object))
+    geoms = got.geoms.copy()
+    geoms[got.plain] = shapely.points(got.points_xy[got.plain])
+    return geoms, got.read
+
+
+def test_2d_points_come_back_as_numbers_and_the_rest_as_geometries():
+    docs = [
+        feature({"type": "Point", "coordinates": [2.35, 48.86]}),
+        feature({"type": "Point", "coordinates": [2.35, 48.86, 35]}),
+        feature({"type": "LineString", "coordinates": [[0, 0], [1, 1]]}),
+        feature({"type": "Point", "coordinates": [1, 2, 3, 4]}),
+    ]
+    got = read_geometries(
+        pa.array(docs, pa.string()), np.array(["Point", "Point", "LineString", "Point"], dtype=object)
+    )
+    assert got.read.tolist() == [True, True, True, False]
+    assert got.plain.tolist() == [True, False, False, False]
+    assert got.points_xy[0].tolist() == [2.35, 48.86]
+    assert got.geoms[0] is None and got.geoms[3] is None
+    assert shapely.equals_exact(got.geoms[1], shapely.Point(2.35, 48.86, 35), tolerance=0)
+    assert shapely.has_z(got.geoms[1])
 
 
 def test_reads_every_simple_type_as_geos_does():
