@@ -175,7 +175,7 @@ class _ParsedFeatures:
     ids: pa.Array
     properties: dict[str, pa.Array]
     errors: dict[int, tuple[Reason, str]]
-    # The coordinates of the documents of the geometry type read with the members, if one was
+    # Coordinates read in the same pass as the members, for one geometry type (None: none were)
     known: KnownCoordinates | None
 
 
