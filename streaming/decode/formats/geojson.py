@@ -21,7 +21,13 @@ import shapely
 
 from streaming.contract import Contract
 from streaming.decode.formats.base import Decoded, InputFormat
-from streaming.decode.formats.geojson_geometry import KnownCoordinates, coordinates_type, ndjson, read_geometries
+from streaming.decode.formats.geojson_geometry import (
+    KnownCoordinates,
+    ReadGeometries,
+    coordinates_type,
+    ndjson,
+    read_geometries,
+)
 from streaming.decode.formats.json_blocks import ROW_IN_ERROR, has_line_break, one_per_line, read_in_blocks
 from streaming.decode.formats.wkt import store_points
 from streaming.decode.rejects import Reason, Rejects, shown
@@ -142,11 +148,7 @@ class GeoJsonFormat(InputFormat):
             geometry_types.take(usable).to_numpy(zero_copy_only=False),
             known=None if known is None else KnownCoordinates(known.geometry_type, known.coordinates.take(usable)),
         )
-        plain = fast.plain
-        read_rows = rows[local_usable]
-        geoms[read_rows[fast.read & ~plain]] = fast.geoms[fast.read & ~plain]
-        xy = fast.points_xy[plain]
-        store_points(out, read_rows[plain], xy, np.full(len(xy), GEOJSON_SRID), self.contract.geometry.epsg)
+        store_read(out, rows[local_usable], fast, GEOJSON_SRID, self.contract.geometry.epsg)
         # What the fast reader leaves (other shapes, anything not plainly well formed) GEOS reads.
         rest = local_usable[~fast.read]
         text = pc.cast(docs.take(pa.array(rest)), pa.string()).to_numpy(zero_copy_only=False)
@@ -261,7 +263,7 @@ class _FeatureParser:
     def _read_block(self, block: pa.Array) -> tuple[pa.Table | None, int | None]:
         """The block as a table, or (None, the row the reader refused if it says which)."""
         if self._with_coordinates:
-            table, bad_row = self._read_block_as(block, with_coordinates=True)
+            table, _ = self._read_block_as(block, with_coordinates=True)
             if table is not None:
                 return table, None
         table, bad_row = self._read_block_as(block, with_coordinates=False)
@@ -361,6 +363,15 @@ class _FeatureParser:
             "properties": values,
             "geometry": None if geometry is None else {"type": geometry["type"]},
         }
+
+
+def store_read(out: Decoded, rows: np.ndarray, fast: ReadGeometries, srid: int, table_epsg: int) -> None:
+    """What read_geometries read of the documents at `rows` (in `srid`) into `out`: its
+    geometries, and its 2D points as plain points (store_points)."""
+    plain = fast.plain
+    out.geoms[rows[fast.read & ~plain]] = fast.geoms[fast.read & ~plain]
+    xy = fast.points_xy[plain]
+    store_points(out, rows[plain], xy, np.full(len(xy), srid), table_epsg)
 
 
 def _first_geometry_type(flat: pa.Array) -> str | None:

@@ -67,10 +67,13 @@ def coordinates_type(geometry_type: str) -> pa.DataType | None:
     """The Arrow type the block reader reads the coordinates of a geometry type as (None: a type
     it does not read, a GeometryCollection or an unknown name)."""
     layout = _LAYOUTS.get(geometry_type)
-    if layout is None:
-        return None
-    coordinate_type = _POSITION
-    for _ in range(layout[1]):
+    return None if layout is None else _nested_positions(layout[1])
+
+
+def _nested_positions(levels: int) -> pa.DataType:
+    """Positions (lists of numbers) under `levels` lists."""
+    coordinate_type: pa.DataType = _POSITION
+    for _ in range(levels):
         coordinate_type = pa.list_(coordinate_type)
     return coordinate_type
 
@@ -125,10 +128,7 @@ def _parse_coordinates(
     """geometry.coordinates of each document, typed with `levels` lists above the positions, and
     which documents it holds (the reader refuses a whole block over one document of another shape:
     up to _MAX_ISOLATED such documents are set aside and the rest read again)."""
-    coordinate_type: pa.DataType = _POSITION
-    for _ in range(levels):
-        coordinate_type = pa.list_(coordinate_type)
-    node: pa.DataType = pa.struct([("coordinates", coordinate_type)])
+    node: pa.DataType = pa.struct([("coordinates", _nested_positions(levels))])
     for name in reversed(member[1:]):
         node = pa.struct([(name, node)])
     schema = pa.schema([(member[0], node)])

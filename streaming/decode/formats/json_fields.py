@@ -37,6 +37,7 @@ from streaming.decode.formats.geojson import (
     _load_json,
     _raw_control_characters,
     _still_ok,
+    store_read,
 )
 from streaming.decode.formats.geojson_geometry import ndjson, read_geometries
 from streaming.decode.formats.json_blocks import ROW_IN_ERROR, one_per_line, read_in_blocks
@@ -224,10 +225,7 @@ class JsonFieldsFormat(InputFormat):
         member = tuple(spec.geometry_path.split("."))
         types = pc.struct_field(field, "type").to_numpy(zero_copy_only=False)
         fast = read_geometries(flat, types, member)
-        plain = fast.plain
-        out.geoms[rows[fast.read & ~plain]] = fast.geoms[fast.read & ~plain]
-        xy = fast.points_xy[plain]
-        store_points(out, rows[plain], xy, np.full(len(xy), spec.epsg), self.contract.geometry.epsg)
+        store_read(out, rows, fast, spec.epsg, self.contract.geometry.epsg)
         for local in np.flatnonzero(~fast.read):
             doc, _ = _load_json(flat[int(local)].as_py())
             value = _at_path(doc, spec.geometry_path)

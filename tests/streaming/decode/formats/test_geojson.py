@@ -101,6 +101,20 @@ def test_leading_whitespace_before_json_is_accepted(prefix):
     assert rows[0]["event_id"] == "good" and rows[0]["kind"] == "ping"
 
 
+@pytest.fixture
+def json_reads(monkeypatch) -> list[int]:
+    """The size of every buffer handed to pyarrow's JSON reader while the test runs."""
+    sizes: list[int] = []
+    read_json = pa_json.read_json
+
+    def counting_read_json(source, *args, **kwargs):
+        sizes.append(source.size())
+        return read_json(source, *args, **kwargs)
+
+    monkeypatch.setattr(pa_json, "read_json", counting_read_json)
+    return sizes
+
+
 @pytest.mark.parametrize(
     "ids, bad",
     [
@@ -113,20 +127,13 @@ def test_leading_whitespace_before_json_is_accepted(prefix):
         ),
     ],
 )
-def test_isolating_one_bad_record_reads_each_document_a_bounded_number_of_times(monkeypatch, ids, bad):
+def test_isolating_one_bad_record_reads_each_document_a_bounded_number_of_times(json_reads, ids, bad):
     """Finding the bad record must not re-read the rest of the batch once per record: the bytes
     handed to pyarrow's JSON reader stay within a small multiple of the batch."""
     n = 1000
     good = [feature(point(i % 170, i % 80), fid=i if ids == "numeric" else f"g-{i}") for i in range(n)]
     values = good[: n // 2] + [bad] + good[n // 2 :]
-    read_bytes = []
-    read_json = pa_json.read_json
-
-    def counting_read_json(source, *args, **kwargs):
-        read_bytes.append(source.size())
-        return read_json(source, *args, **kwargs)
-
-    monkeypatch.setattr(pa_json, "read_json", counting_read_json)
+    read_bytes = json_reads
     rows = decode(values)
     assert [r[REJECT_REASON] is None for r in rows].count(True) == n
     batch_bytes = sum(len(v) + 1 for v in values)
@@ -170,17 +177,10 @@ def test_a_batch_is_read_as_geos_reads_it_whatever_its_mix_of_types(geometries):
     assert [r["event_id"] for r in rows] == [f"f-{i}" for i in range(len(values))]
 
 
-def test_a_batch_of_one_geometry_type_is_parsed_once(monkeypatch):
+def test_a_batch_of_one_geometry_type_is_parsed_once(json_reads):
     """Its coordinates are read with the Feature members: the JSON reader sees its bytes once,
     and a sample of them again for the property names no column maps (properties.py)."""
-    parses = []
-    read_json = pa_json.read_json
-
-    def counting_read_json(source, *args, **kwargs):
-        parses.append(source.size())
-        return read_json(source, *args, **kwargs)
-
-    monkeypatch.setattr(pa_json, "read_json", counting_read_json)
+    parses = json_reads
     values = [feature(point(i % 170, i % 80), fid=f"g-{i}") for i in range(1000)]
     rows = decode(values)
     assert all(r[REJECT_REASON] is None for r in rows)
