@@ -204,6 +204,10 @@ class SourceSettings:
             # 0.5 s per task at librdkafka's 500 ms). Idle consumers are unassigned, so a short
             # wait costs no polling while the query waits for its next trigger.
             "fetch.wait.max.ms": "10",
+            # librdkafka fetches ahead until this many records wait (100,000 by default). A task
+            # gives its consumer back unassigned at its range's end, which drops what was fetched
+            # past it, for the next task to fetch again: one read's worth ahead keeps a reader fed.
+            "queued.min.messages": str(self.records_per_batch),
             **self.connection,
             **self.consumer,
             # What the reader relies on, whatever the options say.

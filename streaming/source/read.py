@@ -218,7 +218,7 @@ class _RangeRead:
             # No more than the range can still hold: consume(n) waits for n messages or the timeout.
             wanted = min(self._settings.records_per_batch, end - position)
             messages = self._consumer.consume(num_messages=wanted, timeout=_CONSUME_WAIT_S)
-            records, past_end, partition_end, out_of_range = self._sorted_out(messages, position, end)
+            records, offsets, past_end, partition_end, out_of_range = self._sorted_out(messages, position, end)
             if out_of_range:
                 # Deleted between the check above and the fetch (retention, delete-records).
                 low = self._watermarks()[0]
@@ -235,9 +235,9 @@ class _RangeRead:
                 self._assign(position)
                 continue
             if records:
-                position = cast(int, records[-1].offset()) + 1
+                position = offsets[-1] + 1
                 idle_since = time.monotonic()
-                yield _record_batch(records, self._topic, self._partition, self._settings.include_headers)
+                yield _record_batch(records, offsets, self._topic, self._partition, self._settings.include_headers)
             if past_end:
                 break  # offsets up to the first record past the range do not exist: the range is read
             if partition_end is not None and position < end:
@@ -265,10 +265,10 @@ class _RangeRead:
 
     def _sorted_out(
         self, messages: list[Message], position: int, end: int
-    ) -> tuple[list[Message], list[Message], int | None, bool]:
-        """(records in [position, end), records at or past end, the offset where the partition
-        ended if an end-of-partition event came, whether the position is out of the partition's
-        range). Other errors are raised if no retry of librdkafka's mends them, else logged."""
+    ) -> tuple[list[Message], list[int], list[Message], int | None, bool]:
+        """(records in [position, end), their offsets, records at or past end, the offset where the
+        partition ended if an end-of-partition event came, whether the position is out of the
+        partition's range). Other errors are raised if no retry of librdkafka's mends them, else logged."""
         from confluent_kafka import KafkaError
 
         partition_end: int | None = None
@@ -289,15 +289,15 @@ class _RangeRead:
                     log.warning("%s: %s (librdkafka retries)", self._where, error.str())
             messages = [m for m in messages if m.error() is None]
         if not messages or out_of_range:
-            return [], [], partition_end, out_of_range
+            return [], [], [], partition_end, out_of_range
         offsets = cast(list[int], [m.offset() for m in messages])
         # A partition's records come in offset order; `position` cuts what an earlier read of
         # this consumer left, `end` what lies past the range.
         first = bisect.bisect_left(offsets, position)
         last = bisect.bisect_left(offsets, end)
         if first == 0 and last == len(messages):
-            return messages, [], partition_end, False
-        return messages[first:last], messages[last:], partition_end, False
+            return messages, offsets, [], partition_end, False
+        return messages[first:last], offsets[first:last], messages[last:], partition_end, False
 
     def _watermarks(self) -> tuple[int, int]:
         from confluent_kafka import KafkaException
@@ -318,7 +318,9 @@ class _RangeRead:
         log.warning("%s. %s", message, SKIP_ON_DATA_LOSS_HINT)
 
 
-def _record_batch(records: list[Message], topic: str, partition: int, include_headers: bool) -> pa.RecordBatch:
+def _record_batch(
+    records: list[Message], offsets: list[int], topic: str, partition: int, include_headers: bool
+) -> pa.RecordBatch:
     n = len(records)
     timestamps_ms = np.fromiter((m.timestamp()[1] for m in records), dtype=np.int64, count=n)
     columns = [
@@ -326,7 +328,7 @@ def _record_batch(records: list[Message], topic: str, partition: int, include_he
         pa.array([m.value() for m in records], pa.binary()),
         pa.array([topic] * n, pa.string()),
         pa.array(np.full(n, partition, dtype=np.int32)),
-        pa.array(np.fromiter((m.offset() for m in records), dtype=np.int64, count=n)),
+        pa.array(np.array(offsets, dtype=np.int64)),
         pa.array(timestamps_ms * 1000, _TIMESTAMP_TYPE),
     ]
     if include_headers:

@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
-from confluent_kafka import Producer
+from confluent_kafka import Consumer, Producer
 from confluent_kafka import TopicPartition as KafkaTopicPartition
 from confluent_kafka.admin import AdminClient, NewPartitions
 
@@ -230,6 +230,38 @@ def test_a_range_is_read_up_to_its_end_and_never_past_it(
         batches = list(read_range(settings, topic, 2, start, end))
         assert [o for b in batches for o in b.column("offset").to_pylist()] == list(range(start, end))
         assert max(b.num_rows for b in batches) <= 7
+
+
+def test_a_reader_fetches_about_one_read_past_its_range(kafka: LocalBroker, topic: str) -> None:
+    """librdkafka fetches ahead until queued.min.messages records wait (100,000 by default); a task
+    gives its consumer back at its range's end, dropping what was fetched past it for the next
+    task to fetch again. The reader's settings keep that to about one read (kafka.max.poll.records)
+    and one fetch response. The consumer here reads as a task does, with librdkafka's statistics
+    counting what came; fetch responses are cut small so that there is more than one."""
+    # Record batches of 1,000: a fetch response holds whole batches.
+    producer = Producer({"bootstrap.servers": kafka.bootstrap, "linger.ms": 5, "batch.num.messages": 1000})
+    for i in range(20_000):
+        producer.produce(topic, value=b"%020d" % i, partition=0)
+    assert producer.flush(30) == 0
+    options = {**_options(kafka.bootstrap, topic), "kafka.max.poll.records": "100"}
+    settings = SourceSettings.parse({**options, "kafka.max.partition.fetch.bytes": str(64 * 1024)})
+    fetched: list[int] = []
+
+    def statistics(report: str) -> None:
+        fetched.append(json.loads(report)["rxmsgs"])
+
+    consumer = Consumer({**settings.consumer_config(), "statistics.interval.ms": 100, "stats_cb": statistics})
+    try:
+        consumer.assign([KafkaTopicPartition(topic, 0, 0)])
+        read = 0
+        while read < 500:
+            read += sum(m.error() is None for m in consumer.consume(100, timeout=1))
+        time.sleep(1)  # what librdkafka fetches meanwhile, as while a task decodes
+        consumer.poll(0.5)  # serves the statistics callback
+    finally:
+        consumer.close()
+    # 64 KiB holds about 2,300 of these records; librdkafka's default would fetch all 20,000.
+    assert fetched and 500 <= fetched[-1] <= 500 + 100 + 2 * 2_300, fetched
 
 
 def test_the_secured_listener_is_read_with_the_services_java_client_settings(
