@@ -236,15 +236,18 @@ def test_a_reader_fetches_about_one_read_past_its_range(kafka: LocalBroker, topi
     """librdkafka fetches ahead until queued.min.messages records wait (100,000 by default); a task
     gives its consumer back at its range's end, dropping what was fetched past it for the next
     task to fetch again. The reader's settings keep that to about one read (kafka.max.poll.records)
-    and one fetch response. The consumer here reads as a task does, with librdkafka's statistics
-    counting what came; fetch responses are cut small so that there is more than one."""
+    and the fetch responses in flight. The consumer here reads as a task does, with librdkafka's
+    statistics counting what came; fetch responses are cut small so that there is more than one."""
     # Record batches of 1,000: a fetch response holds whole batches.
     producer = Producer({"bootstrap.servers": kafka.bootstrap, "linger.ms": 5, "batch.num.messages": 1000})
     for i in range(20_000):
         producer.produce(topic, value=b"%020d" % i, partition=0)
     assert producer.flush(30) == 0
-    options = {**_options(kafka.bootstrap, topic), "kafka.max.poll.records": "100"}
-    settings = SourceSettings.parse({**options, "kafka.max.partition.fetch.bytes": str(64 * 1024)})
+    settings = SourceSettings.parse(
+        _options(
+            kafka.bootstrap, topic, **{"kafka.max.poll.records": "100", "kafka.max.partition.fetch.bytes": "65536"}
+        )
+    )
     fetched: list[int] = []
 
     def statistics(report: str) -> None:

@@ -133,13 +133,12 @@ def test_isolating_one_bad_record_reads_each_document_a_bounded_number_of_times(
     n = 1000
     good = [feature(point(i % 170, i % 80), fid=i if ids == "numeric" else f"g-{i}") for i in range(n)]
     values = good[: n // 2] + [bad] + good[n // 2 :]
-    read_bytes = json_reads
     rows = decode(values)
     assert [r[REJECT_REASON] is None for r in rows].count(True) == n
     batch_bytes = sum(len(v) + 1 for v in values)
-    assert read_bytes, "the block reader was used"
-    assert sum(read_bytes) <= 10 * batch_bytes, (
-        f"{len(read_bytes)} reads, {sum(read_bytes) / batch_bytes:.0f} x the batch"
+    assert json_reads, "the block reader was used"
+    assert sum(json_reads) <= 10 * batch_bytes, (
+        f"{len(json_reads)} reads, {sum(json_reads) / batch_bytes:.0f} x the batch"
     )
 
 
@@ -180,13 +179,14 @@ def test_a_batch_is_read_as_geos_reads_it_whatever_its_mix_of_types(geometries):
 def test_a_batch_of_one_geometry_type_is_parsed_once(json_reads):
     """Its coordinates are read with the Feature members: the JSON reader sees its bytes once,
     and a sample of them again for the property names no column maps (properties.py)."""
-    parses = json_reads
     values = [feature(point(i % 170, i % 80), fid=f"g-{i}") for i in range(1000)]
     rows = decode(values)
     assert all(r[REJECT_REASON] is None for r in rows)
     batch_bytes = sum(len(v) + 1 for v in values)
-    assert parses[0] == batch_bytes
-    assert sum(parses) < 1.5 * batch_bytes, f"{sum(parses) / batch_bytes:.2f} x the batch in {len(parses)} reads"
+    assert json_reads[0] == batch_bytes
+    assert sum(json_reads) < 1.5 * batch_bytes, (
+        f"{sum(json_reads) / batch_bytes:.2f} x the batch in {len(json_reads)} reads"
+    )
 
 
 def test_integer_property_out_of_int64_range_is_a_type_mismatch_not_a_crash():
