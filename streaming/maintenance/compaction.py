@@ -44,6 +44,7 @@ from streaming.storage import data_location
 from streaming.table.catalog import partition_layout
 from streaming.table.commit import data_spec_id, single_attempt_view, to_data_file
 from streaming.table.deletes import EqualityDeletes, has_delete_files, snapshot_files
+from streaming.table.row_delta import RewriteFiles
 from streaming.write.data_files import DataFileRecord, GeoParquetWriter, written_ms
 
 log = logging.getLogger("geoingest.maintenance")
@@ -131,7 +132,7 @@ def rewrite_bin(
     """The bin's rows, Hilbert-sorted again, written as new data files like ingest writes them.
 
     In an upsert table the equality deletes that apply to a source file are applied as it is read:
-    the new files get a newer sequence number, which those deletes no longer reach."""
+    the new files get a sequence number those deletes do not reach (see compact)."""
     names = contract.arrow_schema.names
     # By field id: files written before a column was renamed, widened or added read as the table is now.
     projection = FieldIdProjection(table.schema())
@@ -225,10 +226,12 @@ class _CompactionPlan:
     candidates: list[LiveFile]
     bins: list[Bin]
     # Upsert tables: the deletes to apply while rewriting, each data file's sequence number, and
-    # the delete files' paths (a delete file beyond them at commit time gives the rewrite up)
+    # the delete files' paths (one beyond them at commit time must reach the new files)
     deletes: EqualityDeletes | None
     sequence_numbers: dict[str, int]
     planned_deletes: set[str]
+    # The sequence number of the snapshot planned from
+    read_sequence_number: int
 
 
 def plan_compaction(table: Table, policy: MaintenancePolicy, now_ms: int | None) -> _CompactionPlan:
@@ -249,7 +252,9 @@ def plan_compaction(table: Table, policy: MaintenancePolicy, now_ms: int | None)
         bins = plan_bins([f for f in files if f.path in chosen], policy.max_bin_bytes, 1)
     else:
         bins = plan_bins(candidates, policy.max_bin_bytes, policy.min_files_per_bin)
-    return _CompactionPlan(contract, candidates, bins, deletes, sequence_numbers, planned_deletes)
+    snapshot = table.current_snapshot()
+    read_sequence_number = (snapshot.sequence_number or 0) if snapshot is not None else 0
+    return _CompactionPlan(contract, candidates, bins, deletes, sequence_numbers, planned_deletes, read_sequence_number)
 
 
 @dataclass
@@ -308,11 +313,11 @@ def compact(
     def attempt() -> int | None:
         table.refresh()
         live = {f.file_path: f for _, f in live_files(table, contract)}
-        # Equality deletes committed since the plan would not reach the new files (their sequence
-        # number is newer): a key they delete or replace would come back. Given up, as Iceberg does.
-        new_deletes = _delete_file_paths(table) - planned_deletes
+        # Only a source another compaction replaced meanwhile gives its bin up: equality deletes
+        # committed since the plan are made to reach the new files instead (RewriteFiles).
+        overtaken = bool(_delete_file_paths(table) - planned_deletes)
         for rw in list(rewrites):
-            if new_deletes or not all(p in live for p in rw.sources):
+            if not all(p in live for p in rw.sources):
                 rewrites.remove(rw)
                 abandoned.append(rw)
                 delete_quietly(table, [r.path for r in rw.outputs])
@@ -327,14 +332,16 @@ def compact(
                 delete_quietly(table, [r.path for r in rw.outputs])
             rewrites.clear()
             return None
-        # An overwrite, not a replace: pyiceberg 0.12 cannot summarise a "replace" snapshot.
+        # Without such deletes the new files take the commit's own sequence number: newer than every
+        # delete file, so no reader (pyiceberg's included) loads the deletes for them.
+        sequence_number = plan.read_sequence_number if overtaken else None
         with view.transaction() as tx:
-            with tx.update_snapshot(snapshot_properties=carry(view, "compaction")).overwrite() as overwrite:
+            with RewriteFiles(tx, sequence_number, carry(view, "compaction")) as rewrite:
                 for rw in rewrites:
                     for path in rw.sources:
-                        overwrite.delete_data_file(live[path])
+                        rewrite.delete_data_file(live[path])
                     for record in rw.outputs:
-                        overwrite.append_data_file(to_data_file(record, data_spec_id(record, view.metadata)))
+                        rewrite.append_data_file(to_data_file(record, data_spec_id(record, view.metadata)))
         adopt(table, view)
         return current_snapshot_id(view)
 

@@ -1,10 +1,15 @@
-"""One snapshot that adds data files and equality delete files together: an upsert batch's commit.
+"""The snapshot producers pyiceberg 0.12 lacks.
 
-Iceberg's Java API calls it a row delta; pyiceberg 0.12 writes no delete files, so this producer
-extends its fast append (the same manifest list, summary and retry machinery) with a delete
-manifest. The equality deletes carry the batch's sequence number, so by the spec they remove the
-rows of the same keys in every older data file and none of the rows added beside them: one commit
-replaces the old versions of a batch's keys with the new ones, and drops the deleted keys.
+- RowDelta: one snapshot that adds data files and equality delete files together, an upsert
+  batch's commit. Iceberg's Java API calls it a row delta; pyiceberg 0.12 writes no delete files,
+  so this producer extends its fast append (the same manifest list, summary and retry machinery)
+  with a delete manifest. The equality deletes carry the batch's sequence number, so by the spec
+  they remove the rows of the same keys in every older data file and none of the rows added beside
+  them: one commit replaces the old versions of a batch's keys with the new ones, and drops the
+  deleted keys.
+- SpecAwareAppend: an append of data files of any of the table's specs.
+- RewriteFiles: a compaction's replace, its new files on the sequence number of the snapshot the
+  rewrite read when deletes overtook it.
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ from pyiceberg.manifest import (
 from pyiceberg.schema import Schema
 from pyiceberg.table import Transaction
 from pyiceberg.table.snapshots import Operation, Summary
-from pyiceberg.table.update.snapshot import _FastAppendFiles
+from pyiceberg.table.update.snapshot import _FastAppendFiles, _OverwriteFiles
 from pyiceberg.typedef import EMPTY_DICT, TableVersion
 from pyiceberg.types import IntegerType, ListType, NestedField, StructType
 
@@ -172,3 +177,56 @@ class RowDelta(SpecAwareAppend):
             return super()._summary(snapshot_properties)
         finally:
             self._added_data_files = data_files
+
+
+class RewriteFiles(_OverwriteFiles):
+    """Data files replaced by files of the same rows rewritten, the new files on the data sequence
+    number `data_sequence_number`: the snapshot's the rewrite read when equality deletes were
+    committed while it ran (Iceberg's rewrite does the same, `use-starting-sequence-number`), None
+    for the commit's own, as pyiceberg gives every added file.
+
+    Those deletes have a newer sequence number than the snapshot read, so they reach the rewritten
+    rows as they reached the files replaced, and a retried commit needs no second rewrite; the
+    deletes the rewrite applied are no newer than it, so they reach none of its files. Committed on
+    the commit's own sequence number instead, the new files would escape the deletes of every batch
+    that landed during the rewrite, and versions those batches replaced or deleted would come
+    back."""
+
+    def __init__(
+        self,
+        transaction: Transaction,
+        data_sequence_number: int | None,
+        snapshot_properties: dict[str, str] = EMPTY_DICT,
+    ) -> None:
+        # An overwrite, not a replace: pyiceberg 0.12 cannot summarise a "replace" snapshot.
+        super().__init__(
+            operation=Operation.OVERWRITE,
+            transaction=transaction,
+            io=transaction._table.io,
+            snapshot_properties=snapshot_properties,
+        )
+        self._data_sequence_number = data_sequence_number
+
+    def _manifests(self) -> list[ManifestFile]:
+        added = self._added_data_files
+        self._added_data_files = []
+        try:
+            manifests = super()._manifests()
+        finally:
+            self._added_data_files = added
+        specs = self._transaction.table_metadata.specs()
+        for spec_id in sorted({f.spec_id for f in added}):
+            with self.new_manifest_writer(spec=specs[spec_id]) as writer:
+                for data_file in added:
+                    if data_file.spec_id == spec_id:
+                        writer.add(
+                            ManifestEntry.from_args(
+                                status=ManifestEntryStatus.ADDED,
+                                snapshot_id=self._snapshot_id,
+                                sequence_number=self._data_sequence_number,
+                                file_sequence_number=None,
+                                data_file=data_file,
+                            )
+                        )
+            manifests.append(writer.to_manifest_file())
+        return manifests

@@ -20,7 +20,7 @@ from pyiceberg.conversions import from_bytes
 from pyiceberg.table import Table
 from pyiceberg.types import DoubleType
 
-from streaming.contract import Contract, load_contract
+from streaming.contract import Contract, load_contract, parse_contract
 from streaming.decode.decoder import DecodeOptions
 from streaming.kernels.hilbert import hilbert_keys_of_bounds
 from streaming.maintenance import maintain as maintain_module
@@ -58,7 +58,11 @@ from streaming.table.commit import (
     recorded_offsets,
     resume_offsets,
 )
+from streaming.table.deletes import snapshot_files
 from streaming.write.task import BatchResults, FileSettings, PartitionTask
+from streaming.write.upsert import equality_field_ids
+from tests.conftest import duckdb_connection
+from tests.streaming.write.test_upsert import spark_iceberg_state, table_state
 
 TOPIC = "geo-events"
 
@@ -107,9 +111,11 @@ class BatchWriter:
     def __post_init__(self) -> None:
         self.committer = Committer(self.table)
 
-    def files(self, batch_id: int, lon: np.ndarray, lat: np.ndarray):
+    def files(self, batch_id: int, lon: np.ndarray, lat: np.ndarray, ids: list[str] | None = None):
+        """The batch's data files, its equality delete files (an upsert table's) and its offsets;
+        its events' ids are `ids`, else unique to the writer, batch and row."""
         n = len(lon)
-        ids = [event_id(self.writer_id, batch_id, i) for i in range(n)]
+        ids = ids or [event_id(self.writer_id, batch_id, i) for i in range(n)]
         settings = FileSettings(
             dict(self.table.properties),
             dict(self.table.io.properties),
@@ -118,7 +124,7 @@ class BatchWriter:
             partition_layout(self.table),
         )
         task = PartitionTask(self.contract, DecodeOptions(), settings)
-        records = []
+        records, deletes = [], []
         offsets: dict[int, tuple[int, int]] = {}
         for t, part in enumerate(np.array_split(np.arange(n), self.tasks)):
             if not len(part):
@@ -130,12 +136,16 @@ class BatchWriter:
             if any(tally.reason is not None for tally in results.tallies):
                 raise AssertionError(f"batch {batch_id}: rows were rejected: {results.tallies}")
             records += results.files
+            deletes += results.delete_files
             offsets[t] = (first, first + len(part) - 1)
-        return tuple(records), {TOPIC: offsets}
+        return tuple(records), tuple(deletes), {TOPIC: offsets}
 
-    def commit(self, batch_id: int, lon: np.ndarray, lat: np.ndarray) -> CommitOutcome:
-        files, offsets = self.files(batch_id, lon, lat)
-        return self.committer.commit(BatchCommit(self.writer_id, batch_id, offsets, files))
+    def commit(self, batch_id: int, lon: np.ndarray, lat: np.ndarray, ids: list[str] | None = None) -> CommitOutcome:
+        files, deletes, offsets = self.files(batch_id, lon, lat, ids)
+        equality_ids = tuple(equality_field_ids(self.contract)) if deletes else ()
+        return self.committer.commit(
+            BatchCommit(self.writer_id, batch_id, offsets, files, delete_files=deletes, equality_ids=equality_ids)
+        )
 
 
 def world_points(rng: np.random.Generator, n: int) -> tuple[np.ndarray, np.ndarray]:
@@ -392,6 +402,49 @@ def test_a_bin_whose_files_another_compaction_replaced_is_given_up(monkeypatch, 
     assert on_disk == {p.removeprefix("file://") for p in data_paths(table)}, "the loser's files were deleted"
 
 
+def test_a_rewrite_lands_though_an_upsert_batch_replaced_its_keys_meanwhile(monkeypatch, catalog, tmp_path):
+    """An upsert table: a batch moves a third of the keys and its equality deletes land while a
+    compaction rewrites the files that hold their old versions. The rewrite still lands, on the
+    sequence number of the snapshot it read, so the batch's deletes reach its files: every key
+    reads its newest version only, in geoingest, in Spark's Iceberg reader and in DuckDB."""
+    contract = parse_contract({**json.loads(CONTRACT_PATH.read_text()), "mode": "upsert"})
+    table, _ = create_table(catalog, contract)
+    writer = BatchWriter(table, contract)
+    rng = np.random.default_rng(11)
+    keys = [f"k{i:04d}" for i in range(400)]
+    for batch_id in range(4):
+        ids = keys[batch_id * 100 : (batch_id + 1) * 100]
+        assert writer.commit(batch_id, *world_points(rng, 100), ids=ids).status == "committed"
+    read_sequence_number = table.current_snapshot().sequence_number
+    moved = keys[::3]
+    lon, lat = world_points(rng, len(moved))
+
+    mine = open_catalog(catalog.name, dict(catalog.properties)).load_table(contract.table)
+    # Refresh 1 plans the compaction; the batch lands right after refresh 2, the first commit attempt's.
+    raced = race_on_refresh(monkeypatch, mine, lambda: writer.commit(4, lon, lat, ids=moved), on_calls={2})
+    report = compact(mine, EAGER)
+
+    assert [o.status for o in raced] == ["committed"]
+    assert report.files_rewritten == 8 and report.bins_abandoned == 0 and report.conflicts == 1
+    table.refresh()
+    # as the batch writes them (6 decimals) and table_state reads them (5)
+    newest = {key: (round(round(float(x), 6), 5), round(round(float(y), 6), 5)) for key, x, y in zip(moved, lon, lat)}
+    state = table_state(table)
+    assert sorted(state) == keys, "every key once"
+    assert {key: state[key][:2] for key in moved} == newest, "the moved keys at their new places only"
+    assert spark_iceberg_state(table.metadata_location, tmp_path) == state, "Spark's Iceberg reader agrees"
+    con = duckdb_connection()
+    con.execute("SET enable_geoparquet_conversion = false")
+    rows, distinct = con.execute(
+        f"SELECT count(*), count(DISTINCT event_id) FROM iceberg_scan('{table.metadata_location}')"
+    ).fetchone()
+    assert (rows, distinct) == (len(keys), len(keys)), "DuckDB's iceberg_scan reads every key once"
+    planned = snapshot_files(table, table.current_snapshot())
+    compacted = [p for p in planned.data if Path(p.file.file_path).name.startswith(COMPACTION_FILE_PREFIX)]
+    assert compacted and {p.sequence_number for p in compacted} == {read_sequence_number}
+    assert planned.reaching_deletes(), "the racing batch's deletes reach the rewritten files"
+
+
 def losing_every_race(monkeypatch, catalog, table, contract, on_calls: set[int]) -> Table:
     """Three batches in `table`, one commit retry allowed, and a second handle on it after whose
     refreshes `on_calls` an ingest batch lands: the maintenance through it loses both attempts."""
@@ -620,7 +673,7 @@ def test_many_small_commits_stay_bounded_with_maintenance_between_batches(table,
 # -- orphans and dry runs ---------------------------------------------------------------------------
 def test_orphans_of_a_dead_batch_and_of_old_metadata_are_deleted_after_the_safety_age(table, contract):
     writer = write_batches(table, contract, 3)
-    dead_files, _ = writer.files(3, *world_points(np.random.default_rng(8), 50))  # never committed
+    dead_files, _, _ = writer.files(3, *world_points(np.random.default_rng(8), 50))  # never committed
     dead = [f.path for f in dead_files]
     # the sorted run a batch staged before it died between its two passes (clustering "batch")
     staged = Path(table.location().removeprefix("file://")) / "staging" / "w-b000000009" / "run.arrow"
