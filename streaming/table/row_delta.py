@@ -103,21 +103,7 @@ class SpecAwareAppend(_FastAppendFiles):
             manifests = super()._manifests()
         finally:
             self._added_data_files = added
-        for spec_id in sorted({f.spec_id for f in others}):
-            with self.new_manifest_writer(spec=self._transaction.table_metadata.specs()[spec_id]) as writer:
-                for data_file in others:
-                    if data_file.spec_id == spec_id:
-                        writer.add(
-                            ManifestEntry.from_args(
-                                status=ManifestEntryStatus.ADDED,
-                                snapshot_id=self._snapshot_id,
-                                sequence_number=None,
-                                file_sequence_number=None,
-                                data_file=data_file,
-                            )
-                        )
-            manifests.append(writer.to_manifest_file())
-        return manifests
+        return manifests + _added_manifests(self, others, sequence_number=None)
 
 
 class RowDelta(SpecAwareAppend):
@@ -214,19 +200,28 @@ class RewriteFiles(_OverwriteFiles):
             manifests = super()._manifests()
         finally:
             self._added_data_files = added
-        specs = self._transaction.table_metadata.specs()
-        for spec_id in sorted({f.spec_id for f in added}):
-            with self.new_manifest_writer(spec=specs[spec_id]) as writer:
-                for data_file in added:
-                    if data_file.spec_id == spec_id:
-                        writer.add(
-                            ManifestEntry.from_args(
-                                status=ManifestEntryStatus.ADDED,
-                                snapshot_id=self._snapshot_id,
-                                sequence_number=self._data_sequence_number,
-                                file_sequence_number=None,
-                                data_file=data_file,
-                            )
+        return manifests + _added_manifests(self, added, self._data_sequence_number)
+
+
+def _added_manifests(
+    producer: _FastAppendFiles | _OverwriteFiles, files: list[DataFile], sequence_number: int | None
+) -> list[ManifestFile]:
+    """One manifest per spec of the files the producer adds, their entries on `sequence_number`
+    (None: the commit's own, inherited from the manifest)."""
+    manifests = []
+    specs = producer._transaction.table_metadata.specs()
+    for spec_id in sorted({f.spec_id for f in files}):
+        with producer.new_manifest_writer(spec=specs[spec_id]) as writer:
+            for data_file in files:
+                if data_file.spec_id == spec_id:
+                    writer.add(
+                        ManifestEntry.from_args(
+                            status=ManifestEntryStatus.ADDED,
+                            snapshot_id=producer._snapshot_id,
+                            sequence_number=sequence_number,
+                            file_sequence_number=None,
+                            data_file=data_file,
                         )
-            manifests.append(writer.to_manifest_file())
-        return manifests
+                    )
+        manifests.append(writer.to_manifest_file())
+    return manifests

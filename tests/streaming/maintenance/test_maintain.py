@@ -61,8 +61,7 @@ from streaming.table.commit import (
 from streaming.table.deletes import snapshot_files
 from streaming.write.task import BatchResults, FileSettings, PartitionTask
 from streaming.write.upsert import equality_field_ids
-from tests.conftest import duckdb_connection
-from tests.streaming.write.test_upsert import spark_iceberg_state, table_state
+from tests.streaming.write.test_upsert import duckdb_rows_and_keys, spark_iceberg_state, table_state
 
 TOPIC = "geo-events"
 
@@ -433,12 +432,9 @@ def test_a_rewrite_lands_though_an_upsert_batch_replaced_its_keys_meanwhile(monk
     assert sorted(state) == keys, "every key once"
     assert {key: state[key][:2] for key in moved} == newest, "the moved keys at their new places only"
     assert spark_iceberg_state(table.metadata_location, tmp_path) == state, "Spark's Iceberg reader agrees"
-    con = duckdb_connection()
-    con.execute("SET enable_geoparquet_conversion = false")
-    rows, distinct = con.execute(
-        f"SELECT count(*), count(DISTINCT event_id) FROM iceberg_scan('{table.metadata_location}')"
-    ).fetchone()
-    assert (rows, distinct) == (len(keys), len(keys)), "DuckDB's iceberg_scan reads every key once"
+    assert duckdb_rows_and_keys(table.metadata_location) == (len(keys), len(keys)), (
+        "DuckDB's iceberg_scan reads every key once"
+    )
     planned = snapshot_files(table, table.current_snapshot())
     compacted = [p for p in planned.data if Path(p.file.file_path).name.startswith(COMPACTION_FILE_PREFIX)]
     assert compacted and {p.sequence_number for p in compacted} == {read_sequence_number}

@@ -264,10 +264,10 @@ def test_ingest_with_concurrent_maintenance_keeps_every_row_exactly_once(kafka, 
 def test_upsert_ingest_racing_maintenance_beside_never_shows_a_stale_row(kafka, spark, topic, tmp_path):
     """An upsert table: the service ingests updates and tombstones in 50 batches back to back (a
     minute or more on 2 shared cores) while its maintenance process compacts (applying the deletes)
-    and merges manifests back to back. A rewrite
-    that an ingest commit's deletes overtook lands on the sequence number it read, so those deletes
-    reach its files and no replaced or deleted version comes back: every snapshot, ingest's and maintenance's, holds exactly the current version of each key
-    for the offsets it covers; every record lands once."""
+    and merges manifests back to back. A rewrite that an ingest commit's deletes overtook lands on
+    the sequence number it read, so those deletes reach its files and no replaced or deleted
+    version comes back: every snapshot, ingest's and maintenance's, holds exactly the current
+    version of each key for the offsets it covers; every record lands once; no bin is given up."""
     contract = parse_contract({**DEMO, "mode": "upsert"})
     records = make_stream(n_keys=2_000, n_events=20_000, seed=7)
     assert produce_records(kafka.bootstrap, topic, records) == len(records)

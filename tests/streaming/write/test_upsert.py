@@ -181,6 +181,16 @@ def spark_iceberg_state(metadata_location: str, tmp_path: Path) -> dict[str, tup
     return state
 
 
+def duckdb_rows_and_keys(metadata_location: str) -> tuple[int, int]:
+    """(rows, distinct event_ids) as DuckDB's iceberg_scan reads the table (equality deletes applied)."""
+    con = duckdb_connection()
+    con.execute("SET enable_geoparquet_conversion = false")
+    rows, keys = con.execute(
+        f"SELECT count(*), count(DISTINCT event_id) FROM iceberg_scan('{metadata_location}')"
+    ).fetchone()
+    return rows, keys
+
+
 def record_positions(bootstrap: str, topic: str, records: list) -> dict[int, list[int]]:
     """Per partition, the produced records in offset order, as indices into `records` (the
     versions of a key keep their order: they share a partition)."""
@@ -262,12 +272,9 @@ def test_every_snapshot_of_an_upsert_table_holds_exactly_the_current_versions(
     assert len(final) > 1_000 and table_state(table) == final
     if clustering == "batch":
         assert spark_iceberg_state(table.metadata_location, tmp_path) == final, "Spark's Iceberg reader agrees"
-        con = duckdb_connection()
-        con.execute("SET enable_geoparquet_conversion = false")
-        rows, keys = con.execute(
-            f"SELECT count(*), count(DISTINCT event_id) FROM iceberg_scan('{table.metadata_location}')"
-        ).fetchone()
-        assert (rows, keys) == (len(final), len(final)), "DuckDB's iceberg_scan applies the equality deletes"
+        assert duckdb_rows_and_keys(table.metadata_location) == (len(final), len(final)), (
+            "DuckDB's iceberg_scan applies the equality deletes"
+        )
 
     # pyiceberg 0.12 cannot plan a scan that meets equality deletes (docs/upsert.md says so) ...
     with pytest.raises(ValueError, match="equality deletes"):
