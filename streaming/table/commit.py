@@ -276,8 +276,23 @@ def resume_offsets(table: Table, topic: str, partitions: list[int]) -> str:
 
 
 def data_spec_id(record: DataFileRecord, metadata: TableMetadata) -> int:
-    """The spec a data file is committed under: the table's default when the file carries a value
-    for each of its fields, else (a file written without partition values) an unpartitioned spec."""
+    """The spec a data file is committed under: the one it was written with (its partition values
+    are that spec's, whatever the table's default became meanwhile: `table evolve` while a batch
+    writes). A file that names no spec: the table's default when the file carries a value for each
+    of its fields, else (a file written without partition values) an unpartitioned spec."""
+    if record.spec_id is not None:
+        spec = metadata.specs().get(record.spec_id)
+        if spec is None:
+            raise ValueError(
+                f"{record.path}: written under partition spec {record.spec_id}, which the table no longer has "
+                f"(its specs: {sorted(metadata.specs())})"
+            )
+        if len(spec.fields) != len(record.partition_values):
+            raise ValueError(
+                f"{record.path}: {len(record.partition_values)} partition values for spec {record.spec_id}, "
+                f"which has {len(spec.fields)} fields"
+            )
+        return record.spec_id
     default = metadata.spec()
     if len(record.partition_values) == len(default.fields):
         return default.spec_id

@@ -36,7 +36,8 @@ from streaming.write.partitions import PartitionLayout, partition_path, split_by
 # Spark DDL of the rows the write stage returns to the driver.
 DATA_FILE_RECORD_DDL = (
     "path string, file_size_in_bytes long, record_count long, "
-    "xmin double, ymin double, xmax double, ymax double, metrics string, content string, partition_values string"
+    "xmin double, ymin double, xmax double, ymax double, metrics string, content string, partition_values string, "
+    "spec_id int"
 )
 DATA = "data"
 EQUALITY_DELETES = "equality_deletes"
@@ -80,6 +81,9 @@ class DataFileRecord:
     content: str = DATA
     # The values of the file's partition, in the order of its spec's fields (() unpartitioned)
     partition_values: tuple = ()
+    # The partition spec the values were computed with (None: written without a spec in mind): the
+    # spec the file is committed under, whatever the table's default is by then.
+    spec_id: int | None = None
 
     def to_row(self) -> dict:
         return {
@@ -90,6 +94,7 @@ class DataFileRecord:
             "metrics": json.dumps(self.metrics, separators=(",", ":")),
             "content": self.content,
             "partition_values": json.dumps(list(self.partition_values)),
+            "spec_id": self.spec_id,
         }
 
     @classmethod
@@ -104,6 +109,7 @@ class DataFileRecord:
             metrics=json.loads(get("metrics")),
             content=get("content") or DATA,
             partition_values=tuple(json.loads(_optional(row, "partition_values") or "[]")),
+            spec_id=_optional(row, "spec_id"),
         )
 
     def statistics(self) -> dict:
@@ -135,6 +141,7 @@ RECORD_SCHEMA = pa.schema(
         ("metrics", pa.string()),
         ("content", pa.string()),
         ("partition_values", pa.string()),
+        ("spec_id", pa.int32()),
     ]
 )
 
@@ -277,6 +284,7 @@ class GeoParquetWriter:
             bbox=file.bbox(),
             metrics=serializable_metrics(metrics),
             partition_values=values,
+            spec_id=None if self.partition is None else self.partition.spec_id,
         )
 
 

@@ -431,3 +431,35 @@ def test_the_partition_spec_evolves_old_files_keep_theirs_and_queries_read_both(
     # The contract itself refuses a transform of a column it lacks, before evolve looks at the table.
     with pytest.raises(ContractError, match=r"^partition\[0\]: day\(nowhere\): 'nowhere' is not one of the columns"):
         evolve_to(["day(nowhere)"])
+
+
+def test_a_batch_written_before_the_spec_evolved_is_committed_under_the_spec_it_was_written_with(catalog) -> None:
+    """The service writes a batch's files with the spec it read at the batch's start; `table evolve`
+    from day to hour lands before the batch commits. The files hold day values (day 20,000): read as
+    hours they would place the batch in 1972, where a window over the hour they hold misses them."""
+    from streaming.read.predicate import Predicate
+    from streaming.read.query import query
+    from streaming.table.commit import BatchCommit, Committer
+    from tests.partitioned_tables import DAY_US, HOUR_US, rows
+
+    raw = {**json.loads(CONTRACT_PATH.read_text()), "partition": ["day(event_time)"]}
+    contract = parse_contract(raw)
+    table, _ = create_table(catalog, contract)
+    day = 20_000
+    writer = GeoParquetWriter(
+        contract, table.properties, table.io.properties, table.location() + "/data", "w", partition_layout(table)
+    )
+    written = list(writer.write(rows(contract, day, "a", 40, seed=1, hour_of_day=7).to_batches()))
+    assert {r.partition_values for r in written} == {(day,)}
+
+    hourly = parse_contract({**raw, "partition": ["hour(event_time)"]})
+    apply_evolution(catalog.load_table(contract.table), hourly)
+    Committer(table).commit(BatchCommit("w", 0, {"t": {0: (0, 39)}}, tuple(written)))
+
+    table = catalog.load_table(contract.table)
+    committed = {t.file.spec_id: t.file.partition for t in table.scan().plan_files()}
+    day_spec = next(i for i, s in table.specs().items() if [str(f.transform) for f in s.fields] == ["day"])
+    assert list(committed) == [day_spec], "the files keep the spec they were written with"
+    hour = day * DAY_US + 7 * HOUR_US
+    found = query(table, Predicate.from_bbox(WORLD), time_from=hour // 1000, time_to=(hour + HOUR_US) // 1000)
+    assert found.stats.rows_matched == 40, "a window over the hour they hold finds all of them"
