@@ -501,7 +501,8 @@ def limit_chain(events: list[SampleEvent], processes: int, workdir: Path) -> dic
 
 def _limit_worker(share: pa.Table, folder: Path, ready) -> None:
     from streaming.decode.decoder import DecodeOptions
-    from streaming.write.task import FileSettings, PartitionTask
+    from streaming.write.data_files import FileSettings
+    from streaming.write.task import PartitionTask
 
     folder.mkdir(parents=True, exist_ok=True)
     task = PartitionTask(load_contract(CONTRACT), DecodeOptions(), FileSettings({}, {}, f"file://{folder}", "limit"))

@@ -42,8 +42,8 @@ from streaming.read.predicate import Predicate
 from streaming.read.query import query
 from streaming.table.catalog import create_table, open_catalog, partition_layout
 from streaming.table.commit import BatchCommit, Committer
-from streaming.write.data_files import DataFileRecord
-from streaming.write.task import FileSettings, PartitionTask
+from streaming.write.data_files import DataFileRecord, FileSettings
+from streaming.write.task import PartitionTask
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"

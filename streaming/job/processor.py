@@ -63,7 +63,7 @@ from streaming.table.commit import BatchCommit, CommitOutcome, CommitRetriesExha
 from streaming.write.data_files import (
     DATA_FILE_RECORD_DDL,
     DataFileRecord,
-    GeoParquetWriter,
+    FileSettings,
     parquet_write_options,
     records_to_arrow,
 )
@@ -76,20 +76,19 @@ from streaming.write.evolution import (
     plan_new_columns,
     seen_from_rows,
 )
+from streaming.write.merge import LastTaskMerge, plan_merge, range_count
 from streaming.write.rejects_table import RejectsTableFiles, WriteRejects
 from streaming.write.task import (
     RESULT_SCHEMA,
     BatchResults,
-    FileSettings,
-    LastTaskMerge,
     MergeTask,
     PartitionTask,
+    ReduceTask,
     Tally,
-    plan_merge,
     prepare_worker_process,
-    range_count,
 )
 from streaming.write.upsert import equality_field_ids
+from streaming.write.versions import plan_reduce
 
 # Writes of one batch when other writers keep changing the table's schema under it
 _SCHEMA_ATTEMPTS = 3
@@ -339,27 +338,21 @@ class BatchProcessor:
         self, batch: DataFrame, batch_id: int, timings: dict[str, float], isolate_decoder: bool
     ) -> BatchResults:
         step = time.monotonic()
-        staging = self._staging(batch_id) if self.config.clustering == "batch" else None
+        upsert = self.contract.mode == "upsert"
+        merging = self.config.clustering == "batch"
+        staging = self._staging(batch_id) if merging or upsert else None
         if staging is not None:
             _clear_folder(staging, self.table.io)  # runs of an attempt that died
-        last_merge = None
-        if staging is not None and self.config.merge_in_task_max_rows > 0:
-            last_merge = LastTaskMerge(
-                _stage_position,
-                self.parallelism,
-                self.config.rows_per_partition,
-                self.config.merge_in_task_max_rows,
-                threads=self.parallelism,
-            )
+        files = self._file_settings(batch_id)  # one spec for all of the batch's files
         task = PartitionTask(
             self.contract,
             self.config.decode,
-            self._file_settings(batch_id),
+            files,
             self.config.dead_letter,
             self.config.rows_per_partition,
             isolate_decoder,
             staging,
-            last_merge,
+            self._last_merge() if staging is not None else None,
             self._rejects_files(batch_id),
         )
         # At most one task per core (coalesce never adds partitions): fewer, longer runs (and, with
@@ -368,38 +361,88 @@ class BatchProcessor:
         ingested = source.coalesce(self.parallelism).mapInArrow(read_and_ingest, self._spark_result_schema)
         results = BatchResults.from_rows(_collect_with_task_count(self.spark, ingested, timings))
         timings["ingest"] = time.monotonic() - step
-        if staging is None:
-            return results
-        step = time.monotonic()
+        try:
+            if upsert:
+                assert staging is not None
+                step = time.monotonic()
+                self._reduce(results, files, staging)
+                timings["reduce"] = time.monotonic() - step
+            if merging:
+                step = time.monotonic()
+                self._merge(results, files)
+                timings["merge"] = time.monotonic() - step
+        finally:
+            if staging is not None:
+                _clear_folder(staging, self.table.io)
+        return results
+
+    def _last_merge(self) -> LastTaskMerge | None:
+        """How the last task of a stage merges a small batch itself (None: always a second job)."""
+        if self.config.merge_in_task_max_rows <= 0:
+            return None
+        return LastTaskMerge(
+            _stage_position,
+            self.parallelism,
+            self.config.rows_per_partition,
+            self.config.merge_in_task_max_rows,
+            threads=self.parallelism,
+        )
+
+    def _reduce(self, results: BatchResults, files: FileSettings, staging: str) -> None:
+        """An upsert batch's versions brought together by key (streaming/write/versions.py): the
+        whole batch as its last task reduced it, or a reduce job over groups of key buckets. For
+        clustering "batch", the reduce job stages sorted runs for the merge that follows."""
+        staged = sum(v.rows for v in results.versions)
+        merged = self._one_merged_set(results, staged)
+        if merged is not None:
+            results.take_files(merged)
+            return
+        groups = plan_reduce(results.versions, range_count(staged, self.parallelism, self.config.rows_per_partition))
+        if not groups:
+            return
+        reduced_runs = f"{staging}/reduced" if self.config.clustering == "batch" else None
+        task = ReduceTask(
+            self.contract,
+            files,
+            tuple(groups),
+            reduced_runs,
+            self._last_merge() if reduced_runs is not None else None,
+        )
+        frame = self.spark.range(0, len(groups), 1, len(groups)).mapInArrow(task, self._spark_result_schema)
+        reduced = BatchResults.from_rows(_collect_with_task_count(self.spark, frame))
+        results.take_files(reduced.files + reduced.delete_files)
+        results.slices, results.merged, results.merged_inputs = reduced.slices, reduced.merged, reduced.merged_inputs
+
+    def _merge(self, results: BatchResults, files: FileSettings) -> None:
+        """The staged sorted runs merged into the batch's files: as the last task merged them, or
+        by a merge job over ranges of the batch's keys."""
         valid = sum(s.rows for s in results.slices)
         merged = self._one_merged_set(results, valid)
         if merged is not None:
-            results.files = merged
+            results.take_files(merged)
         else:
             ranges = plan_merge(results.slices, range_count(valid, self.parallelism, self.config.rows_per_partition))
             if ranges:
-                merge = MergeTask(self.contract, self._file_settings(batch_id), tuple(ranges))
+                merge = MergeTask(self.contract, files, tuple(ranges))
                 merged_rows = (
                     self.spark.range(0, len(ranges), 1, len(ranges))
                     .mapInArrow(merge, self._spark_result_schema)
                     .collect()
                 )
-                results.files = BatchResults.from_rows(merged_rows).files
-        _clear_folder(staging, self.table.io)
-        results.slices, results.merged = [], {}
-        timings["merge"] = time.monotonic() - step
-        return results
+                results.take_files(BatchResults.from_rows(merged_rows).files)
+        results.slices = []
 
-    def _one_merged_set(self, results: BatchResults, valid: int) -> list[DataFileRecord] | None:
-        """The files of one task's merge of the whole batch (the others' are deleted), or None when
-        no task merged it (a large batch) or a merge does not hold the batch's valid rows."""
+    def _one_merged_set(self, results: BatchResults, staged: int) -> list[DataFileRecord] | None:
+        """The files of one task's merge (or reduce) of the whole batch (the others' are deleted), or
+        None when no task did one (a large batch) or none read all the stage staged."""
         chosen = None
         for number in sorted(results.merged):
             files = results.merged[number]
-            if chosen is None and sum(f.record_count for f in files) == valid:
+            if chosen is None and results.merged_inputs.get(number) == staged:
                 chosen = files
             else:
                 self._discard(tuple(files))
+        results.merged, results.merged_inputs = {}, {}
         return chosen
 
     def _records(self, batch: DataFrame, task: TaskFunction) -> tuple[DataFrame, TaskFunction]:
@@ -613,14 +656,7 @@ def _decode_fn(contract: Contract, options: DecodeOptions, isolate_decoder: bool
 def _write_fn(contract: Contract, files: FileSettings):
     def write(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         prepare_worker_process()
-        writer = GeoParquetWriter(
-            contract,
-            files.table_properties,
-            files.io_properties,
-            files.data_location,
-            files.file_prefix,
-            files.partition,
-        )
+        writer = files.writer(contract)
         records = list(writer.write(batches))
         if records:
             yield records_to_arrow(records)

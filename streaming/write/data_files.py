@@ -171,6 +171,23 @@ def parquet_write_options(table_properties: dict[str, str]) -> dict:
     return options
 
 
+@dataclass(frozen=True)
+class FileSettings:
+    """Where and how a task writes its files (everything it needs of the table, no catalog)."""
+
+    table_properties: dict[str, str]
+    io_properties: dict[str, str]
+    data_location: str
+    file_prefix: str
+    # The table's partition spec (None: unpartitioned)
+    partition: PartitionLayout | None = None
+
+    def writer(self, contract: Contract) -> GeoParquetWriter:
+        return GeoParquetWriter(
+            contract, self.table_properties, self.io_properties, self.data_location, self.file_prefix, self.partition
+        )
+
+
 class GeoParquetWriter:
     """Cuts a stream of sorted rows into files of about `target_file_bytes`, in row groups of
     `row_group_rows`, each file with GeoParquet metadata and Iceberg field ids."""

@@ -1,5 +1,5 @@
 """One input partition of a micro-batch in one pass (decode, dead letters, Hilbert sort), and the
-merge of the sorted runs of all partitions into the batch's files.
+Spark task functions that finish a batch from what those passes staged.
 
 `PartitionTask` runs on an executor over the Arrow batches Spark's Kafka source hands the Python
 worker. Valid rows are kept (only the columns the files hold) until `rows_per_run` of them have
@@ -8,13 +8,13 @@ size. A sorted run is then either
   - written straight away as GeoParquet files of about the contract's target size, each a
     contiguous stretch of the curve (clustering "task": one pass, but the files of different tasks
     cover the same places), or
-  - staged as an Arrow IPC file in slices of SLICE_ROWS rows, each slice reported with its first
-    and last key (clustering "batch"). The driver cuts the key range of the whole batch into
-    ranges of equal rows (`plan_merge`) and `MergeTask`s read just the slices of their range from
-    every run, merge them and write the files: the batch ends up sorted along the curve as a
-    whole, as a Spark range exchange would leave it, without rows ever going back to the JVM.
-Either way a task returns only the few rows the driver needs: per (topic, partition, reject reason)
-the offset range, count and oldest Kafka timestamp, and one row per file or slice written.
+  - staged for a merge across the whole batch (clustering "batch", streaming/write/merge.py):
+    `MergeTask`s, or the last task of a small batch, write the files.
+An upsert table's task keeps its whole range instead, and stages the last record of each (key,
+partition) by key bucket (streaming/write/versions.py): `ReduceTask`s, or the last task of a small
+batch, bring every version of a key together and write its last, then the rows go on as above.
+Whichever way, a task returns only the few rows the driver needs: per (topic, partition, reject
+reason) the offset range, count and oldest Kafka timestamp, and one row per file or slice written.
 
 Pure Python over Arrow: no Spark import, so the benchmark's limit chain and the tests run exactly
 this code.
@@ -23,18 +23,12 @@ this code.
 from __future__ import annotations
 
 import gc
-import json
-import math
 import os
-import uuid
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-from pyiceberg.io import FileIO
 
 from streaming.contract import Contract
 from streaming.decode.decoder import (
@@ -47,42 +41,59 @@ from streaming.decode.decoder import (
     SOURCE_TOPIC,
     DecodeOptions,
     Decoder,
-    decoded_schema,
 )
 from streaming.decode.isolation import IsolatedDecoder
 from streaming.decode.properties import PropertySeen, merge_seen
-from streaming.storage import list_files
-from streaming.write.data_files import DATA, EQUALITY_DELETES, RECORD_SCHEMA, DataFileRecord, GeoParquetWriter
+from streaming.write.data_files import DATA, EQUALITY_DELETES, RECORD_SCHEMA, DataFileRecord, FileSettings
 from streaming.write.dead_letter import DeadLetterConfig, DeadLetterWriter
 from streaming.write.freshness import EventTimes
-from streaming.write.partitions import PartitionLayout
+from streaming.write.merge import (
+    LastTaskMerge,
+    MergeRange,
+    Slice,
+    hilbert_sorted,
+    merge_if_last,
+    stage_run,
+    write_ranges,
+)
 from streaming.write.rejects_table import REJECTS, RejectsTableFiles, RejectsWriter
 from streaming.write.upsert import (
     OFFSET,
     PARTITION,
     TIMESTAMP,
     TOPIC,
-    latest_versions,
+    last_per_partition,
     split_tombstones,
-    write_equality_deletes,
+)
+from streaming.write.versions import (
+    VersionSlice,
+    delete_file,
+    reduce_if_last,
+    reduce_versions,
+    stage_versions,
+    version_schema,
 )
 
 TALLY = "tally"
 FILE = "file"
 SLICE = "slice"
+VERSIONS = "versions"
+MERGED = "merged"
 PROPERTY = "property"
 EVENT_TIMES = "event_times"
-# Rows per slice of a staged run: the unit a merge task reads. Small enough that a merge range
-# reads little beyond its own rows, large enough that a batch has few slices to plan.
-SLICE_ROWS = 8192
 
-# The rows a task returns, told apart by `kind`: a tally row (one per topic, partition and reject
-# reason, null for the valid rows: topic .. oldest_ms), a file row (one per data file written: the
-# DataFileRecord columns, and merged_by: the task whose merge of the whole batch wrote it) or a
-# slice row (one per slice of a staged run: path, slice, key_lo, key_hi, n) or a property row (one per
-# property name no column maps, in the decoder's sample: property, property_type, n, and the first
-# record holding it: oldest_ms, partition, first) or an event-times row (one per bin of the Kafka
-# timestamps of the valid records: first = the bin's first ms, last = its width in ms, n).
+# The rows a task returns, told apart by `kind`:
+# - tally: one per topic, partition and reject reason (null for the valid rows): topic .. oldest_ms;
+# - file: one per file written: the DataFileRecord columns, and merged_by: the task whose merge or
+#   reduce of the whole batch wrote it (its other files, a rejects table's, are its own);
+# - slice: one per slice of a staged run: path, slice, key_lo, key_hi, n;
+# - versions: one per key bucket of an upsert task's staged versions: path, slice, key_lo (the
+#   bucket), n, content (data: rows; equality_deletes: deletes);
+# - merged: one per task that merged or reduced the whole batch: merged_by, n (the staged rows it read);
+# - property: one per property name no column maps, in the decoder's sample: property,
+#   property_type, n, and the first record holding it: oldest_ms, partition, first;
+# - event_times: one per bin of the Kafka timestamps of the valid records: first = the bin's
+#   first ms, last = its width in ms, n.
 RESULT_SCHEMA = pa.schema(
     [
         ("kind", pa.string()),
@@ -118,50 +129,12 @@ class Tally:
 
 
 @dataclass(frozen=True)
-class Slice:
-    """SLICE_ROWS (or fewer) rows of a staged run, in Hilbert order: keys key_lo .. key_hi."""
+class Merged:
+    """The files of a task that merged (or reduced) the whole batch, and the staged rows it read."""
 
-    path: str
-    index: int  # the record batch of the Arrow IPC file
-    key_lo: int
-    key_hi: int
-    rows: int
-
-
-@dataclass(frozen=True)
-class MergeRange:
-    """The rows with key_lo <= Hilbert key < key_hi (None: no bound), and the slices holding them."""
-
-    key_lo: int | None
-    key_hi: int | None
-    slices: tuple[tuple[str, int], ...]
-
-
-@dataclass(frozen=True)
-class LastTaskMerge:
-    """How the last task of a batch merges it (clustering "batch", no merge job)."""
-
-    # This task's number and the number of tasks of its stage (from Spark's task context)
-    position: Callable[[], tuple[int, int]]
-    min_ranges: int  # the key ranges to cut at least (the cores: as many files as a merge job writes)
-    rows_per_range: int
-    # A batch with more valid rows is left to the merge job, whose tasks spread over the executors
-    max_rows: int
-    # Ranges written at once. The batch's other tasks are done when the last one merges, so their
-    # cores are idle: Parquet encoding and compression run in Arrow without the GIL.
-    threads: int = 1
-
-
-@dataclass(frozen=True)
-class FileSettings:
-    """Where and how a task writes its files (everything it needs of the table, no catalog)."""
-
-    table_properties: dict[str, str]
-    io_properties: dict[str, str]
-    data_location: str
-    file_prefix: str
-    # The table's partition spec (None: unpartitioned)
-    partition: PartitionLayout | None = None
+    task: int
+    files: list[DataFileRecord]
+    staged_rows: int
 
 
 @dataclass(frozen=True)
@@ -173,7 +146,8 @@ class PartitionTask:
     rows_per_run: int = 1_000_000
     # Decode in a child process, halving after a crash (a batch that crashed a worker: isolation.py)
     isolate_decoder: bool = False
-    # A folder URI: stage sorted runs there for MergeTasks instead of writing files (clustering "batch")
+    # A folder URI: stage sorted runs there for MergeTasks instead of writing files (clustering
+    # "batch"), and an upsert table's versions for ReduceTasks (either clustering)
     staging: str | None = None
     last_merge: LastTaskMerge | None = None  # with staging: the last task merges a small batch
     rejects: RejectsTableFiles | None = None  # None: no rejects table (setting rejects_table)
@@ -185,26 +159,21 @@ class PartitionTask:
             IsolatedDecoder(self.contract, self.decode) if self.isolate_decoder else Decoder(self.contract, self.decode)
         )
         keep = [*self.contract.arrow_schema.names, HILBERT]
-        writer = GeoParquetWriter(
-            self.contract,
-            self.files.table_properties,
-            self.files.io_properties,
-            self.files.data_location,
-            self.files.file_prefix,
-            self.files.partition,
-        )
+        writer = self.files.writer(self.contract)
         upsert = self.contract.mode == "upsert"
         if upsert:
+            if self.staging is None:
+                raise ValueError(f"table {self.contract.table}: an upsert batch stages its versions; no staging folder")
             # Versions of a key are chosen over the task's whole range, so the row order columns stay.
             keep += [SOURCE_PARTITION, SOURCE_OFFSET, SOURCE_TIMESTAMP]
         tombstones: list[pa.Table] = []
-        delete_files: list[DataFileRecord] = []
         tallies: list[pa.Table] = []
         event_times = EventTimes()
         run: list[pa.RecordBatch] = []
         run_rows = 0
         records: list[DataFileRecord] = []
         slices: list[Slice] = []
+        versions: list[VersionSlice] = []
         dead_letters: DeadLetterWriter | None = None
         rejects = RejectsWriter(self.rejects) if self.rejects is not None else None
 
@@ -251,9 +220,9 @@ class PartitionTask:
                     flush(run)
                     run, run_rows = [], 0
             if upsert:
-                run, delete_files = self._latest_versions(run, tombstones, writer)
-                run_rows = sum(b.num_rows for b in run)
-            if run_rows:
+                assert self.staging is not None
+                versions = self._stage_versions(run, tombstones, writer.io, self.staging)
+            elif run_rows:
                 flush(run)
             reject_files = rejects.write() if rejects is not None else []
         finally:
@@ -261,56 +230,49 @@ class PartitionTask:
                 dead_letters.close()
             if isinstance(decoder, IsolatedDecoder):
                 decoder.close()
-        merged_by = None
+        merged = None
         if self.staging is not None and self.last_merge is not None:
             number, tasks = self.last_merge.position()
-            merged = merge_if_last(slices, number, tasks, self.staging, self.last_merge, writer)
-            if merged is not None:
-                records, merged_by = merged, number
+            if upsert:
+                done = reduce_if_last(
+                    versions, number, tasks, self.staging, self.last_merge, self.contract, self.files, writer
+                )
+            else:
+                done = merge_if_last(slices, number, tasks, self.staging, self.last_merge, writer)
+            if done is not None:
+                merged = Merged(number, *done)
         unmapped = decoder.unmapped if isinstance(decoder, Decoder) else {}
         yield results_batch(
             merge_tallies(tallies),
-            records + delete_files + reject_files,
+            records + reject_files,
             slices,
-            merged_by,
+            merged,
             unmapped,
             event_times.bins(),
+            versions,
         )
 
-    def _latest_versions(
-        self, run: list[pa.RecordBatch], tombstones: list[pa.Table], writer: GeoParquetWriter
-    ) -> tuple[list[pa.RecordBatch], list[DataFileRecord]]:
-        """The task's rows reduced to each key's last version, and the equality delete file of
-        every key it touched (streaming/write/upsert.py). The whole range at once: an upsert task holds
+    def _stage_versions(
+        self, run: list[pa.RecordBatch], tombstones: list[pa.Table], io, staging: str
+    ) -> list[VersionSlice]:
+        """The task's rows and deletes reduced to the last record of each (key, partition), staged
+        by key bucket (streaming/write/versions.py). The whole range at once: an upsert task holds
         its rows until the end (memory bounded by the batch's maxOffsetsPerTrigger share)."""
-        schema = pa.schema([*self.contract.arrow_schema, pa.field(HILBERT, pa.int64())])
-        # A task whose records all delete (tombstones, change events' deletes) has no rows at all.
-        kept = decoded_schema(self.contract)
-        empty = pa.schema([*schema, *(kept.field(n) for n in (SOURCE_PARTITION, SOURCE_OFFSET, SOURCE_TIMESTAMP))])
-        rows = pa.Table.from_batches(run) if run else empty.empty_table()
-        ordered = rows.append_column(PARTITION, rows.column(SOURCE_PARTITION))
-        ordered = ordered.append_column(OFFSET, rows.column(SOURCE_OFFSET))
-        ordered = ordered.append_column(TIMESTAMP, rows.column(SOURCE_TIMESTAMP).cast(pa.int64()))
+        schema = version_schema(self.contract)
+        if run:
+            rows = pa.Table.from_batches(run)
+            rows = rows.append_column(PARTITION, rows.column(SOURCE_PARTITION))
+            rows = rows.append_column(OFFSET, rows.column(SOURCE_OFFSET))
+            rows = rows.append_column(TIMESTAMP, rows.column(SOURCE_TIMESTAMP).cast(pa.int64()))
+            rows = rows.select(schema.names)
+        else:
+            rows = schema.empty_table()
+        key = list(self.contract.primary_key)
         deleted = (
-            pa.concat_tables(tombstones).select([*self.contract.primary_key, PARTITION, OFFSET, TIMESTAMP])
-            if tombstones
-            else pa.table({})
+            pa.concat_tables(tombstones).select([*key, PARTITION, OFFSET, TIMESTAMP]) if tombstones else pa.table({})
         )
-        latest, touched = latest_versions(ordered, deleted, self.contract.primary_key)
-        deletes = []
-        if touched.num_rows:
-            deletes.append(
-                write_equality_deletes(
-                    touched,
-                    self.contract,
-                    writer.io,
-                    self.files.table_properties,
-                    self.files.data_location,
-                    self.files.file_prefix,
-                )
-            )
-        latest = latest.select(schema.names)
-        return latest.to_batches(), deletes
+        rows, deleted = last_per_partition(rows, deleted, self.contract.primary_key)
+        return stage_versions(rows, deleted, self.contract, staging, io)
 
 
 @dataclass(frozen=True)
@@ -324,18 +286,46 @@ class MergeTask:
 
     def __call__(self, batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         prepare_worker_process()
-        writer = GeoParquetWriter(
-            self.contract,
-            self.files.table_properties,
-            self.files.io_properties,
-            self.files.data_location,
-            self.files.file_prefix,
-            self.files.partition,
-        )
+        writer = self.files.writer(self.contract)
         records: list[DataFileRecord] = []
         for batch in batches:
             records += write_ranges((self.ranges[number] for number in batch.column(0).to_pylist()), writer)
         yield results_batch([], records)
+
+
+@dataclass(frozen=True)
+class ReduceTask:
+    """The mapInArrow function of an upsert batch's reduce pass: group numbers in (one task per
+    group of key buckets), each key's last version out: written as files (clustering "task"), or
+    staged as a sorted run for the merge (clustering "batch"), with the equality delete file of
+    every key of the group."""
+
+    contract: Contract
+    files: FileSettings
+    groups: tuple[tuple[VersionSlice, ...], ...]
+    staging: str | None = None  # clustering "batch": where the sorted runs go
+    last_merge: LastTaskMerge | None = None  # with staging: the last task merges a small batch
+
+    def __call__(self, batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        prepare_worker_process()
+        writer = self.files.writer(self.contract)
+        records: list[DataFileRecord] = []
+        slices: list[Slice] = []
+        for batch in batches:
+            for number in batch.column(0).to_pylist():
+                latest, touched = reduce_versions(self.groups[number], self.contract, writer.io)
+                records += delete_file(touched, self.contract, self.files, writer.io)
+                if self.staging is None:
+                    records += writer.write(hilbert_sorted(latest))
+                elif latest.num_rows:
+                    slices += stage_run(hilbert_sorted(latest), self.staging, writer.io)
+        merged = None
+        if self.staging is not None and self.last_merge is not None:
+            number, tasks = self.last_merge.position()
+            done = merge_if_last(slices, number, tasks, self.staging, self.last_merge, writer)
+            if done is not None:
+                merged = Merged(number, *done)
+        yield results_batch([], records, slices, merged)
 
 
 _worker_prepared = False
@@ -432,136 +422,17 @@ def merge_tallies(tables: list[pa.Table]) -> list[Tally]:
     ]
 
 
-def hilbert_sorted(run: list[pa.RecordBatch] | pa.Table) -> Iterator[pa.RecordBatch]:
-    """The rows of a run in Hilbert key order (stable: equal keys keep their arrival order)."""
-    table = run if isinstance(run, pa.Table) else pa.Table.from_batches(run)
-    order = np.argsort(table.column(HILBERT).to_numpy(), kind="stable")
-    return iter(table.take(pa.array(order)).to_batches())
-
-
-def stage_run(sorted_batches: Iterator[pa.RecordBatch], staging: str, io: FileIO) -> list[Slice]:
-    """A sorted run as one Arrow IPC file of SLICE_ROWS-row record batches under `staging`."""
-    table = pa.Table.from_batches(list(sorted_batches))
-    path = f"{staging.rstrip('/')}/{uuid.uuid4().hex}.arrow"
-    slices = []
-    # A fresh name: no need to ask the store first whether it exists (a HEAD and a LIST on S3).
-    with io.new_output(path).create(overwrite=True) as out, pa.ipc.new_file(out, table.schema) as ipc:
-        for index, batch in enumerate(table.to_batches(max_chunksize=SLICE_ROWS)):
-            ipc.write_batch(batch)
-            keys = batch.column(HILBERT)
-            slices.append(Slice(path, index, keys[0].as_py(), keys[-1].as_py(), batch.num_rows))
-    return slices
-
-
-def range_count(rows: int, min_ranges: int, rows_per_range: int) -> int:
-    """How many key ranges (files, at least) a batch of `rows` valid rows is merged into."""
-    return max(min_ranges, math.ceil(rows / rows_per_range))
-
-
-def plan_merge(slices: list[Slice], ranges: int) -> list[MergeRange]:
-    """Cut the batch's keys into `ranges` stretches of about equal rows (fewer where keys repeat),
-    and name the slices each must read. A slice's rows count as spread around the middle of its
-    key span: a range is then off its share by at most a slice per run; a row is in one range."""
-    if not slices:
-        return []
-    middle = np.array([(s.key_lo + s.key_hi) / 2 for s in slices])
-    rows = np.array([s.rows for s in slices], dtype=np.float64)
-    order = np.argsort(middle, kind="stable")
-    # rows below each slice's middle, interpolated in between
-    below = np.cumsum(rows[order]) - rows[order] / 2
-    targets = rows.sum() * np.arange(1, ranges) / ranges
-    cuts = sorted({math.ceil(key) for key in np.interp(targets, below, middle[order])})
-    bounds = [None, *cuts, None]
-    plan = []
-    for lo, hi in zip(bounds[:-1], bounds[1:]):
-        needed = tuple(
-            (s.path, s.index) for s in slices if (lo is None or s.key_hi >= lo) and (hi is None or s.key_lo < hi)
-        )
-        if needed:
-            plan.append(MergeRange(lo, hi, needed))
-    return plan
-
-
-def write_ranges(ranges: Iterable[MergeRange], writer: GeoParquetWriter, threads: int = 1) -> list[DataFileRecord]:
-    """The files of merge ranges, each range's rows merged from their staged slices, `threads`
-    ranges at a time (in range order either way)."""
-
-    def write(merge: MergeRange) -> list[DataFileRecord]:
-        rows = merged_range(merge, writer.io)
-        return list(writer.write(iter(rows.to_batches()))) if rows.num_rows else []
-
-    ranges = list(ranges)
-    if threads <= 1 or len(ranges) <= 1:
-        return [record for merge in ranges for record in write(merge)]
-    with ThreadPoolExecutor(min(threads, len(ranges)), thread_name_prefix="merge-range") as pool:
-        return [record for files in pool.map(write, ranges) for record in files]
-
-
-def merged_range(merge: MergeRange, io: FileIO) -> pa.Table:
-    """The rows of a merge range from the staged slices, in Hilbert order."""
-    by_path: dict[str, list[int]] = {}
-    for path, index in merge.slices:
-        by_path.setdefault(path, []).append(index)
-    parts = []
-    schema = None
-    for path, indices in by_path.items():
-        with io.new_input(path).open(seekable=True) as f:
-            reader = pa.ipc.open_file(f)
-            schema = reader.schema
-            for index in indices:
-                batch = reader.get_batch(index)
-                # a slice is sorted: its rows in the range are one stretch, taken without a copy
-                keys = batch.column(HILBERT).to_numpy()
-                start = 0 if merge.key_lo is None else int(np.searchsorted(keys, merge.key_lo, side="left"))
-                stop = len(keys) if merge.key_hi is None else int(np.searchsorted(keys, merge.key_hi, side="left"))
-                if stop > start:
-                    parts.append(batch.slice(start, stop - start))
-    table = pa.Table.from_batches(parts, schema=schema)
-    return table.take(pa.array(np.argsort(table.column(HILBERT).to_numpy(), kind="stable")))
-
-
-def merge_if_last(
-    own: list[Slice], number: int, tasks: int, staging: str, plan: LastTaskMerge, writer: GeoParquetWriter
-) -> list[DataFileRecord] | None:
-    """Leave this task's slices in a marker; if every task of the stage has left one and the batch
-    is small, merge the whole batch and return its files, else None (the merge job does it).
-    The last marker written is complete when its task lists the others, so at least one task
-    merges; two that finish together may both do: the driver keeps one set (a retried task
-    rewrites its own marker, and any attempt's run holds the same rows)."""
-    markers = f"{staging.rstrip('/')}/done"
-    with writer.io.new_output(f"{markers}/{number:06d}.json").create(overwrite=True) as out:
-        out.write(json.dumps([[s.path, s.index, s.key_lo, s.key_hi, s.rows] for s in own]).encode())
-    peers = []
-    for path in files_under(markers, writer.io):
-        try:
-            with writer.io.new_input(path).open() as f:
-                peers.append(json.loads(f.read()))
-        except (OSError, ValueError):  # a peer still writing its marker: that peer comes last
-            return None
-    if len(peers) < tasks:
-        return None
-    slices = [Slice(*s) for peer in peers for s in peer]
-    rows = sum(s.rows for s in slices)
-    if rows > plan.max_rows:
-        return None
-    return write_ranges(
-        plan_merge(slices, range_count(rows, plan.min_ranges, plan.rows_per_range)), writer, plan.threads
-    )
-
-
-def files_under(location: str, io: FileIO) -> list[str]:
-    """The URIs of the files below a folder, recursively, through the table's FileIO."""
-    return [stored.uri for stored in list_files(io, location)]
-
-
 def results_batch(
     tallies: list[Tally],
     records: list[DataFileRecord],
     slices: Sequence[Slice] = (),
-    merged_by: int | None = None,
+    merged: Merged | None = None,
     unmapped: dict[str, PropertySeen] | None = None,
     event_times: Sequence[tuple[int, int, int]] = (),
+    versions: Sequence[VersionSlice] = (),
 ) -> pa.RecordBatch:
+    """A task's result rows (RESULT_SCHEMA): `records` are its own files, `merged` the files of its
+    merge of the whole batch, if it did one."""
     rows = [
         {
             "kind": TALLY,
@@ -575,11 +446,24 @@ def results_batch(
         }
         for t in tallies
     ]
-    # A delete file or a rejects table's file is its task's own, never part of a merge of the whole batch.
-    rows += [{"kind": FILE, **r.to_row(), "merged_by": None if r.content != DATA else merged_by} for r in records]
+    rows += [{"kind": FILE, **r.to_row()} for r in records]
+    if merged is not None:
+        rows += [{"kind": FILE, **r.to_row(), "merged_by": merged.task} for r in merged.files]
+        rows.append({"kind": MERGED, "merged_by": merged.task, "n": merged.staged_rows})
     rows += [
         {"kind": SLICE, "path": s.path, "slice": s.index, "key_lo": s.key_lo, "key_hi": s.key_hi, "n": s.rows}
         for s in slices
+    ]
+    rows += [
+        {
+            "kind": VERSIONS,
+            "path": v.path,
+            "slice": v.index,
+            "key_lo": v.bucket,
+            "n": v.rows,
+            "content": EQUALITY_DELETES if v.deletes else DATA,
+        }
+        for v in versions
     ]
     rows += [
         {
@@ -604,9 +488,13 @@ class BatchResults:
     tallies: list[Tally] = field(default_factory=list)
     files: list[DataFileRecord] = field(default_factory=list)
     slices: list[Slice] = field(default_factory=list)
-    # The files of each task that merged the whole batch (LastTaskMerge), by task number
+    # Upsert tables: the versions each task staged by key bucket
+    versions: list[VersionSlice] = field(default_factory=list)
+    # The files of each task that merged (or reduced) the whole batch, by task number
     merged: dict[int, list[DataFileRecord]] = field(default_factory=dict)
-    # Upsert tables: the equality delete files of the keys each task touched
+    # ... and the staged rows each of them read: a merge is whole when it read all the stage staged
+    merged_inputs: dict[int, int] = field(default_factory=dict)
+    # Upsert tables: the equality delete files of the keys the batch touched
     delete_files: list[DataFileRecord] = field(default_factory=list)
     # The rejects table's files (setting rejects_table)
     reject_files: list[DataFileRecord] = field(default_factory=list)
@@ -614,6 +502,11 @@ class BatchResults:
     unmapped: dict[str, PropertySeen] = field(default_factory=dict)
     # Kafka timestamps of the valid records, binned: (first ms, width ms, records)
     event_times: list[tuple[int, int, int]] = field(default_factory=list)
+
+    def take_files(self, files: Iterable[DataFileRecord]) -> None:
+        """Data and delete files of the batch (a merge's or a reducer's), each to its list."""
+        for record in files:
+            (self.delete_files if record.content == EQUALITY_DELETES else self.files).append(record)
 
     @classmethod
     def from_rows(cls, rows: Iterable) -> BatchResults:
@@ -638,12 +531,16 @@ class BatchResults:
                 merge_seen(out.unmapped, {row["property"]: seen})
             elif row["kind"] == SLICE:
                 out.slices.append(Slice(row["path"], row["slice"], row["key_lo"], row["key_hi"], row["n"]))
-            elif row["content"] == EQUALITY_DELETES:
-                out.delete_files.append(DataFileRecord.from_row(row))
-            elif row["content"] == REJECTS:
-                out.reject_files.append(DataFileRecord.from_row(row))
+            elif row["kind"] == VERSIONS:
+                out.versions.append(
+                    VersionSlice(row["path"], row["slice"], row["key_lo"], row["n"], row["content"] == EQUALITY_DELETES)
+                )
+            elif row["kind"] == MERGED:
+                out.merged_inputs[row["merged_by"]] = row["n"]
             elif row["merged_by"] is not None:
                 out.merged.setdefault(row["merged_by"], []).append(DataFileRecord.from_row(row))
+            elif row["content"] == REJECTS:
+                out.reject_files.append(DataFileRecord.from_row(row))
             else:
-                out.files.append(DataFileRecord.from_row(row))
+                out.take_files([DataFileRecord.from_row(row)])
         return out

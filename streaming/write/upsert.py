@@ -2,17 +2,17 @@
 
 A batch of an upsert table (contract `mode: upsert`) writes, in one snapshot:
   - the last version of every key it carries, as ordinary data files;
-  - an equality delete file per task listing every key the task touched (updated or deleted), on
-    the contract's `primary_key` columns. Its sequence number is the batch's, so by the Iceberg spec
+  - an equality delete file listing every key the batch touched (updated or deleted), on the
+    contract's `primary_key` columns. Its sequence number is the batch's, so by the Iceberg spec
     it removes the rows of those keys from every older data file and none from the batch's own.
 A tombstone (a record with a key and no value) deletes its key: the key is listed, no row written.
 
-Order of versions: the Kafka order. Within a partition, the higher offset wins. The records of one
-key normally share a partition (Kafka's default partitioner puts a keyed record on the partition its
-key hashes to), and a task reads whole partition ranges, so the task that holds a key holds all its
-versions. If a producer sends one key to several partitions, a task choosing between them takes the
-later timestamp; two tasks each write their own last version, and the table holds one row per task
-for that key until a later batch touches the key again. docs/upsert.md states the producer-side rule.
+Order of versions: the Kafka order. Within a partition, the higher offset wins; between partitions
+(a producer that sent one key to several, a topic whose partitions were added), the later Kafka
+timestamp, then the higher partition and offset. Every version of a key in a batch meets in one
+reducer, however the source split the partitions' ranges over tasks (streaming/write/versions.py):
+a task first keeps the last record of each (key, partition) of its range (`last_per_partition`),
+the reducer then chooses among those of every task (`latest_versions`).
 
 Pure functions over Arrow and numpy, run by the tasks (streaming/write/task.py).
 """
@@ -93,6 +93,28 @@ def _decodes(raw: bytes) -> bool:
         return False
 
 
+def last_per_partition(rows: pa.Table, tombstones: pa.Table, key_columns: tuple[str, ...]) -> tuple[pa.Table, pa.Table]:
+    """(the rows, the tombstones) that are the last record of their (key, partition): the highest
+    offset, which stays the highest whatever other tasks read of the same partition, so a reducer
+    that sees every task's last records chooses as if it saw every record.
+
+    Both carry the key columns and PARTITION and OFFSET; the order of each is kept."""
+    n_rows = rows.num_rows
+    keys = _keys_and_positions(rows, tombstones, key_columns)
+    if keys.num_rows == 0:
+        return rows, tombstones
+    code = _key_codes(keys, key_columns)
+    partition = keys.column(PARTITION).to_numpy(zero_copy_only=False).astype(np.int64)
+    offset = keys.column(OFFSET).to_numpy(zero_copy_only=False).astype(np.int64)
+    order = np.lexsort((offset, partition, code))
+    last = order[_last_of_runs(code[order], partition[order])]
+    kept_rows = np.sort(last[last < n_rows])
+    kept_tombstones = np.sort(last[last >= n_rows] - n_rows)
+    return rows.take(pa.array(kept_rows)), tombstones.take(
+        pa.array(kept_tombstones)
+    ) if tombstones.num_rows else tombstones
+
+
 def latest_versions(rows: pa.Table, tombstones: pa.Table, key_columns: tuple[str, ...]) -> tuple[pa.Table, pa.Table]:
     """(the rows to write: each key's last version unless its last record is a tombstone,
     the keys touched: one row per key, the key columns only).
@@ -101,10 +123,7 @@ def latest_versions(rows: pa.Table, tombstones: pa.Table, key_columns: tuple[str
     Within a partition the higher offset wins; across partitions the later timestamp (then the
     higher partition, then offset), so the choice is the same whichever task order the batch had."""
     n_rows = rows.num_rows
-    keys = pa.concat_tables(
-        [rows.select([*key_columns, PARTITION, OFFSET, TIMESTAMP]), *([tombstones] if tombstones.num_rows else [])],
-        promote_options="permissive",
-    ).combine_chunks()
+    keys = _keys_and_positions(rows, tombstones, key_columns)
     if keys.num_rows == 0:
         return rows, keys.select(list(key_columns))
     code = _key_codes(keys, key_columns)
@@ -120,6 +139,15 @@ def latest_versions(rows: pa.Table, tombstones: pa.Table, key_columns: tuple[str
     written = np.sort(winners[winners < n_rows])
     first_of_key = np.unique(code, return_index=True)[1]
     return rows.take(pa.array(written)), keys.select(list(key_columns)).take(pa.array(first_of_key))
+
+
+def _keys_and_positions(rows: pa.Table, tombstones: pa.Table, key_columns: tuple[str, ...]) -> pa.Table:
+    """The key columns and the Kafka position of the rows, then of the tombstones, as one table."""
+    positions = [*key_columns, PARTITION, OFFSET, TIMESTAMP]
+    parts = [rows.select(positions)]
+    if tombstones.num_rows:
+        parts.append(tombstones.select(positions))
+    return pa.concat_tables(parts, promote_options="permissive").combine_chunks()
 
 
 def _key_codes(keys: pa.Table, key_columns: tuple[str, ...]) -> np.ndarray:

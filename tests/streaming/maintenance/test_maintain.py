@@ -59,7 +59,8 @@ from streaming.table.commit import (
     resume_offsets,
 )
 from streaming.table.deletes import snapshot_files
-from streaming.write.task import BatchResults, FileSettings, PartitionTask
+from streaming.write.data_files import FileSettings
+from streaming.write.task import BatchResults, PartitionTask
 from streaming.write.upsert import equality_field_ids
 from tests.streaming.write.test_upsert import duckdb_rows_and_keys, spark_iceberg_state, table_state
 

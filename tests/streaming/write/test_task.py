@@ -18,19 +18,16 @@ import shapely
 from streaming.contract import BBOX_FIELDS
 from streaming.decode.decoder import DecodeOptions
 from streaming.kernels.hilbert import hilbert_keys_of_bounds
+from streaming.write.data_files import FileSettings
+from streaming.write.merge import LastTaskMerge, MergeRange, Slice, plan_merge
 from streaming.write.task import (
     EVENT_TIMES,
     FILE,
     TALLY,
     BatchResults,
-    FileSettings,
-    LastTaskMerge,
-    MergeRange,
     MergeTask,
     PartitionTask,
-    Slice,
     Tally,
-    plan_merge,
 )
 from tests.streaming.decode.test_decoder import DEMO, FIRST_OFFSET, TOPIC, feature, kafka_batch, point
 
@@ -307,9 +304,12 @@ def test_a_partition_of_deletes_only_writes_their_keys_and_no_rows(tmp_path):
     from tests.streaming.decode.formats.test_debezium import PLACES, event, key
 
     deletes = [event("d", before={"id": i, "name": None, "geom": None}) for i in (3, 4)]
-    upsert_task = dataclasses.replace(task(tmp_path), contract=PLACES)
+    upsert_task = dataclasses.replace(last_merge_tasks(tmp_path, 1)[0], contract=PLACES)
     results = run(upsert_task, [kafka_batch([*deletes, None, None], keys=[key(3), key(4), key(3), key(4)])])
-    assert results.files == [] and len(results.delete_files) == 1
-    deleted = pq.read_table(results.delete_files[0].path.removeprefix("file://"))
+    assert results.files == [] and results.delete_files == []
+    merged = BatchResults()
+    merged.take_files(results.merged[0])
+    assert merged.files == [] and len(merged.delete_files) == 1
+    deleted = pq.read_table(merged.delete_files[0].path.removeprefix("file://"))
     assert sorted(deleted.column("id").to_pylist()) == [3, 4]
     assert [(t.reason, t.n) for t in results.tallies] == [(None, 4)], "deletes count as valid records"

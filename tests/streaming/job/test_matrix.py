@@ -1,0 +1,365 @@
+"""The correctness matrix: features tested in combination, not one by one.
+
+One small keyed stream (features created, moved anywhere on the map and across days, 10 %
+tombstones, a few hostile records among them) goes through the real broker and Spark in every
+cell, in two runs of the service (the second resumes from the checkpoint the first left), with
+maintenance beside the stream at a short interval. The cells vary the topic's partitions {1, 2, 5},
+the source {spark-kafka, python}, the clustering {batch, task}, the mode {append, upsert} and the
+layout {unpartitioned, day + geohash}: every pair of values is in some cell (pairwise, checked by
+the first test), and the 1-partition upsert stream runs on both sources and both clusterings
+with default settings. Some upsert cells choose the reduce job over the last task's reduction.
+
+Every cell checks the table, after each run and after a compaction, against the reference state
+computed here from what was produced, with two readers that share no code (`geoingest query`'s
+reader, streaming/read/query.py, and DuckDB's iceberg_scan):
+  - append: each good record exactly once, with its values; each bad one in the dead-letter topic
+    exactly once;
+  - upsert: each key's last version in Kafka order, tombstoned keys absent, no key twice.
+The three counts a user would look for are reported per cell: keys duplicated, deleted keys back,
+keys at a stale version.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import time
+import uuid
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pytest
+import shapely
+from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer
+from kafka.admin import NewTopic
+from prometheus_client import CollectorRegistry
+
+from app.service import run
+from streaming.contract import parse_contract
+from streaming.maintenance.maintain import maintain
+from streaming.maintenance.plan import MaintenancePolicy
+from streaming.read.predicate import Predicate
+from streaming.read.query import query
+from streaming.table.catalog import create_table, open_catalog
+from streaming.write.dead_letter import REASON_HEADER, SOURCE_OFFSET_HEADER, SOURCE_PARTITION_HEADER
+from tests.conftest import duckdb_connection, local_settings
+
+pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).resolve().parents[3]
+DEMO = json.loads((ROOT / "schemas" / "demo_events.json").read_text())
+WORLD = Predicate.from_bbox((-180.0, -90.0, 180.0, 90.0))
+DAY_MS = 86_400_000
+# Cells of geohash length 1 (32): three days of points anywhere fall in ~90 partitions, a file each
+# per batch, as a partitioned table's small batches do.
+LAYOUTS = {"none": [], "day+geohash": ["day(event_time)", "geohash(geometry, 1)"]}
+FACTORS = {
+    "partitions": (1, 2, 5),
+    "source": ("spark-kafka", "python"),
+    "clustering": ("batch", "task"),
+    "mode": ("append", "upsert"),
+    "layout": tuple(LAYOUTS),
+}
+
+
+@dataclass(frozen=True)
+class Cell:
+    partitions: int
+    source: str
+    clustering: str
+    mode: str
+    layout: str
+    # Every stage to its Spark job: an upsert batch's versions meet in a reduce job, not in the
+    # last task of the batch (merge_in_task_max_rows 0), and the batch's runs in a merge job.
+    jobs: bool = False
+    # Run as a new user runs it: every setting at its default but the ones naming the cell (source,
+    # clustering) and the test's broker and catalog; else small batches, maintenance at every chance.
+    defaults: bool = False
+
+    @property
+    def name(self) -> str:
+        return f"p{self.partitions}-{self.source}-{self.clustering}-{self.mode}-{self.layout}" + (
+            "-jobs" if self.jobs else "-defaults" if self.defaults else ""
+        )
+
+    def values(self) -> tuple:
+        return tuple(getattr(self, factor) for factor in FACTORS)
+
+
+CELLS = [
+    # The 1-partition upsert stream, default settings: both sources, both clusterings.
+    Cell(1, "spark-kafka", "batch", "upsert", "none", defaults=True),
+    Cell(1, "spark-kafka", "task", "upsert", "none", defaults=True),
+    Cell(1, "python", "batch", "upsert", "none", defaults=True),
+    Cell(1, "python", "task", "upsert", "none", defaults=True),
+    # The rest of every pair of values.
+    Cell(2, "spark-kafka", "batch", "append", "day+geohash"),
+    Cell(5, "python", "task", "append", "day+geohash"),
+    Cell(2, "python", "task", "append", "none"),
+    Cell(5, "spark-kafka", "batch", "upsert", "none", jobs=True),
+    Cell(1, "spark-kafka", "batch", "append", "day+geohash"),
+    Cell(2, "spark-kafka", "batch", "upsert", "day+geohash", jobs=True),
+    Cell(5, "python", "task", "upsert", "day+geohash", jobs=True),
+]
+
+
+def test_the_cells_cover_every_pair_of_values():
+    def pairs(values: tuple) -> set:
+        return {((i, values[i]), (j, values[j])) for i, j in itertools.combinations(range(len(values)), 2)}
+
+    every = set().union(*(pairs(v) for v in itertools.product(*FACTORS.values())))
+    covered = set().union(*(pairs(c.values()) for c in CELLS))
+    assert every - covered == set()
+    assert len({c.name for c in CELLS}) == len(CELLS)
+
+
+# -- the stream -------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Produced:
+    key: bytes
+    value: bytes | None
+    timestamp_ms: int
+    bad: str | None  # the reason a hostile record is rejected for, None for a good one or a tombstone
+
+
+def _feature(key: str, lon: float, lat: float, speed: float) -> bytes:
+    return json.dumps(
+        {
+            "type": "Feature",
+            "id": key,
+            "properties": {"kind": "probe", "speed": speed},
+            "geometry": {"type": "Point", "coordinates": [lon, lat]},
+        }
+    ).encode()
+
+
+HOSTILE = {
+    "unknown_format": lambda key: b"\x07 not an event",
+    "malformed_json": lambda key: b'{"type": "Feature", "id": "' + key.encode() + b'", "geometry": {',
+    "outside_crs_area": lambda key: _feature(key, 10.0, 123.0, -1.0),
+    "bad_wkb": lambda key: shapely.to_wkb(shapely.Point(1, 2))[:12],
+}
+
+
+def make_stream(n_keys: int, n_events: int, seed: int) -> list[Produced]:
+    """Every key created once, then versions that move anywhere on the map and across three days
+    (up to yesterday: a broker refuses records stamped ahead of its clock), 10 % tombstones, and
+    a hostile record with a live key every 150 records."""
+    rng = np.random.default_rng(seed)
+    now = int(time.time() * 1000)
+    first_day = now - now % DAY_MS - 3 * DAY_MS
+    records: list[Produced] = []
+    alive: set[int] = set()
+    order = list(range(n_keys)) + rng.integers(0, n_keys, n_events - n_keys).tolist()
+    reasons = list(HOSTILE)
+    for i, k in enumerate(order):
+        key = f"k{k}"
+        stamp = int(first_day + rng.integers(0, 3 * DAY_MS))
+        if i % 150 == 149:
+            reason = reasons[(i // 150) % len(reasons)]
+            records.append(Produced(key.encode(), HOSTILE[reason](key), stamp, reason))
+        if k in alive and rng.random() < 0.1:
+            records.append(Produced(key.encode(), None, stamp, None))
+            alive.discard(k)
+            continue
+        lon, lat = round(float(rng.uniform(-179, 179)), 5), round(float(rng.uniform(-80, 80)), 5)
+        records.append(Produced(key.encode(), _feature(key, lon, lat, float(i)), stamp, None))
+        alive.add(k)
+    return records
+
+
+def produce(bootstrap: str, topic: str, records: list[Produced]) -> list[tuple[int, int]]:
+    """Send the records, keyed (a key's records share a partition); their (partition, offset)."""
+    producer = KafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=5)
+    try:
+        futures = [producer.send(topic, key=r.key, value=r.value, timestamp_ms=r.timestamp_ms) for r in records]
+        producer.flush(timeout=60)
+        return [(f.get(10).partition, f.get(10).offset) for f in futures]
+    finally:
+        producer.close()
+
+
+@dataclass
+class Reference:
+    """What the table must hold after the records produced so far, and the dead-letter topic."""
+
+    mode: str
+    rows: dict  # append: (partition, offset) -> (key, lon, lat, speed); upsert: key -> (lon, lat, speed)
+    dead: dict[tuple[int, int], str]  # (partition, offset) -> reason
+
+    @classmethod
+    def of(cls, mode: str, records: list[Produced], positions: list[tuple[int, int]]) -> Reference:
+        rows: dict = {}
+        dead: dict[tuple[int, int], str] = {}
+        for record, where in sorted(zip(records, positions), key=lambda rp: rp[1]):
+            key = record.key.decode()
+            if record.bad is not None:
+                dead[where] = record.bad
+            elif record.value is None:
+                if mode == "upsert":
+                    rows.pop(key, None)
+                else:
+                    dead[where] = "null_value"
+            else:
+                doc = json.loads(record.value)
+                lon, lat = doc["geometry"]["coordinates"]
+                version = (lon, lat, doc["properties"]["speed"])
+                if mode == "upsert":
+                    rows[key] = version
+                else:
+                    rows[where] = (key, *version)
+        return cls(mode, rows, dead)
+
+
+# -- the readers ------------------------------------------------------------------------------------
+def _rounded(point: shapely.Geometry) -> tuple[float, float]:
+    return round(float(shapely.get_x(point)), 5), round(float(shapely.get_y(point)), 5)
+
+
+def read_by_query(table) -> list[tuple]:
+    """(event_id, partition, offset, lon, lat, speed) of every row, as `geoingest query` reads them."""
+    result = query(table, WORLD).table
+    points = shapely.from_wkb(result.column("geometry").to_numpy(zero_copy_only=False))
+    columns = [result.column(n).to_pylist() for n in ("event_id", "source_partition", "source_offset", "speed")]
+    return [(i, p, o, *_rounded(g), s) for (i, p, o, s), g in zip(zip(*columns), points)]
+
+
+def read_by_duckdb(table) -> list[tuple]:
+    con = duckdb_connection()
+    con.execute("SET enable_geoparquet_conversion = false")
+    found = con.execute(
+        "SELECT event_id, source_partition, source_offset, geometry, speed "
+        f"FROM iceberg_scan('{table.metadata_location}')"
+    ).fetchall()
+    return [(i, p, o, *_rounded(shapely.from_wkb(bytes(g))), s) for i, p, o, g, s in found]
+
+
+def differences(reference: Reference, rows: list[tuple]) -> dict[str, int]:
+    """What a user would count as wrong, zero everywhere for a table that equals the reference."""
+    if reference.mode == "upsert":
+        ids = Counter(r[0] for r in rows)
+        state = {r[0]: r[3:] for r in rows}
+        return {
+            "duplicated keys": sum(1 for n in ids.values() if n > 1),
+            "deleted keys back": sum(1 for k in state if k not in reference.rows),
+            "stale keys": sum(1 for k, v in state.items() if k in reference.rows and v != reference.rows[k]),
+            "missing keys": sum(1 for k in reference.rows if k not in state),
+        }
+    places = Counter((r[1], r[2]) for r in rows)
+    return {
+        "rows twice": sum(1 for n in places.values() if n > 1),
+        "rows not produced as good": sum(1 for where in places if where not in reference.rows),
+        "rows with other values": sum(
+            1 for r in rows if (r[1], r[2]) in reference.rows and (r[0], *r[3:]) != reference.rows[(r[1], r[2])]
+        ),
+        "good records missing": sum(1 for where in reference.rows if where not in places),
+    }
+
+
+def dead_letters(bootstrap: str, topic: str) -> Counter:
+    """(partition, offset, reason) of every dead letter, counted."""
+    consumer = KafkaConsumer(topic, bootstrap_servers=bootstrap, auto_offset_reset="earliest", consumer_timeout_ms=3000)
+    try:
+        found: Counter = Counter()
+        for message in consumer:
+            headers = dict(message.headers)
+            found[
+                (
+                    int(headers[SOURCE_PARTITION_HEADER]),
+                    int(headers[SOURCE_OFFSET_HEADER]),
+                    headers[REASON_HEADER].decode(),
+                )
+            ] += 1
+        return found
+    finally:
+        consumer.close()
+
+
+def check(cell: Cell, table, reference: Reference, when: str) -> None:
+    for reader in (read_by_query, read_by_duckdb):
+        wrong = differences(reference, reader(table))
+        assert set(wrong.values()) == {0}, f"{cell.name}, {when}, read by {reader.__name__}: {wrong}"
+
+
+# -- the cells --------------------------------------------------------------------------------------
+def new_topic(bootstrap: str, partitions: int) -> str:
+    name = f"matrix-{uuid.uuid4().hex[:10]}"
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap)
+    try:
+        admin.create_topics([NewTopic(name, num_partitions=partitions, replication_factor=1)])
+    finally:
+        admin.close()
+    return name
+
+
+@pytest.mark.parametrize("cell", CELLS, ids=lambda c: c.name)
+def test_every_cell_holds_its_reference_state(kafka, spark, tmp_path, cell: Cell):
+    started = time.monotonic()
+    contract = parse_contract({**DEMO, "mode": cell.mode, "partition": LAYOUTS[cell.layout]})
+    topic = new_topic(kafka.bootstrap, cell.partitions)
+    records = make_stream(n_keys=300, n_events=3_000, seed=cell.partitions * 7 + len(cell.name))
+    half = len(records) // 2
+    settings = local_settings(
+        kafka,
+        topic,
+        tmp_path,
+        source=cell.source,
+        clustering=cell.clustering,
+        max_offsets_per_trigger=400,
+        merge_in_task_max_rows=0 if cell.jobs else 1_000_000,
+        # Maintenance beside the stream, as often as it may run.
+        maintenance_interval_commits=2,
+        maintenance_min_gap_s=0,
+        maintenance_cpu_percent=100,
+        maintenance_min_file_age_s=0,
+        maintenance_steps="retention,compact,expire",
+        maintenance_keep_snapshots=5,
+        maintenance_snapshot_max_age_s=0,
+    )
+    if cell.defaults:
+        settings = local_settings(kafka, topic, tmp_path, source=cell.source, clustering=cell.clustering)
+    catalog = open_catalog(settings.catalog_name, settings.catalog)
+    create_table(catalog, contract)
+
+    registries = [CollectorRegistry(), CollectorRegistry()]  # a run's metrics are its own
+    positions = produce(kafka.bootstrap, topic, records[:half])
+    first = run(settings, contract, until_idle=True, spark=spark, registry=registries[0])
+    assert first.commits.get("failed", 0) == 0
+    table = catalog.load_table(contract.table)
+    check(cell, table, Reference.of(cell.mode, records[:half], positions), "after the first run")
+
+    positions += produce(kafka.bootstrap, topic, records[half:])
+    second = run(settings, contract, until_idle=True, spark=spark, registry=registries[1])
+    assert second.commits.get("failed", 0) == 0
+    reference = Reference.of(cell.mode, records, positions)
+    table.refresh()
+    check(cell, table, reference, "after the restart")
+    assert first.batches + second.batches >= (2 if cell.defaults else 6), "several batches, both runs"
+
+    report = maintain(
+        table,
+        MaintenancePolicy(min_file_age_s=0, snapshot_max_age_s=0, keep_snapshots=1),
+        steps=("compact", "expire"),
+    )
+    assert report.skipped is None
+    table.refresh()
+    check(cell, table, reference, "after a compaction")
+
+    dead = dead_letters(kafka.bootstrap, settings.dead_letter_topic)
+    expected = Counter({(*where, reason): 1 for where, reason in reference.dead.items()})
+    assert dead == expected, f"{cell.name}: each bad record dead-lettered exactly once"
+    beside = {
+        outcome: sum(
+            r.get_sample_value("geoingest_maintenance_runs_total", {"table": contract.table, "outcome": outcome}) or 0
+            for r in registries
+        )
+        for outcome in ("completed", "skipped", "gave_up", "failed")
+    }
+    assert beside["failed"] == 0, f"{cell.name}: maintenance beside the stream failed"
+    print(
+        f"{cell.name}: {len(records)} records, {first.batches + second.batches} batches, "
+        f"{len(reference.rows)} {'keys' if cell.mode == 'upsert' else 'rows'}, {len(reference.dead)} dead letters, "
+        f"maintenance beside: {beside}, {time.monotonic() - started:.1f} s"
+    )
