@@ -206,7 +206,9 @@ def _parse_partition_field(text: Any, where: str, by_name: dict[str, Column], ge
     allowed = {
         "bucket": ("int", "long", "string", "timestamptz"),
         "truncate": ("int", "long", "string"),
-        "identity": tuple(COLUMN_TYPES),
+        # A partition value travels from the tasks as JSON (DataFileRecord) and names a folder:
+        # bytes have neither form, and a binary column (a key) is no way to group rows anyway.
+        "identity": tuple(t for t in COLUMN_TYPES if t != "binary"),
     }.get(transform, ("timestamptz",))
     if ctype not in allowed:
         raise ContractError(

@@ -7,6 +7,7 @@ import re
 from typing import Any
 
 from pyiceberg.types import (
+    BinaryType,
     BooleanType,
     DoubleType,
     FloatType,
@@ -26,6 +27,8 @@ COLUMN_TYPES: dict[str, IcebergType] = {
     "double": DoubleType(),
     "boolean": BooleanType(),
     "timestamptz": TimestamptzType(),
+    # Bytes as they come, e.g. a Kafka key that is no text: an upsert table's primary key.
+    "binary": BinaryType(),
 }
 
 

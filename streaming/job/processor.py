@@ -59,7 +59,14 @@ from streaming.source.options import SourceSettings
 from streaming.source.read import ReadingRanges
 from streaming.storage import data_location, delete_folder
 from streaming.table.catalog import partition_layout, table_contract
-from streaming.table.commit import BatchCommit, CommitOutcome, CommitRetriesExhausted, Committer, Offsets
+from streaming.table.commit import (
+    BatchCommit,
+    CommitOutcome,
+    CommitRetriesExhausted,
+    Committer,
+    Offsets,
+    WriterIdReusedError,
+)
 from streaming.write.data_files import (
     DATA_FILE_RECORD_DDL,
     DataFileRecord,
@@ -253,8 +260,26 @@ class BatchProcessor:
         self._log_ignored(batch_id, ignored)
 
         step = time.monotonic()
+        commit = BatchCommit(
+            writer_id=self.config.writer_id,
+            batch_id=batch_id,
+            offsets=offsets,
+            files=files,
+            rejected=sum(rejected.values()),
+            delete_files=delete_files,
+            equality_ids=tuple(equality_field_ids(self.contract)) if delete_files else (),
+            added_columns=plan.added,
+        )
         reject_files = tuple(results.reject_files)
         if reject_files:
+            # The data table's refusal first: a batch it refuses must leave no rejects behind, which
+            # the run under a new writer id that reads these records again would commit twice.
+            try:
+                self.committer.refuse_if_reused(commit)
+            except WriterIdReusedError as exc:
+                self._discard(reject_files, self.rejects_table)
+                self._refused(exc, files + delete_files)
+                raise
             try:
                 self._commit_rejects(batch_id, offsets, reject_files)
             except Exception:
@@ -263,20 +288,14 @@ class BatchProcessor:
             timings["rejects_commit"] = time.monotonic() - step
             step = time.monotonic()
         try:
-            outcome = self.committer.commit(
-                BatchCommit(
-                    writer_id=self.config.writer_id,
-                    batch_id=batch_id,
-                    offsets=offsets,
-                    files=files,
-                    rejected=sum(rejected.values()),
-                    delete_files=delete_files,
-                    equality_ids=tuple(equality_field_ids(self.contract)) if delete_files else (),
-                    added_columns=plan.added,
-                )
-            )
+            outcome = self.committer.commit(commit)
         except SchemaMoved:
             self._discard(files + delete_files)
+            raise
+        except WriterIdReusedError as exc:
+            self._refused(exc, files + delete_files)
+            failed = CommitOutcome("failed", None, 1, 0, time.monotonic() - step)
+            self._notify(BatchReport(batch_id, consumed, 0, rejected, files, offsets, failed, timings, oldest))
             raise
         except CommitRetriesExhausted as exc:
             # Refused for sure: the files are garbage. After an attempt without an answer the batch
@@ -545,12 +564,22 @@ class BatchProcessor:
                     self.config.writer_id, batch_id, offsets, files, rejected=sum(f.record_count for f in files)
                 )
             )
+        except WriterIdReusedError as exc:
+            self._refused(exc, files, self.rejects_table)
+            raise
         except CommitRetriesExhausted as exc:
             if not exc.outcome_unknown:
                 self._discard(files, self.rejects_table)
             raise
         if outcome.status == "skipped_replay":
             self._discard(files, self.rejects_table)
+
+    def _refused(self, exc: WriterIdReusedError, files: tuple[DataFileRecord, ...], table: Table | None = None) -> None:
+        """A batch the table refused as no replay: its files are garbage, and the query stops with the
+        reason in one line, since only a new writer id (not a restart on this checkpoint) can fix it."""
+        self._discard(files, table)
+        self.fatal_error = str(exc)
+        log.error("batch refused", extra={"batch": {"batch_id": exc.batch_id, "error": self.fatal_error}})
 
     def _discard(self, files: tuple[DataFileRecord, ...], table: Table | None = None) -> None:
         for record in files:

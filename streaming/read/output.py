@@ -83,7 +83,8 @@ def to_geojson_lines(result: QueryResult, geometry_column: str, id_column: str |
             properties = {name: values[i] for name, values in columns.items()}
             head = '{"type":"Feature",'
             if ids is not None and ids[i] is not None:
-                head += f'"id":{json.dumps(ids[i])},'
+                # A binary key goes as base64 text, as binary properties do.
+                head += f'"id":{json.dumps(ids[i], default=_json_default)},'
             yield (
                 f'{head}"geometry":{geometry},"properties":'
                 f"{json.dumps(properties, default=_json_default, allow_nan=False, separators=(',', ':'))}}}"

@@ -3,7 +3,10 @@
 A batch is identified by (writer id, batch id), both recorded in the snapshot summary with the
 Kafka offset range of every partition the batch consumed. Before appending, the committer looks
 for a snapshot carrying the same identity: a replayed batch (the job died after the Iceberg commit
-but before Spark recorded the batch) is then skipped instead of committed twice.
+but before Spark recorded the batch) is then skipped instead of committed twice. A replay reads
+exactly the offsets it read before, so the identity alone is not trusted: a batch under a known
+identity whose offsets differ (a writer id reused with a reset or restored checkpoint, which numbers
+its batches from 0 again) is refused, since skipping it would drop its records in silence.
 
 Snapshot expiry (streaming/maintenance/maintain.py) removes old snapshots, and their summaries with them.
 Every maintenance snapshot therefore carries the history of every writer in `geoingest.writers`:
@@ -134,6 +137,29 @@ class RetryPolicy:
         return delay + rng.uniform(0, 0.1 * delay)
 
 
+class WriterIdReusedError(RuntimeError):
+    """A batch's identity is in the table, over other Kafka offsets: not a replay, and not committable."""
+
+    def __init__(self, table_name: str, batch: BatchCommit, recorded: RecordedBatch):
+        if recorded.own:
+            held = (
+                f"it holds this writer's batch {batch.batch_id} over Kafka offsets {format_offsets(recorded.offsets)}"
+            )
+        else:
+            held = (
+                f"its history of this writer (batch {batch.batch_id}'s own snapshot has expired) covers Kafka offsets "
+                f"{format_offsets(recorded.offsets)}"
+            )
+        super().__init__(
+            f"batch {batch.batch_id} of writer {batch.writer_id} is not a replay of what {table_name} holds: {held}, "
+            f"this batch read {format_offsets(batch.offsets)}. The writer id was reused with a reset or restored "
+            "checkpoint; nothing of this batch was committed. Start with a new writer id (a new checkpoint folder, "
+            "or another writer_id setting) and --resume-from-table to continue after the offsets the table holds"
+        )
+        self.writer_id = batch.writer_id
+        self.batch_id = batch.batch_id
+
+
 class CommitRetriesExhausted(RuntimeError):
     def __init__(self, message: str, attempts: int, conflicts: int, outcome_unknown: bool = False):
         super().__init__(message)
@@ -199,6 +225,12 @@ def _merge_offsets(a: Offsets, b: Offsets) -> Offsets:
     return out
 
 
+def format_offsets(offsets: Offsets) -> str:
+    """Offset ranges as a line shows them: `topic/partition first-last`, comma separated."""
+    ranges = [f"{t}/{p} {a}-{b}" for t, parts in sorted(offsets.items()) for p, (a, b) in sorted(parts.items())]
+    return ", ".join(ranges) if ranges else "none"
+
+
 def _offsets_to_json(offsets: Offsets) -> dict:
     return {t: {str(p): list(r) for p, r in sorted(parts.items())} for t, parts in sorted(offsets.items())}
 
@@ -241,21 +273,55 @@ def writer_histories_json(snapshots: list[Snapshot]) -> str:
     return json.dumps({w: h.to_json() for w, h in sorted(writer_histories(snapshots).items())}, separators=(",", ":"))
 
 
-def committed_snapshot(table: Table, writer_id: str, batch_id: int) -> Snapshot | None:
-    """The snapshot that committed this batch, if any. Newest first: a replay is of a recent batch.
+@dataclass(frozen=True)
+class RecordedBatch:
+    """What the table records of one batch: its own snapshot and offsets; or, once that snapshot
+    has expired, the maintenance snapshot whose carried history lists the batch id, and the offsets
+    of all the writer's batches (per partition from its first to its last)."""
 
-    Once that snapshot has expired, the maintenance snapshot whose carried history holds the batch."""
+    snapshot: Snapshot
+    offsets: Offsets
+    own: bool
+
+    def is_replay_of(self, offsets: Offsets) -> bool:
+        """Whether a batch reading `offsets` replays this one. A replay reads the offsets Spark
+        planned for the batch id before, so its own snapshot's must be equal. A carried history
+        keeps only the writer's whole span, whose batches read every offset in it one after
+        another: a batch within it holds records the table has, and skipping it loses nothing; a
+        batch reaching beyond it would lose records, and is no replay."""
+        mine = _offsets_from_json(_offsets_to_json(offsets))
+        if self.own:
+            return mine == self.offsets
+        return all(
+            p in self.offsets.get(t, {}) and self.offsets[t][p][0] <= a and b <= self.offsets[t][p][1]
+            for t, parts in mine.items()
+            for p, (a, b) in parts.items()
+        )
+
+
+def recorded_batch(table: Table, writer_id: str, batch_id: int) -> RecordedBatch | None:
+    """The table's record of this batch, if any. Newest first: a replay is of a recent batch."""
     wanted = str(batch_id)
     for snapshot in reversed(table.metadata.snapshots):
         props = _properties(snapshot)
         if props.get(WRITER_ID) == writer_id and props.get(BATCH_ID) == wanted:
-            return snapshot
+            offsets = _offsets_from_json(json.loads(props[KAFKA_OFFSETS])) if KAFKA_OFFSETS in props else {}
+            return RecordedBatch(snapshot, offsets, own=True)
     carrier = history_carrier(table.metadata.snapshots)
     if carrier is not None:
         carried = json.loads(_properties(carrier)[WRITERS]).get(writer_id)
-        if carried is not None and WriterHistory.from_json(carried).has_batch(batch_id):
-            return carrier
+        if carried is not None:
+            history = WriterHistory.from_json(carried)
+            if history.has_batch(batch_id):
+                return RecordedBatch(carrier, history.offsets, own=False)
     return None
+
+
+def committed_snapshot(table: Table, writer_id: str, batch_id: int) -> Snapshot | None:
+    """The snapshot that committed this batch, if any; once that snapshot has expired, the
+    maintenance snapshot whose carried history holds the batch."""
+    recorded = recorded_batch(table, writer_id, batch_id)
+    return None if recorded is None else recorded.snapshot
 
 
 def recorded_offsets(table: Table, writer_id: str | None = None) -> Offsets:
@@ -334,6 +400,18 @@ class Committer:
     sleep: Callable[[float], None] = time.sleep
     rng: random.Random = field(default_factory=random.Random)
 
+    def refuse_if_reused(self, batch: BatchCommit) -> None:
+        """Raise WriterIdReusedError when the table holds the batch's identity over other offsets.
+        For a batch that commits elsewhere first (its rejects to the rejects table): refused here,
+        it must not land there. An unreachable catalog defers the question to `commit`."""
+        try:
+            self.table.refresh()
+        except CATALOG_UNAVAILABLE:
+            return
+        recorded = recorded_batch(self.table, batch.writer_id, batch.batch_id)
+        if recorded is not None and not recorded.is_replay_of(batch.offsets):
+            raise WriterIdReusedError(".".join(self.table.name()), batch, recorded)
+
     def commit(self, batch: BatchCommit) -> CommitOutcome:
         started = time.monotonic()
         conflicts = unavailable = 0
@@ -344,11 +422,13 @@ class Committer:
             try:
                 self.table.refresh()
                 policy = RetryPolicy.from_table_properties(self.table.properties)
-                existing = committed_snapshot(self.table, batch.writer_id, batch.batch_id)
-                if existing is not None:
+                recorded = recorded_batch(self.table, batch.writer_id, batch.batch_id)
+                if recorded is not None:
+                    if not recorded.is_replay_of(batch.offsets):
+                        raise WriterIdReusedError(".".join(self.table.name()), batch, recorded)
                     # After an attempt whose outcome was unknown, the snapshot may be our own.
-                    if _properties(existing).get(BATCH_ID) == str(batch.batch_id):
-                        ours = attempt > 1 and _added_files(self.table, existing) == {
+                    if recorded.own:
+                        ours = attempt > 1 and _added_files(self.table, recorded.snapshot) == {
                             f.path for f in (*batch.files, *batch.delete_files)
                         }
                     else:
@@ -356,7 +436,8 @@ class Committer:
                         # files cannot be compared, and keeping ours is the side that loses nothing.
                         ours = attempt > 1
                     status = "committed" if ours else "skipped_replay"
-                    return CommitOutcome(status, existing.snapshot_id, attempt, conflicts, time.monotonic() - started)
+                    snapshot_id = recorded.snapshot.snapshot_id
+                    return CommitOutcome(status, snapshot_id, attempt, conflicts, time.monotonic() - started)
                 snapshot_id = self._append(batch)
                 return CommitOutcome("committed", snapshot_id, attempt, conflicts, time.monotonic() - started)
             except CommitFailedException as exc:

@@ -4,6 +4,9 @@ pyiceberg 0.12 refuses to plan a scan that meets an equality delete file, so `ge
 compaction plan upsert tables here. By the Iceberg spec an equality delete file applies to the data
 files whose data sequence number is lower than its own: every key it lists removes the rows with
 that key from those files (and none from the files of its own batch, which hold the new versions).
+
+Keys are compared by value in their own Arrow type, over all their columns at once: a binary key
+need not be text, and no joined form can make two different keys of several columns meet.
 """
 
 from __future__ import annotations
@@ -19,7 +22,14 @@ from pyiceberg.manifest import DataFile, DataFileContent, ManifestContent
 from pyiceberg.table import Table
 from pyiceberg.table.snapshots import Snapshot
 
-KEY_SEPARATOR = "\x1f"
+# Columns of the keys' table: positional names for the key columns, so none of them can take the
+# name of the sequence number or the row index whatever the contract calls its columns.
+_SEQUENCE = "sequence"
+_ROW = "row"
+
+
+def _key_names(count: int) -> list[str]:
+    return [f"key{i}" for i in range(count)]
 
 
 @dataclass(frozen=True)
@@ -88,38 +98,53 @@ class EqualityDeletes:
                 keys = pq.read_table(stream, columns=list(columns))
             parts.append(
                 pa.table(
-                    {
-                        "key": _joined_key(keys, columns),
-                        "seq": pa.array(np.full(keys.num_rows, planned.sequence_number)),
-                    }
+                    [*keys.columns, pa.array(np.full(keys.num_rows, planned.sequence_number, dtype=np.int64))],
+                    names=[*_key_names(len(columns)), _SEQUENCE],
                 )
             )
         self.newest_sequence_number = max((p.sequence_number for p in deletes), default=0)
         # Keys listed over all files: each listing supersedes about one older row (its last version).
         self.listed = sum(int(p.file.record_count) for p in deletes)
+        self._keys: pa.Table | None = None
         if parts:
-            grouped = pa.concat_tables(parts).group_by("key", use_threads=False).aggregate([("seq", "max")])
-            self._keys, self._seq = grouped.column("key").combine_chunks(), grouped.column("seq_max").combine_chunks()
-        else:
-            self._keys, self._seq = pa.array([], pa.string()), pa.array([], pa.int64())
+            names = _key_names(len(self.key_columns))
+            grouped = (
+                pa.concat_tables(parts, promote_options="permissive")
+                .group_by(names, use_threads=False)
+                .aggregate([(_SEQUENCE, "max")])
+            )
+            if grouped.num_rows:
+                self._keys = grouped.select([*names, f"{_SEQUENCE}_max"]).rename_columns([*names, _SEQUENCE])
+                self._keys = self._keys.combine_chunks()
 
     def __len__(self) -> int:
-        return len(self._keys)
+        return 0 if self._keys is None else self._keys.num_rows
 
     def live(self, rows: pa.Table, sequence_number: int) -> pa.Table:
         """The rows of a data file of `sequence_number` that no later equality delete removes."""
-        if not len(self) or rows.num_rows == 0:
+        if self._keys is None or rows.num_rows == 0:
             return rows
-        applicable = self._keys.filter(pc.greater(self._seq, sequence_number))
-        if len(applicable) == 0:
+        applicable = self._keys.filter(pc.greater(self._keys.column(_SEQUENCE), sequence_number))
+        if applicable.num_rows == 0:
             return rows
-        deleted = pc.is_in(_joined_key(rows, self.key_columns), value_set=applicable)
-        return rows.filter(pc.invert(deleted))
+        return rows.filter(pc.invert(pa.array(listed_mask(rows, self.key_columns, applicable.drop([_SEQUENCE])))))
 
 
-def _joined_key(rows: pa.Table, columns: Sequence[str]) -> pa.Array:
-    """One string per row for the key columns (joined by a separator no key column holds as text)."""
-    texts = [pc.cast(rows.column(name), pa.string()).combine_chunks() for name in columns]
-    if len(texts) == 1:
-        return texts[0]
-    return pc.binary_join_element_wise(*texts, KEY_SEPARATOR)
+def listed_mask(rows: pa.Table, key_columns: Sequence[str], listed: pa.Table) -> np.ndarray:
+    """Per row of `rows`, whether its key (the values of `key_columns`) is one of the rows of
+    `listed` (the same columns, by position). Compared by value in the rows' own types: is_in on
+    one column, a hash semi-join on several (which returns rows in no set order, hence the index)."""
+    names = _key_names(len(key_columns))
+    types = [rows.schema.field(name).type for name in key_columns]
+    listed = pa.table([listed.column(i).cast(t) for i, t in enumerate(types)], names=names)
+    if len(key_columns) == 1:
+        found = pc.is_in(rows.column(key_columns[0]), value_set=listed.column(0).combine_chunks())
+        return pc.fill_null(found, False).to_numpy(zero_copy_only=False)
+    probe = pa.table(
+        [*(rows.column(name) for name in key_columns), pa.array(np.arange(rows.num_rows, dtype=np.int64))],
+        names=[*names, _ROW],
+    )
+    hits = probe.join(listed, keys=names, join_type="left semi", use_threads=False)
+    mask = np.zeros(rows.num_rows, dtype=bool)
+    mask[hits.column(_ROW).to_numpy()] = True
+    return mask

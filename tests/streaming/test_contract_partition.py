@@ -115,3 +115,9 @@ def test_a_projected_crs_takes_no_geohash():
     raw["geometry"]["crs"] = "EPSG:3857"
     raw["clustering"].pop("extent")
     assert "the table CRS EPSG:3857 is projected" in error_of(raw)
+
+
+def test_a_binary_column_is_no_partition_value():
+    raw = with_partition(["event_id"])
+    raw["columns"][0]["type"] = "binary"
+    assert error_of(raw).startswith("partition[0]: event_id: column 'event_id' is a binary; identity takes")

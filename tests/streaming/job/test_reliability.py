@@ -11,13 +11,14 @@ import pytest
 import shapely
 from kafka import KafkaConsumer
 
+from app.errors import one_line
 from app.service import run
 from streaming.contract import load_contract
 from streaming.job.config import SOURCES, JobConfig
 from streaming.job.processor import BatchProcessor
 from streaming.maintenance.orphans import find_orphans
 from streaming.table.catalog import create_table, open_catalog
-from streaming.table.commit import recorded_offsets
+from streaming.table.commit import WRITER_ID, recorded_offsets
 from streaming.write.data_files import GeoParquetWriter
 from streaming.write.dead_letter import (
     DETAIL_HEADER,
@@ -27,6 +28,14 @@ from streaming.write.dead_letter import (
     SOURCE_TOPIC_HEADER,
 )
 from tests.conftest import local_settings, produce_records
+from tests.streaming.job.test_chaos import (
+    Service,
+    catalog_of,
+    checkpoint_batches,
+    checkpoint_dir,
+    service_env,
+    wait_for,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -184,6 +193,78 @@ def test_without_resume_a_lost_checkpoint_starts_from_the_earliest_offsets_and_a
     totals = run(settings, CONTRACT, until_idle=True, spark=spark)
     assert totals.consumed == 300 and totals.commits == {"committed": totals.batches}
     assert len(table_ids(settings)) == 500
+
+
+def test_a_writer_id_reused_by_a_checkpoint_that_lost_its_progress_is_refused_in_one_line(
+    kafka, spark, topic, tmp_path
+):
+    """The checkpoint's offsets/ and commits/ are gone, its writer id is not: Spark numbers the
+    batches from 0 again over other offsets, and the table holds batch 0 of that writer. Taking
+    it for a replay dropped the new records in silence; the service stops instead, and following
+    its line loses and duplicates nothing, in the rejects table either."""
+    settings = local_settings(kafka, topic, tmp_path, rejects_table="ops.rejects")
+    catalog = open_catalog(settings.catalog_name, settings.catalog)
+    create_table(catalog, CONTRACT)
+    produce_records(kafka.bootstrap, topic, good_records("a", 300))
+    run(settings, CONTRACT, until_idle=True, spark=spark)
+    checkpoint = Path(settings.checkpoint_for(CONTRACT.table))
+    writer_id = (checkpoint / "geoingest-writer-id").read_text().strip()
+    shutil.rmtree(checkpoint / "offsets")
+    shutil.rmtree(checkpoint / "commits")
+    produce_records(kafka.bootstrap, topic, good_records("b", 200) + [(b"bad", b"junk", [])])
+
+    with pytest.raises(Exception) as refused:
+        run(settings, CONTRACT, until_idle=True, spark=spark)
+
+    line = one_line(refused.value)
+    table = catalog.load_table(CONTRACT.table)
+    (held,) = [s.summary.additional_properties for s in table.metadata.snapshots]
+    assert held[WRITER_ID] == writer_id
+    assert line.startswith(f"batch 0 of writer {writer_id} is not a replay of what demo.events holds"), line
+    recorded = ", ".join(f"{topic}/{p} {a}-{b}" for p, (a, b) in sorted(recorded_offsets(table)[topic].items()))
+    assert f"Kafka offsets {recorded}, this batch read {topic}/" in line, line
+    assert "new writer id" in line and "--resume-from-table" in line
+    assert sorted(table_ids(settings)) == sorted(f"a{i}" for i in range(300)), "the refused batch added nothing"
+    assert catalog.load_table("ops.rejects").current_snapshot() is None, "nor its reject"
+    assert find_orphans(table, min_age_s=0) == [], "nor left its files behind"
+
+    # What the line says: a new checkpoint (a new writer id), resumed after the table's offsets.
+    shutil.rmtree(checkpoint)
+    totals = run(settings, CONTRACT, until_idle=True, spark=spark, resume_from_table=True)
+    assert totals.consumed == 201
+    ids = table_ids(settings)
+    assert len(ids) == len(set(ids)) and set(ids) == {f"a{i}" for i in range(300)} | {f"b{i}" for i in range(200)}
+    rejects = catalog.load_table("ops.rejects").scan().to_arrow()
+    assert rejects.column("key").to_pylist() == [b"bad"]
+
+
+def test_a_batch_killed_between_the_iceberg_commit_and_the_checkpoint_is_replayed_and_skipped(kafka, topic, tmp_path):
+    """The real service, held after its Iceberg commit (the test hook) and killed there: the restart
+    replays that batch id over the same offsets, skips it, and goes on."""
+    env = service_env(kafka.bootstrap, topic, tmp_path)
+    create_table(catalog_of(env), CONTRACT)
+    produce_records(kafka.bootstrap, topic, good_records("h", 300))
+    marker = tmp_path / "held.marker"
+    held = Service(env, tmp_path, "held", extra_env={"GEOINGEST_HOLD_AFTER_COMMIT_FILE": str(marker)})
+    try:
+        assert wait_for(marker.exists, 300, held), held.stderr_tail()
+    finally:
+        held.kill()
+    batch_id = int(marker.read_text())
+    planned, checkpointed = checkpoint_batches(checkpoint_dir(env))
+    assert batch_id in planned and batch_id not in checkpointed, "killed between the two commits"
+    produce_records(kafka.bootstrap, topic, good_records("i", 100))
+
+    again = Service(env, tmp_path, "again", "--until-idle")
+    assert again.wait(600) == 0, again.stderr_tail()
+
+    commits = {b["batch_id"]: b["commit"] for b in again.batches()}
+    assert commits[batch_id] == "skipped_replay", commits
+    assert "committed" in commits.values(), "the records produced after the kill landed"
+    table = catalog_of(env).load_table(CONTRACT.table)
+    ids = table.scan(selected_fields=("event_id",)).to_arrow().column("event_id").to_pylist()
+    assert len(ids) == len(set(ids)) and set(ids) == {f"h{i}" for i in range(300)} | {f"i{i}" for i in range(100)}
+    assert find_orphans(table, min_age_s=0) == [], "the replay's files were removed"
 
 
 def test_files_of_a_batch_that_never_committed_are_listed_as_orphans(tmp_path, catalog):

@@ -576,12 +576,15 @@ def test_after_expiry_replays_are_still_recognised_and_resume_offsets_unchanged(
     assert recorded_offsets(table, "writer-b") == {TOPIC: {0: (0, 249), 1: (50, 299)}}
     assert resume_offsets(table, TOPIC, [0, 1, 2]) == resume_before
 
-    # A restarted writer replays its last batch and an old one: both skipped, nothing added twice.
+    # A restarted writer replays its last batch and an old one, each over the offsets it read the
+    # first time (100 a batch): both skipped, nothing added twice.
     restarted = open_catalog(catalog.name, dict(catalog.properties)).load_table(contract.table)
-    replayer = BatchWriter(restarted, contract, writer_id="writer-a")
+    replayer = BatchWriter(restarted, contract, writer_id="writer-a", next_offset=1100)
     rng = np.random.default_rng(3)
     assert replayer.commit(11, *world_points(rng, 100)).status == "skipped_replay"
+    replayer.next_offset = 200
     assert replayer.commit(2, *world_points(rng, 100)).status == "skipped_replay"
+    replayer.next_offset = 1200
     assert replayer.commit(12, *world_points(rng, 100)).status == "committed"
     assert table_ids(table) == sorted(expected_ids(range(13)) + expected_ids(range(3), writer_id="writer-b"))
 

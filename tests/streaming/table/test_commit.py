@@ -21,6 +21,8 @@ from pyiceberg.types import DoubleType
 
 from streaming.contract import Contract, load_contract
 from streaming.decode.decoder import HILBERT, REJECT_REASON, Decoder
+from streaming.maintenance.maintain import expire_snapshots
+from streaming.maintenance.plan import MaintenancePolicy
 from streaming.table.catalog import create_table, open_catalog
 from streaming.table.commit import (
     BATCH_ID,
@@ -28,10 +30,12 @@ from streaming.table.commit import (
     REJECTED,
     ROWS,
     WRITER_ID,
+    WRITERS,
     BatchCommit,
     CommitRetriesExhausted,
     Committer,
     RetryPolicy,
+    WriterIdReusedError,
     committed_snapshot,
     recorded_offsets,
 )
@@ -179,6 +183,67 @@ def test_replay_of_the_same_writer_and_batch_is_skipped(table, contract):
     assert replay.snapshot_id == first.snapshot_id
     assert len(table.metadata.snapshots) == 1
     assert event_ids(table) == ["a", "b"]
+
+
+def test_a_batch_id_of_the_writer_over_other_offsets_is_refused_not_skipped(table, contract):
+    """A writer id reused with a reset checkpoint numbers its batches from 0 again: its batch 0 is
+    the table's batch 0 by identity, but it read other records. Skipping it would drop them."""
+    committer = Committer(table, sleep=SleepRecorder())
+    first = batch_commit(table, contract, "writer-a", 0, ["a", "b"], {TOPIC: {0: (0, 9), 1: (0, 4)}})
+    committer.commit(first)
+    other = batch_commit(table, contract, "writer-a", 0, ["c", "d"], {TOPIC: {0: (10, 19), 1: (0, 4)}})
+
+    with pytest.raises(WriterIdReusedError) as info:
+        committer.commit(other)
+
+    message = str(info.value)
+    assert "\n" not in message
+    for part in (
+        "batch 0 of writer writer-a",
+        "demo.events",
+        f"{TOPIC}/0 0-9, {TOPIC}/1 0-4",  # what the table holds
+        f"{TOPIC}/0 10-19, {TOPIC}/1 0-4",  # what this batch read
+        "--resume-from-table",
+        "new writer id",
+    ):
+        assert part in message, (part, message)
+    assert event_ids(table) == ["a", "b"], "nothing of the refused batch was committed"
+    assert identities(table) == [("writer-a", "0")]
+
+
+def test_a_replay_over_the_same_offsets_in_another_order_is_still_a_replay(table, contract):
+    committer = Committer(table, sleep=SleepRecorder())
+    committer.commit(batch_commit(table, contract, "writer-a", 4, ["a"], {TOPIC: {0: (0, 9), 2: (3, 3)}}))
+    replay = committer.commit(batch_commit(table, contract, "writer-a", 4, ["a"], {TOPIC: {2: (3, 3), 0: (0, 9)}}))
+    assert replay.status == "skipped_replay"
+    assert event_ids(table) == ["a"]
+
+
+def test_once_its_snapshot_expired_a_batch_within_the_writers_offsets_is_a_replay_and_beyond_them_refused(
+    table, contract
+):
+    """Only the writer's history (carried by a maintenance snapshot) knows the batch then: its
+    batches read partition 0 offsets 0-59 one after another, so a batch within them holds records
+    the table has, and one reaching beyond them (or into a partition it never read) would lose some."""
+    committer = Committer(table, sleep=SleepRecorder())
+    for batch_id in range(6):
+        offsets = {TOPIC: {0: (batch_id * 10, batch_id * 10 + 9)}}
+        committer.commit(batch_commit(table, contract, "writer-a", batch_id, [f"e{batch_id}"], offsets))
+    expire_snapshots(table, MaintenancePolicy(snapshot_max_age_s=0, keep_snapshots=2, min_file_age_s=0))
+    table.refresh()
+    carrier = committed_snapshot(table, "writer-a", 1)
+    assert WRITERS in carrier.summary.additional_properties, "batch 1 is known from the carried history only"
+
+    def again(batch_id: int, offsets: dict):
+        return committer.commit(batch_commit(table, contract, "writer-a", batch_id, ["x"], offsets))
+
+    assert again(1, {TOPIC: {0: (10, 19)}}).status == "skipped_replay"
+    assert again(2, {TOPIC: {0: (15, 34)}}).status == "skipped_replay", "cut otherwise, yet all in the table"
+    with pytest.raises(WriterIdReusedError, match=r"history of this writer .* covers Kafka offsets demo-events/0 0-59"):
+        again(3, {TOPIC: {0: (55, 64)}})
+    with pytest.raises(WriterIdReusedError, match=r"this batch read demo-events/0 30-39, demo-events/1 0-9"):
+        again(3, {TOPIC: {0: (30, 39), 1: (0, 9)}})
+    assert event_ids(table) == [f"e{b}" for b in range(6)]
 
 
 def test_replay_is_recognised_through_a_fresh_table_handle(catalog, table, contract):

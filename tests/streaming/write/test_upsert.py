@@ -6,7 +6,12 @@ tombstones, checked at every snapshot against the state computed from the produc
 
 from __future__ import annotations
 
+import base64
 import json
+import os
+import subprocess
+import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -69,15 +74,18 @@ def test_keys_of_several_columns_are_told_apart_by_every_column():
 
 
 # -- through the service ----------------------------------------------------------------------------
-def make_stream(n_keys: int, n_events: int, seed: int) -> list[tuple[bytes, bytes | None, list]]:
-    """Every key created once, then updates that move features anywhere on the map and 10 % tombstones."""
+def make_stream(
+    n_keys: int, n_events: int, seed: int, key_of: Callable[[int], bytes] = lambda k: f"k{k}".encode()
+) -> list[tuple[bytes, bytes | None, list]]:
+    """Every key created once, then updates that move features anywhere on the map and 10 % tombstones;
+    the Kafka key of key number k is key_of(k)."""
     rng = np.random.default_rng(seed)
     records = []
     alive: set[int] = set()
     version = dict.fromkeys(range(n_keys), 0)
     order = list(range(n_keys)) + rng.integers(0, n_keys, n_events - n_keys).tolist()
     for key in order:
-        name = f"k{key}".encode()
+        name = key_of(key)
         if key in alive and rng.random() < 0.1:
             records.append((name, None, []))
             alive.discard(key)
@@ -86,7 +94,7 @@ def make_stream(n_keys: int, n_events: int, seed: int) -> list[tuple[bytes, byte
         lon, lat = round(float(rng.uniform(-179, 179)), 5), round(float(rng.uniform(-80, 80)), 5)
         feature = {
             "type": "Feature",
-            "id": name.decode(),
+            "id": f"k{key}",
             "properties": {"kind": "probe", "speed": float(version[key])},
             "geometry": {"type": "Point", "coordinates": [lon, lat]},
         }
@@ -95,16 +103,17 @@ def make_stream(n_keys: int, n_events: int, seed: int) -> list[tuple[bytes, byte
     return records
 
 
-def expected_state(records: list) -> dict[str, tuple]:
+def expected_state(records: list, as_text: bool = True) -> dict:
     """Every key's last version in production order (a key's records share a partition, so this is
-    the Kafka order the table follows)."""
-    state: dict[str, tuple | None] = {}
+    the Kafka order the table follows), by key as text (or as the bytes it is)."""
+    state: dict[str | bytes, tuple | None] = {}
     for key, value, _ in records:
+        name = key.decode() if as_text else key
         if value is None:
-            state[key.decode()] = None
+            state[name] = None
         else:
             doc = json.loads(value)
-            state[key.decode()] = (*doc["geometry"]["coordinates"], doc["properties"]["speed"])
+            state[name] = (*doc["geometry"]["coordinates"], doc["properties"]["speed"])
     return {k: v for k, v in state.items() if v is not None}
 
 
@@ -124,7 +133,7 @@ def reference_state(records, positions: dict[int, list[int]], upto: dict[int, in
     return {k: v for k, v in state.items() if v is not None}
 
 
-def table_state(table, snapshot_id: int | None = None) -> dict[str, tuple]:
+def table_state(table, snapshot_id: int | None = None) -> dict:
     result = query(table, WORLD, snapshot_id=snapshot_id).table
     points = shapely.from_wkb(result.column("geometry").to_numpy(zero_copy_only=False))
     ids = result.column("event_id").to_pylist()
@@ -304,3 +313,80 @@ def test_a_tombstone_of_an_append_table_is_still_a_null_value_reject():
 
     assert tombstone_key_column(contract) is None
     assert tombstone_key_column(parse_contract({**DEMO, "mode": "upsert"})) == "event_id"
+
+
+def binary_key(k: int) -> bytes:
+    """A Kafka key that is no UTF-8 text (0xff and a lone continuation byte never are)."""
+    return b"\xff" + k.to_bytes(2, "big") + b"\x80"
+
+
+@pytest.mark.integration
+def test_an_upsert_table_keyed_by_bytes_that_are_no_text_reads_and_compacts_to_the_current_rows(
+    kafka, spark, topic, tmp_path
+):
+    columns = [
+        {**c, "type": "binary", "from": ["kafka.key"]} if c["name"] == "event_id" else c for c in DEMO["columns"]
+    ]
+    contract = parse_contract({**DEMO, "mode": "upsert", "columns": columns})
+    records = make_stream(n_keys=300, n_events=3_000, seed=8, key_of=binary_key)
+    assert produce_records(kafka.bootstrap, topic, records) == len(records)
+    assert sum(1 for _, value, _ in records if value is None) > 100, "tombstones of binary keys too"
+    catalog = {"type": "sql", "uri": f"sqlite:///{tmp_path / 'c.db'}", "warehouse": f"file://{tmp_path / 'wh'}"}
+    settings = load_settings(
+        env={},
+        bootstrap_servers=kafka.bootstrap,
+        topic=topic,
+        catalog=catalog,
+        checkpoint_location=str(tmp_path / "ck"),
+        metrics_port=0,
+        cache_dir=str(CACHE_DIR),
+        max_offsets_per_trigger=1_000,
+    )
+    create_table(open_catalog(settings.catalog_name, settings.catalog), contract)
+    totals = run(settings, contract, until_idle=True, spark=spark)
+    assert totals.commits == {"committed": totals.batches} and totals.batches >= 3
+    assert totals.rejected == {}, "every tombstone deletes its key: none is a null_value reject"
+
+    final = expected_state(records, as_text=False)
+    table = open_catalog(settings.catalog_name, settings.catalog).load_table(contract.table)
+    assert 100 < len(final) < 300 and table_state(table) == final
+
+    # geoingest query, as a user runs it: every current row once, its id the key in base64.
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith("GEOINGEST_")},
+        "GEOINGEST_CATALOG__URI": catalog["uri"],
+        "GEOINGEST_CATALOG__WAREHOUSE": catalog["warehouse"],
+    }
+    done = subprocess.run(
+        [
+            str(Path(sys.executable).parent / "geoingest"),
+            "query",
+            "--table",
+            contract.table,
+            "--bbox=-180,-90,180,90",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    features = [json.loads(line) for line in done.stdout.splitlines()]
+    assert len(features) == len(final)
+    assert {
+        base64.b64decode(f["id"]): (*(round(v, 5) for v in f["geometry"]["coordinates"]), f["properties"]["speed"])
+        for f in features
+    } == final
+
+    # Compaction applies the deletes to binary keys: the files it writes hold the current rows only.
+    report = maintain(
+        table,
+        MaintenancePolicy(min_file_age_s=0, snapshot_max_age_s=0, keep_snapshots=1, orphan_min_age_s=0),
+        steps=("compact", "expire"),
+    )
+    assert report.compaction is not None and report.compaction.files_rewritten > 0
+    table.refresh()
+    assert snapshot_files(table, table.current_snapshot()).reaching_deletes() == []
+    assert table_state(table) == final
+    by_pyiceberg = table.scan(selected_fields=("event_id",)).to_arrow().column("event_id").to_pylist()
+    assert sorted(by_pyiceberg) == sorted(final)
