@@ -55,6 +55,7 @@ from streaming.job.config import (
     JobConfig,
     python_source_options,
 )
+from streaming.read.current import TableRows
 from streaming.source.options import SourceSettings
 from streaming.source.read import ReadingRanges
 from streaming.storage import data_location, delete_folder
@@ -254,6 +255,13 @@ class BatchProcessor:
             timings = {}
             results = self._clustered(batch, batch_id, timings, isolate_decoder=True)
         offsets, consumed, rejected, oldest = _summarise(results.tallies)
+        if results.unplaced:
+            # docs/debezium.md: the connector settings that send every value
+            log.warning(
+                "upsert rows left out: their change events carried no geometry, and neither an earlier "
+                "record nor the table holds one for their keys",
+                extra={"batch": {"batch_id": batch_id, "rows": results.unplaced}},
+            )
         files = tuple(results.files)
         delete_files = tuple(results.delete_files)
         ignored = {**{name: "schema_evolution is off" for name in results.unmapped}, **plan.ignored}
@@ -373,6 +381,7 @@ class BatchProcessor:
             staging,
             self._last_merge() if staging is not None else None,
             self._rejects_files(batch_id),
+            self._current_rows() if upsert else None,
         )
         # At most one task per core (coalesce never adds partitions): fewer, longer runs (and, with
         # clustering "task", fewer files covering the same places).
@@ -426,11 +435,17 @@ class BatchProcessor:
             tuple(groups),
             reduced_runs,
             self._last_merge() if reduced_runs is not None else None,
+            self._current_rows(),
         )
         frame = self.spark.range(0, len(groups), 1, len(groups)).mapInArrow(task, self._spark_result_schema)
         reduced = BatchResults.from_rows(_collect_with_task_count(self.spark, frame))
         results.take_files(reduced.files + reduced.delete_files)
         results.slices, results.merged, results.merged_inputs = reduced.slices, reduced.merged, reduced.merged_inputs
+        results.unplaced += reduced.unplaced
+
+    def _current_rows(self) -> TableRows:
+        """The table as this batch found it, for the values a change event did not carry."""
+        return TableRows(self.table.metadata_location, dict(self.table.io.properties))
 
     def _merge(self, results: BatchResults, files: FileSettings) -> None:
         """The staged sorted runs merged into the batch's files: as the last task merged them, or
@@ -459,9 +474,10 @@ class BatchProcessor:
             files = results.merged[number]
             if chosen is None and results.merged_inputs.get(number) == staged:
                 chosen = files
+                results.unplaced += results.merged_unplaced.get(number, 0)
             else:
                 self._discard(tuple(files))
-        results.merged, results.merged_inputs = {}, {}
+        results.merged, results.merged_inputs, results.merged_unplaced = {}, {}, {}
         return chosen
 
     def _records(self, batch: DataFrame, task: TaskFunction) -> tuple[DataFrame, TaskFunction]:

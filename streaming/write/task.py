@@ -41,6 +41,7 @@ from streaming.decode.decoder import (
     SOURCE_TOPIC,
     DecodeOptions,
     Decoder,
+    decoded_schema,
 )
 from streaming.decode.isolation import IsolatedDecoder
 from streaming.decode.properties import PropertySeen, merge_seen
@@ -66,8 +67,12 @@ from streaming.write.upsert import (
     split_tombstones,
 )
 from streaming.write.versions import (
+    UNAVAILABLE,
+    UNAVAILABLE_TYPE,
+    CurrentRows,
     VersionSlice,
     delete_file,
+    fill_unavailable,
     reduce_if_last,
     reduce_versions,
     stage_versions,
@@ -79,6 +84,7 @@ FILE = "file"
 SLICE = "slice"
 VERSIONS = "versions"
 MERGED = "merged"
+UNPLACED = "unplaced"
 PROPERTY = "property"
 EVENT_TIMES = "event_times"
 
@@ -89,7 +95,9 @@ EVENT_TIMES = "event_times"
 # - slice: one per slice of a staged run: path, slice, key_lo, key_hi, n;
 # - versions: one per key bucket of an upsert task's staged versions: path, slice, key_lo (the
 #   bucket), n, content (data: rows; equality_deletes: deletes);
-# - merged: one per task that merged or reduced the whole batch: merged_by, n (the staged rows it read);
+# - merged: one per task that merged or reduced the whole batch: merged_by, n (the staged rows it
+#   read), last (the rows it left out: an upsert row whose geometry no record and no table row holds);
+# - unplaced: one per reduce task that left rows out so: n;
 # - property: one per property name no column maps, in the decoder's sample: property,
 #   property_type, n, and the first record holding it: oldest_ms, partition, first;
 # - event_times: one per bin of the Kafka timestamps of the valid records: first = the bin's
@@ -130,11 +138,13 @@ class Tally:
 
 @dataclass(frozen=True)
 class Merged:
-    """The files of a task that merged (or reduced) the whole batch, and the staged rows it read."""
+    """The files of a task that merged (or reduced) the whole batch, the staged rows it read, and
+    the rows it left out (an upsert row whose geometry no record and no table row holds)."""
 
     task: int
     files: list[DataFileRecord]
     staged_rows: int
+    unplaced: int = 0
 
 
 @dataclass(frozen=True)
@@ -151,6 +161,8 @@ class PartitionTask:
     staging: str | None = None
     last_merge: LastTaskMerge | None = None  # with staging: the last task merges a small batch
     rejects: RejectsTableFiles | None = None  # None: no rejects table (setting rejects_table)
+    # Upsert tables: the key's current row, for the values a change event did not carry
+    current: CurrentRows | None = None
 
     def __call__(self, batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         """The mapInArrow function: Kafka source batches in, tally and file (or slice) rows out."""
@@ -166,6 +178,8 @@ class PartitionTask:
                 raise ValueError(f"table {self.contract.table}: an upsert batch stages its versions; no staging folder")
             # Versions of a key are chosen over the task's whole range, so the row order columns stay.
             keep += [SOURCE_PARTITION, SOURCE_OFFSET, SOURCE_TIMESTAMP]
+            if UNAVAILABLE in decoded_schema(self.contract).names:
+                keep.append(UNAVAILABLE)
         tombstones: list[pa.Table] = []
         tallies: list[pa.Table] = []
         event_times = EventTimes()
@@ -233,9 +247,18 @@ class PartitionTask:
         merged = None
         if self.staging is not None and self.last_merge is not None:
             number, tasks = self.last_merge.position()
+            done: tuple[list[DataFileRecord], int] | tuple[list[DataFileRecord], int, int] | None
             if upsert:
                 done = reduce_if_last(
-                    versions, number, tasks, self.staging, self.last_merge, self.contract, self.files, writer
+                    versions,
+                    number,
+                    tasks,
+                    self.staging,
+                    self.last_merge,
+                    self.contract,
+                    self.files,
+                    writer,
+                    self.current,
                 )
             else:
                 done = merge_if_last(slices, number, tasks, self.staging, self.last_merge, writer)
@@ -264,6 +287,8 @@ class PartitionTask:
             rows = rows.append_column(PARTITION, rows.column(SOURCE_PARTITION))
             rows = rows.append_column(OFFSET, rows.column(SOURCE_OFFSET))
             rows = rows.append_column(TIMESTAMP, rows.column(SOURCE_TIMESTAMP).cast(pa.int64()))
+            if UNAVAILABLE not in rows.column_names:
+                rows = rows.append_column(UNAVAILABLE, pa.nulls(rows.num_rows, UNAVAILABLE_TYPE))
             rows = rows.select(schema.names)
         else:
             rows = schema.empty_table()
@@ -271,6 +296,7 @@ class PartitionTask:
         deleted = (
             pa.concat_tables(tombstones).select([*key, PARTITION, OFFSET, TIMESTAMP]) if tombstones else pa.table({})
         )
+        rows = fill_unavailable(rows, deleted, self.contract)
         rows, deleted = last_per_partition(rows, deleted, self.contract.primary_key)
         return stage_versions(rows, deleted, self.contract, staging, io)
 
@@ -305,15 +331,18 @@ class ReduceTask:
     groups: tuple[tuple[VersionSlice, ...], ...]
     staging: str | None = None  # clustering "batch": where the sorted runs go
     last_merge: LastTaskMerge | None = None  # with staging: the last task merges a small batch
+    current: CurrentRows | None = None  # the key's current row, for what a change event did not carry
 
     def __call__(self, batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         prepare_worker_process()
         writer = self.files.writer(self.contract)
         records: list[DataFileRecord] = []
         slices: list[Slice] = []
+        unplaced = 0
         for batch in batches:
             for number in batch.column(0).to_pylist():
-                latest, touched = reduce_versions(self.groups[number], self.contract, writer.io)
+                latest, touched, left_out = reduce_versions(self.groups[number], self.contract, writer.io, self.current)
+                unplaced += left_out
                 records += delete_file(touched, self.contract, self.files, writer.io)
                 if self.staging is None:
                     records += writer.write(hilbert_sorted(latest))
@@ -325,7 +354,7 @@ class ReduceTask:
             done = merge_if_last(slices, number, tasks, self.staging, self.last_merge, writer)
             if done is not None:
                 merged = Merged(number, *done)
-        yield results_batch([], records, slices, merged)
+        yield results_batch([], records, slices, merged, unplaced=unplaced)
 
 
 _worker_prepared = False
@@ -430,6 +459,7 @@ def results_batch(
     unmapped: dict[str, PropertySeen] | None = None,
     event_times: Sequence[tuple[int, int, int]] = (),
     versions: Sequence[VersionSlice] = (),
+    unplaced: int = 0,
 ) -> pa.RecordBatch:
     """A task's result rows (RESULT_SCHEMA): `records` are its own files, `merged` the files of its
     merge of the whole batch, if it did one."""
@@ -449,7 +479,9 @@ def results_batch(
     rows += [{"kind": FILE, **r.to_row()} for r in records]
     if merged is not None:
         rows += [{"kind": FILE, **r.to_row(), "merged_by": merged.task} for r in merged.files]
-        rows.append({"kind": MERGED, "merged_by": merged.task, "n": merged.staged_rows})
+        rows.append({"kind": MERGED, "merged_by": merged.task, "n": merged.staged_rows, "last": merged.unplaced})
+    if unplaced:
+        rows.append({"kind": UNPLACED, "n": unplaced})
     rows += [
         {"kind": SLICE, "path": s.path, "slice": s.index, "key_lo": s.key_lo, "key_hi": s.key_hi, "n": s.rows}
         for s in slices
@@ -494,6 +526,10 @@ class BatchResults:
     merged: dict[int, list[DataFileRecord]] = field(default_factory=dict)
     # ... and the staged rows each of them read: a merge is whole when it read all the stage staged
     merged_inputs: dict[int, int] = field(default_factory=dict)
+    # ... and the rows each of them left out (upsert rows whose geometry nothing holds)
+    merged_unplaced: dict[int, int] = field(default_factory=dict)
+    # The rows reduce tasks left out so
+    unplaced: int = 0
     # Upsert tables: the equality delete files of the keys the batch touched
     delete_files: list[DataFileRecord] = field(default_factory=list)
     # The rejects table's files (setting rejects_table)
@@ -537,6 +573,9 @@ class BatchResults:
                 )
             elif row["kind"] == MERGED:
                 out.merged_inputs[row["merged_by"]] = row["n"]
+                out.merged_unplaced[row["merged_by"]] = row["last"] or 0
+            elif row["kind"] == UNPLACED:
+                out.unplaced += row["n"]
             elif row["merged_by"] is not None:
                 out.merged.setdefault(row["merged_by"], []).append(DataFileRecord.from_row(row))
             elif row["content"] == REJECTS:

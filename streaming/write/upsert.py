@@ -100,10 +100,10 @@ def last_per_partition(rows: pa.Table, tombstones: pa.Table, key_columns: tuple[
 
     Both carry the key columns and PARTITION and OFFSET; the order of each is kept."""
     n_rows = rows.num_rows
-    keys = _keys_and_positions(rows, tombstones, key_columns)
+    keys = keys_and_positions(rows, tombstones, key_columns)
     if keys.num_rows == 0:
         return rows, tombstones
-    code = _key_codes(keys, key_columns)
+    code = key_codes(keys, key_columns)
     partition = keys.column(PARTITION).to_numpy(zero_copy_only=False).astype(np.int64)
     offset = keys.column(OFFSET).to_numpy(zero_copy_only=False).astype(np.int64)
     order = np.lexsort((offset, partition, code))
@@ -123,10 +123,10 @@ def latest_versions(rows: pa.Table, tombstones: pa.Table, key_columns: tuple[str
     Within a partition the higher offset wins; across partitions the later timestamp (then the
     higher partition, then offset), so the choice is the same whichever task order the batch had."""
     n_rows = rows.num_rows
-    keys = _keys_and_positions(rows, tombstones, key_columns)
+    keys = keys_and_positions(rows, tombstones, key_columns)
     if keys.num_rows == 0:
         return rows, keys.select(list(key_columns))
-    code = _key_codes(keys, key_columns)
+    code = key_codes(keys, key_columns)
     partition = keys.column(PARTITION).to_numpy(zero_copy_only=False).astype(np.int64)
     offset = keys.column(OFFSET).to_numpy(zero_copy_only=False).astype(np.int64)
     timestamp = keys.column(TIMESTAMP).to_numpy(zero_copy_only=False).astype(np.int64)
@@ -141,7 +141,7 @@ def latest_versions(rows: pa.Table, tombstones: pa.Table, key_columns: tuple[str
     return rows.take(pa.array(written)), keys.select(list(key_columns)).take(pa.array(first_of_key))
 
 
-def _keys_and_positions(rows: pa.Table, tombstones: pa.Table, key_columns: tuple[str, ...]) -> pa.Table:
+def keys_and_positions(rows: pa.Table, tombstones: pa.Table, key_columns: tuple[str, ...]) -> pa.Table:
     """The key columns and the Kafka position of the rows, then of the tombstones, as one table."""
     positions = [*key_columns, PARTITION, OFFSET, TIMESTAMP]
     parts = [rows.select(positions)]
@@ -150,7 +150,7 @@ def _keys_and_positions(rows: pa.Table, tombstones: pa.Table, key_columns: tuple
     return pa.concat_tables(parts, promote_options="permissive").combine_chunks()
 
 
-def _key_codes(keys: pa.Table, key_columns: tuple[str, ...]) -> np.ndarray:
+def key_codes(keys: pa.Table, key_columns: tuple[str, ...]) -> np.ndarray:
     """One integer per distinct key (over all key columns), equal for equal keys."""
     codes = [
         np.asarray(pc.dictionary_encode(keys.column(name).combine_chunks()).indices.to_numpy(zero_copy_only=False))

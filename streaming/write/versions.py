@@ -17,6 +17,16 @@ an upsert table runs in two stages:
    versions is reduced by the last task of stage one, over every bucket (no second Spark job);
    a larger one by a reduce job of one task per group of buckets (`plan_reduce`).
 
+A change event may lack a value it left unchanged (Debezium's placeholder for a TOASTed column
+under REPLICA IDENTITY DEFAULT, streaming/decode/formats/debezium.py): the decoder lists such
+columns in UNAVAILABLE. The key's current value is kept: both stages take each listed column from
+the nearest earlier record of the key in its partition that carried it (no delete of the key in
+between, `fill_unavailable`), and the reducer takes what is still missing from the key's row in
+the table as the batch found it (`CurrentRows`, streaming/read/current.py). A row whose geometry
+no earlier record and no table row holds cannot be placed and is not written (counted in the
+results, logged by the driver); a text column left unknown is stored as null, never as the
+placeholder.
+
 Pure Python over Arrow and the table's FileIO: no Spark import.
 """
 
@@ -26,17 +36,40 @@ import math
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 from pyiceberg.io import FileIO
 
 from streaming.contract import Contract
 from streaming.decode.decoder import HILBERT
+from streaming.kernels.hilbert import hilbert_keys_of_bounds
 from streaming.kernels.key_hash import key_hashes
 from streaming.write.data_files import DataFileRecord, FileSettings, GeoParquetWriter
 from streaming.write.merge import LastTaskMerge, hilbert_sorted, peers_if_last, range_count, write_sorted
-from streaming.write.upsert import OFFSET, PARTITION, TIMESTAMP, latest_versions, write_equality_deletes
+from streaming.write.upsert import (
+    OFFSET,
+    PARTITION,
+    TIMESTAMP,
+    key_codes,
+    keys_and_positions,
+    latest_versions,
+    write_equality_deletes,
+)
+
+# The columns of a row the change event that made it did not carry (a list of column names; null
+# when it carried all): the decoder's, kept with the staged rows.
+UNAVAILABLE = "_unavailable"
+UNAVAILABLE_TYPE = pa.list_(pa.string())
+
+
+class CurrentRows(Protocol):
+    """The table's current rows of some keys: the key columns and `columns`, one row per key found."""
+
+    def __call__(self, keys: pa.Table, columns: Sequence[str]) -> pa.Table: ...
+
 
 # Buckets a task's versions are staged in: the unit a reducer takes. Far more than reducers, so
 # that groups of buckets balance rows; few enough that a small batch stages few record batches.
@@ -58,7 +91,8 @@ class VersionSlice:
 
 
 def version_schema(contract: Contract) -> pa.Schema:
-    """A staged row: the columns the files hold, its Hilbert key and its Kafka position."""
+    """A staged row: the columns the files hold, its Hilbert key, its Kafka position and the columns
+    its event did not carry."""
     return pa.schema(
         [
             *contract.arrow_schema,
@@ -66,6 +100,7 @@ def version_schema(contract: Contract) -> pa.Schema:
             pa.field(PARTITION, pa.int32()),
             pa.field(OFFSET, pa.int64()),
             pa.field(TIMESTAMP, pa.int64()),
+            pa.field(UNAVAILABLE, UNAVAILABLE_TYPE),
         ]
     )
 
@@ -117,14 +152,159 @@ def stage_versions(
     return slices
 
 
-def reduce_versions(slices: Sequence[VersionSlice], contract: Contract, io: FileIO) -> tuple[pa.Table, pa.Table]:
+def reduce_versions(
+    slices: Sequence[VersionSlice], contract: Contract, io: FileIO, current: CurrentRows | None = None
+) -> tuple[pa.Table, pa.Table, int]:
     """(each key's last version among the staged slices, unless deleted, in the files' columns and
-    the Hilbert key; every key the slices hold, for the equality delete file)."""
-    rows_schema, deletes_schema_ = version_schema(contract), deletes_schema(contract)
-    rows = _read(slices, False, rows_schema, io)
-    deletes = _read(slices, True, deletes_schema_, io)
+    the Hilbert key; every key the slices hold, for the equality delete file; the rows left out for
+    a geometry nobody holds)."""
+    rows = _read(slices, False, version_schema(contract), io)
+    deletes = _read(slices, True, deletes_schema(contract), io)
+    rows = fill_unavailable(rows, deletes, contract)
     latest, touched = latest_versions(rows, deletes, contract.primary_key)
-    return latest.select([*contract.arrow_schema.names, HILBERT]), touched
+    latest, unplaced = fill_from_table(latest, contract, current)
+    return latest.select([*contract.arrow_schema.names, HILBERT]), touched, unplaced
+
+
+def fill_unavailable(rows: pa.Table, deletes: pa.Table, contract: Contract) -> pa.Table:
+    """Each row's unavailable columns from the nearest earlier record of its key in its partition
+    (by offset) that carried them, unless a delete of the key comes between; what no such record
+    carries stays listed in UNAVAILABLE. The geometry brings its bbox and Hilbert key along."""
+    if UNAVAILABLE not in rows.column_names or rows.column(UNAVAILABLE).null_count == rows.num_rows:
+        return rows
+    n = rows.num_rows
+    positions = keys_and_positions(rows, deletes, contract.primary_key)
+    code = key_codes(positions, contract.primary_key)
+    partition = positions.column(PARTITION).to_numpy(zero_copy_only=False).astype(np.int64)
+    offset = positions.column(OFFSET).to_numpy(zero_copy_only=False).astype(np.int64)
+    order = np.lexsort((offset, partition, code))
+    m = len(order)
+    at = np.arange(m)
+    first_of_run = np.r_[True, (np.diff(code[order]) != 0) | (np.diff(partition[order]) != 0)]
+    is_delete = order >= n
+    # A record may take a value from a record after the latest delete of its key, within its run.
+    floor = np.maximum(
+        np.maximum.accumulate(np.where(first_of_run, at, 0)),
+        np.maximum.accumulate(np.where(is_delete, at, -1)) + 1,
+    )
+    missing = _listed(rows.column(UNAVAILABLE).combine_chunks())
+    still: dict[str, np.ndarray] = {}
+    for name, missing_in_rows in missing.items():
+        missing_here = np.zeros(m, dtype=bool)
+        missing_here[~is_delete] = missing_in_rows[order[~is_delete]]
+        nearest = np.maximum.accumulate(np.where(is_delete | missing_here, -1, at))
+        filled = missing_here & (nearest >= floor)
+        take = np.arange(n)
+        take[order[filled]] = order[nearest[filled]]
+        rows = _take_columns(rows, _carried_with(name, contract), take)
+        left = missing_in_rows.copy()
+        left[order[filled]] = False
+        still[name] = left
+    return rows.set_column(rows.schema.get_field_index(UNAVAILABLE), UNAVAILABLE, _as_lists(still, n))
+
+
+def fill_from_table(latest: pa.Table, contract: Contract, current: CurrentRows | None) -> tuple[pa.Table, int]:
+    """The last versions with what they still lack taken from the key's current row in the table;
+    a row whose geometry the table does not hold either is left out. Returns the rows and how
+    many were left out."""
+    if UNAVAILABLE not in latest.column_names or latest.column(UNAVAILABLE).null_count == latest.num_rows:
+        return latest, 0
+    missing = _listed(latest.column(UNAVAILABLE).combine_chunks())
+    wanting = np.logical_or.reduce(list(missing.values()))
+    found = None
+    if current is not None:
+        keys = latest.select(list(contract.primary_key)).filter(pa.array(wanting))
+        columns = sorted({c for name in missing for c in _carried_with(name, contract) if c != HILBERT})
+        found = current(keys, columns)
+    geometry = contract.geometry.name
+    place = _positions_in(latest, found, contract.primary_key) if found is not None else np.full(latest.num_rows, -1)
+    for name, missing_in_rows in missing.items():
+        filled = missing_in_rows & (place >= 0)
+        if found is not None and filled.any():
+            for column in _carried_with(name, contract):
+                if column == HILBERT:
+                    continue
+                source = found.column(column).combine_chunks().cast(latest.schema.field(column).type)
+                padded = pa.concat_arrays([latest.column(column).combine_chunks(), source])
+                take = np.arange(latest.num_rows)
+                take[filled] = latest.num_rows + place[filled]
+                latest = latest.set_column(latest.schema.get_field_index(column), column, padded.take(pa.array(take)))
+        if name == geometry:
+            latest = _with_hilbert_keys(latest, contract, filled)
+    unplaced = missing[geometry] & (place < 0) if geometry in missing else np.zeros(latest.num_rows, dtype=bool)
+    return latest.filter(pa.array(~unplaced)), int(unplaced.sum())
+
+
+def _positions_in(rows: pa.Table, found: pa.Table, key_columns: Sequence[str]) -> np.ndarray:
+    """Per row of `rows`, the row of `found` with its key, or -1."""
+    names = [f"k{i}" for i in range(len(key_columns))]
+    left = pa.table(
+        [*(rows.column(c) for c in key_columns), pa.array(np.arange(rows.num_rows, dtype=np.int64))],
+        names=[*names, "row"],
+    )
+    right = pa.table(
+        [
+            *(found.column(c).cast(rows.schema.field(c).type) for c in key_columns),
+            pa.array(np.arange(found.num_rows, dtype=np.int64)),
+        ],
+        names=[*names, "found"],
+    )
+    joined = left.join(right, keys=names, join_type="inner", use_threads=False)
+    place = np.full(rows.num_rows, -1, dtype=np.int64)
+    place[joined.column("row").to_numpy()] = joined.column("found").to_numpy()
+    return place
+
+
+def _carried_with(name: str, contract: Contract) -> list[str]:
+    """The staged columns a column's value brings: a geometry its bbox and Hilbert key too."""
+    return [name, contract.bbox_name, HILBERT] if name == contract.geometry.name else [name]
+
+
+def _take_columns(rows: pa.Table, columns: Sequence[str], take: np.ndarray) -> pa.Table:
+    indices = pa.array(take)
+    for column in columns:
+        rows = rows.set_column(rows.schema.get_field_index(column), column, rows.column(column).take(indices))
+    return rows
+
+
+def _with_hilbert_keys(rows: pa.Table, contract: Contract, where: np.ndarray) -> pa.Table:
+    """The Hilbert keys of the rows at `where` computed again from their bbox."""
+    if not where.any():
+        return rows
+    bbox = rows.column(contract.bbox_name).combine_chunks().filter(pa.array(where))
+    xmin, ymin, xmax, ymax = (bbox.field(n).to_numpy(zero_copy_only=False) for n in ("xmin", "ymin", "xmax", "ymax"))
+    keys = pc.fill_null(rows.column(HILBERT), 0).to_numpy(zero_copy_only=False).astype(np.int64)
+    keys[where] = hilbert_keys_of_bounds(
+        xmin, ymin, xmax, ymax, contract.clustering.extent, contract.clustering.hilbert_bits
+    )
+    return rows.set_column(rows.schema.get_field_index(HILBERT), HILBERT, pa.array(keys, pa.int64()))
+
+
+def _listed(lists: pa.Array) -> dict[str, np.ndarray]:
+    """Per column name UNAVAILABLE holds anywhere, the rows that list it."""
+    flat = lists.flatten()
+    if len(flat) == 0:
+        return {}
+    parents = pc.list_parent_indices(lists).to_numpy(zero_copy_only=False)
+    names = flat.to_numpy(zero_copy_only=False)
+    out = {}
+    for name in np.unique(names):
+        rows = np.zeros(len(lists), dtype=bool)
+        rows[parents[names == name]] = True
+        out[str(name)] = rows
+    return out
+
+
+def _as_lists(listed: dict[str, np.ndarray], n: int) -> pa.Array:
+    """The inverse of _listed: per row the names that list it, null for none."""
+    names = sorted(listed)
+    if not names:
+        return pa.nulls(n, UNAVAILABLE_TYPE)
+    table = np.stack([listed[name] for name in names], axis=1)
+    counts = table.sum(axis=1)
+    offsets = np.r_[0, np.cumsum(counts)].astype(np.int32)
+    values = pa.array(np.array(names, dtype=object)[np.nonzero(table)[1]], pa.string())
+    return pa.ListArray.from_arrays(pa.array(offsets), values, mask=pa.array(counts == 0))
 
 
 def _read(slices: Sequence[VersionSlice], deletes: bool, schema: pa.Schema, io: FileIO) -> pa.Table:
@@ -147,13 +327,15 @@ def reduced_files(
     writer: GeoParquetWriter,
     ranges: int,
     threads: int = 1,
-) -> list[DataFileRecord]:
+    current: CurrentRows | None = None,
+) -> tuple[list[DataFileRecord], int]:
     """The files of a reducer that writes them itself: the equality delete file of every key the
-    slices hold, and the last versions sorted along the curve in `ranges` stretches."""
-    latest, touched = reduce_versions(slices, contract, writer.io)
+    slices hold, and the last versions sorted along the curve in `ranges` stretches; and the rows
+    left out for a geometry nobody holds."""
+    latest, touched, unplaced = reduce_versions(slices, contract, writer.io, current)
     records = delete_file(touched, contract, files, writer.io)
     ordered = pa.Table.from_batches(list(hilbert_sorted(latest)), schema=latest.schema)
-    return records + write_sorted(ordered, ranges, writer, threads)
+    return records + write_sorted(ordered, ranges, writer, threads), unplaced
 
 
 def delete_file(touched: pa.Table, contract: Contract, files: FileSettings, io: FileIO) -> list[DataFileRecord]:
@@ -173,10 +355,11 @@ def reduce_if_last(
     contract: Contract,
     files: FileSettings,
     writer: GeoParquetWriter,
-) -> tuple[list[DataFileRecord], int] | None:
+    current: CurrentRows | None = None,
+) -> tuple[list[DataFileRecord], int, int] | None:
     """If every task of the stage has staged its versions and they are few enough, the whole
-    batch's files (delete file included) and the staged versions reduced; else None (the reduce
-    job does it)."""
+    batch's files (delete file included), the staged versions reduced and the rows left out; else
+    None (the reduce job does it)."""
     peers = peers_if_last([s.to_json() for s in own], number, tasks, f"{staging.rstrip('/')}/done", writer.io)
     if peers is None:
         return None
@@ -186,7 +369,8 @@ def reduce_if_last(
         return None
     rows = sum(s.rows for s in slices if not s.deletes)
     ranges = range_count(rows, plan.min_ranges, plan.rows_per_range)
-    return reduced_files(slices, contract, files, writer, ranges, plan.threads), staged
+    records, unplaced = reduced_files(slices, contract, files, writer, ranges, plan.threads, current)
+    return records, staged, unplaced
 
 
 def plan_reduce(slices: Sequence[VersionSlice], groups: int) -> list[tuple[VersionSlice, ...]]:

@@ -21,7 +21,15 @@ from streaming.write.data_files import FileSettings
 from streaming.write.merge import LastTaskMerge
 from streaming.write.task import BatchResults, ReduceTask
 from streaming.write.upsert import OFFSET, PARTITION, TIMESTAMP, last_per_partition
-from streaming.write.versions import KEY_BUCKETS, VersionSlice, plan_reduce
+from streaming.write.versions import (
+    KEY_BUCKETS,
+    UNAVAILABLE,
+    VersionSlice,
+    deletes_schema,
+    fill_unavailable,
+    plan_reduce,
+    version_schema,
+)
 from tests.streaming.decode.test_decoder import feature, kafka_batch, point
 from tests.streaming.write.test_task import run, task
 
@@ -172,3 +180,129 @@ def test_versions_of_a_key_in_two_partitions_read_by_two_tasks_meet_and_the_late
     batch = BatchResults()
     batch.take_files(run(tasks[1], [first]).merged[1])
     assert table_state(batch.files) == {"a": (2.0, 2.0, 2.0)}
+
+
+# -- values a change event did not carry -------------------------------------------------------------
+def staged_rows(contract, rows: list[dict]) -> pa.Table:
+    """Staged versions (version_schema) of hard-coded rows: event_id, name, x, y, partition, offset,
+    and the columns the event lacked (geometry lacked: no geometry, bbox nor Hilbert key)."""
+    schema = version_schema(contract)
+    n = len(rows)
+    lacks = [r.get("lacks") for r in rows]
+    has_geometry = ["geometry" not in (lack or ()) for lack in lacks]
+    points = [shapely.Point(r.get("x", 0), r.get("y", 0)) for r in rows]
+    boxes = [
+        (r.get("x", 0), r.get("y", 0), r.get("x", 0), r.get("y", 0)) if g else None for r, g in zip(rows, has_geometry)
+    ]
+    columns = {
+        "event_id": pa.array([r["id"] for r in rows]),
+        "event_time": pa.array([0] * n, pa.timestamp("us", tz="UTC")),
+        "kind": pa.nulls(n, pa.string()),
+        "name": pa.array([None if "name" in (r.get("lacks") or ()) else r.get("name") for r in rows], pa.string()),
+        "speed": pa.nulls(n, pa.float64()),
+        "population": pa.nulls(n, pa.int64()),
+        "source_partition": pa.array([r.get("partition", 0) for r in rows], pa.int32()),
+        "source_offset": pa.array([r["offset"] for r in rows], pa.int64()),
+        "geometry": pa.array([shapely.to_wkb(p) if g else None for p, g in zip(points, has_geometry)], pa.binary()),
+        "bbox": pa.array(
+            [None if b is None else dict(zip(("xmin", "ymin", "xmax", "ymax"), b)) for b in boxes],
+            schema.field("bbox").type,
+        ),
+        "_hilbert": pa.array([r["offset"] if g else None for r, g in zip(rows, has_geometry)], pa.int64()),
+        PARTITION: pa.array([r.get("partition", 0) for r in rows], pa.int32()),
+        OFFSET: pa.array([r["offset"] for r in rows], pa.int64()),
+        TIMESTAMP: pa.array([r["offset"] for r in rows], pa.int64()),
+        UNAVAILABLE: pa.array([list(lack) if lack else None for lack in lacks], pa.list_(pa.string())),
+    }
+    return pa.table([columns[f.name] for f in schema], schema=schema)
+
+
+def staged_deletes(contract, deletes: list[tuple[str, int]]) -> pa.Table:
+    schema = deletes_schema(contract)
+    return pa.table(
+        {
+            "event_id": [k for k, _ in deletes],
+            PARTITION: pa.array([0] * len(deletes), pa.int32()),
+            OFFSET: pa.array([o for _, o in deletes], pa.int64()),
+            TIMESTAMP: pa.array([o for _, o in deletes], pa.int64()),
+        },
+        schema=schema,
+    )
+
+
+def where_and_name(rows: pa.Table) -> dict[int, tuple]:
+    points = [None if g is None else shapely.from_wkb(g) for g in rows.column("geometry").to_pylist()]
+    return {
+        o: (n, None if p is None else (p.x, p.y), u)
+        for o, n, p, u in zip(
+            rows.column(OFFSET).to_pylist(),
+            rows.column("name").to_pylist(),
+            points,
+            rows.column(UNAVAILABLE).to_pylist(),
+        )
+    }
+
+
+def test_an_unavailable_value_is_the_nearest_earlier_one_of_its_key_and_never_crosses_a_delete():
+    contract = upsert_contract()
+    rows = staged_rows(
+        contract,
+        [
+            {"id": "a", "offset": 1, "name": "first", "x": 1, "y": 1},
+            {"id": "b", "offset": 2, "name": "b", "x": 5, "y": 5},
+            {"id": "a", "offset": 3, "x": 2, "y": 2, "lacks": ["name"]},
+            {"id": "a", "offset": 4, "name": "renamed", "lacks": ["geometry"]},
+            {"id": "b", "offset": 6, "name": "b2", "lacks": ["geometry"]},
+            {"id": "c", "offset": 7, "lacks": ["name", "geometry"]},
+        ],
+    )
+    filled = fill_unavailable(rows, staged_deletes(contract, [("b", 5)]), contract)
+    assert where_and_name(filled) == {
+        1: ("first", (1.0, 1.0), None),
+        2: ("b", (5.0, 5.0), None),
+        3: ("first", (2.0, 2.0), None),
+        4: ("renamed", (2.0, 2.0), None),  # the geometry of offset 3, itself filled with offset 1's name
+        6: ("b2", None, ["geometry"]),  # b was deleted at 5: nothing before it counts
+        7: (None, None, ["geometry", "name"]),  # c has no earlier record
+    }
+    bbox = filled.column("bbox").to_pylist()[3]
+    assert bbox == {"xmin": 2.0, "ymin": 2.0, "xmax": 2.0, "ymax": 2.0} and filled.column("_hilbert")[3].as_py() == 3
+
+
+def test_what_the_batch_does_not_hold_comes_from_the_tables_current_row(tmp_path):
+    from streaming.read.current import TableRows
+    from streaming.table.catalog import create_table, open_catalog
+    from streaming.table.commit import BatchCommit, Committer
+    from streaming.write.versions import fill_from_table
+
+    contract = upsert_contract()
+    catalog = open_catalog(
+        "t", {"type": "sql", "uri": f"sqlite:///{tmp_path}/c.db", "warehouse": f"file://{tmp_path}/w"}
+    )
+    table, _ = create_table(catalog, contract)
+    before = staged_rows(
+        contract,
+        [
+            {"id": "a", "offset": 1, "name": "old", "x": 7, "y": 8},
+            {"id": "b", "offset": 2, "name": "b", "x": 3, "y": 3},
+        ],
+    )
+    writer = FileSettings(dict(table.properties), dict(table.io.properties), f"{table.location()}/data", "w").writer(
+        contract
+    )
+    written = list(writer.write(before.select([*contract.arrow_schema.names]).to_batches()))
+    Committer(table).commit(BatchCommit("w", 0, {"t": {0: (1, 2)}}, tuple(written)))
+
+    latest = staged_rows(
+        contract,
+        [
+            {"id": "a", "offset": 3, "name": "new", "lacks": ["geometry"]},
+            {"id": "b", "offset": 4, "x": 4, "y": 4, "lacks": ["name"]},
+            {"id": "z", "offset": 5, "name": "z", "lacks": ["geometry"]},
+        ],
+    )
+    current = TableRows(table.metadata_location, dict(table.io.properties))
+    filled, unplaced = fill_from_table(latest, contract, current)
+    assert unplaced == 1, "z has no row in the table: its geometry is nowhere"
+    assert {k: v[:2] for k, v in where_and_name(filled).items()} == {3: ("new", (7.0, 8.0)), 4: ("b", (4.0, 4.0))}
+    assert filled.column("_hilbert").to_pylist()[0] != 3, "the Hilbert key of the table's geometry, computed again"
