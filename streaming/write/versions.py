@@ -23,9 +23,9 @@ columns in UNAVAILABLE. The key's current value is kept: both stages take each l
 the nearest earlier record of the key in its partition that carried it (no delete of the key in
 between, `fill_unavailable`), and the reducer takes what is still missing from the key's row in
 the table as the batch found it (`CurrentRows`, streaming/read/current.py). A row whose geometry
-no earlier record and no table row holds cannot be placed and is not written (counted in the
-results, logged by the driver); a text column left unknown is stored as null, never as the
-placeholder.
+(or another required column) no earlier record and no table row holds cannot be written and is
+left out (counted in the results, logged by the driver); an optional column left unknown is
+stored as null, never as the placeholder.
 
 Pure Python over Arrow and the table's FileIO: no Spark import.
 """
@@ -231,7 +231,12 @@ def fill_from_table(latest: pa.Table, contract: Contract, current: CurrentRows |
                 latest = latest.set_column(latest.schema.get_field_index(column), column, padded.take(pa.array(take)))
         if name == geometry:
             latest = _with_hilbert_keys(latest, contract, filled)
-    unplaced = missing[geometry] & (place < 0) if geometry in missing else np.zeros(latest.num_rows, dtype=bool)
+    # A row still without its geometry, or another column it cannot be written without, is left out.
+    required = {geometry, *(c.name for c in contract.columns if c.required)}
+    unplaced = np.zeros(latest.num_rows, dtype=bool)
+    for name, missing_in_rows in missing.items():
+        if name in required:
+            unplaced |= missing_in_rows & (place < 0)
     return latest.filter(pa.array(~unplaced)), int(unplaced.sum())
 
 
