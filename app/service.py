@@ -164,8 +164,8 @@ def run(
         )
         health.batch_started = lambda: processor.running_since
         metrics.watch_health(health)
-        if processor.ranges_source is not None:
-            latest_offsets = LatestOffsets(processor.ranges_source)
+        if processor.layout.ranges_source is not None:
+            latest_offsets = LatestOffsets(processor.layout.ranges_source)
         progress_log = ProgressLog()
         spark.streams.addListener(progress_log)
         query = start_query(spark, processor, until_idle=until_idle, trigger_interval=settings.trigger_interval)

@@ -306,7 +306,7 @@ def count_rows(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
 def spark_source_alone(spark: SparkSession, bootstrap: str, per_batch: int, cores: int) -> SourceAlone:
     """Spark's Kafka source with the service's options and columns (headers as JSON text)."""
     from streaming.job.config import kafka_source_options
-    from streaming.job.processor import _source_columns
+    from streaming.job.layout import _source_columns
 
     def stream(topic: str) -> DataFrame:
         return (
