@@ -363,3 +363,125 @@ def test_every_cell_holds_its_reference_state(kafka, spark, tmp_path, cell: Cell
         f"{len(reference.rows)} {'keys' if cell.mode == 'upsert' else 'rows'}, {len(reference.dead)} dead letters, "
         f"maintenance beside: {beside}, {time.monotonic() - started:.1f} s"
     )
+
+
+# -- cells beyond the pairs: a kill at commit time, a spec changed under the running service -------
+def test_kill_9_at_commit_time_on_a_one_partition_upsert_topic_leaves_each_keys_last_version(kafka, tmp_path):
+    """The service (the real command, its own process group) holds after an Iceberg commit, before
+    Spark records the batch, and is killed there with SIGKILL; its restart replays the batch, which
+    the table recognises by its offsets and skips. A 1-partition topic on the Python source, so
+    every batch's versions are split over tasks."""
+    from tests.streaming.job.test_chaos import Service, catalog_of, checkpoint_dir, identities, service_env
+
+    contract_raw = {**DEMO, "mode": "upsert"}
+    contract_file = tmp_path / "upsert.json"
+    contract_file.write_text(json.dumps(contract_raw))
+    contract = parse_contract(contract_raw)
+    topic = new_topic(kafka.bootstrap, 1)
+    records = make_stream(n_keys=300, n_events=3_000, seed=91)
+    positions = produce(kafka.bootstrap, topic, records)
+    env = service_env(
+        kafka.bootstrap,
+        topic,
+        tmp_path / "work",
+        GEOINGEST_SOURCE="python",
+        GEOINGEST_MAX_OFFSETS_PER_TRIGGER="500",
+    )
+    catalog = catalog_of(env)
+    create_table(catalog, contract)
+    marker = tmp_path / "held"
+    held = Service(
+        env,
+        tmp_path,
+        "held",
+        "--until-idle",
+        extra_env={"GEOINGEST_HOLD_AFTER_COMMIT_FILE": str(marker)},
+        contract=contract_file,
+    )
+    deadline = time.monotonic() + 300
+    while not marker.exists() and held.alive and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert marker.exists(), f"the service never held after a commit:\n{held.stderr_tail()}"
+    held.kill()
+    batch = int(marker.read_text())
+    table = catalog.load_table(contract.table)
+    assert any(i.batch_id == batch for i in identities(table)), "killed after its Iceberg commit"
+    offsets = checkpoint_dir(env)
+    assert (offsets / "offsets" / str(batch)).exists() and not (offsets / "commits" / str(batch)).exists(), (
+        "killed before Spark recorded it"
+    )
+
+    again = Service(env, tmp_path, "again", "--until-idle", contract=contract_file)
+    assert again.wait(600) == 0, again.stderr_tail()
+    assert any(b["batch_id"] == batch and b["commit"] == "skipped_replay" for b in again.batches())
+    table.refresh()
+    ids = [(i.writer_id, i.batch_id) for i in identities(table)]
+    assert len(ids) == len(set(ids)), "no batch committed twice"
+    reference = Reference.of("upsert", records, positions)
+    check(Cell(1, "python", "batch", "upsert", "none"), table, reference, "after kill -9 at commit time")
+
+
+def test_a_spec_changed_under_the_running_service_leaves_every_file_in_its_own_spec(kafka, spark, tmp_path):
+    """`geoingest table evolve` from day(event_time) to hour(event_time) while back-to-back batches
+    run: the batch in flight across the change lands under the spec it was written with, the next
+    ones under the new one; every file's partition values are its rows' (no day read as an hour),
+    and an hour's window finds exactly its rows."""
+    import threading
+
+    import pyarrow.parquet as pq
+
+    from streaming.table.catalog import partition_layout
+    from streaming.table.evolve import apply_evolution
+
+    raw = {**DEMO, "partition": ["day(event_time)"]}
+    topic = new_topic(kafka.bootstrap, 2)
+    records = make_stream(n_keys=2_000, n_events=6_000, seed=17)
+    positions = produce(kafka.bootstrap, topic, records)
+    settings = local_settings(kafka, topic, tmp_path, max_offsets_per_trigger=300, maintenance_mode="off")
+    catalog = open_catalog(settings.catalog_name, settings.catalog)
+    contract = parse_contract(raw)
+    table, _ = create_table(catalog, contract)
+    hourly = parse_contract({**raw, "partition": ["hour(event_time)"]})
+    evolved_at: list[int] = []
+
+    def evolve_after_four_batches() -> None:
+        watched = open_catalog(settings.catalog_name, settings.catalog).load_table(contract.table)
+        deadline = time.monotonic() + 300
+        while len(watched.metadata.snapshots) < 4 and time.monotonic() < deadline:
+            time.sleep(0.05)
+            watched.refresh()
+        evolved_at.append(int(time.time() * 1000))
+        apply_evolution(watched, hourly)  # what `geoingest table evolve --contract` commits
+
+    evolver = threading.Thread(target=evolve_after_four_batches)
+    evolver.start()
+    totals = run(settings, contract, until_idle=True, spark=spark)
+    evolver.join(60)
+    assert evolved_at and totals.commits.get("failed", 0) == 0 and totals.batches >= 15
+
+    table.refresh()
+    day_spec, hour_spec = 1, table.spec().spec_id
+    assert [str(f.transform) for f in table.specs()[day_spec].fields] == ["day"]
+    assert partition_layout(table).fields[0].transform == "hour"
+    check(Cell(2, "spark-kafka", "batch", "append", "day"), table, Reference.of("append", records, positions), "")
+    micros_per = {day_spec: 86_400_000_000, hour_spec: 3_600_000_000}
+    straddled = 0
+    for snapshot in table.metadata.snapshots:
+        for manifest in snapshot.manifests(table.io):
+            if manifest.added_snapshot_id != snapshot.snapshot_id:
+                continue
+            for entry in manifest.fetch_manifest_entry(table.io):
+                data_file = entry.data_file
+                times = pq.read_table(data_file.file_path.removeprefix("file://"), columns=["event_time"])
+                units = {t // micros_per[data_file.spec_id] for t in times.column(0).cast("int64").to_pylist()}
+                assert units == {data_file.partition[0]}, f"{data_file.file_path}: spec {data_file.spec_id}"
+                straddled += data_file.spec_id == day_spec and snapshot.timestamp_ms > evolved_at[0]
+    assert straddled > 0, "a batch written before the change committed after it (the race this cell is for)"
+    hour = max(record.timestamp_ms for record in records) // 3_600_000 * 3_600_000
+    expected = {
+        where
+        for record, where in zip(records, positions)
+        if record.bad is None and record.value is not None and hour <= record.timestamp_ms < hour + 3_600_000
+    }
+    found = query(table, WORLD, time_from=hour, time_to=hour + 3_600_000).table
+    assert set(zip(found.column("source_partition").to_pylist(), found.column("source_offset").to_pylist())) == expected
