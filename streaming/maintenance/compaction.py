@@ -274,7 +274,7 @@ def compact(
     retrier: Retrier | None = None,
 ) -> CompactionReport:
     """Rewrite the small, old files of the current snapshot into large Hilbert-clustered ones and
-    replace them in one overwrite snapshot (see the module docstring for concurrency)."""
+    replace them in one "replace" snapshot (see the module docstring for concurrency)."""
     started = time.monotonic()
     table.refresh()
     plan = plan_compaction(table, policy, now_ms)

@@ -10,7 +10,7 @@ every batch's files span the whole data extent. Each step bounds one of these:
 - compaction reads the small files of many batches (below `small_file_bytes`, added at least
   `min_file_age_s` ago), sorts their rows by Hilbert key again and writes them as files of the
   contract's target size with the same GeoParquet metadata, covering column and manifest bounds as
-  ingest, then replaces them in one overwrite snapshot. The rows are sorted again rather than
+  ingest, then replaces them in one "replace" snapshot. The rows are sorted again rather than
   k-way merged although each source is sorted: numpy's quicksort over the concatenated keys beat
   its run-merging stable sort from 50 sources up, and both take a fraction of the time reading and
   writing the files does (bench/maintenance.py, "merge or re-sort"). Files are packed into bins by

@@ -295,7 +295,7 @@ def test_compaction_rewrites_small_batches_into_hilbert_clustered_files(table, c
     assert len(new_files) == report.files_written < 10
     assert all(Path(p).name.startswith(COMPACTION_FILE_PREFIX) for p in new_files)
     snapshot = table.current_snapshot()
-    assert snapshot.summary.operation.value == "overwrite"
+    assert snapshot.summary.operation.value == "replace"
     assert snapshot.summary.additional_properties[MAINTENANCE] == "compaction"
     # Time travel to the snapshot before compaction still reads the small files.
     assert table_ids(table, before_snapshot) == ids
