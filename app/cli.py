@@ -31,7 +31,7 @@ def main(argv: list[str] | None = None) -> int:
         print("geoingest: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
     except Exception as exc:  # noqa: BLE001 - every failure ends in one line naming its cause
-        if not isinstance(exc, _NAMED_INPUT_ERRORS):
+        if not isinstance(exc, _NAMED_INPUT_ERRORS) and not _lease_held(exc):
             # The traceback goes to the log (JSON lines on stderr); the last line says what failed.
             if not logging.getLogger("geoingest").handlers:
                 configure_logging()
@@ -63,6 +63,12 @@ def _stop_spark(was_running: bool) -> None:
 _NAMED_INPUT_ERRORS = (SettingsError, ValueError, LookupError, NoSuchTableError, NoSuchNamespaceError)
 
 
+def _lease_held(exc: BaseException) -> bool:
+    """Another maintainer holds the table's lease: the message names it and its expiry."""
+    lease = sys.modules.get("streaming.maintenance.lease")
+    return lease is not None and isinstance(exc, lease.LeaseHeld)
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="geoingest", description=__doc__)
     parser.add_argument("--config", help="settings file (TOML); also GEOINGEST_CONFIG")
@@ -78,7 +84,11 @@ def _parser() -> argparse.ArgumentParser:
     table.add_argument("action", choices=["create", "describe", "evolve", "orphans", "maintain"])
     table.add_argument("--contract", help="table contract (JSON); evolve: the new contract of its table")
     table.add_argument("--table", help="table name, for describe, orphans and maintain")
-    table.add_argument("--delete", action="store_true", help="orphans: delete them too")
+    table.add_argument(
+        "--delete",
+        action="store_true",
+        help="orphans: delete them too, holding the table's maintenance lease (refused below the table's commit window)",
+    )
     table.add_argument(
         "--min-age-minutes",
         type=float,
@@ -218,11 +228,7 @@ def _table(args, settings: Settings) -> int:
         return _maintain(args, settings, name)
     table = catalog.load_table(name)
     if args.action == "orphans":
-        from streaming.maintenance.orphans import delete_files, find_orphans
-
-        orphans = find_orphans(table, min_age_s=args.min_age_minutes * 60)
-        if args.delete:
-            delete_files(table, [o.path for o in orphans])
+        orphans = _orphans(args, settings, table)
         for orphan in orphans:
             print(
                 json.dumps(
@@ -232,6 +238,30 @@ def _table(args, settings: Settings) -> int:
         return 0
     print(json.dumps(describe(table), indent=2))
     return 0
+
+
+def _orphans(args, settings: Settings, table) -> list:
+    """The table's orphans; with --delete, deleted under the table's maintenance lease (one maintainer
+    at a time, and none whose compaction is in flight) and only at an age the table's commits allow."""
+    from streaming.maintenance.lease import MaintenanceLease
+    from streaming.maintenance.orphans import check_orphan_age, delete_files, find_orphans
+
+    min_age_s = args.min_age_minutes * 60
+    if not args.delete:
+        return find_orphans(table, min_age_s=min_age_s)
+    check_orphan_age(table, min_age_s, f"--min-age-minutes {args.min_age_minutes:g}")
+    lease = MaintenanceLease(table, settings.maintenance_lease_s)
+    try:
+        # No snapshot, no lease: nothing to compact either, only ingest's files, which the age keeps.
+        leased = lease.acquire()
+        with lease.keep_alive():
+            orphans = find_orphans(table, min_age_s=min_age_s)
+            if leased:
+                lease.confirm()
+            delete_files(table, [o.path for o in orphans])
+    finally:
+        lease.release()
+    return orphans
 
 
 def _evolve(args, catalog) -> int:

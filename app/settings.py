@@ -124,8 +124,9 @@ class Settings:
     maintenance_snapshot_max_age_s: int = 5 * 24 * 3600  # older snapshots expire ...
     maintenance_max_snapshots: int = 100  # ... and so do all beyond the newest this many (0: no limit) ...
     maintenance_keep_snapshots: int = 100  # ... except the newest this many
-    maintenance_orphan_min_age_s: int = 3600  # unreferenced files younger than this are kept
-    maintenance_lease_s: int = 900  # a maintainer's hold on the table's lease, renewed before each step
+    # unreferenced files younger than this are kept; refused below the table's commit window plus 10 minutes
+    maintenance_orphan_min_age_s: int = 3600
+    maintenance_lease_s: int = 900  # a maintainer's hold on the table's lease, renewed while it works
     # upsert tables: rewrite the files deletes reach once their keys are this share of those rows
     maintenance_delete_ratio: float = 0.3
 

@@ -1,6 +1,6 @@
 """What every maintenance step shares: one-attempt commits retried with the table's commit.retry.*
-backoff, the summary that marks a maintenance snapshot and carries every writer's history, and
-deleting the files a step leaves behind."""
+backoff and fenced by the run's maintenance lease, the summary that marks a maintenance snapshot and
+carries every writer's history, and deleting the files a step leaves behind."""
 
 from __future__ import annotations
 
@@ -8,12 +8,14 @@ import logging
 import random
 import time
 from collections.abc import Callable, Iterable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import TypeVar
 
 from pyiceberg.exceptions import CommitFailedException, ValidationException
-from pyiceberg.table import Table
+from pyiceberg.table import Table, Transaction
 
+from streaming.maintenance.lease import MaintenanceLease
 from streaming.table.commit import WRITERS, RetryPolicy, writer_histories_json
 
 log = logging.getLogger("geoingest.maintenance")
@@ -45,11 +47,17 @@ class MaintenanceGaveUp(RuntimeError):
 # -- committing ---------------------------------------------------------------------------------
 @dataclass
 class Retrier:
-    """Runs one-attempt maintenance commits until one lands, with the table's commit.retry.* backoff."""
+    """Runs one-attempt maintenance commits until one lands, with the table's commit.retry.* backoff;
+    with the run's `lease`, each commit lands only while the lease is held (MaintenanceLease.fenced)."""
 
     table: Table
     sleep: Callable[[float], None] = time.sleep
     rng: random.Random = field(default_factory=random.Random)
+    lease: MaintenanceLease | None = None
+
+    def transaction(self, view: Table) -> AbstractContextManager[Transaction]:
+        """A transaction on `view` committed when its block ends (fenced by the lease, if any)."""
+        return view.transaction() if self.lease is None else self.lease.fenced(view)
 
     def run(self, what: str, attempt: Callable[[], T]) -> tuple[T, int]:
         started = time.monotonic()

@@ -36,6 +36,7 @@ from streaming.maintenance.commits import (
     delete_quietly,
     no_progress,
 )
+from streaming.maintenance.lease import LeaseLost
 from streaming.maintenance.plan import Bin, LiveFile, MaintenancePolicy, compaction_candidates, plan_bins
 from streaming.read.inspect import file_bbox
 from streaming.read.projection import FieldIdProjection
@@ -274,7 +275,7 @@ def compact(
     retrier: Retrier | None = None,
 ) -> CompactionReport:
     """Rewrite the small, old files of the current snapshot into large Hilbert-clustered ones and
-    replace them in one overwrite snapshot (see the module docstring for concurrency)."""
+    replace them in one "replace" snapshot (see the module docstring for concurrency)."""
     started = time.monotonic()
     table.refresh()
     plan = plan_compaction(table, policy, now_ms)
@@ -309,6 +310,7 @@ def compact(
         delete_quietly(table, [r.path for rw in rewrites for r in rw.outputs])
         raise
     abandoned: list[_Rewrite] = []
+    retrier = retrier or Retrier(table)
 
     def attempt() -> int | None:
         table.refresh()
@@ -321,6 +323,18 @@ def compact(
                 rewrites.remove(rw)
                 abandoned.append(rw)
                 delete_quietly(table, [r.path for r in rw.outputs])
+        for rw in list(rewrites):
+            # An output gone (deleted by hand, or as an orphan by a remover that takes no lease)
+            # would be committed as a file no reader can open: its bin is given up instead.
+            missing = [r.path for r in rw.outputs if not table.io.new_input(r.path).exists()]
+            if missing:
+                log.warning(
+                    "a compacted file is gone before its commit; its bin is given up",
+                    extra={"summary": {"missing": missing[:5], "sources": len(rw.sources)}},
+                )
+                rewrites.remove(rw)
+                abandoned.append(rw)
+                delete_quietly(table, [r.path for r in rw.outputs if r.path not in missing])
         if not rewrites:
             return None
         view = single_attempt_view(table)
@@ -335,7 +349,7 @@ def compact(
         # Without such deletes the new files take the commit's own sequence number: newer than every
         # delete file, so no reader (pyiceberg's included) loads the deletes for them.
         sequence_number = plan.read_sequence_number if overtaken else None
-        with view.transaction() as tx:
+        with retrier.transaction(view) as tx:
             with RewriteFiles(tx, sequence_number, carry(view, "compaction")) as rewrite:
                 for rw in rewrites:
                     for path in rw.sources:
@@ -345,12 +359,12 @@ def compact(
         adopt(table, view)
         return current_snapshot_id(view)
 
-    retrier = retrier or Retrier(table)
     try:
         snapshot_id, conflicts = retrier.run("compaction", attempt)
-    except (MaintenanceGaveUp, CommitFailedException, ValidationException):
-        # Refused for sure: the new files are garbage. (After an unanswered attempt, CATALOG_UNAVAILABLE,
-        # the commit may have landed: the files stay, and orphan deletion takes them if it did not.)
+    except (MaintenanceGaveUp, CommitFailedException, ValidationException, LeaseLost):
+        # Refused for sure, or never sent (the lease lost): the new files are garbage. (After an
+        # unanswered attempt, CATALOG_UNAVAILABLE, the commit may have landed: the files stay, and
+        # orphan deletion takes them if it did not.)
         delete_quietly(table, [r.path for rw in rewrites for r in rw.outputs])
         raise
     kept = [b for b in bins if tuple(f.path for f in b.files) in {rw.sources for rw in rewrites}]

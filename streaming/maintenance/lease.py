@@ -21,25 +21,42 @@ or "this ref does not exist" (`AssertRefSnapshotId`). The lease is built on it, 
 
 Both tags are moved to the current snapshot at every change, so a lease pins no old snapshot (and
 its files) beyond one maintenance run. A maintainer that dies holding the lease blocks others until
-it expires (`maintenance_lease_s`); a holder renews it before each step. The lease is an efficiency
-guard, not the only one: compaction still checks that the files it replaces are live when it commits
-(streaming/maintenance/maintain.py), so even a holder that outlived its lease loses no row and duplicates none.
+it expires (`maintenance_lease_s`).
+
+While a run holds it, a thread keeps it alive (`keep_alive`: renewed once less than half is left,
+through a table object of its own), however long a step takes: a compaction throttled to a quarter
+of a core can run for longer than the lease. A holder can still lose it (paused, or cut off from the
+catalog past its expiry), so every maintenance commit is fenced by it (`fenced`): the commit asserts,
+in the same catalog commit, that the holder's generation tag is still where it was put. A maintainer
+whose lease was taken over commits nothing, so none of its commits can reference a file the new
+holder found unreferenced and deleted as an orphan; and an orphan deletion confirms the lease after
+listing the files and before deleting any (`confirm`), so no run that started after it took the lease
+was writing then. Compaction also checks that the files it replaces are live when it commits
+(streaming/maintenance/compaction.py).
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import random
 import socket
+import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 from pyiceberg.exceptions import CommitFailedException
-from pyiceberg.table import Table
+from pyiceberg.table import Table, Transaction
+from pyiceberg.table.update import AssertRefSnapshotId
 from pyiceberg.table.update.snapshot import ManageSnapshots
+
+from streaming.table.catalog import open_catalog
+
+log = logging.getLogger("geoingest.maintenance")
 
 LEASE_PROPERTY = "geoingest.maintenance.lease"
 ANCHOR_TAG = "geoingest-maintenance-lease"
@@ -102,7 +119,7 @@ class LeaseHeld(RuntimeError):
 
 
 class LeaseLost(RuntimeError):
-    """The lease expired and another maintainer took it: the holder stops before its next step."""
+    """The lease expired and another maintainer took it: the holder commits nothing more and stops."""
 
 
 def lease_state(table: Table) -> LeaseState:
@@ -145,8 +162,9 @@ def _change(table: Table, seen: LeaseState, holder: str | None, expires_at_ms: i
 class MaintenanceLease:
     """Take, renew and release the lease on `table` for `holder`, for `duration_s` at a time.
 
-    `acquire` raises LeaseHeld when another holder's lease has not expired; `renew` raises LeaseLost
-    when another holder took it over; `release` never raises (an unreleased lease expires)."""
+    `acquire` raises LeaseHeld when another holder's lease has not expired; `renew` and `confirm`
+    raise LeaseLost when another holder took it over, and so does a `fenced` commit; `release` never
+    raises (an unreleased lease expires). `keep_alive` renews it from a thread while a run works."""
 
     def __init__(
         self,
@@ -164,6 +182,14 @@ class MaintenanceLease:
         self.clock = clock
         self.sleep = sleep
         self.held: LeaseState | None = None
+        # Where the held generation's tag points: what a fenced commit asserts.
+        self._tag_snapshot_id: int | None = None
+        # Why the lease was lost, once it was (a fenced commit then says so).
+        self.lost: str | None = None
+        # One change of the lease or fenced commit at a time: the keeper's renewal never moves the
+        # tag between a fenced commit's reading of it and the catalog's check.
+        self._lock = threading.Lock()
+        self._own_table: Table | None = None
 
     @property
     def name(self) -> str:
@@ -171,6 +197,19 @@ class MaintenanceLease:
 
     def _now_ms(self) -> int:
         return int(self.clock() * 1000)
+
+    def _changed(self, table: Table, seen: LeaseState, holder: str | None, expires_at_ms: int) -> LeaseState:
+        new = _change(table, seen, holder, expires_at_ms)
+        self._tag_snapshot_id = table.metadata.refs[generation_tag(new.generation)].snapshot_id
+        return new
+
+    def _taken_over(self, seen: LeaseState) -> str:
+        now = f"held by {seen.holder}" if seen.holder else "free"
+        return f"table {self.name}: maintenance lease taken over by another maintainer (now {now}, generation {seen.generation})"
+
+    def _lose(self, message: str) -> LeaseLost:
+        self.held, self.lost = None, message
+        return LeaseLost(message)
 
     def acquire(self) -> bool:
         """Take the lease; False when the table has no snapshot (nothing to maintain, nothing to lease)."""
@@ -182,31 +221,109 @@ class MaintenanceLease:
             if seen.held_by_other(self.holder, self._now_ms()):
                 raise LeaseHeld(self.name, seen)
             try:
-                self.held = _change(self.table, seen, self.holder, self._now_ms() + self.duration_ms)
+                with self._lock:
+                    self.held = self._changed(self.table, seen, self.holder, self._now_ms() + self.duration_ms)
+                    self.lost = None
                 return True
             except CommitFailedException:
                 self._back_off(attempt)
         raise LeaseHeld(self.name, lease_state(self.table))
 
-    def renew(self) -> None:
-        """Extend the lease once less than half of it is left (a change is a commit: not every step)."""
-        if self.held is None or self.held.expires_at_ms - self._now_ms() > self.duration_ms // 2:
-            return
+    def renew(self, table: Table | None = None) -> None:
+        """Extend the lease once less than half of it is left (a change is a commit: not at every
+        call), through `table` (the lease's own by default)."""
+        table = table or self.table
         for attempt in range(CHANGE_ATTEMPTS):
-            self.table.refresh()
-            seen = lease_state(self.table)
+            with self._lock:
+                if self.held is None or self.held.expires_at_ms - self._now_ms() > self.duration_ms // 2:
+                    return
+                table.refresh()
+                seen = lease_state(table)
+                if seen.generation != self.held.generation:
+                    raise self._lose(self._taken_over(seen))
+                try:
+                    self.held = self._changed(table, seen, self.holder, self._now_ms() + self.duration_ms)
+                    return
+                except CommitFailedException:
+                    pass
+            self._back_off(attempt)
+        raise self._lose(f"table {self.name}: maintenance lease could not be renewed in {CHANGE_ATTEMPTS} attempts")
+
+    def confirm(self) -> None:
+        """LeaseLost unless the catalog's table still records this holder's generation, read afresh
+        (through a table object of the lease's own: the caller's keeps the metadata it works on)."""
+        with self._lock:
+            if self.held is None:
+                raise LeaseLost(self.lost or f"table {self.name}: maintenance lease not held")
+            own = self._table_of_own()
+            own.refresh()
+            seen = lease_state(own)
             if seen.generation != self.held.generation:
-                self.held = None
-                raise LeaseLost(f"table {self.name}: maintenance lease taken over by {seen.holder}")
-            try:
-                self.held = _change(self.table, seen, self.holder, self._now_ms() + self.duration_ms)
-                return
-            except CommitFailedException:
-                self._back_off(attempt)
-        raise LeaseLost(f"table {self.name}: maintenance lease could not be renewed in {CHANGE_ATTEMPTS} attempts")
+                raise self._lose(self._taken_over(seen))
+
+    @contextmanager
+    def fenced(self, view: Table) -> Iterator[Transaction]:
+        """A transaction on `view`, committed when the block ends, that lands only while this lease
+        is held: the catalog checks, with the commit, that the generation tag this holder created
+        is still there and where it was put. Raises LeaseLost, committing nothing, once the lease
+        was lost (or `view` shows another holder's generation); a commit the catalog refuses for it
+        raises CommitFailedException, and the retry that follows raises LeaseLost."""
+        with self._lock:
+            held = self.held
+            if held is None:
+                raise LeaseLost(self.lost or f"table {self.name}: maintenance lease not held")
+            seen = lease_state(view)
+            if seen.generation > held.generation:
+                raise self._lose(self._taken_over(seen))
+            transaction = view.transaction()
+            yield transaction
+            tag = generation_tag(held.generation)
+            fence = AssertRefSnapshotId.model_validate({"ref": tag, "snapshot-id": self._tag_snapshot_id})
+            # Added past pyiceberg's staging, which keeps one requirement of each type: staged, it
+            # would drop the snapshot producer's assertion on the branch (or be dropped for it).
+            transaction._requirements += (fence,)
+            transaction.commit_transaction()
+
+    @contextmanager
+    def keep_alive(self, interval_s: float | None = None) -> Iterator[None]:
+        """Renew the lease from a thread while the block runs, looking every `interval_s` (an eighth
+        of the lease by default, so a renewal comes well before expiry). A renewal the catalog
+        cannot take is tried again at the next look; a lease another holder took is given up (the
+        next fenced commit raises LeaseLost)."""
+        interval_s = interval_s or max(self.duration_ms / 8000, 0.05)
+        stop = threading.Event()
+
+        def keep() -> None:
+            while not stop.wait(interval_s):
+                try:
+                    self.renew(self._table_of_own())
+                except LeaseLost:
+                    return
+                except Exception as exc:  # noqa: BLE001 - the catalog away for a moment: the fence guards meanwhile
+                    log.warning(
+                        "maintenance lease not renewed; trying again",
+                        extra={"summary": {"table": self.name, "error": str(exc)[:300]}},
+                    )
+
+        keeper = threading.Thread(target=keep, name="maintenance-lease", daemon=True)
+        keeper.start()
+        try:
+            yield
+        finally:
+            stop.set()
+            keeper.join()
+
+    def _table_of_own(self) -> Table:
+        if self._own_table is None:
+            # A catalog connection of its own too: the keeper's thread shares no client (a REST
+            # session, a SQL connection) with the run's.
+            catalog = self.table.catalog
+            self._own_table = open_catalog(catalog.name, dict(catalog.properties)).load_table(self.table.name())
+        return self._own_table
 
     def release(self) -> None:
-        held, self.held = self.held, None
+        with self._lock:
+            held, self.held = self.held, None
         if held is None:
             return
         for attempt in range(CHANGE_ATTEMPTS):

@@ -10,7 +10,7 @@ every batch's files span the whole data extent. Each step bounds one of these:
 - compaction reads the small files of many batches (below `small_file_bytes`, added at least
   `min_file_age_s` ago), sorts their rows by Hilbert key again and writes them as files of the
   contract's target size with the same GeoParquet metadata, covering column and manifest bounds as
-  ingest, then replaces them in one overwrite snapshot. The rows are sorted again rather than
+  ingest, then replaces them in one "replace" snapshot. The rows are sorted again rather than
   k-way merged although each source is sorted: numpy's quicksort over the concatenated keys beat
   its run-merging stable sort from 50 sources up, and both take a fraction of the time reading and
   writing the files does (bench/maintenance.py, "merge or re-sort"). Files are packed into bins by
@@ -44,6 +44,7 @@ import logging
 import time
 import uuid
 from collections.abc import Callable, Iterable
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import cast
 
@@ -52,7 +53,7 @@ from pyiceberg.io import FileIO
 from pyiceberg.manifest import ManifestContent, ManifestEntry, ManifestEntryStatus, ManifestFile, write_manifest
 from pyiceberg.table import Table, TableProperties, Transaction
 from pyiceberg.table.snapshots import Operation, Snapshot
-from pyiceberg.table.update.snapshot import _FastAppendFiles
+from pyiceberg.table.update.snapshot import ExpireSnapshots, _FastAppendFiles
 
 from streaming.maintenance.commits import (
     MaintenanceGaveUp,
@@ -71,7 +72,7 @@ from streaming.maintenance.compaction import (
     plan_compaction,
 )
 from streaming.maintenance.lease import LeaseHeld, LeaseLost, MaintenanceLease
-from streaming.maintenance.orphans import Orphan, delete_files, find_orphans
+from streaming.maintenance.orphans import Orphan, check_orphan_age, delete_files, find_orphans
 from streaming.maintenance.plan import (
     STEPS,
     ExpiryPlan,
@@ -310,6 +311,7 @@ def merge_manifests(
     if dry_run or table.current_snapshot() is None or (before <= policy.max_manifests and not force):
         return ManifestReport(before, before, None, 0, time.monotonic() - started)
     written: list[_MergedManifests] = []
+    retrier = retrier or Retrier(table)
 
     def attempt() -> int:
         table.refresh()
@@ -318,14 +320,14 @@ def merge_manifests(
         assert snapshot is not None
         if not written or written[-1].on(snapshot, view.io) is None:
             written.append(_write_merged_manifests(view, policy))
-        with view.transaction() as tx:
+        with retrier.transaction(view) as tx:
             _ReplaceManifests(view, tx, written[-1]).commit()
         adopt(table, view)
         return current_snapshot_id(view)
 
     try:
-        snapshot_id, conflicts = (retrier or Retrier(table)).run("manifest merge", attempt)
-    except MaintenanceGaveUp:
+        snapshot_id, conflicts = retrier.run("manifest merge", attempt)
+    except (MaintenanceGaveUp, LeaseLost):
         delete_quietly(table, (m.manifest_path for merge in written for m in merge.merged))
         raise
     # Merges written for a base a removal then changed were never committed.
@@ -372,7 +374,8 @@ def expire_snapshots(
         if not doomed:
             return 0
         view = single_attempt_view(table)
-        view.maintenance.expire_snapshots().by_ids(sorted(doomed)).commit()
+        with retrier.transaction(view) as tx:
+            ExpireSnapshots(tx).by_ids(sorted(doomed)).commit()
         adopt(table, view)
         return len(doomed)
 
@@ -406,13 +409,23 @@ def _plan_expiry(table: Table, policy: MaintenancePolicy, now_ms: int) -> Expiry
 
 # -- orphans ------------------------------------------------------------------------------------
 def delete_orphans(
-    table: Table, policy: MaintenancePolicy, dry_run: bool = False, progress: Progress = no_progress
+    table: Table,
+    policy: MaintenancePolicy,
+    dry_run: bool = False,
+    progress: Progress = no_progress,
+    lease: MaintenanceLease | None = None,
 ) -> tuple[OrphanReport, list[Orphan]]:
     """Files under the table location (data and metadata) that nothing references, older than
-    `orphan_min_age_s`; deleted unless `dry_run`."""
+    `orphan_min_age_s` (refused below the table's commit window, see orphans.orphan_age_floor_s);
+    deleted unless `dry_run`, and then, with the run's `lease`, only once the lease is confirmed
+    after the listing: no maintainer that took it since can have been writing files then."""
     started = time.monotonic()
     table.refresh()
+    if not dry_run:
+        check_orphan_age(table, policy.orphan_min_age_s, "maintenance_orphan_min_age_s")
     orphans = find_orphans(table, min_age_s=policy.orphan_min_age_s, include_metadata=True)
+    if not dry_run and lease is not None:
+        lease.confirm()
     if not dry_run:
         for orphan in orphans:
             delete_files(table, [orphan.path])
@@ -459,36 +472,43 @@ def maintain(
     holder: str | None = None,
 ) -> MaintenanceReport:
     """Run the chosen steps in order: retention, compact (then merge manifests), expire, delete orphans, holding
-    the table's maintenance lease (streaming/maintenance/lease.py). When another maintainer holds it, nothing runs
-    and the report says so in `skipped`; a dry run changes nothing and takes no lease."""
+    the table's maintenance lease (streaming/maintenance/lease.py), kept alive while the steps run, every commit
+    fenced by it. When another maintainer holds it, nothing runs, and when another takes it over, nothing more
+    is committed: the report says so in `skipped`. A dry run changes nothing and takes no lease. An orphan age
+    below the table's commit window is refused (ValueError) before anything is done."""
     steps = tuple(steps)
     unknown = [s for s in steps if s not in STEPS]
     if unknown:
         raise ValueError(f"maintenance steps {unknown}: expected some of {', '.join(STEPS)}")
     started = time.monotonic()
-    retrier = Retrier(table, sleep=sleep)
     lease = MaintenanceLease(table, policy.lease_s, holder, sleep=sleep)
+    retrier = Retrier(table, sleep=sleep, lease=lease)
     retention = compaction = manifests = expiry = orphans = None
     skipped = None
     try:
-        # A run with nothing to do takes no lease (each change of it is a commit): its steps find
-        # nothing and commit nothing. Work that appears meanwhile is still done safely, as without
-        # a lease: the lease spares duplicate work, the live-file check guards the rows.
+        leased = False
         if not dry_run and _has_work(table, policy, steps, now_ms):
-            lease.acquire()
-        if "retention" in steps:
-            retention = apply_retention(table, policy, dry_run=dry_run, now_ms=now_ms, retrier=retrier)
-        if "compact" in steps:
-            lease.renew()
-            compaction = compact(table, policy, dry_run=dry_run, progress=progress, now_ms=now_ms, retrier=retrier)
-            lease.renew()
-            manifests = merge_manifests(table, policy, dry_run=dry_run, retrier=retrier)
-        if "expire" in steps:
-            lease.renew()
-            expiry = expire_snapshots(table, policy, dry_run=dry_run, progress=progress, now_ms=now_ms, retrier=retrier)
-        if "orphans" in steps:
-            lease.renew()
-            orphans, _ = delete_orphans(table, policy, dry_run=dry_run, progress=progress)
+            if "orphans" in steps:
+                check_orphan_age(table, policy.orphan_min_age_s, "maintenance_orphan_min_age_s")
+            leased = lease.acquire()
+        # A run with nothing to do takes no lease (each change of it is a commit), and its steps only
+        # look, as in a dry run: every maintenance commit is fenced by the lease. Work that appears
+        # meanwhile waits for the next run.
+        looking = dry_run or not leased
+        with lease.keep_alive() if leased else nullcontext():
+            if "retention" in steps:
+                retention = apply_retention(table, policy, dry_run=looking, now_ms=now_ms, retrier=retrier)
+            if "compact" in steps:
+                compaction = compact(table, policy, dry_run=looking, progress=progress, now_ms=now_ms, retrier=retrier)
+                manifests = merge_manifests(table, policy, dry_run=looking, retrier=retrier)
+            if "expire" in steps:
+                expiry = expire_snapshots(
+                    table, policy, dry_run=looking, progress=progress, now_ms=now_ms, retrier=retrier
+                )
+            if "orphans" in steps:
+                orphans, _ = delete_orphans(
+                    table, policy, dry_run=looking, progress=progress, lease=lease if leased else None
+                )
     except (LeaseHeld, LeaseLost) as exc:
         skipped = str(exc)
     finally:

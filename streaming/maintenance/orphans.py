@@ -13,6 +13,16 @@ from dataclasses import dataclass
 from pyiceberg.table import Table
 
 from streaming.storage import data_location, list_files
+from streaming.table.commit import RetryPolicy
+
+# Beyond the table's commit retry window, what else may pass between a file written by ingest and
+# the commit that references it landing: the rest of the batch's job after its first file (0.19 s
+# a batch at 100,000 events/s; a batch that catches up on a backlog, max_offsets_per_trigger events,
+# takes seconds at the rates measured, plus each slow geometry's repair budget), the last commit
+# attempt itself, and the difference between the clock of the storage that dates the file and the
+# maintainer's that ages it. Ten minutes is many times all of them; a batch whose job takes longer
+# than that is beyond what the floor protects.
+ORPHAN_AGE_MARGIN_S = 600.0
 
 
 @dataclass(frozen=True)
@@ -47,6 +57,28 @@ def referenced_metadata_files(table: Table) -> set[str]:
         paths.add(snapshot.manifest_list)
         paths.update(m.manifest_path for m in snapshot.manifests(table.io))
     return {_normalise(p) for p in paths}
+
+
+def orphan_age_floor_s(table: Table) -> float:
+    """The youngest an unreferenced file may be and still be deleted: an ingest commit retries for
+    up to commit.retry.total-timeout-ms, and its last attempt may start one backoff later
+    (commit.retry.max-wait-ms, plus Iceberg's 10 % jitter); then the margin above."""
+    policy = RetryPolicy.from_table_properties(table.properties)
+    return (policy.total_timeout_ms + 1.1 * policy.max_wait_ms) / 1000 + ORPHAN_AGE_MARGIN_S
+
+
+def check_orphan_age(table: Table, min_age_s: float, setting: str) -> None:
+    """ValueError, naming `setting` and the table's commit window, when unreferenced files younger
+    than the floor would be deleted: an ingest commit in flight may still reference them."""
+    floor = orphan_age_floor_s(table)
+    if min_age_s < floor:
+        policy = RetryPolicy.from_table_properties(table.properties)
+        raise ValueError(
+            f"{setting}: {min_age_s:g} s is below {floor:g} s, the longest an ingest commit to table "
+            f"{'.'.join(table.name())} may still reference files it wrote: its commit.retry.total-timeout-ms "
+            f"{policy.total_timeout_ms} and commit.retry.max-wait-ms {policy.max_wait_ms} (plus 10 %), and "
+            f"{ORPHAN_AGE_MARGIN_S:g} s for the batch's job and clocks; deleting younger files could break that commit"
+        )
 
 
 def find_orphans(table: Table, min_age_s: float = 3600.0, include_metadata: bool = False) -> list[Orphan]:

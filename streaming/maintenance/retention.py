@@ -167,6 +167,7 @@ def apply_retention(
     if retention_s is None or table.current_snapshot() is None:
         return None
     now_ms = int(time.time() * 1000) if now_ms is None else now_ms
+    retrier = retrier or Retrier(table)
     planned = [plan_table_retention(table, retention_s, now_ms)]
     plan, source_id, _ = planned[0]
     attempts = [0]
@@ -180,7 +181,7 @@ def apply_retention(
         if not data_files:
             return None
         view = single_attempt_view(table)
-        with view.transaction() as tx:
+        with retrier.transaction(view) as tx:
             # pyiceberg's overwrite producer, as a "delete" snapshot: it removes exactly the files
             # it is given (its own delete() decides by a row filter, and may rewrite files).
             delete = _OverwriteFiles(
@@ -195,9 +196,7 @@ def apply_retention(
         adopt(table, view)
         return current_snapshot_id(view)
 
-    snapshot_id, conflicts = (
-        (None, 0) if dry_run or not plan.drop else (retrier or Retrier(table)).run("retention", attempt)
-    )
+    snapshot_id, conflicts = (None, 0) if dry_run or not plan.drop else retrier.run("retention", attempt)
     plan = planned[0][0]
     return RetentionReport(
         retention_s=retention_s,

@@ -8,8 +8,8 @@
   them: one commit replaces the old versions of a batch's keys with the new ones, and drops the
   deleted keys.
 - SpecAwareAppend: an append of data files of any of the table's specs.
-- RewriteFiles: a compaction's replace, its new files on the sequence number of the snapshot the
-  rewrite read when deletes overtook it.
+- RewriteFiles: a compaction's "replace" snapshot, its new files on the sequence number of the
+  snapshot the rewrite read when deletes overtook it.
 """
 
 from __future__ import annotations
@@ -184,7 +184,7 @@ class RewriteFiles(_OverwriteFiles):
         data_sequence_number: int | None,
         snapshot_properties: dict[str, str] = EMPTY_DICT,
     ) -> None:
-        # An overwrite, not a replace: pyiceberg 0.12 cannot summarise a "replace" snapshot.
+        # Built as an overwrite, committed as a replace (see _summary).
         super().__init__(
             operation=Operation.OVERWRITE,
             transaction=transaction,
@@ -192,6 +192,15 @@ class RewriteFiles(_OverwriteFiles):
             snapshot_properties=snapshot_properties,
         )
         self._data_sequence_number = data_sequence_number
+
+    def _summary(self, snapshot_properties: dict[str, str] = EMPTY_DICT) -> Summary:
+        # A "replace" snapshot, as Java's RewriteFiles commits: streaming readers (Iceberg's Spark
+        # source among them) skip it as rows they already read, where they stop at an overwrite.
+        # pyiceberg 0.12 totals the summary of append, overwrite and delete snapshots only, so it
+        # is totalled as the overwrite it is in content (the same files added and removed) and
+        # then named a replace.
+        summary = super()._summary(snapshot_properties)
+        return Summary(Operation.REPLACE, **summary.additional_properties)
 
     def _manifests(self) -> list[ManifestFile]:
         added = self._added_data_files

@@ -125,6 +125,61 @@ def test_errors_name_their_input(env):
     assert bad_bbox.returncode == 2 and "1,2,3" in bad_bbox.stderr
 
 
+def test_table_orphans_delete_holds_the_lease_and_refuses_an_age_below_the_commit_window(tmp_path):
+    import time
+
+    import numpy as np
+
+    from streaming.contract import load_contract
+    from streaming.maintenance.lease import MaintenanceLease, lease_state
+    from streaming.table.catalog import open_catalog
+    from tests.streaming.maintenance.test_maintain import table_ids, world_points, write_batches
+
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith("GEOINGEST_")},
+        "GEOINGEST_CATALOG__URI": f"sqlite:///{tmp_path / 'catalog.db'}",
+        "GEOINGEST_CATALOG__WAREHOUSE": f"file://{tmp_path / 'warehouse'}",
+        "GEOINGEST_CACHE_DIR": str(CACHE_DIR),
+    }
+    geoingest(env, "table", "create", "--contract", str(CONTRACT))
+    catalog = open_catalog(
+        "geoingest", {"uri": env["GEOINGEST_CATALOG__URI"], "warehouse": env["GEOINGEST_CATALOG__WAREHOUSE"]}
+    )
+    table = catalog.load_table("demo.events")
+    writer = write_batches(table, load_contract(CONTRACT), 2)
+    dead, _, _ = writer.files(2, *world_points(np.random.default_rng(5), 50))  # a batch that died before its commit
+    dead_paths = sorted(f.path.removeprefix("file://") for f in dead)
+    two_hours_ago = time.time() - 2 * 3600
+    for path in dead_paths:
+        os.utime(path, (two_hours_ago, two_hours_ago))
+
+    def orphans(*args: str) -> subprocess.CompletedProcess:
+        return geoingest(env, "table", "orphans", "--table", "demo.events", *args, check=False)
+
+    young = orphans("--delete", "--min-age-minutes", "5")
+    assert young.returncode == 2 and len(young.stderr.strip().splitlines()) == 1, young.stderr
+    assert young.stderr.startswith("geoingest: --min-age-minutes 5: 300 s is below 2466 s"), young.stderr
+    assert "commit.retry.total-timeout-ms 1800000" in young.stderr
+    listed = orphans("--min-age-minutes", "0")  # listing deletes nothing: any age
+    assert sorted(json.loads(line)["path"] for line in listed.stdout.splitlines()) == dead_paths
+
+    other = MaintenanceLease(catalog.load_table("demo.events"), 600)
+    assert other.acquire()
+    held = orphans("--delete")
+    assert held.returncode == 2 and len(held.stderr.strip().splitlines()) == 1, held.stderr
+    assert held.stderr.startswith(f"geoingest: table demo.events: maintenance lease held by {other.holder}")
+    assert all(Path(p).exists() for p in dead_paths), "nothing deleted while another maintainer holds the lease"
+    other.release()
+
+    deleted = orphans("--delete")
+    assert deleted.returncode == 0, deleted.stderr
+    assert [json.loads(line)["path"] for line in deleted.stdout.splitlines()] == dead_paths
+    assert not any(Path(p).exists() for p in dead_paths)
+    table.refresh()
+    assert lease_state(table).holder is None, "the command released the lease"
+    assert len(table_ids(table)) == 200
+
+
 def test_service_runs_until_sigterm_and_stops_after_the_batch(env, kafka, topic, tmp_path):
     import signal
     import time

@@ -294,7 +294,6 @@ def test_maintenance_compacts_expires_and_finds_no_orphans_on_the_lakehouse(lake
         tmp_path,
         GEOINGEST_MAX_OFFSETS_PER_TRIGGER="400",
         GEOINGEST_MAINTENANCE_MIN_FILE_AGE_S="0",
-        GEOINGEST_MAINTENANCE_ORPHAN_MIN_AGE_S="0",
         GEOINGEST_MAINTENANCE_SNAPSHOT_MAX_AGE_S="0",
         GEOINGEST_MAINTENANCE_KEEP_SNAPSHOTS="1",
     )

@@ -27,11 +27,11 @@ from streaming.read.predicate import Predicate
 from streaming.read.query import query, sql_where
 from streaming.table.catalog import create_table, open_catalog
 from tests.conftest import duckdb_connection, local_settings
+from tests.iceberg_spark import run_with_iceberg_spark
 from tests.streaming.write.test_upsert import (
     every_snapshot_matches,
     record_positions,
     reference_state,
-    run_with_iceberg_spark,
     table_state,
 )
 

@@ -147,6 +147,33 @@ def test_an_expired_lease_is_taken_over_and_its_old_holder_stops(catalog_config,
 
 
 @pytest.mark.integration
+def test_a_commit_fenced_by_a_lease_that_was_taken_over_is_refused_by_the_catalog(catalog_config, table, contract):
+    write_batches(table, contract, 1)
+    now = [1_000_000.0]
+    old = MaintenanceLease(own_table(catalog_config, contract), 60, clock=lambda: now[0])
+    assert old.acquire()
+    read_while_held = own_table(catalog_config, contract)
+    now[0] += 61
+    new = MaintenanceLease(own_table(catalog_config, contract), 60, clock=lambda: now[0])
+    assert new.acquire(), "expired: taken over"
+
+    # The old holder's table was read before the takeover: only the catalog can tell, and refuses.
+    with pytest.raises(CommitFailedException):
+        with old.fenced(read_while_held) as tx:
+            tx.set_properties({"written-by": "old"})
+    # Its retry reads the table again and stops without asking.
+    with pytest.raises(LeaseLost, match=new.holder):
+        with old.fenced(own_table(catalog_config, contract)) as tx:
+            tx.set_properties({"written-by": "old"})
+    with new.fenced(own_table(catalog_config, contract)) as tx:
+        tx.set_properties({"written-by": "new"})
+    table.refresh()
+    assert table.properties["written-by"] == "new"
+    new.confirm()  # read afresh through a catalog connection of the lease's own
+    new.release()
+
+
+@pytest.mark.integration
 def test_a_maintainer_that_read_the_table_before_any_lease_cannot_start_a_second_one(catalog_config, table, contract):
     write_batches(table, contract, 1)
     stale = own_table(catalog_config, contract)

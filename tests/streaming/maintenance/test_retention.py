@@ -40,7 +40,7 @@ from tests.streaming.maintenance.test_maintain import race_on_refresh
 
 CONTRACT_PATH = Path(__file__).resolve().parents[3] / "schemas" / "demo_events.json"
 DAY0 = 20_000  # 2024-10-04
-EAGER = MaintenancePolicy(min_file_age_s=0, keep_snapshots=1, max_snapshots=1, orphan_min_age_s=0)
+EAGER = MaintenancePolicy(min_file_age_s=0, keep_snapshots=1, max_snapshots=1)
 
 
 # -- pure planning ----------------------------------------------------------------------------------

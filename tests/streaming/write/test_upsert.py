@@ -31,6 +31,7 @@ from streaming.table.commit import KAFKA_OFFSETS
 from streaming.table.deletes import snapshot_files
 from streaming.write.upsert import OFFSET, PARTITION, TIMESTAMP, latest_versions
 from tests.conftest import CACHE_DIR, duckdb_connection, produce_records
+from tests.iceberg_spark import run_with_iceberg_spark
 
 ROOT = Path(__file__).resolve().parents[3]
 DEMO = json.loads((ROOT / "schemas" / "demo_events.json").read_text())
@@ -144,7 +145,6 @@ def table_state(table, snapshot_id: int | None = None) -> dict:
     }
 
 
-ICEBERG_RUNTIME = "org.apache.iceberg:iceberg-spark-runtime-4.0_2.13:1.10.2"
 SPARK_READER = """
 import json, sys
 from pathlib import Path
@@ -155,29 +155,6 @@ rows = spark.read.format("iceberg").load(location).select("event_id", "geometry"
 json.dump([[r.event_id, bytes(r.geometry).hex(), r.speed] for r in rows], open(out, "w"))
 spark.stop()
 """
-
-
-def run_with_iceberg_spark(script: str, tmp_path: Path, *args: str):
-    """Run `script` in a Python process of its own (a Spark session needs Iceberg's runtime jar on
-    its classpath from the start) with the arguments: the cache folder, the runtime's jars, `args`,
-    then a file for its answer; returns the JSON it wrote there."""
-    import subprocess
-    import sys
-
-    from app.maven import resolve, without_spark_jars
-
-    jars = without_spark_jars(resolve([ICEBERG_RUNTIME], CACHE_DIR, "iceberg-spark-runtime-4.0-1.10.2"))
-    path, out = tmp_path / "iceberg_spark_script.py", tmp_path / "iceberg_spark_answer.json"
-    path.write_text(script)
-    done = subprocess.run(
-        [sys.executable, str(path), str(CACHE_DIR), ",".join(str(j) for j in jars), *args, str(out)],
-        timeout=600,
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(out.read_text())
 
 
 def spark_iceberg_state(metadata_location: str, tmp_path: Path) -> dict[str, tuple]:

@@ -150,7 +150,7 @@ spark.stop()
 
 
 def spark_state(metadata_location: str, tmp_path: Path) -> dict[int, tuple]:
-    from tests.streaming.write.test_upsert import run_with_iceberg_spark
+    from tests.iceberg_spark import run_with_iceberg_spark
 
     state: dict[int, tuple] = {}
     for i, name, height, geometry in run_with_iceberg_spark(SPARK_READER, tmp_path, metadata_location):
