@@ -17,6 +17,11 @@ reader, streaming/read/query.py, and DuckDB's iceberg_scan):
   - upsert: each key's last version in Kafka order, tombstoned keys absent, no key twice.
 The three counts a user would look for are reported per cell: keys duplicated, deleted keys back,
 keys at a stale version.
+
+Beyond the pairs, cells combine the stream with the moments things break: a kill -9 between the
+Iceberg commit and Spark's checkpoint, `table evolve` of the partition spec while batches run, and
+orphan removal racing a slow compaction; and a PostGIS table with large values mirrored through
+Debezium under both replica identities.
 """
 
 from __future__ import annotations
@@ -485,3 +490,60 @@ def test_a_spec_changed_under_the_running_service_leaves_every_file_in_its_own_s
     }
     found = query(table, WORLD, time_from=hour, time_to=hour + 3_600_000).table
     assert set(zip(found.column("source_partition").to_pylist(), found.column("source_offset").to_pylist())) == expected
+
+
+def test_orphan_removal_racing_a_slow_compaction_of_a_one_partition_upsert_table(kafka, spark, tmp_path, monkeypatch):
+    """The service writes an upsert table from a 1-partition topic; a compaction that applies its
+    deletes pauses after writing its files (dated an hour back, as a rewrite at a quarter of a core
+    leaves them) for longer than two of its leases, while an orphans step runs: the step waits for
+    the lease, the compaction lands, and the table still holds each key's last version."""
+    import threading
+
+    from streaming.maintenance import compaction as compaction_module
+    from streaming.maintenance.orphans import orphan_age_floor_s
+    from tests.streaming.maintenance.test_orphans import date_back
+
+    contract = parse_contract({**DEMO, "mode": "upsert"})
+    topic = new_topic(kafka.bootstrap, 1)
+    records = make_stream(n_keys=300, n_events=3_000, seed=23)
+    positions = produce(kafka.bootstrap, topic, records)
+    settings = local_settings(
+        kafka, topic, tmp_path, source="python", max_offsets_per_trigger=500, maintenance_mode="off"
+    )
+    catalog = open_catalog(settings.catalog_name, settings.catalog)
+    create_table(catalog, contract)
+    totals = run(settings, contract, until_idle=True, spark=spark)
+    assert totals.batches >= 6 and totals.commits.get("failed", 0) == 0
+    reference = Reference.of("upsert", records, positions)
+
+    rewrite_bin, written, go = compaction_module.rewrite_bin, threading.Event(), threading.Event()
+
+    def slow_rewrite(*args, **kwargs):
+        outputs = rewrite_bin(*args, **kwargs)
+        date_back(r.path for r in outputs)
+        written.set()
+        go.wait(60)
+        return outputs
+
+    monkeypatch.setattr(compaction_module, "rewrite_bin", slow_rewrite)
+    compacting = catalog.load_table(contract.table)
+    reports = []
+    compaction = threading.Thread(
+        target=lambda: reports.append(
+            maintain(compacting, MaintenancePolicy(min_file_age_s=0, lease_s=4), steps=("compact",))
+        )
+    )
+    compaction.start()
+    try:
+        assert written.wait(120)
+        time.sleep(8)  # two leases
+        removing = open_catalog(settings.catalog_name, settings.catalog).load_table(contract.table)
+        floor = orphan_age_floor_s(removing)
+        orphans = maintain(removing, MaintenancePolicy(orphan_min_age_s=floor), steps=("orphans",))
+    finally:
+        go.set()
+        compaction.join(120)
+    assert orphans.skipped is not None and "lease held" in orphans.skipped, orphans
+    assert reports[0].skipped is None and reports[0].compaction.files_rewritten > 0
+    table = catalog.load_table(contract.table)
+    check(Cell(1, "python", "batch", "upsert", "none"), table, reference, "after compaction raced orphan removal")
