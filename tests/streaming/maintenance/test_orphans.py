@@ -56,6 +56,22 @@ def readable_with_every_row_once(table, expected: list[str]) -> None:
     assert table_ids(table) == expected, "every row once"
 
 
+def pause_compactions_after_writing(monkeypatch) -> tuple[threading.Event, threading.Event]:
+    """(written, go): each compaction bin, once it has written its files (dated back as a rewrite at a
+    quarter of a core an hour long leaves them), sets `written` and waits until `go` is set."""
+    rewrite_bin, written, go = compaction_module.rewrite_bin, threading.Event(), threading.Event()
+
+    def slow_rewrite(*args, **kwargs):
+        outputs = rewrite_bin(*args, **kwargs)
+        date_back(r.path for r in outputs)
+        written.set()
+        go.wait(60)
+        return outputs
+
+    monkeypatch.setattr(compaction_module, "rewrite_bin", slow_rewrite)
+    return written, go
+
+
 @pytest.fixture
 def contract():
     return load_contract(CONTRACT_PATH)
@@ -133,16 +149,7 @@ def test_a_slow_compaction_keeps_its_lease_and_orphan_deletion_waits_for_it(monk
     which the compaction then committed.)"""
     env, catalog, contract, table = cli_table
     write_batches(table, contract, 6)
-    rewrite_bin, written, go = compaction_module.rewrite_bin, threading.Event(), threading.Event()
-
-    def slow_rewrite(*args, **kwargs):
-        outputs = rewrite_bin(*args, **kwargs)
-        date_back(r.path for r in outputs)  # as a rewrite at a quarter of a core an hour long leaves them
-        written.set()
-        go.wait(60)
-        return outputs
-
-    monkeypatch.setattr(compaction_module, "rewrite_bin", slow_rewrite)
+    written, go = pause_compactions_after_writing(monkeypatch)
     mine = open_catalog(catalog.name, dict(catalog.properties)).load_table(contract.table)
     reports = []
     compaction = threading.Thread(
