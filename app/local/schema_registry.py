@@ -59,6 +59,9 @@ def registry_version() -> str:
     return node.text
 
 
+_BUILD_ATTEMPTS = 3
+
+
 def ensure_built(cache_dir: Path, progress: Callable[[str], None] | None = None) -> Path:
     """The assembled application folder (the runner jar and its lib/), built once into the cache."""
     cache_dir = Path(cache_dir).resolve()
@@ -95,8 +98,14 @@ def ensure_built(cache_dir: Path, progress: Callable[[str], None] | None = None)
         "package",
     ]
     started = time.monotonic()
-    result = subprocess.run(command, cwd=build, capture_output=True, text=True, env=env)
     built = build / "target"
+    # A fresh machine fetches a few hundred artifacts: a download cut short fails the build, and the
+    # next attempt goes on from the local repository.
+    for _ in range(_BUILD_ATTEMPTS):
+        result = subprocess.run(command, cwd=build, capture_output=True, text=True, env=env)
+        if result.returncode == 0 and (built / _MARKER).is_file():
+            break
+        report(f"`mvn package` exited {result.returncode}; trying again")
     if result.returncode != 0 or not (built / _MARKER).is_file():
         output = (result.stdout + result.stderr).strip().splitlines()
         raise SchemaRegistryError(
