@@ -329,20 +329,34 @@ def test_every_cell_holds_its_reference_state(kafka, spark, tmp_path, cell: Cell
     catalog = open_catalog(settings.catalog_name, settings.catalog)
     create_table(catalog, contract)
 
+    took: Counter = Counter()  # seconds per phase, printed with the cell
+    mark = time.monotonic()
+
+    def lap(phase: str) -> None:
+        nonlocal mark
+        took[phase] += round(time.monotonic() - mark, 1)
+        mark = time.monotonic()
+
     registries = [CollectorRegistry(), CollectorRegistry()]  # a run's metrics are its own
     positions = produce(kafka.bootstrap, topic, records[:half])
+    lap("produce")
     first = run(settings, contract, until_idle=True, spark=spark, registry=registries[0])
     assert first.commits.get("failed", 0) == 0
+    lap("runs")
     table = catalog.load_table(contract.table)
     check(cell, table, Reference.of(cell.mode, records[:half], positions), "after the first run")
+    lap("checks")
 
     positions += produce(kafka.bootstrap, topic, records[half:])
+    lap("produce")
     second = run(settings, contract, until_idle=True, spark=spark, registry=registries[1])
     assert second.commits.get("failed", 0) == 0
+    lap("runs")
     reference = Reference.of(cell.mode, records, positions)
     table.refresh()
     check(cell, table, reference, "after the restart")
     assert first.batches + second.batches >= (2 if cell.defaults else 6), "several batches, both runs"
+    lap("checks")
 
     report = maintain(
         table,
@@ -350,10 +364,13 @@ def test_every_cell_holds_its_reference_state(kafka, spark, tmp_path, cell: Cell
         steps=("compact", "expire"),
     )
     assert report.skipped is None
+    lap("compaction")
     table.refresh()
     check(cell, table, reference, "after a compaction")
+    lap("checks")
 
     dead = dead_letters(kafka.bootstrap, settings.dead_letter_topic)
+    lap("dead letters")
     expected = Counter({(*where, reason): 1 for where, reason in reference.dead.items()})
     assert dead == expected, f"{cell.name}: each bad record dead-lettered exactly once"
     beside = {
@@ -367,7 +384,7 @@ def test_every_cell_holds_its_reference_state(kafka, spark, tmp_path, cell: Cell
     print(
         f"{cell.name}: {len(records)} records, {first.batches + second.batches} batches, "
         f"{len(reference.rows)} {'keys' if cell.mode == 'upsert' else 'rows'}, {len(reference.dead)} dead letters, "
-        f"maintenance beside: {beside}, {time.monotonic() - started:.1f} s"
+        f"maintenance beside: {beside}, {time.monotonic() - started:.1f} s ({dict(took)})"
     )
 
 
