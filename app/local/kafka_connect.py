@@ -43,6 +43,17 @@ AVRO_CONVERTER = "io.apicurio.registry.utils.converter.AvroConverter"
 _CONVERTER_EXCLUDED = ("com.github.everit-org.json-schema",)
 
 
+# Debezium's reselect post-processor: the values an update left out (a TOASTed value under REPLICA
+# IDENTITY DEFAULT, sent as the placeholder; a TOASTed geometry, sent as null) read again from the
+# source table by primary key before the event is sent (docs/debezium.md, large values).
+RESELECT_UNAVAILABLE = {
+    "post.processors": "reselector",
+    "reselector.type": "io.debezium.processors.reselect.ReselectColumnsPostProcessor",
+    "reselector.reselect.unavailable.values": "true",
+    "reselector.reselect.null.values": "true",
+}
+
+
 def avro_converters(registry_url: str) -> dict[str, str]:
     """Connector settings for Avro keys and values through Apicurio Registry at `registry_url` (its
     root, http://host:port): each schema registered on first use (a record field's type, the
@@ -86,11 +97,13 @@ def debezium_postgres_config(
     schemas: bool = True,
     extra: Mapping[str, str] | None = None,
     avro_registry: str = "",
+    reselect: bool = True,
 ) -> dict[str, str]:
     """The settings of a Debezium PostgreSQL connector as geoingest reads its events
     (docs/debezium.md): pgoutput, the JSON converter (its schemas on or off) or, given a registry's
     URL, the Avro converter (`avro_converters`), the Kafka key the table's primary key, a snapshot
-    of the tables first, decimals as doubles, times in microseconds."""
+    of the tables first, decimals as doubles, times in microseconds, and (`reselect`) the values an
+    update left out read again from the table (`RESELECT_UNAVAILABLE`)."""
     flag = "true" if schemas else "false"
     if avro_registry:
         converters = avro_converters(avro_registry)
@@ -121,6 +134,7 @@ def debezium_postgres_config(
         **converters,
         # Deletes are followed by a tombstone of the key, which geoingest applies as well.
         "tombstones.on.delete": "true",
+        **(RESELECT_UNAVAILABLE if reselect else {}),
         **(extra or {}),
     }
 

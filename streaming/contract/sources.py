@@ -11,6 +11,7 @@ from pyproj import CRS
 
 from streaming.contract.terms import (
     DEBEZIUM_SOURCES,
+    DEBEZIUM_UNAVAILABLE_VALUE,
     JSON_GEOMETRY_ENCODINGS,
     JSON_PATH,
     JSON_SOURCE_PREFIX,
@@ -98,10 +99,25 @@ class JsonFields:
 class DebeziumSpec:
     """Where a Debezium change event's row holds its geometry: the source table's column (a
     PostGIS geometry or geography, which Debezium sends as a {wkb, srid} struct); `epsg` is the CRS
-    of a geometry that carries no SRID (0 or none)."""
+    of a geometry that carries no SRID (0 or none); `unavailable_value` the connector's
+    `unavailable.value.placeholder`, what it sends for a value the source's log did not hold (a
+    TOASTed value an update left unchanged)."""
 
     geometry: str
     epsg: int = 4326
+    unavailable_value: str = DEBEZIUM_UNAVAILABLE_VALUE
+
+    @property
+    def unavailable_bytes(self) -> bytes:
+        """The placeholder of a binary column: Debezium reads a "hex:" prefix as hexadecimal octets."""
+        if self.unavailable_value.startswith("hex:"):
+            return bytes.fromhex(self.unavailable_value.removeprefix("hex:"))
+        return self.unavailable_value.encode()
+
+    @property
+    def unavailable_text(self) -> str:
+        """The placeholder of a text column: the placeholder's bytes as text, as Debezium makes it."""
+        return self.unavailable_bytes.decode("utf-8", errors="replace")
 
 
 @dataclass(frozen=True)
@@ -289,4 +305,19 @@ def parse_debezium(raw: dict, formats: tuple[str, ...], mode: str, columns: tupl
                     f"columns[{i}].from[{j}]: {src!r} is not in a Debezium change event; "
                     "its row's columns are properties.<column>"
                 )
-    return DebeziumSpec(geometry=geometry, epsg=epsg_code(crs_text, "debezium.crs"))
+    placeholder = section.get("unavailable_value", DEBEZIUM_UNAVAILABLE_VALUE)
+    if not isinstance(placeholder, str) or not placeholder:
+        raise ContractError(
+            f"debezium.unavailable_value: expected the connector's unavailable.value.placeholder (a non-empty "
+            f"string), got {placeholder!r}"
+        )
+    if placeholder.startswith("hex:") and not _is_hex(placeholder.removeprefix("hex:")):
+        raise ContractError(f"debezium.unavailable_value: {placeholder!r} is not 'hex:' and hexadecimal octets")
+    return DebeziumSpec(geometry=geometry, epsg=epsg_code(crs_text, "debezium.crs"), unavailable_value=placeholder)
+
+
+def _is_hex(text: str) -> bool:
+    try:
+        return bool(bytes.fromhex(text))
+    except ValueError:
+        return False

@@ -72,6 +72,8 @@ JSON_SOURCE_PREFIX = "json."
 # What a column may read of a Debezium change event beside its row (format "debezium"): the
 # operation (c, r, u, d), the source's log position and the time the source committed the change.
 DEBEZIUM_SOURCES = ("debezium.op", "debezium.lsn", "debezium.commit_time")
+# What Debezium sends for a value the source's log did not hold (its unavailable.value.placeholder).
+DEBEZIUM_UNAVAILABLE_VALUE = "__debezium_unavailable_value"
 
 
 JSON_PATH = re.compile(r"^[^.\s]+(\.[^.\s]+)*$")
@@ -156,7 +158,7 @@ KNOWN_KEYS = {
         "debezium",
     ),
     "raster": ("id", "name", "rows"),
-    "debezium": ("geometry", "crs"),
+    "debezium": ("geometry", "crs", "unavailable_value"),
     "json": ("lon", "lat", "z", "geometry", "crs"),
     "json.geometry": ("path", "encoding"),
     "registry": ("geometry_field", "lon_field", "lat_field", "srid_field"),

@@ -36,6 +36,14 @@ def json_field_types(contract: Contract) -> dict[str, pa.DataType]:
     return types
 
 
+def unavailable_of(col: Column, unavailable: dict[str, np.ndarray]) -> np.ndarray | None:
+    """The records whose value of one of the column's properties was unavailable (None: no such
+    property), from a format's per-property masks."""
+    names = [src.removeprefix("properties.") for src in col.sources if src.startswith("properties.")]
+    masks = [unavailable[name] for name in names if name in unavailable]
+    return np.logical_or.reduce(masks) if masks else None
+
+
 class ColumnMapper:
     def __init__(self, contract: Contract):
         self.contract = contract
@@ -49,9 +57,11 @@ class ColumnMapper:
         rejects: Rejects,
         fields: dict[str, pa.Array] | None = None,
         parts: pa.Array | None = None,
+        unavailable: dict[str, np.ndarray] | None = None,
     ) -> dict[str, pa.Array]:
         """Each contract column of each record, from the first of its sources that is set; a
-        required column none of them sets rejects the record."""
+        required column none of them sets rejects the record, unless its value is one the record
+        did not carry (`unavailable`, per property: the upsert pass keeps the key's current one)."""
         columns: dict[str, pa.Array] = {}
         for col in self.contract.all_columns:
             target = self._data_schema.field(col.name).type
@@ -64,6 +74,9 @@ class ColumnMapper:
                 merged = candidate if merged is None else pc.coalesce(merged, candidate)
             if col.required:
                 missing = rejects.ok & pc.is_null(merged).to_numpy(zero_copy_only=False)
+                lacking = unavailable_of(col, unavailable or {})
+                if lacking is not None:
+                    missing &= ~lacking
                 rejects.add(
                     missing,
                     Reason.MISSING_REQUIRED_FIELD,

@@ -27,7 +27,7 @@ import pyarrow.compute as pc
 import pyarrow.json as pa_json
 
 from streaming.contract import Contract
-from streaming.decode.columns import ColumnMapper, property_types
+from streaming.decode.columns import ColumnMapper, property_types, unavailable_of
 from streaming.decode.formats import INPUT_FORMATS, Decoded
 from streaming.decode.formats.debezium import DebeziumFormat
 from streaming.decode.formats.wkb import to_stored_wkb
@@ -63,6 +63,12 @@ RAW_HEADERS = "_raw_headers"
 # True where a valid record deletes its key (a change event's delete, a tombstone the format reads):
 # the row holds the primary key columns only, and the upsert pass applies it as a tombstone.
 DELETE = "_delete"
+# The contract columns whose value the record did not carry (null where it carried all): Debezium's
+# placeholder of a TOASTed value an update left unchanged. The row holds null there, and the upsert
+# pass keeps the key's current value (streaming/write/versions.py); an unavailable geometry leaves
+# the row without geometry, bbox and Hilbert key, valid all the same.
+UNAVAILABLE = "_unavailable"
+UNAVAILABLE_TYPE = pa.list_(pa.string())
 
 HEADERS_TYPE = pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())]))
 _JSON_WHITESPACE = (0x20, 0x09, 0x0D, 0x0A)
@@ -96,6 +102,7 @@ def decoded_schema(contract: Contract) -> pa.Schema:
         pa.field(RAW_VALUE, pa.binary()),
         pa.field(RAW_HEADERS, HEADERS_TYPE),
         pa.field(DELETE, pa.bool_()),
+        pa.field(UNAVAILABLE, UNAVAILABLE_TYPE),
     ]
     return pa.schema(fields)
 
@@ -239,12 +246,15 @@ class Decoder:
                 self._tombstones.decode_tombstones(batch.column("key"), rows, decoded)
 
         deletes = decoded.deletes
-        with rejects.set_aside(deletes):
+        # Deletes carry no geometry, nor do updates whose geometry was unavailable.
+        with rejects.set_aside(deletes | decoded.geometry_unavailable):
             self._rules.apply(decoded)
         self._decoded_batches += 1
         parts = None if exploded is None else pa.array(exploded.parts, pa.string())
         with rejects.set_aside(deletes):
-            columns = self._columns.map(batch, decoded.feature_ids, decoded.properties, rejects, decoded.fields, parts)
+            columns = self._columns.map(
+                batch, decoded.feature_ids, decoded.properties, rejects, decoded.fields, parts, decoded.unavailable
+            )
         if deletes.any():
             self._check_delete_keys(columns, deletes, rejects)
         return self._assemble(
@@ -257,7 +267,32 @@ class Decoder:
             decoded.bounds,
             decoded.raster,
             deletes,
+            decoded.geometry_unavailable,
+            self._unavailable_lists(columns, decoded, rejects.ok & ~deletes),
         )
+
+    def _unavailable_lists(self, columns: dict[str, pa.Array], decoded: Decoded, valid: np.ndarray) -> pa.Array:
+        """Per valid row, the contract columns whose value its record did not carry (null: none)."""
+        n = len(valid)
+        names, lacking = [], []
+        for col in self.contract.all_columns:
+            lacks = unavailable_of(col, decoded.unavailable)
+            if lacks is not None:
+                # Another of the column's sources may have given it a value.
+                lacking.append(lacks & pc.is_null(columns[col.name]).to_numpy(zero_copy_only=False))
+                names.append(col.name)
+        if decoded.geometry_unavailable.any():
+            lacking.append(decoded.geometry_unavailable)
+            names.append(self.contract.geometry.name)
+        if not names:
+            return pa.nulls(n, UNAVAILABLE_TYPE)
+        table = np.stack(lacking, axis=1) & valid[:, None]
+        counts = table.sum(axis=1)
+        if not counts.any():
+            return pa.nulls(n, UNAVAILABLE_TYPE)
+        offsets = pa.array(np.r_[0, np.cumsum(counts)].astype(np.int32))
+        values = pa.array(names, pa.string()).take(pa.array(np.nonzero(table)[1]))
+        return pa.ListArray.from_arrays(offsets, values, mask=pa.array(counts == 0))
 
     def _check_delete_keys(self, columns: dict[str, pa.Array], deletes: np.ndarray, rejects: Rejects) -> None:
         """A delete must name its whole key: the other columns are not in it."""
@@ -276,11 +311,16 @@ class Decoder:
         given_bounds: np.ndarray | None = None,
         raster: pa.Array | None = None,
         deletes: np.ndarray | None = None,
+        no_geometry: np.ndarray | None = None,
+        unavailable: pa.Array | None = None,
     ) -> pa.RecordBatch:
         n = batch.num_rows
         deleting = np.zeros(n, dtype=bool) if deletes is None else deletes & rejects.ok
-        # The rows that get a geometry: the valid ones, but for deletes.
+        # The rows that get a geometry: the valid ones, but for deletes and those whose geometry
+        # their record did not carry.
         ok = rejects.ok & ~deleting
+        if no_geometry is not None:
+            ok &= ~no_geometry
         keep = np.where(ok, geoms, NONE)
         wkb = np.where(ok, wkb, NONE)
         unwritten = ok & np.equal(wkb, NONE)
@@ -323,6 +363,7 @@ class Decoder:
         out[SOURCE_OFFSET] = batch.column("offset").cast(pa.int64())
         out[SOURCE_TIMESTAMP] = batch.column("timestamp").cast(pa.timestamp("us", tz="UTC"))
         out[DELETE] = pa.array(deleting, pa.bool_())
+        out[UNAVAILABLE] = unavailable if unavailable is not None else pa.nulls(n, UNAVAILABLE_TYPE)
         out[REJECT_REASON] = pa.array(rejects.reason, pa.string())
         out[REJECT_DETAIL] = pa.array(rejects.detail, pa.string())
         # The raw record is kept for rejects only (their dead letters).

@@ -64,6 +64,9 @@ class Reason(StrEnum):
     NOT_A_CHANGE_EVENT = "not_a_change_event"
     UNKNOWN_OPERATION = "unknown_operation"
     MISSING_ROW = "missing_row"
+    # An update without a value it left unchanged (a TOASTed geometry under REPLICA IDENTITY
+    # DEFAULT) for a table that keeps no current row to take it from (not an upsert table).
+    UNAVAILABLE_VALUE = "unavailable_value"
     # Rasters (format "stac"): no usable geotransform, a CRS PROJ does not know, a shape that is
     # not [height, width] in whole pixels (or no asset on the raster's grid).
     RASTER_WITHOUT_TRANSFORM = "raster_without_transform"

@@ -55,6 +55,11 @@ class Decoded:
     exploded: Exploded | None = None
     # Records that delete their key (a change event's delete): their key columns only, no geometry.
     deletes: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=bool))
+    # Values a change event did not carry (Debezium's placeholder of a TOASTed value an update left
+    # unchanged): per property, the records whose value it is (set to null); and the valid records
+    # whose geometry it is, which get none (the upsert pass keeps the key's current one).
+    unavailable: dict[str, np.ndarray] = field(default_factory=dict)
+    geometry_unavailable: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=bool))
 
     @classmethod
     def empty(
@@ -69,6 +74,7 @@ class Decoded:
             feature_ids=pa.nulls(n, pa.string()),
             properties={name: pa.nulls(n, t) for name, t in property_types.items()},
             deletes=np.zeros(n, dtype=bool),
+            geometry_unavailable=np.zeros(n, dtype=bool),
         )
 
 

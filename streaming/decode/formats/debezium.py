@@ -12,7 +12,17 @@ deletes give the key columns from `before` (REPLICA IDENTITY DEFAULT holds the p
 and mark the row as a delete, which the upsert pass applies as tombstones are
 (streaming/write/upsert.py). The tombstone Debezium writes after a delete (a null value, the
 key) deletes the key again: its key columns are read from the Kafka key (the primary key, as
-Debezium writes it: `{"id": 1}`, or `{"schema": ..., "payload": {"id": 1}}`).
+Debezium writes it: `{"id": 1}`, or `{"schema": ..., "payload": {"id": 1}}`). Nothing else of
+`before` is read (REPLICA IDENTITY FULL holds the whole old row there).
+
+An update may lack values it left unchanged: under REPLICA IDENTITY DEFAULT the log holds a TOASTed
+value (over about 2 KB) only if the update changed it, and the connector sends its placeholder
+(`unavailable.value.placeholder`, the contract's `debezium.unavailable_value`) for a text or bytes
+column, a null struct for a geometry. Such a value is never stored: the column is null and listed
+in `Decoded.unavailable` (the geometry in `Decoded.geometry_unavailable`, the row valid without
+one), and the upsert pass keeps the key's current value (docs/debezium.md, large values). A double's
+NaN and infinities come as the strings "NaN", "Infinity", "-Infinity" from the JSON converter, and
+bytea as base64 text.
 
 A block of events is read at once by pyarrow's JSON reader, the columns the contract reads (each at
 its path, with its type, for both envelope spellings) as its explicit schema, as the JSON-fields
@@ -37,7 +47,7 @@ from streaming.decode.formats.base import Decoded, InputFormat
 from streaming.decode.formats.debezium_avro import AvroEvents, starts_with_zero
 from streaming.decode.formats.geojson import _invalid_utf8, _raw_control_characters, _still_ok
 from streaming.decode.formats.json_blocks import one_per_line
-from streaming.decode.formats.json_fields import _BlockParser, _leaf, base64_decode
+from streaming.decode.formats.json_fields import QUOTED_NON_FINITE, _BlockParser, _leaf, base64_decode
 from streaming.decode.formats.wkb import EWKB_SRID_FLAG, read_wkb
 from streaming.decode.properties import PropertySeen, merge_seen, unmapped_properties
 from streaming.decode.rejects import Reason, Rejects, shown
@@ -46,6 +56,7 @@ from streaming.kernels.buffers import offsets_and_bytes, scatter, scatter_into
 
 PAYLOAD = "payload"
 UPSERT_OPS = ("c", "r", "u")
+UPDATE_OP = "u"
 DELETE_OP = "d"
 # How Kafka Connect's JSON converter spells an enveloped event: the schema first, then the payload.
 _SCHEMA_FIRST = '{"schema":'
@@ -76,14 +87,19 @@ class DebeziumFormat(InputFormat):
         self.spec = contract.debezium
         geometry = self.spec.geometry
         self.columns = {name: t for name, t in property_types.items() if name != geometry}
-        row: dict[str, pa.DataType] = {f"{geometry}.wkb": pa.string(), f"{geometry}.srid": pa.int64(), **self.columns}
+        # A delete needs only its key: of `before` only the key columns are read, so the other old
+        # values REPLICA IDENTITY FULL sends (a NaN, anything) are never parsed and reject nothing.
+        key_sources = {self.source_name(name) for name in contract.primary_key}
+        self.before_columns = [name for name in self.columns if name in key_sources]
+        # The JSON converter writes bytes as base64 text: read as text, decoded in `apply`.
+        text = {name: pa.string() if _is_binary(t) else t for name, t in self.columns.items()}
         envelope = dict(_ENVELOPE)
-        for side in ("after", "before"):
-            envelope.update({f"{side}.{path}": t for path, t in row.items()})
+        envelope.update({f"after.{geometry}.wkb": pa.string(), f"after.{geometry}.srid": pa.int64()})
+        envelope.update({f"after.{name}": t for name, t in text.items()})
+        envelope.update({f"before.{name}": text[name] for name in self.before_columns})
         leaves = {**envelope, **{f"{PAYLOAD}.{path}": t for path, t in envelope.items()}}
-        self._wkb_paths = {
-            f"{prefix}{side}.{geometry}.wkb" for prefix in ("", f"{PAYLOAD}.") for side in ("after", "before")
-        }
+        self._kinds = {path: "text" for path in (f"after.{geometry}.wkb", f"{PAYLOAD}.after.{geometry}.wkb")}
+        self._kinds.update({path: QUOTED_NON_FINITE for path, t in leaves.items() if pa.types.is_floating(t)})
         self.parser = _BlockParser(leaves, self._kind_of)
         keys = {
             self.source_name(name): property_types.get(self.source_name(name), pa.string())
@@ -98,7 +114,7 @@ class DebeziumFormat(InputFormat):
         return next((s.removeprefix("properties.") for s in col.sources if s.startswith("properties.")), column)
 
     def _kind_of(self, path: str) -> str:
-        return "text" if path in self._wkb_paths else "column"
+        return self._kinds.get(path, "column")
 
     def use_registry(self, settings: RegistrySettings) -> None:
         self.avro.use_registry(settings)
@@ -135,7 +151,7 @@ class DebeziumFormat(InputFormat):
             return pc.if_else(enveloped, _leaf(table, f"{PAYLOAD}.{path}"), _leaf(table, path))
 
         present = {side: pc.is_valid(leaf(side)).to_numpy(zero_copy_only=False) for side in ("after", "before")}
-        self.apply(rows, n, out, leaf("op"), leaf("source.lsn"), leaf("source.ts_ms"), present, leaf)
+        self.apply(rows, n, out, leaf("op"), leaf("source.lsn"), leaf("source.ts_ms"), present, leaf, base64_bytes=True)
 
     def apply(
         self,
@@ -147,10 +163,12 @@ class DebeziumFormat(InputFormat):
         ts_ms: pa.Array,
         present: dict[str, np.ndarray],
         leaf: Callable[[str], pa.Array],
+        base64_bytes: bool = False,
     ) -> None:
         """What change events do, whichever converter wrote them: `op` and the leaves of the
         events at rows (`leaf("after.name")`, one value per row), `present` where an event holds
-        its `before` / `after` row. Rows the reader rejected are skipped."""
+        its `before` / `after` row; `base64_bytes` where the leaves of binary columns are base64
+        text (the JSON converter's). Rows the reader rejected are skipped."""
         rejects = out.rejects
         live = rejects.ok[rows]
         no_op = live & pc.is_null(op).to_numpy(zero_copy_only=False)
@@ -162,6 +180,9 @@ class DebeziumFormat(InputFormat):
         ops = pc.fill_null(op, "").to_numpy(zero_copy_only=False)
         upsert = np.isin(ops, UPSERT_OPS)
         delete = ops == DELETE_OP
+        # Only an update can lack a value: the log holds every value of an insert, and a snapshot
+        # reads the row.
+        update = ops == UPDATE_OP
         odd = live & ~no_op & ~upsert & ~delete
         rejects.add(
             rows[odd],
@@ -182,12 +203,17 @@ class DebeziumFormat(InputFormat):
             _put(out.fields, name, value, rows, n)
         _put(out.fields, "debezium.commit_time", commit_ms, rows, n)
         for name, target in self.columns.items():
-            before, after = leaf(f"before.{name}"), leaf(f"after.{name}")
-            # A field the event's schema lacks reads as nulls of no type.
-            before = before.cast(after.type) if before.type == pa.null() else before
-            after = after.cast(before.type) if after.type == pa.null() else after
-            value = pc.if_else(deleting, before, after)
+            value = leaf(f"after.{name}")
+            if name in self.before_columns:
+                before = leaf(f"before.{name}")
+                # A field the event's schema lacks reads as nulls of no type.
+                before = before.cast(value.type) if before.type == pa.null() else before
+                value = value.cast(before.type) if value.type == pa.null() else value
+                value = pc.if_else(deleting, before, value)
             checked = Rejects(len(rows))
+            if base64_bytes and _is_binary(target) and pa.types.is_string(value.type):
+                value = _base64_column(value, f"properties.{name}", checked)
+            value = self._unavailable(name, value, update, rows, n, out)
             value = _cast_or_reject(value, target, f"properties.{name}", checked)
             rejects.add(rows[~checked.ok], Reason.PROPERTY_TYPE_MISMATCH, list(checked.detail[~checked.ok]))
             out.properties[name] = scatter_into(out.properties[name], value, rows)
@@ -199,8 +225,30 @@ class DebeziumFormat(InputFormat):
             leaf(f"after.{self.spec.geometry}.wkb").filter(geometry_rows),
             leaf(f"after.{self.spec.geometry}.srid").filter(geometry_rows),
             rows[live & upsert],
+            update[live & upsert],
             out,
         )
+
+    def _unavailable(
+        self, name: str, value: pa.Array, update: np.ndarray, rows: np.ndarray, n: int, out: Decoded
+    ) -> pa.Array:
+        """The values of a column with the connector's placeholder of an unavailable value (text,
+        or bytes) set to null, and their records noted in `out.unavailable`."""
+        if pa.types.is_string(value.type) or pa.types.is_large_string(value.type):
+            placeholder: str | bytes = self.spec.unavailable_text
+        elif _is_binary(value.type):
+            placeholder = self.spec.unavailable_bytes
+        else:
+            return value
+        if not update.any():
+            return value
+        lacking = update & pc.fill_null(pc.equal(value, pa.scalar(placeholder, value.type)), False).to_numpy(
+            zero_copy_only=False
+        )
+        if not lacking.any():
+            return value
+        out.unavailable.setdefault(name, np.zeros(n, dtype=bool))[rows[lacking]] = True
+        return pc.if_else(pa.array(lacking), pa.nulls(len(value), value.type), value)
 
     def _parse(
         self, cut: pa.Array, docs: pa.Array, was_cut: np.ndarray
@@ -220,11 +268,26 @@ class DebeziumFormat(InputFormat):
         errors.update({int(again[local]): e for local, e in whole_errors.items()})
         return table, errors
 
-    def _geometries(self, wkb: pa.Array, srid: pa.Array, rows: np.ndarray, out: Decoded) -> None:
-        """The geometries of upserts: `wkb` the bytes (Avro) or their base64 text (JSON)."""
+    def _geometries(self, wkb: pa.Array, srid: pa.Array, rows: np.ndarray, update: np.ndarray, out: Decoded) -> None:
+        """The geometries of upserts: `wkb` the bytes (Avro) or their base64 text (JSON). An
+        update without one lacks a geometry it left unchanged (the connector sends a null struct
+        for a TOASTed one under REPLICA IDENTITY DEFAULT): an upsert table keeps the key's current
+        geometry, so the row is valid without one."""
         rejects, where = out.rejects, f"after.{self.spec.geometry}"
         missing = pc.is_null(wkb).to_numpy(zero_copy_only=False)
-        rejects.add(rows[missing], Reason.MISSING_GEOMETRY, f"{where}: missing or null")
+        lacking = missing & update
+        if self.contract.mode == "upsert":
+            out.geometry_unavailable[rows[lacking]] = True
+        else:
+            rejects.add(
+                rows[lacking],
+                Reason.UNAVAILABLE_VALUE,
+                f"{where}: an update without the geometry it left unchanged (a TOASTed value under REPLICA "
+                f"IDENTITY DEFAULT), and a {self.contract.mode} table keeps no current row to take it from; "
+                "set REPLICA IDENTITY FULL on the source table, or the connector's reselect post-processor "
+                "(post.processors=reselector, reselector.reselect.unavailable.values=true)",
+            )
+        rejects.add(rows[missing & ~update], Reason.MISSING_GEOMETRY, f"{where}: missing or null")
         keep = pa.array(~missing)
         rows, wkb, srid = rows[~missing], wkb.filter(keep), srid.filter(keep)
         if pa.types.is_string(wkb.type):
@@ -303,6 +366,25 @@ class DebeziumFormat(InputFormat):
                 part_order = (order[0][positions], order[1][positions], order[2][positions])
                 merge_seen(seen, unmapped_properties(docs.take(pa.array(positions)), taken, part_order, member))
         return seen
+
+
+def _is_binary(t: pa.DataType) -> bool:
+    return pa.types.is_binary(t) or pa.types.is_large_binary(t)
+
+
+def _base64_column(texts: pa.Array, label: str, checked: Rejects) -> pa.Array:
+    """The bytes of a binary column's base64 text; a text that is none rejects its record."""
+    blobs, ok = base64_decode(texts)
+    # base64_decode refuses the empty text, which is the empty bytea's.
+    ok |= pc.fill_null(pc.equal(texts, ""), True).to_numpy(zero_copy_only=False)
+    bad = ~ok
+    if bad.any():
+        checked.add(
+            bad,
+            Reason.PROPERTY_TYPE_MISMATCH,
+            [f"{label}: {shown(v)} is not base64 text" for v in texts.filter(pa.array(bad)).to_pylist()],
+        )
+    return pc.if_else(pc.is_null(texts), pa.nulls(len(texts), pa.binary()), blobs)
 
 
 def _put(fields: dict[str, pa.Array], name: str, value: pa.Array, rows: np.ndarray, n: int) -> None:

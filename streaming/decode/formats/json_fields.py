@@ -284,6 +284,13 @@ def _schema(leaves: dict[str, pa.DataType]) -> pa.Schema:
 
 
 # -- block reading -------------------------------------------------------------------------------
+# The kind of a double leaf that also takes NaN and the infinities as Kafka Connect's JSON converter
+# writes them: as strings (Jackson quotes non-finite numbers), which pyarrow's reader refuses for a
+# double, so only the rows holding one are read one by one.
+QUOTED_NON_FINITE = "quoted_non_finite"
+_NON_FINITE = {"NaN": float("nan"), "Infinity": float("inf"), "-Infinity": float("-inf")}
+
+
 @dataclass
 class _BlockParser:
     """Reads the leaves from a block of JSON documents (one per element, no raw line breaks).
@@ -394,6 +401,8 @@ class _BlockParser:
             if not isinstance(node, str):
                 return None, (Reason.BAD_GEOMETRY_ENCODING, f"{path}: {shown(node)} is not a string")
             return node, None
+        if kind == QUOTED_NON_FINITE and isinstance(node, str) and node in _NON_FINITE:
+            return _NON_FINITE[node], None
         if kind == "geojson":
             if not isinstance(node, dict):
                 return None, (

@@ -20,14 +20,24 @@ import pytest
 import shapely
 
 from streaming.contract import parse_contract
-from streaming.decode.decoder import DELETE, DecodeOptions, Decoder
+from streaming.decode.decoder import DELETE, HILBERT, UNAVAILABLE, DecodeOptions, Decoder
 from streaming.decode.formats.debezium import DebeziumFormat
 from streaming.decode.properties import record_order
 from streaming.decode.rejects import Reason
 from streaming.decode.schema_registry import RegistrySettings
 from tests.app.local.test_schema_registry import register
 from tests.streaming.decode.formats.test_avro import avro_bytes, wire
-from tests.streaming.decode.formats.test_debezium import PLACES, RAW_PLACES, event, geom, key
+from tests.streaming.decode.formats.test_debezium import (
+    LARGE,
+    PLACES,
+    POLYGON,
+    RAW_PLACES,
+    UNAVAILABLE_TEXT,
+    event,
+    geom,
+    key,
+    large_values_contract,
+)
 from tests.streaming.decode.test_decoder import REJECT_DETAIL, REJECT_REASON, assert_valid, geometry_of, kafka_batch
 
 pytestmark = pytest.mark.integration
@@ -84,9 +94,9 @@ SOURCE = {
 }
 
 
-def envelope(prefix: str, height: bool = False, source: object = SOURCE) -> dict:
+def envelope(prefix: str, height: bool = False, source: object = SOURCE, large: bool = False) -> dict:
     """The value schema of `<prefix>.public.places` (id bigint, name text, geom geometry[, height
-    float8]) as the Avro converter writes Debezium's Connect schema."""
+    float8][, note text, score float8, blob bytea]) as the Avro converter writes Debezium's Connect schema."""
     row = [
         {"name": "id", "type": "long"},
         {"name": "name", "type": optional("string"), "default": None},
@@ -94,6 +104,12 @@ def envelope(prefix: str, height: bool = False, source: object = SOURCE) -> dict
     ]
     if height:
         row.append({"name": "height", "type": optional("double"), "default": None})
+    if large:
+        row += [
+            {"name": "note", "type": optional("string"), "default": None},
+            {"name": "score", "type": optional("double"), "default": None},
+            {"name": "blob", "type": optional("bytes"), "default": None},
+        ]
     block = {
         "type": "record",
         "name": "block",
@@ -343,3 +359,78 @@ def test_an_envelope_that_names_its_source_record_registered_apart_is_read_with_
     [r] = decoder(schema_registry).decode(kafka_batch([wire(schema_id, body)])).to_pylist()
     assert_valid(r)
     assert (r["id"], r["name"], geometry_of(r).coords[0]) == (1, "p1", (13.4, 52.5))
+
+
+# -- large values: TOASTed columns, REPLICA IDENTITY FULL (as test_debezium.py's JSON events) -----
+def large_row(i: int, **changes) -> dict:
+    row = {"id": i, "name": f"p{i}", "geom": ewkb(POLYGON), "note": "n" * 12_000, "score": 1.5, "blob": b"\x01\x02"}
+    return {**row, **changes}
+
+
+@pytest.fixture
+def large(schema_registry) -> tuple[str, int]:
+    """The prefix and value schema id of a table with a text, a double and a bytea column."""
+    prefix = f"dbz{uuid.uuid4().hex[:8]}"
+    return prefix, register(schema_registry.url, f"{prefix}.public.places-value", envelope(prefix, large=True))
+
+
+def large_value(large: tuple[str, int], record: dict) -> bytes:
+    prefix, schema_id = large
+    return wire(schema_id, avro_bytes(envelope(prefix, large=True), record))
+
+
+def test_full_identity_updates_and_deletes_are_read_by_their_key_alone(schema_registry, large):
+    # REPLICA IDENTITY FULL: before holds the whole old row; only its key is read. Avro holds a NaN
+    # as it is (this converter's NaN was never rejected), but before this each old value was cast
+    # to its column's type: a delete whose old value does not fit (a float8 source, a long column)
+    # was rejected, although a delete needs its key alone.
+    raw = copy.deepcopy(RAW_PLACES)
+    raw["columns"].append({"id": 5, "name": "score", "type": "long", "from": ["properties.score"]})
+    values = [
+        large_value(large, change("u", large_row(1, score=None), before=large_row(1, score=float("nan")))),
+        large_value(large, change("d", before=large_row(2, score=float("nan")))),
+        large_value(large, change("d", before=large_row(3, score=2.5))),
+        large_value(large, change("u", large_row(4, score=2.5))),  # a new value must fit, as ever
+    ]
+    rows = decoder(schema_registry, parse_contract(raw)).decode(kafka_batch(values)).to_pylist()
+    for r in rows[:3]:
+        assert_valid(r)
+    assert [(r["id"], r[DELETE], r["score"]) for r in rows[:3]] == [(1, False, None), (2, True, None), (3, True, None)]
+    assert rows[3][REJECT_REASON] == Reason.PROPERTY_TYPE_MISMATCH and "score" in rows[3][REJECT_DETAIL]
+
+
+def test_nan_in_a_double_column_lands_as_nan(schema_registry, large):
+    values = [large_value(large, change("u", large_row(1, score=float("nan"))))]
+    [r] = decoder(schema_registry, LARGE).decode(kafka_batch(values)).to_pylist()
+    assert_valid(r)
+    assert np.isnan(r["score"])
+
+
+def test_values_an_update_left_unchanged_are_listed_never_stored(schema_registry, large):
+    # The Avro converter's shapes of them: the placeholder as text, its bytes for a bytea column,
+    # a null struct for the geometry.
+    lacking = large_row(1, note=UNAVAILABLE_TEXT, blob=UNAVAILABLE_TEXT.encode(), geom=None, score=3.5)
+    values = [
+        large_value(large, change("u", lacking)),
+        large_value(large, change("u", large_row(2, geom=None))),
+        large_value(large, change("u", large_row(3))),
+        large_value(large, change("c", large_row(4, geom=None))),
+        large_value(large, change("r", large_row(5, geom=None))),
+    ]
+    rows = decoder(schema_registry, LARGE).decode(kafka_batch(values)).to_pylist()
+    for r in rows[:3]:
+        assert_valid(r)
+        assert r[DELETE] is False
+    first = rows[0]
+    assert (first["id"], first["name"], first["score"]) == (1, "p1", 3.5)
+    assert (first["notes"], first["blob"], first["geometry"], first["bbox"], first[HILBERT]) == (None,) * 5
+    assert [r[UNAVAILABLE] for r in rows[:3]] == [["notes", "blob", "geometry"], ["geometry"], None]
+    assert (rows[1]["notes"], rows[1]["blob"]) == ("n" * 12_000, b"\x01\x02")
+    assert shapely.equals(geometry_of(rows[2]), POLYGON)
+    assert [r[REJECT_REASON] for r in rows[3:]] == [Reason.MISSING_GEOMETRY] * 2
+
+
+def test_in_append_mode_an_update_without_its_geometry_is_a_reject(schema_registry, large):
+    values = [large_value(large, change("u", large_row(1, geom=None, note=UNAVAILABLE_TEXT)))]
+    [r] = decoder(schema_registry, large_values_contract(mode="append")).decode(kafka_batch(values)).to_pylist()
+    assert r[REJECT_REASON] == Reason.UNAVAILABLE_VALUE and "after.geom" in r[REJECT_DETAIL]
