@@ -343,8 +343,10 @@ class Decoder:
                 b[:, 0], b[:, 1], b[:, 2], b[:, 3], extent, self.contract.clustering.hilbert_bits
             )
         valid_mask = pa.array(~ok)  # arrow masks mark nulls
+        # A null box has zeros, not nulls, in its fields, which the type declares never null: rows
+        # without one (an update whose geometry was unavailable) cast to the table's row type.
         bbox = pa.StructArray.from_arrays(
-            [pa.array(bounds[:, i], pa.float64(), mask=~ok) for i in range(4)],
+            [pa.array(np.where(ok, bounds[:, i], 0.0), pa.float64()) for i in range(4)],
             fields=list(self.schema.field(self.contract.bbox_name).type),
             mask=valid_mask,
         )

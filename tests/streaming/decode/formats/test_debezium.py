@@ -285,10 +285,11 @@ def large_values_contract(mode: str = "upsert", **debezium) -> Contract:
     double and a bytea column."""
     raw = copy.deepcopy(RAW_PLACES)
     raw["columns"] += [
-        {"id": 5, "name": "notes", "type": "string", "from": ["properties.note"]},
-        {"id": 6, "name": "score", "type": "double", "from": ["properties.score"]},
-        {"id": 7, "name": "blob", "type": "binary", "from": ["properties.blob"]},
+        {"id": 3, "name": "notes", "type": "string", "from": ["properties.note"]},
+        {"id": 4, "name": "score", "type": "double", "from": ["properties.score"]},
+        {"id": 5, "name": "blob", "type": "binary", "from": ["properties.blob"]},
     ]
+    raw["geometry"]["id"], raw["bbox"]["id"] = 6, 7
     raw["debezium"].update(debezium)
     contract = parse_contract(raw)
     # parse_contract takes format "debezium" in upsert tables alone; what a decoder does with one
@@ -382,6 +383,10 @@ def test_values_an_update_left_unchanged_are_listed_never_stored(schemas: bool):
     assert (first["id"], first["name"], first["score"]) == (1, "p1", 3.5)
     assert (first["notes"], first["blob"], first["geometry"], first["bbox"], first[HILBERT]) == (None,) * 5
     assert [r[UNAVAILABLE] for r in rows[:4]] == [["notes", "blob", "geometry"], ["geometry"], ["notes"], None]
+    # The upsert pass stages the rows in the table's row type, a null where a value is unavailable.
+    staged = Decoder(LARGE).decode(kafka_batch(values)).filter(pa.array([True] * 4 + [False] * 3))
+    nullable = pa.schema([field.with_nullable(True) for field in LARGE.arrow_schema])
+    assert staged.select(nullable.names).cast(nullable).column("bbox").null_count == 2
     assert rows[1]["name"] == "renamed" and rows[1]["notes"] == "n" * 12_000
     assert shapely.equals(geometry_of(rows[2]), POLYGON) and rows[2]["bbox"] is not None and rows[2][HILBERT] > 0
     assert [r[REJECT_REASON] for r in rows[4:6]] == [Reason.MISSING_GEOMETRY] * 2
