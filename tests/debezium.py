@@ -56,16 +56,28 @@ def kafka_connect(kafka: LocalBroker, tmp_path: Path) -> Iterator[LocalKafkaConn
 
 
 def start_connector(
-    worker: LocalKafkaConnect, server: PostgresServer, tables: list[str], schemas: bool = True, avro_registry: str = ""
+    worker: LocalKafkaConnect,
+    server: PostgresServer,
+    tables: list[str],
+    schemas: bool = True,
+    avro_registry: str = "",
+    reselect: bool = True,
 ) -> tuple[str, dict[str, dict[str, str]]]:
     """Run a Debezium connector of these tables on the worker (the JSON converter, or with
-    `avro_registry`, Apicurio's Avro converter against that registry's root URL); returns its topic
-    prefix and the worker's connectors (to start it again with). Its replication slot and
-    publication have names of their own, so tests never share one."""
+    `avro_registry`, Apicurio's Avro converter against that registry's root URL; without `reselect`,
+    the values an update left out stay out); returns its topic prefix and the worker's connectors
+    (to start it again with). Its replication slot and publication have names of their own, so
+    tests never share one."""
     suffix = uuid.uuid4().hex[:8]
     prefix = f"dbz{suffix}"
     config = debezium_postgres_config(
-        source_of(server), tables, prefix, f"slot_{suffix}", schemas=schemas, avro_registry=avro_registry
+        source_of(server),
+        tables,
+        prefix,
+        f"slot_{suffix}",
+        schemas=schemas,
+        avro_registry=avro_registry,
+        reselect=reselect,
     )
     connectors = {f"pg-{suffix}": config}
     worker.start(connectors)

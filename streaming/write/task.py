@@ -39,9 +39,9 @@ from streaming.decode.decoder import (
     SOURCE_PARTITION,
     SOURCE_TIMESTAMP,
     SOURCE_TOPIC,
+    UNAVAILABLE,
     DecodeOptions,
     Decoder,
-    decoded_schema,
 )
 from streaming.decode.isolation import IsolatedDecoder
 from streaming.decode.properties import PropertySeen, merge_seen
@@ -67,8 +67,6 @@ from streaming.write.upsert import (
     split_tombstones,
 )
 from streaming.write.versions import (
-    UNAVAILABLE,
-    UNAVAILABLE_TYPE,
     CurrentRows,
     VersionSlice,
     delete_file,
@@ -177,9 +175,8 @@ class PartitionTask:
             if self.staging is None:
                 raise ValueError(f"table {self.contract.table}: an upsert batch stages its versions; no staging folder")
             # Versions of a key are chosen over the task's whole range, so the row order columns stay.
-            keep += [SOURCE_PARTITION, SOURCE_OFFSET, SOURCE_TIMESTAMP]
-            if UNAVAILABLE in decoded_schema(self.contract).names:
-                keep.append(UNAVAILABLE)
+            # ... and so do the columns a change event did not carry, filled from the key's earlier versions.
+            keep += [SOURCE_PARTITION, SOURCE_OFFSET, SOURCE_TIMESTAMP, UNAVAILABLE]
         tombstones: list[pa.Table] = []
         tallies: list[pa.Table] = []
         event_times = EventTimes()
@@ -287,8 +284,6 @@ class PartitionTask:
             rows = rows.append_column(PARTITION, rows.column(SOURCE_PARTITION))
             rows = rows.append_column(OFFSET, rows.column(SOURCE_OFFSET))
             rows = rows.append_column(TIMESTAMP, rows.column(SOURCE_TIMESTAMP).cast(pa.int64()))
-            if UNAVAILABLE not in rows.column_names:
-                rows = rows.append_column(UNAVAILABLE, pa.nulls(rows.num_rows, UNAVAILABLE_TYPE))
             rows = rows.select(schema.names)
         else:
             rows = schema.empty_table()

@@ -44,7 +44,7 @@ import pyarrow.compute as pc
 from pyiceberg.io import FileIO
 
 from streaming.contract import Contract
-from streaming.decode.decoder import HILBERT
+from streaming.decode.decoder import HILBERT, UNAVAILABLE, UNAVAILABLE_TYPE
 from streaming.kernels.hilbert import hilbert_keys_of_bounds
 from streaming.kernels.key_hash import key_hashes
 from streaming.write.data_files import DataFileRecord, FileSettings, GeoParquetWriter
@@ -58,11 +58,6 @@ from streaming.write.upsert import (
     latest_versions,
     write_equality_deletes,
 )
-
-# The columns of a row the change event that made it did not carry (a list of column names; null
-# when it carried all): the decoder's, kept with the staged rows.
-UNAVAILABLE = "_unavailable"
-UNAVAILABLE_TYPE = pa.list_(pa.string())
 
 
 class CurrentRows(Protocol):
@@ -95,7 +90,8 @@ def version_schema(contract: Contract) -> pa.Schema:
     its event did not carry."""
     return pa.schema(
         [
-            *contract.arrow_schema,
+            # Nullable: a row lacks what its event did not carry until the reducer fills it.
+            *(f.with_nullable(True) for f in contract.arrow_schema),
             pa.field(HILBERT, pa.int64()),
             pa.field(PARTITION, pa.int32()),
             pa.field(OFFSET, pa.int64()),

@@ -17,13 +17,13 @@ import pyarrow.parquet as pq
 import shapely
 
 from streaming.contract import parse_contract
+from streaming.decode.decoder import UNAVAILABLE
 from streaming.write.data_files import FileSettings
 from streaming.write.merge import LastTaskMerge
 from streaming.write.task import BatchResults, ReduceTask
 from streaming.write.upsert import OFFSET, PARTITION, TIMESTAMP, last_per_partition
 from streaming.write.versions import (
     KEY_BUCKETS,
-    UNAVAILABLE,
     VersionSlice,
     deletes_schema,
     fill_unavailable,
