@@ -13,9 +13,9 @@ state computed from the produced records (one row per live key, its last version
 window query (the query's own planning and reading, median of 5 over --windows windows of 0.1 % of
 the world) before and after compaction (`maintain`, ages 0), against the append table's.
 
-Writes bench/results/upsert.json and upsert.md.
+Writes bench/results/upsert.json and upsert.md (--results names them).
 
-    .venv/bin/python bench/upsert.py [--events 1000000] [--keys 50000] [--batch-size 100000]
+    .venv/bin/python bench/upsert.py [--events 1000000] [--keys 50000] [--batch-size 100000] [--partitions 4]
 """
 
 from __future__ import annotations
@@ -157,6 +157,9 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=100_000)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--windows", type=int, default=20)
+    # 1: every batch's versions are split over the tasks (a topic with fewer partitions than cores)
+    parser.add_argument("--partitions", type=int, default=4, help="the topic's partitions")
+    parser.add_argument("--results", default="upsert", help="the results' file name, without extension")
     args = parser.parse_args()
     configure_logging("WARNING")
     records = make_stream(args.keys, args.events, seed=11)
@@ -170,7 +173,7 @@ def main() -> None:
         broker.start()
         try:
             for topic, stream in (("warmup", records[: args.batch_size]), ("stream", records)):
-                broker_topic(broker.bootstrap, topic)
+                broker_topic(broker.bootstrap, topic, args.partitions)
                 if produce_records(broker.bootstrap, topic, stream) != len(stream):
                     raise RuntimeError(f"the broker did not take every record of {topic}")
             spark = None
@@ -251,20 +254,20 @@ def main() -> None:
     write_results(report)
 
 
-def broker_topic(bootstrap: str, name: str) -> None:
+def broker_topic(bootstrap: str, name: str, partitions: int) -> None:
     from kafka import KafkaAdminClient
     from kafka.admin import NewTopic
 
     admin = KafkaAdminClient(bootstrap_servers=bootstrap)
     try:
-        admin.create_topics([NewTopic(name, num_partitions=4, replication_factor=1)])
+        admin.create_topics([NewTopic(name, num_partitions=partitions, replication_factor=1)])
     finally:
         admin.close()
 
 
 def write_results(report: dict) -> None:
     RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "upsert.json").write_text(json.dumps(report, indent=2) + "\n")
+    (RESULTS / f"{report['args']['results']}.json").write_text(json.dumps(report, indent=2) + "\n")
     a = report["args"]
     d = report["deletes"]
     c = report["copy_on_write"]
@@ -272,7 +275,8 @@ def write_results(report: dict) -> None:
         "# Upsert against append",
         "",
         f"{a['events']:,} events over {a['keys']:,} keys (10 % tombstones, updates anywhere on the map), "
-        f"batches of {a['batch_size']:,}, Spark local[2], clustering batch, best of {a['repeats']}.",
+        f"batches of {a['batch_size']:,}, a topic of {a.get('partitions', 4)} partitions, Spark local[2], "
+        f"clustering batch, best of {a['repeats']}.",
         "",
         "| | append | upsert | upsert / append |",
         "|---|---|---|---|",
@@ -294,7 +298,7 @@ def write_results(report: dict) -> None:
         f"{c['cow_over_mor_bytes']}x the bytes written.",
         "",
     ]
-    (RESULTS / "upsert.md").write_text("\n".join(lines))
+    (RESULTS / f"{report['args']['results']}.md").write_text("\n".join(lines))
     print("\n".join(lines))
 
 
