@@ -712,7 +712,8 @@ podLogsDir: {self.state}/pod-logs
 
 def main(argv: Sequence[str] | None = None) -> int:
     """`python -m app.local.kubernetes [--image TAG]`: the cluster up until Ctrl-C, with the image
-    imported; prints the kubeconfig to use with helm and kubectl."""
+    imported; prints the kubeconfig to use with helm and kubectl. With --build-only: what the
+    cluster needs built into the cache, and nothing started (CI builds it beside the suite)."""
     import argparse
     import signal
 
@@ -722,12 +723,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m app.local.kubernetes", description=__doc__.split("\n\n")[0])
     parser.add_argument("--image", default=DEFAULT_TAG, help=f"image to build and import (default {DEFAULT_TAG})")
     parser.add_argument("--state", help="the cluster's folder (default: a new temporary one)")
+    parser.add_argument(
+        "--build-only",
+        action="store_true",
+        help="build the image and the node's parts (root, Kubernetes, containerd, pause) into the cache, start nothing",
+    )
     args = parser.parse_args(argv)
     cache_dir = Path(load_settings().cache_dir)
     state = Path(args.state or tempfile.mkdtemp(prefix="geoingest-node-"))
     try:
         with Podman(cache_dir, shared=[ROOT, Path(tempfile.gettempdir()), state]) as podman:
             podman.build(args.image)
+            if args.build_only:
+                Cluster(cache_dir, state, podman).build()
+                return 0
             with Cluster(cache_dir, state, podman, shared=[Path(tempfile.gettempdir())]) as cluster:
                 archive = state / "image.tar"
                 podman.run("save", "--format=docker-archive", f"--output={archive}", args.image, timeout=900)
