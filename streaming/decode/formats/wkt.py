@@ -106,7 +106,9 @@ def read_wkt(
             Reason.BAD_WKT,
             f"{where}: an EWKT SRID is spelt 'SRID=<code>;' with a code of at most 9 digits",
         )
-        srids[at[spelt]] = pc.struct_field(parts, "srid").filter(pc.is_valid(parts)).cast(pa.int64()).to_numpy()
+        codes = pc.struct_field(parts, "srid").filter(pc.is_valid(parts))
+        # Arrow's cast to an integer refuses a leading "+", which the spelling allows.
+        srids[at[spelt]] = pc.utf8_ltrim(codes, characters="+").cast(pa.int64()).to_numpy()
         texts = pc.replace_substring_regex(texts, _EWKT_PREFIX, "", max_replacements=1)
     unread = pc.fill_null(pc.match_substring_regex(texts, _UNREAD_TYPES), False).to_numpy(zero_copy_only=False)
     rejects.add(

@@ -29,7 +29,7 @@ import sys
 import time
 import uuid
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -737,14 +737,17 @@ def verify(
     )
 
 
-def orphan_listing(env: dict[str, str], delete: bool = False) -> list[dict]:
+def orphan_listing(
+    env: dict[str, str], delete: bool = False, stored_at: Callable[[str], str] = lambda path: path
+) -> list[dict]:
     """The orphans of every age; with `delete`, dated back two hours first, as a run that late finds
-    them, and deleted at the default age (a younger one is refused: a commit may be in flight)."""
+    them, and deleted at the default age (a younger one is refused: a commit may be in flight).
+    `stored_at` gives the local file behind a table path (an object store's, on the lakehouse)."""
     args = ["table", "orphans", "--table", CONTRACT.table]
     if delete:
         two_hours_ago = time.time() - 2 * 3600
         for orphan in orphan_listing(env):
-            os.utime(orphan["path"], (two_hours_ago, two_hours_ago))
+            os.utime(stored_at(orphan["path"]), (two_hours_ago, two_hours_ago))
         args.append("--delete")
     else:
         args += ["--min-age-minutes", "0"]
@@ -788,8 +791,10 @@ def check_kill_9_chaos(
     kills: int,
     hold_kills: set[int],
     write_kills: set[int],
+    stored_at: Callable[[str], str] = lambda path: path,
 ) -> None:
-    """Kill the service `kills` times, then check the table, the dead letters and the orphans."""
+    """Kill the service `kills` times, then check the table, the dead letters and the orphans
+    (`stored_at`: the local file behind a table path, as orphan_listing's)."""
     valid, rejected = expected_outcome(events)
     assert 0 < len(rejected) < 0.02 * len(events)  # the demo mix: ~0.5 % malformed
 
@@ -827,7 +832,7 @@ def check_kill_9_chaos(
     assert all(stored(o["path"]) for o in orphans)
     if phases[WRITING_FILES]:
         assert orphans, "a batch killed while writing its files leaves them behind"
-    deleted = orphan_listing(env, delete=True)
+    deleted = orphan_listing(env, delete=True, stored_at=stored_at)
     assert [o["path"] for o in deleted] == [o["path"] for o in orphans]
     assert all(not stored(o["path"]) for o in orphans)
     assert orphan_listing(env) == []

@@ -393,7 +393,12 @@ def test_kill_9_at_random_moments_on_the_lakehouse(lakehouse, tmp_path):
     ) == len(events)
     env = lakehouse.env(topic, tmp_path, GEOINGEST_MAX_OFFSETS_PER_TRIGGER="10000")
     create_table(lakehouse.open_catalog(), CONTRACT)
-    check_kill_9_chaos(env, topic, events, tmp_path, kills=3, hold_kills={0}, write_kills={1, 2})
+
+    def in_store(path: str) -> str:
+        """The object store keeps an object as a file under its data folder, bucket first."""
+        return str(lakehouse.store.data_dir / path.removeprefix("s3://"))
+
+    check_kill_9_chaos(env, topic, events, tmp_path, kills=3, hold_kills={0}, write_kills={1, 2}, stored_at=in_store)
     assert local_table_files(tmp_path, lakehouse.cluster.home) == []
 
 

@@ -61,6 +61,7 @@ from streaming.table.commit import (
 )
 from streaming.table.deletes import snapshot_files
 from streaming.write.data_files import FileSettings
+from streaming.write.merge import LastTaskMerge
 from streaming.write.task import BatchResults, PartitionTask
 from streaming.write.upsert import equality_field_ids
 from tests.streaming.write.test_upsert import duckdb_rows_and_keys, spark_iceberg_state, table_state
@@ -124,18 +125,26 @@ class BatchWriter:
             f"{self.writer_id}-b{batch_id:09d}",
             partition_layout(self.table),
         )
-        task = PartitionTask(self.contract, DecodeOptions(), settings)
+        parts = [part for part in np.array_split(np.arange(n), self.tasks) if len(part)]
         records, deletes = [], []
         offsets: dict[int, tuple[int, int]] = {}
-        for t, part in enumerate(np.array_split(np.arange(n), self.tasks)):
-            if not len(part):
-                continue
+        for t, part in enumerate(parts):
+            task = PartitionTask(self.contract, DecodeOptions(), settings)
+            if self.contract.mode == "upsert":
+                # an upsert batch stages its versions and its last task writes them, as the job's do
+                task = dataclasses.replace(
+                    task,
+                    staging=f"{self.table.location().rstrip('/')}/staging/{self.writer_id}-b{batch_id}",
+                    last_merge=LastTaskMerge(lambda t=t: (t, len(parts)), 2, 1_000_000, 1_000_000),
+                )
             first = self.next_offset
             batch = kafka_batch(lon[part], lat[part], [ids[i] for i in part], t, first)
             self.next_offset += len(part)
             results = BatchResults.from_rows(next(iter(task([batch]))).to_pylist())
             if any(tally.reason is not None for tally in results.tallies):
                 raise AssertionError(f"batch {batch_id}: rows were rejected: {results.tallies}")
+            for merged in results.merged.values():
+                results.take_files(merged)
             records += results.files
             deletes += results.delete_files
             offsets[t] = (first, first + len(part) - 1)
