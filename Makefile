@@ -25,8 +25,11 @@ demo: setup
 demo-lakehouse: setup
 	$(VENV)/bin/geoingest demo --lakehouse
 
+# The suite on two workers (pytest-xdist, a test file to a worker): half its time waits on brokers,
+# servers and JVMs starting, which the other worker fills. TEST_WORKERS=0 runs it in one process.
+TEST_WORKERS ?= 2
 test: setup check
-	$(PY) -m pytest
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile
 
 # The service image from the Dockerfile, with podman from a Debian root kept in the cache folder
 # (no Docker engine needed; needs root). docs/deploying.md says what it does and what it stands in for.

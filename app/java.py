@@ -48,7 +48,7 @@ def java_home(cache_dir: Path) -> Path:
     )
     if not launcher.exists() or launcher.read_text() != script:
         launcher.parent.mkdir(parents=True, exist_ok=True)
-        tmp = launcher.with_suffix(".tmp")
+        tmp = launcher.with_suffix(f".{os.getpid()}.tmp")  # processes starting at once write their own
         tmp.write_text(script)
         tmp.chmod(tmp.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
         os.replace(tmp, launcher)

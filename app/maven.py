@@ -11,6 +11,7 @@ Python workers as import paths, which pyspark 4.0 re-reads at every task (see ap
 
 from __future__ import annotations
 
+import fcntl
 import glob
 import importlib.util
 import os
@@ -57,6 +58,24 @@ def resolve(
     target = Path(cache_dir).resolve() / "jars" / name
     if any(target.glob("*.jar")):
         return sorted(target.glob("*.jar"))
+    target.parent.mkdir(parents=True, exist_ok=True)
+    # One resolution at a time per cache: Ivy's cache takes no lock of its own, and processes that
+    # start on a fresh machine at once (a suite's workers, a build beside them) fetch the same jars.
+    with open(target.parent / "resolve.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if any(target.glob("*.jar")):
+            return sorted(target.glob("*.jar"))
+        return _resolve(coordinates, cache_dir, name, target, progress, exclude)
+
+
+def _resolve(
+    coordinates: Sequence[str],
+    cache_dir: Path,
+    name: str,
+    target: Path,
+    progress: Callable[[str], None] | None,
+    exclude: Sequence[str],
+) -> list[Path]:
     report = progress or (lambda message: None)
     report(f"Downloading {', '.join(coordinates)} from Maven Central into {target} ...")
     target.parent.mkdir(parents=True, exist_ok=True)

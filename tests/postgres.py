@@ -20,6 +20,7 @@ command runs as that user.
 
 from __future__ import annotations
 
+import fcntl
 import glob
 import os
 import pwd
@@ -87,16 +88,27 @@ def install_packages(packages: list[str], why: str) -> float:
         raise PostgresUnavailable(f"{why} and apt-get is not available")
     env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
     started = time.monotonic()
-    for cmd in (["apt-get", "update", "-qq"], ["apt-get", "install", "-y", "-qq", *packages]):
-        try:
-            done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=INSTALL_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            raise PostgresUnavailable(f"'{' '.join(cmd)}' did not finish in {INSTALL_TIMEOUT_S} s") from None
-        if done.returncode != 0:
-            raise PostgresUnavailable(
-                f"'{' '.join(cmd)}' failed ({done.returncode}): {(done.stderr or done.stdout).strip()[-2000:]}"
-            )
+    # The suite's workers may want the same packages at once, and another apt-get may be running
+    # (a build of the cluster's parts): one install at a time here, and apt waits for dpkg's lock.
+    wait = ["-o", f"DPkg::Lock::Timeout={INSTALL_TIMEOUT_S}"]
+    with _install_lock():
+        for cmd in (["apt-get", *wait, "update", "-qq"], ["apt-get", *wait, "install", "-y", "-qq", *packages]):
+            try:
+                done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=INSTALL_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                raise PostgresUnavailable(f"'{' '.join(cmd)}' did not finish in {INSTALL_TIMEOUT_S} s") from None
+            if done.returncode != 0:
+                raise PostgresUnavailable(
+                    f"'{' '.join(cmd)}' failed ({done.returncode}): {(done.stderr or done.stdout).strip()[-2000:]}"
+                )
     return time.monotonic() - started
+
+
+@contextmanager
+def _install_lock() -> Iterator[None]:
+    with open("/tmp/geoingest-tests-apt.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
 
 
 def ensure_postgis(bin_dir: Path) -> None:

@@ -79,9 +79,11 @@ def ensure_mmdebstrap() -> str:
         )
     env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
     with timed("apt-get install mmdebstrap"):
-        install = ["apt-get", "install", "-y", "-q", "--no-install-recommends", "mmdebstrap"]
+        # Another apt-get may be running (a test suite installing PostgreSQL beside the build): wait for dpkg's lock.
+        wait = ["-o", "DPkg::Lock::Timeout=600"]
+        install = ["apt-get", *wait, "install", "-y", "-q", "--no-install-recommends", "mmdebstrap"]
         if subprocess.run(install, capture_output=True, env=env).returncode != 0:
-            _run(["apt-get", "update", "-q"], "apt-get update", env=env)
+            _run(["apt-get", *wait, "update", "-q"], "apt-get update", env=env)
             _run(install, "apt-get install mmdebstrap", env=env)
     found = shutil.which("mmdebstrap")
     if not found:

@@ -19,6 +19,7 @@ want.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
 import subprocess
@@ -69,6 +70,17 @@ def ensure_built(cache_dir: Path, progress: Callable[[str], None] | None = None)
     app = home / "app"
     if (app / _MARKER).is_file():
         return app
+    home.mkdir(parents=True, exist_ok=True)
+    # Processes that start a registry at once on a fresh cache (the suite's workers): one builds,
+    # the others wait for its lock and find the build done.
+    with open(home / "build.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if (app / _MARKER).is_file():
+            return app
+        return _build(cache_dir, home, app, progress)
+
+
+def _build(cache_dir: Path, home: Path, app: Path, progress: Callable[[str], None] | None) -> Path:
     mvn = shutil.which("mvn")
     if mvn is None or shutil.which("javac") is None:
         raise SchemaRegistryError(

@@ -118,7 +118,7 @@ def test_a_short_coverage_guided_run_finds_no_crash(tmp_path):
             "--engines",
             "atheris",
             "--inputs",
-            "2000",
+            "800",
             "--results",
             str(results),
         ],

@@ -208,6 +208,9 @@ def test_ingest_with_concurrent_maintenance_keeps_every_row_exactly_once(kafka, 
         cache_dir=str(CACHE_DIR),
         max_offsets_per_trigger=1_000,
         maintenance_mode=mode,
+        # The race is the point: the child at the service's priority, not below it (at the default
+        # nice 10 a machine as busy as a CI run's leaves it too little CPU to race at all).
+        maintenance_nice=0,
         maintenance_cpu_percent=100.0,
         maintenance_interval_s=0,
         maintenance_min_file_age_s=0,
@@ -222,18 +225,16 @@ def test_ingest_with_concurrent_maintenance_keeps_every_row_exactly_once(kafka, 
     totals = run(settings, contract, until_idle=True, spark=spark, registry=registry)
 
     assert totals.commits.get("failed", 0) == 0 and totals.commits["committed"] == totals.batches >= 20
-    runs = registry.get_sample_value(
-        "geoingest_maintenance_runs_total", {"table": contract.table, "outcome": "completed"}
-    )
-    gave_up = registry.get_sample_value(
-        "geoingest_maintenance_runs_total", {"table": contract.table, "outcome": "gave_up"}
-    )
-    failed = registry.get_sample_value(
-        "geoingest_maintenance_runs_total", {"table": contract.table, "outcome": "failed"}
-    )
-    conflicts = registry.get_sample_value("geoingest_maintenance_conflicts_total", {"table": contract.table})
-    rewritten = registry.get_sample_value("geoingest_maintenance_files_rewritten_total", {"table": contract.table})
-    ingest_conflicts = registry.get_sample_value("geoingest_commit_conflicts_total", {"table": contract.table})
+
+    def metric(name: str, **labels: str) -> float:
+        return registry.get_sample_value(name, {"table": contract.table, **labels}) or 0.0
+
+    runs = metric("geoingest_maintenance_runs_total", outcome="completed")
+    gave_up = metric("geoingest_maintenance_runs_total", outcome="gave_up")
+    failed = metric("geoingest_maintenance_runs_total", outcome="failed")
+    conflicts = metric("geoingest_maintenance_conflicts_total")
+    rewritten = metric("geoingest_maintenance_files_rewritten_total")
+    ingest_conflicts = metric("geoingest_commit_conflicts_total")
     print(
         f"\n{totals.batches} batches; maintenance: {runs:.0f} runs, {gave_up:.0f} gave up, {failed:.0f} failed, "
         f"{conflicts:.0f} conflicts, {rewritten:.0f} files rewritten; ingest conflicts {ingest_conflicts:.0f}"
@@ -286,6 +287,7 @@ def test_upsert_ingest_racing_maintenance_beside_never_shows_a_stale_row(kafka, 
         max_offsets_per_trigger=400,
         trigger_interval="0 seconds",
         maintenance_mode="beside",
+        maintenance_nice=0,  # racing, as above
         maintenance_cpu_percent=100.0,
         maintenance_interval_s=0,
         maintenance_min_file_age_s=0,
