@@ -296,10 +296,15 @@ class MaintenanceChild:
                     if self._conn.poll(0.2):
                         return self._conn.recv()
                     if not self.process.is_alive():
-                        return RunResult(None, "failed")
+                        return self._gone(stop)
             except (EOFError, OSError):
-                return RunResult(None, "failed")
+                return self._gone(stop)
             return None
+
+    @staticmethod
+    def _gone(stop: threading.Event) -> RunResult | None:
+        """A child gone mid-run failed it, unless the service stopped it (SIGTERM between two polls)."""
+        return None if stop.is_set() else RunResult(None, "failed")
 
     def stop(self, timeout_s: float) -> None:
         """SIGTERM: the child abandons its run at the next file, releases the lease and exits."""
