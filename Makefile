@@ -38,7 +38,7 @@ image: setup
 
 # What test-cluster builds before its first test, built into the cache folder and nothing started:
 # the image, the node's root, Kubernetes and containerd from source (about 18 minutes of two cores
-# on a fresh machine, measured; seconds once cached). .ci/run builds it beside the suite.
+# on a fresh machine, measured; seconds once cached).
 cluster-parts: setup
 	$(PY) -m app.local.kubernetes --build-only
 
