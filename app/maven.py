@@ -78,7 +78,6 @@ def _resolve(
 ) -> list[Path]:
     report = progress or (lambda message: None)
     report(f"Downloading {', '.join(coordinates)} from Maven Central into {target} ...")
-    target.parent.mkdir(parents=True, exist_ok=True)
     # Retrieve into a staging dir and rename it into place, so an interrupted or concurrent
     # download never leaves a half-filled folder that later runs would trust.
     staging = Path(tempfile.mkdtemp(prefix=f"{name}-", dir=target.parent))
