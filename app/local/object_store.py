@@ -93,6 +93,10 @@ class LocalObjectStore:
     def data_dir(self) -> Path:
         return self.home / "data"
 
+    def file_of(self, uri: str) -> Path:
+        """The file behind an object's `s3://bucket/key`: its buckets are folders of data_dir."""
+        return self.data_dir / uri.removeprefix("s3://")
+
     # -- jars ---------------------------------------------------------------------------------
 
     def ensure_jars(self, progress: Callable[[str], None] | None = None) -> list[Path]:

@@ -249,7 +249,7 @@ def test_ingest_dead_letters_query_and_time_travel_on_the_lakehouse(lakehouse, c
     assert counted["count"] == inside > 0
     # Staged runs, their markers and the folders' markers are gone from the bucket (an object
     # store keeps an empty `<folder>/` object for a folder whose files were deleted one by one).
-    staging = lakehouse.store.data_dir / catalog_table.location().removeprefix("s3://") / "staging"
+    staging = lakehouse.store.file_of(catalog_table.location()) / "staging"
     left = sorted(str(p.relative_to(staging)) for p in staging.rglob("*")) if staging.exists() else []
     assert left == [], f"left in {staging}: {left[:10]}"
 
@@ -393,12 +393,16 @@ def test_kill_9_at_random_moments_on_the_lakehouse(lakehouse, tmp_path):
     ) == len(events)
     env = lakehouse.env(topic, tmp_path, GEOINGEST_MAX_OFFSETS_PER_TRIGGER="10000")
     create_table(lakehouse.open_catalog(), CONTRACT)
-
-    def in_store(path: str) -> str:
-        """The object store keeps an object as a file under its data folder, bucket first."""
-        return str(lakehouse.store.data_dir / path.removeprefix("s3://"))
-
-    check_kill_9_chaos(env, topic, events, tmp_path, kills=3, hold_kills={0}, write_kills={1, 2}, stored_at=in_store)
+    check_kill_9_chaos(
+        env,
+        topic,
+        events,
+        tmp_path,
+        kills=3,
+        hold_kills={0},
+        write_kills={1, 2},
+        stored_at=lambda uri: str(lakehouse.store.file_of(uri)),
+    )
     assert local_table_files(tmp_path, lakehouse.cluster.home) == []
 
 
