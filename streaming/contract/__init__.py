@@ -1,5 +1,6 @@
 """Table contracts: what a table holds and how events map onto it (schemas/*.json), seen by every stage.
-core.py: Contract, parse_contract, load_contract; terms.py: vocabulary, ContractError; parts.py, partition.py, sources.py."""
+core.py: Contract, parse_contract, load_contract; terms.py: vocabulary, ContractError; types.py: column types;
+parts.py, partition.py, sources.py."""
 
 from __future__ import annotations
 
@@ -18,7 +19,6 @@ from streaming.contract.terms import (
     ASSET_KEY_SOURCE,
     BBOX_FIELDS,
     CELL_PROPERTY_PREFIX,
-    COLUMN_TYPES,
     DEBEZIUM_SOURCES,
     DEFAULT_TARGET_FILE_BYTES,
     EVENT_TIME_PROPERTY,
@@ -26,13 +26,14 @@ from streaming.contract.terms import (
     JSON_SOURCE_PREFIX,
     ContractError,
 )
+from streaming.contract.types import PRIMITIVE_TYPES, primitive_type, type_name
 
 __all__ = [
     "ASSET_KEY_SOURCE",
     "BBOX_FIELDS",
     "CELL_PROPERTY_PREFIX",
-    "COLUMN_TYPES",
     "Column",
+    "PRIMITIVE_TYPES",
     "Contract",
     "ContractError",
     "DEBEZIUM_SOURCES",
@@ -46,5 +47,7 @@ __all__ = [
     "load_contract",
     "parse_contract",
     "parse_retention",
+    "primitive_type",
+    "type_name",
     "regular_types",
 ]

@@ -16,9 +16,11 @@ those of the struct's fields (bench/duckdb_pruning.py).
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from functools import cached_property
 from pathlib import Path
@@ -26,7 +28,7 @@ from typing import Any
 
 import pyarrow as pa
 from pyiceberg.io.pyarrow import schema_to_pyarrow
-from pyiceberg.schema import Schema
+from pyiceberg.schema import Schema, assign_fresh_schema_ids
 from pyiceberg.types import (
     BinaryType,
     DoubleType,
@@ -59,7 +61,6 @@ from streaming.contract.terms import (
     ASSET_KEY_SOURCE,
     BBOX_FIELDS,
     CELL_PROPERTY_PREFIX,
-    COLUMN_TYPES,
     DEBEZIUM_SOURCES,
     DEFAULT_HILBERT_BITS,
     DEFAULT_ROW_GROUP_ROWS,
@@ -80,6 +81,7 @@ from streaming.contract.terms import (
     known_keys_only,
     require,
 )
+from streaming.contract.types import assign_ids, nested_fields, parse_type, placeholders
 
 
 @dataclass(frozen=True)
@@ -155,9 +157,11 @@ class Contract:
 
     @property
     def bbox_field_ids(self) -> dict[str, int]:
-        """Ids of bbox.xmin .. bbox.ymax: Iceberg numbers nested fields after all top-level ones."""
+        """Ids of bbox.xmin .. bbox.ymax: Iceberg numbers nested fields after all top-level ones,
+        the columns' before the bbox's."""
         first = (
-            self.bbox_id
+            sum(1 for c in self.columns for _ in nested_fields(c.iceberg_type))
+            + self.bbox_id
             + 1
             + len(self.flat_bbox_names)
             + sum(1 for c in self.cell_columns if not c.appended)
@@ -216,10 +220,13 @@ class Contract:
     @cached_property
     def arrow_schema(self) -> pa.Schema:
         """Arrow schema of the rows the decoder makes and the writer takes (the data files' columns
-        but the flat bbox columns and the cell columns, which the writer derives from the covering)."""
+        but the flat bbox columns and the cell columns, which the writer derives from the covering),
+        in the types Spark's Arrow exchange carries (`transport_type`); the writer casts them back."""
         schema = self.data_file_schema
         flat = set(self.flat_bbox_names) | set(self.cell_field_ids)
-        return pa.schema([f for f in schema if f.name not in flat], metadata=schema.metadata)
+        return pa.schema(
+            [f.with_type(transport_type(f.type)) for f in schema if f.name not in flat], metadata=schema.metadata
+        )
 
     def table_properties(self) -> dict[str, str]:
         """How the geometry is stored, recorded on the table in the spirit of Havasu."""
@@ -253,8 +260,32 @@ def _regular_type(t: pa.DataType) -> pa.DataType:
         return pa.binary()
     if pa.types.is_struct(t):
         return pa.struct([f.with_type(_regular_type(f.type)) for f in t])
+    if pa.types.is_map(t):
+        return pa.map_(
+            t.key_field.with_type(_regular_type(t.key_type)), t.item_field.with_type(_regular_type(t.item_type))
+        )
     if pa.types.is_large_list(t) or pa.types.is_list(t):
         return pa.list_(t.value_field.with_type(_regular_type(t.value_type)))
+    return t
+
+
+def transport_type(t: pa.DataType) -> pa.DataType:
+    """The type a column's values have between the decoder and the writer: Spark's Arrow exchange
+    takes no time of day, UUID or fixed-size binary, so they travel as microseconds and bytes."""
+    if pa.types.is_time(t):
+        return pa.int64()
+    if isinstance(t, pa.BaseExtensionType):
+        return transport_type(t.storage_type)
+    if pa.types.is_fixed_size_binary(t):
+        return pa.binary()
+    if pa.types.is_struct(t):
+        return pa.struct([f.with_type(transport_type(f.type)) for f in t])
+    if pa.types.is_map(t):
+        return pa.map_(
+            t.key_field.with_type(transport_type(t.key_type)), t.item_field.with_type(transport_type(t.item_type))
+        )
+    if pa.types.is_list(t):
+        return pa.list_(t.value_field.with_type(transport_type(t.value_type)))
     return t
 
 
@@ -305,7 +336,8 @@ def parse_contract(raw: Any) -> Contract:
         )
 
     raw_columns = require(raw, "columns", list)
-    columns = tuple(_parse_column(c, f"columns[{i}]") for i, c in enumerate(raw_columns))
+    unassigned = placeholders()
+    columns = tuple(_parse_column(c, f"columns[{i}]", unassigned) for i, c in enumerate(raw_columns))
     geometry = _parse_geometry(require(raw, "geometry", dict))
     raw_bbox = require(raw, "bbox", dict)
     known_keys_only(raw_bbox, "bbox", "bbox.")
@@ -355,7 +387,14 @@ def parse_contract(raw: Any) -> Contract:
         if raster.name in (*names, geometry.name, bbox_name, *flat_bbox_names(bbox_name)):
             raise ContractError(f"raster.name: {raster.name!r} is already the name of another column")
     _check_asset_rows(columns, raster, primary_key, mode)
-    return Contract(
+    top_level = (
+        len(columns)
+        + 2
+        + len(flat_bbox_names(bbox_name) if bbox_flat_columns else ())
+        + len([f for f in partition if f.is_cell])
+    )
+    columns = _number_nested_fields(columns, top_level + (1 if raster is not None else 0))
+    contract = Contract(
         table=table,
         description=str(raw.get("description", "")),
         formats=formats,
@@ -377,6 +416,23 @@ def parse_contract(raw: Any) -> Contract:
         retention_s=retention_s,
         raster=raster,
     )
+    _check_unique_ids(contract)
+    return contract
+
+
+def _check_unique_ids(contract: Contract) -> None:
+    """Every id the contract states or leaves to be assigned, nested ones too, is its field's own.
+    (The bbox's fields, flat columns, cells and raster take theirs from a new table's layout, or the
+    table's: table_contract and `table evolve` check those against the table.)"""
+    seen: dict[int, str] = {contract.geometry.id: "geometry", contract.bbox_id: "bbox"}
+    for column in contract.columns:
+        for fid, path in [
+            (column.id, column.name),
+            *((i, f"{column.name}.{p}") for i, p in nested_fields(column.iceberg_type)),
+        ]:
+            if fid in seen and seen[fid] != path:
+                raise ContractError(f"{path}: id {fid} is already the id of {seen[fid]}")
+            seen[fid] = path
 
 
 def _check_asset_rows(
@@ -427,6 +483,15 @@ def check_fresh_ids(contract: Contract) -> None:
                 f"in declaration order (expected {expected})"
             )
     _fresh_raster_id(contract)
+    fresh = assign_fresh_schema_ids(contract.iceberg_schema)
+    for i, (column, fresh_field) in enumerate(zip(contract.columns, fresh.fields, strict=False)):
+        pairs = zip(nested_fields(column.iceberg_type), nested_fields(fresh_field.field_type), strict=True)
+        for (fid, path), (expected_id, _) in pairs:
+            if fid != expected_id:
+                raise ContractError(
+                    f"columns[{i}].type ({column.name}.{path}): id {fid} is not the id Iceberg gives it in a "
+                    f"new table ({expected_id}); leave nested ids out to have them assigned"
+                )
 
 
 def _parse_primary_key(raw: dict, columns: tuple[Column, ...], mode: str) -> tuple[str, ...]:
@@ -484,14 +549,14 @@ def _parse_schema_evolution(raw: Any) -> SchemaEvolution:
     return SchemaEvolution(mode=mode, name_pattern=pattern, **limits)
 
 
-def _parse_column(raw: Any, where: str) -> Column:
+def _parse_column(raw: Any, where: str, unassigned: Iterator[int]) -> Column:
     if not isinstance(raw, dict):
         raise ContractError(f"{where}: expected an object")
     known_keys_only(raw, "columns[]", f"{where}.")
     name = require(raw, "name", str, f"{where}.")
-    ctype = require(raw, "type", str, f"{where}.")
-    if ctype not in COLUMN_TYPES:
-        raise ContractError(f"{where}.type: {ctype!r} is not one of {sorted(COLUMN_TYPES)}")
+    if "type" not in raw:
+        raise ContractError(f"{where}.type: missing")
+    kind = parse_type(raw["type"], f"{where}.type", unassigned)
     required = raw.get("required", False)
     if not isinstance(required, bool):
         raise ContractError(f"{where}.required: expected true or false, got {required!r}")
@@ -505,7 +570,21 @@ def _parse_column(raw: Any, where: str) -> Column:
                 "(id, properties.<name>, json.<path>, kafka.key|timestamp|topic|partition|offset, "
                 "kafka.headers.<name>, asset.key)"
             )
-    return Column(id=require(raw, "id", int, f"{where}."), name=name, type=ctype, required=required, sources=sources)
+    return Column.of_type(require(raw, "id", int, f"{where}."), name, kind, required, sources)
+
+
+def _number_nested_fields(columns: tuple[Column, ...], top_level: int) -> tuple[Column, ...]:
+    """The columns with the nested ids the contract left out assigned, as Iceberg numbers a new
+    table's: from the first id after the `top_level` fields, skipping the ids the contract gave."""
+    given = {fid for c in columns for fid, _ in nested_fields(c.iceberg_type) if fid > 0}
+    counter = itertools.count(top_level + 1)
+
+    def next_id() -> int:
+        while (candidate := next(counter)) in given:
+            pass
+        return candidate
+
+    return tuple(replace(c, nested=assign_ids(c.nested, next_id)) if c.nested is not None else c for c in columns)
 
 
 def _is_source(src: str) -> bool:

@@ -11,7 +11,6 @@ from typing import TYPE_CHECKING, Any
 from pyproj import CRS
 
 from streaming.contract.terms import (
-    COLUMN_TYPES,
     GEOHASH_MAX_PRECISION,
     MAX_PARTITIONS_PER_BATCH,
     PARTITION_TRANSFORMS,
@@ -208,7 +207,7 @@ def _parse_partition_field(text: Any, where: str, by_name: dict[str, Column], ge
         "truncate": ("int", "long", "string"),
         # A partition value travels from the tasks as JSON (DataFileRecord) and names a folder:
         # bytes have neither form, and a binary column (a key) is no way to group rows anyway.
-        "identity": tuple(t for t in COLUMN_TYPES if t != "binary"),
+        "identity": ("string", "int", "long", "float", "double", "boolean", "timestamptz"),
     }.get(transform, ("timestamptz",))
     if ctype not in allowed:
         raise ContractError(

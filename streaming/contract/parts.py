@@ -7,20 +7,32 @@ from dataclasses import dataclass
 
 from pyiceberg.types import IcebergType
 
-from streaming.contract.terms import COLUMN_TYPES
+from streaming.contract.types import primitive_type, type_name
 
 
 @dataclass(frozen=True)
 class Column:
     id: int
     name: str
+    # A primitive's name (`long`, `decimal(12, 2)`), or struct, list or map (the type in `nested`).
     type: str
     required: bool
     sources: tuple[str, ...]
+    nested: IcebergType | None = None
 
     @property
     def iceberg_type(self) -> IcebergType:
-        return COLUMN_TYPES[self.type]
+        if self.nested is not None:
+            return self.nested
+        kind = primitive_type(self.type)
+        assert kind is not None, self.type  # parse_contract checked it
+        return kind
+
+    @staticmethod
+    def of_type(field_id: int, name: str, kind: IcebergType, required: bool, sources: tuple[str, ...]) -> Column:
+        """The column of a type as Iceberg holds it (a table's field)."""
+        nested = None if kind.is_primitive else kind
+        return Column(field_id, name, type_name(kind), required, sources, nested)
 
 
 @dataclass(frozen=True)

@@ -6,31 +6,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from pyiceberg.types import (
-    BinaryType,
-    BooleanType,
-    DoubleType,
-    FloatType,
-    IcebergType,
-    IntegerType,
-    LongType,
-    StringType,
-    TimestamptzType,
-)
 from pyproj import CRS
-
-COLUMN_TYPES: dict[str, IcebergType] = {
-    "string": StringType(),
-    "int": IntegerType(),
-    "long": LongType(),
-    "float": FloatType(),
-    "double": DoubleType(),
-    "boolean": BooleanType(),
-    "timestamptz": TimestamptzType(),
-    # Bytes as they come, e.g. a Kafka key that is no text: an upsert table's primary key.
-    "binary": BinaryType(),
-}
-
 
 GEOMETRY_TYPES = (
     "Point",

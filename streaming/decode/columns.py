@@ -14,8 +14,10 @@ from streaming.decode.rejects import Reason, Rejects, shown
 
 
 def property_types(contract: Contract) -> dict[str, pa.DataType]:
-    """The GeoJSON properties the contract reads (`properties.<name>` sources) and their column types."""
-    schema = contract.arrow_schema
+    """The GeoJSON properties the contract reads (`properties.<name>` sources) and their column
+    types, as the data files hold them (the formats read them so; ColumnMapper makes them the
+    types the rows travel in)."""
+    schema = contract.data_file_schema
     types: dict[str, pa.DataType] = {}
     for col in contract.all_columns:
         for src in col.sources:
@@ -26,8 +28,8 @@ def property_types(contract: Contract) -> dict[str, pa.DataType]:
 
 def json_field_types(contract: Contract) -> dict[str, pa.DataType]:
     """The JSON event fields the contract's columns read (`json.<path>` sources), by path, and
-    their column types; read with these types, the values need no cast."""
-    schema = contract.arrow_schema
+    their column types as the data files hold them."""
+    schema = contract.data_file_schema
     types: dict[str, pa.DataType] = {}
     for col in contract.all_columns:
         for src in col.sources:
@@ -100,11 +102,11 @@ class ColumnMapper:
     ) -> pa.Array:
         """Values of one source as the column's type, for the rows in `wanted` (all if None)."""
         if src.startswith("properties."):
-            return properties[src.removeprefix("properties.")]
+            return _travelling(properties[src.removeprefix("properties.")], target)
         if src.startswith(JSON_SOURCE_PREFIX) or src in DEBEZIUM_SOURCES:
             # A change event's op, LSN and commit time are among the fields under their source's name.
             path = src.removeprefix(JSON_SOURCE_PREFIX)
-            raw = fields[path] if path in fields else pa.nulls(batch.num_rows, target)
+            raw = _travelling(fields[path], target) if path in fields else pa.nulls(batch.num_rows, target)
             if wanted is not None:
                 raw = pc.if_else(wanted, raw, pa.nulls(len(raw), raw.type))
             return _cast_or_reject(raw, target, f"{col.name} (from {src})", rejects)
@@ -123,6 +125,11 @@ class ColumnMapper:
         if wanted is not None:
             raw = pc.if_else(wanted, raw, pa.nulls(len(raw), raw.type))
         return _cast_or_reject(raw, target, f"{col.name} (from {src})", rejects)
+
+
+def _travelling(values: pa.Array, target: pa.DataType) -> pa.Array:
+    """A format's values of a column (in the data files' type) in the type rows travel in."""
+    return values if values.type == target or values.type == pa.null() else values.cast(target)
 
 
 def header_values(batch: pa.RecordBatch, name: str) -> pa.Array:

@@ -22,12 +22,12 @@ from pyiceberg.transforms import (
     TruncateTransform,
     YearTransform,
 )
-from pyiceberg.types import StructType
+from pyiceberg.types import IcebergType, StructType
 
 from streaming.contract import (
     CELL_PROPERTY_PREFIX,
-    COLUMN_TYPES,
     EVENT_TIME_PROPERTY,
+    PRIMITIVE_TYPES,
     Column,
     Contract,
     check_fresh_ids,
@@ -150,7 +150,7 @@ def partition_layout(table: Table) -> PartitionLayout:
     """The table's current partition spec, as the writers apply it."""
     spec = table.spec()
     schema = table.schema()
-    types = {t: name for name, t in COLUMN_TYPES.items()}
+    types: dict[IcebergType, str] = {t: name for name, t in PRIMITIVE_TYPES.items()}
     fields = []
     for field in spec.fields:
         source = schema.find_field(field.source_id)
@@ -238,15 +238,14 @@ def table_contract(table: Table, contract: Contract) -> Contract:
                 f"table {contract.table}: field id {expected.field_id} is {found or 'missing'} in the table, "
                 f"the contract says {expected}"
             )
-    types = {t: name for name, t in COLUMN_TYPES.items()}
     added = []
     for field in sorted(actual.values(), key=lambda f: f.field_id):
-        if field.required or field.field_type not in types:
+        if field.required:
             raise TableMismatch(
                 f"table {contract.table}: column {field.name!r} (id {field.field_id}, {field.field_type}) is not in "
-                "the contract, and only optional columns of a contract type can be added to it"
+                "the contract, and only optional columns can be added to it"
             )
-        added.append(Column(field.field_id, field.name, types[field.field_type], False, (f"properties.{field.name}",)))
+        added.append(Column.of_type(field.field_id, field.name, field.field_type, False, (f"properties.{field.name}",)))
     contract = contract.with_added_columns(tuple(added))
     props = table.properties
     for key, value in contract.table_properties().items():

@@ -52,16 +52,23 @@ from pyiceberg.transforms import (
     TruncateTransform,
     YearTransform,
 )
-from pyiceberg.types import NestedField, StringType
+from pyiceberg.types import DecimalType, IcebergType, NestedField, StringType
 
-from streaming.contract import CELL_PROPERTY_PREFIX, COLUMN_TYPES, Column, Contract, ContractError, parse_contract
+from streaming.contract import (
+    CELL_PROPERTY_PREFIX,
+    Column,
+    Contract,
+    ContractError,
+    parse_contract,
+    primitive_type,
+    type_name,
+)
 from streaming.contract.partition import CellColumn
 from streaming.table.catalog import table_cells
 
 CONTRACT_PROPERTY = "geoingest.contract"
 # The type promotions Iceberg allows between the contract's column types.
 WIDENINGS = {("int", "long"), ("float", "double")}
-_TYPE_NAMES = {iceberg_type: name for name, iceberg_type in COLUMN_TYPES.items()}
 
 
 class EvolutionError(ValueError):
@@ -167,6 +174,7 @@ def _staged(table: Table, new: Contract) -> tuple[list[Change], Transaction]:
     partition_changes, partition_fields = _partition_changes(table, new)
     changes += partition_changes
 
+    added_types = {c.name: c.iceberg_type for c in new.columns}
     transaction = table.transaction()
     try:
         with transaction.update_schema() as update:
@@ -174,13 +182,13 @@ def _staged(table: Table, new: Contract) -> tuple[list[Change], Transaction]:
                 if change.kind == "rename":
                     update.rename_column(change.column, str(change.after))
                 elif change.kind == "widen":
-                    update.update_column(change.column, field_type=COLUMN_TYPES[str(change.after)])
+                    update.update_column(change.column, field_type=primitive_type(str(change.after)))
                 elif change.kind == "make-optional":
                     update.make_column_optional(change.column)
                 elif change.kind == "drop":
                     update.delete_column(change.column)
                 elif change.kind == "add":
-                    update.add_column(change.column, COLUMN_TYPES[str(change.after)], required=False)
+                    update.add_column(change.column, added_types[change.column], required=False)
             for change in changes:  # after the contract's columns: they take the ids the contract gives them
                 if change.kind == "cell-add":
                     update.add_column(change.column, StringType(), required=False)
@@ -320,19 +328,29 @@ def _added(where: str, column: Column, schema: Schema, next_id: int) -> Change:
     return Change("add", column.name, column.id, after=column.type)
 
 
+def _wider_decimal(before: IcebergType, after: IcebergType) -> bool:
+    """Iceberg widens a decimal's precision, its scale kept."""
+    return (
+        isinstance(before, DecimalType)
+        and isinstance(after, DecimalType)
+        and before.scale == after.scale
+        and before.precision <= after.precision
+    )
+
+
 def _changed(where: str, column: Column, field: NestedField) -> list[Change]:
     """What turns the table's column `field` into the contract's `column` (same id)."""
-    current_type = _TYPE_NAMES.get(field.field_type)
-    if current_type is None:
+    current_type = type_name(field.field_type)
+    if not field.field_type.is_primitive and field.field_type != column.iceberg_type:
         raise EvolutionError(
-            f"{where}: the table's column id {column.id} ({field.name!r}) is a {field.field_type}, "
-            "which no contract column type is"
+            f"{where}: the table's column id {column.id} ({field.name!r}) is {field.field_type}, the contract says "
+            f"{column.iceberg_type}; `table evolve` changes no nested type (ingest's schema evolution adds members)"
         )
     changes = []
     if field.name != column.name:
         changes.append(Change("rename", field.name, column.id, before=field.name, after=column.name))
     if current_type != column.type:
-        if (current_type, column.type) not in WIDENINGS:
+        if (current_type, column.type) not in WIDENINGS and not _wider_decimal(field.field_type, column.iceberg_type):
             raise EvolutionError(
                 f"{where}: {current_type} -> {column.type} is not a type change Iceberg allows "
                 f"(only {', '.join(f'{a} -> {b}' for a, b in sorted(WIDENINGS))})"

@@ -21,7 +21,7 @@ import pyarrow.compute as pc
 from pyiceberg.transforms import BucketTransform
 from pyiceberg.types import IcebergType
 
-from streaming.contract import COLUMN_TYPES, Contract
+from streaming.contract import Contract, primitive_type
 from streaming.contract.terms import MAX_PARTITIONS_PER_BATCH
 from streaming.kernels.geohash import enclosing_cells
 
@@ -93,7 +93,8 @@ def _field_values(table: pa.Table, field: LayoutField) -> pa.Array:
         filled = np.where(nulls, 0, values).astype(np.int64)
         return pa.array(filled - np.mod(filled, width), column.type, mask=nulls)
     if field.transform == "bucket":
-        source_type: IcebergType = COLUMN_TYPES[field.source_type]
+        source_type: IcebergType | None = primitive_type(field.source_type)
+        assert source_type is not None, field.source_type  # partition_layout took only primitive sources
         bucket = BucketTransform(field.param or 1).transform(source_type)
         plain = column.cast(pa.int64()) if field.source_type == "timestamptz" else column
         distinct = pc.unique(plain)

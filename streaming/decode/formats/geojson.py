@@ -30,6 +30,16 @@ from streaming.decode.formats.geojson_geometry import (
 )
 from streaming.decode.formats.json_blocks import ROW_IN_ERROR, has_line_break, one_per_line, read_in_blocks
 from streaming.decode.formats.wkt import store_points
+from streaming.decode.json_values import (
+    JsonNumber,
+    ValueProblem,
+    coerce,
+    convert,
+    has_map,
+    holds_decimal,
+    needs_conversion,
+    read_type,
+)
 from streaming.decode.rejects import Reason, Rejects, shown
 from streaming.kernels.buffers import NONE, scatter
 
@@ -205,7 +215,11 @@ class _FeatureParser:
 
     def __init__(self, property_types: dict[str, pa.DataType]):
         self.property_types = property_types
-        self._props = pa.struct([pa.field(k, v) for k, v in property_types.items()])
+        self._props = pa.struct([pa.field(k, read_type(v)) for k, v in property_types.items()])
+        self._converted = {k: v for k, v in property_types.items() if needs_conversion(v)}
+        # A map is an object of any members, which the block reader cannot read as one.
+        self._one_by_one = any(has_map(v) for v in property_types.values())
+        self._exact_fractions = any(holds_decimal(v) for v in property_types.values())
         self._coordinates: pa.DataType | None = None  # the type of the coordinates read with the members
         self._with_coordinates = False  # whether the next block is read with them
 
@@ -227,22 +241,31 @@ class _FeatureParser:
         def one_by_one(lo: int, hi: int) -> None:
             singles.extend(self._parse_one(flat, i, errors) for i in range(lo, hi))
 
-        read_in_blocks(
-            len(flat),
-            lambda lo, hi: self._read_block(flat.slice(lo, hi - lo)),
-            add_block,
-            one_by_one,
-            self._MIN_BLOCK,
-            self._MAX_RUN,
-        )
+        if self._one_by_one:
+            one_by_one(0, len(flat))
+        else:
+            read_in_blocks(
+                len(flat),
+                lambda lo, hi: self._read_block(flat.slice(lo, hi - lo)),
+                add_block,
+                one_by_one,
+                self._MIN_BLOCK,
+                self._MAX_RUN,
+            )
         add_block(self._empty(0))
         table = pa.concat_tables(pieces)
         geometry = table.column("geometry").combine_chunks()
+        read = table.column("properties").combine_chunks()
+        properties = {k: read.field(k) for k in self.property_types}
+        for name, kind in self._converted.items():
+            properties[name], problems = convert(properties[name], kind, f"properties.{name}", np.arange(len(read)))
+            for row, detail in problems:
+                errors.setdefault(row, (Reason.PROPERTY_TYPE_MISMATCH, detail))
         return _ParsedFeatures(
             types=table.column("type").combine_chunks(),
             geometry_types=pc.struct_field(geometry, "type"),
             ids=table.column("id").combine_chunks(),
-            properties={k: table.column("properties").combine_chunks().field(k) for k in self.property_types},
+            properties=properties,
             errors=errors,
             known=None
             if expected is None or self._coordinates is None
@@ -301,7 +324,7 @@ class _FeatureParser:
         """One document as the block reader would read it, or an empty row with its reject in `errors`."""
         empty = {"type": None, "id": None, "properties": None, "geometry": None}
         raw = docs[position].as_py()
-        doc, problem = _load_json(raw)
+        doc, problem = _load_json(raw, self._exact_fractions)
         if problem is not None and problem[0] is Reason.NESTING_TOO_DEEP:
             # Deeper than json.loads goes, yet the block reader may take it (a deep member no column reads).
             table, _ = self._read_block(docs.slice(position, 1))
@@ -338,14 +361,10 @@ class _FeatureParser:
             return empty
         values = {}
         for name, arrow_type in self.property_types.items():
-            value = (props or {}).get(name)
             try:
-                values[name] = _coerce_property(value, arrow_type)
-            except (TypeError, ValueError, OverflowError, pa.ArrowInvalid):
-                errors[position] = (
-                    Reason.PROPERTY_TYPE_MISMATCH,
-                    f"properties.{name}: {shown(value)} is not a {arrow_type}",
-                )
+                values[name] = coerce((props or {}).get(name), arrow_type, f"properties.{name}")
+            except ValueProblem as problem:
+                errors[position] = (Reason.PROPERTY_TYPE_MISMATCH, str(problem))
                 return empty
         if isinstance(fid, int):
             fid = str(fid)
@@ -396,7 +415,12 @@ def _with_null_coordinates(table: pa.Table, coordinates: pa.DataType) -> pa.Tabl
 
 
 def _is_unicode(value: Any) -> bool:
-    """Whether a value, if a string, can be stored (a JSON escape can make a lone surrogate)."""
+    """Whether a value, if a string, can be stored (a JSON escape can make a lone surrogate); a
+    nested value's strings each."""
+    if isinstance(value, dict):
+        return all(_is_unicode(v) for v in value.values())
+    if isinstance(value, list):
+        return all(_is_unicode(v) for v in value)
     if not isinstance(value, str):
         return True
     try:
@@ -404,43 +428,6 @@ def _is_unicode(value: Any) -> bool:
         return True
     except UnicodeEncodeError:
         return False
-
-
-def _coerce_property(value: Any, arrow_type: pa.DataType) -> Any:
-    """The same conversions pyarrow's JSON reader makes, for one value."""
-    if value is None:
-        return None
-    if pa.types.is_string(arrow_type):
-        if not isinstance(value, str):
-            raise TypeError
-        return value
-    if pa.types.is_boolean(arrow_type):
-        if not isinstance(value, bool):
-            raise TypeError
-        return value
-    if pa.types.is_integer(arrow_type):
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise TypeError
-        pa.scalar(value, arrow_type)  # range check
-        return value
-    if pa.types.is_floating(arrow_type):
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            raise TypeError
-        if not math.isfinite(float(value)):
-            raise ValueError("out of the double range")
-        return float(value)
-    if pa.types.is_timestamp(arrow_type):
-        if not isinstance(value, str):
-            raise TypeError
-        # pyarrow's reader takes other spellings than datetime.fromisoformat and casts: ask it.
-        line = pa.py_buffer(json.dumps({"v": value}).encode() + b"\n")
-        read = pa_json.read_json(
-            pa.BufferReader(line),
-            parse_options=pa_json.ParseOptions(explicit_schema=pa.schema([("v", arrow_type)])),
-            read_options=pa_json.ReadOptions(use_threads=False),
-        )
-        return read.column("v")[0].as_py()
-    raise TypeError
 
 
 # A geometry GEOS read after all, or why there is none.
@@ -492,14 +479,18 @@ def _diagnose_feature(doc: dict, property_types: dict[str, pa.DataType]) -> _Dia
     return None, Reason.INVALID_GEOJSON_GEOMETRY, f"geometry: not a readable GeoJSON geometry: {text[:200]}"
 
 
-def _load_json(raw: bytes) -> tuple[Any, tuple[Reason, str] | None]:
+def _load_json(raw: bytes, exact_fractions: bool = False) -> tuple[Any, tuple[Reason, str] | None]:
     """The document, or why it cannot be read: whatever the bytes, this does not raise.
 
     The bytes are decoded as UTF-8 first (json.loads would take UTF-16 and UTF-32 bytes too), and
     integers too long for int() (over 4300 digits) become floats, infinite ones, as pyarrow's reader
-    makes of them."""
+    makes of them. With `exact_fractions` (a decimal column reads the document) fractions keep their
+    text (JsonNumber): Python's callback per number costs a third more on documents of coordinates."""
     try:
-        return json.loads(raw.decode("utf-8"), parse_int=_json_int), None
+        text = raw.decode("utf-8")
+        if exact_fractions:
+            return json.loads(text, parse_int=_json_int, parse_float=JsonNumber), None
+        return json.loads(text, parse_int=_json_int), None
     except RecursionError:
         return None, (Reason.NESTING_TOO_DEEP, "value nests arrays or objects too deeply to read")
     except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError

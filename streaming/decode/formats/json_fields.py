@@ -31,7 +31,6 @@ from streaming.decode.crs import valid_area
 from streaming.decode.formats.base import Decoded, InputFormat
 from streaming.decode.formats.geojson import (
     GEOMETRY_MEMBER,
-    _coerce_property,
     _geojson_nesting_problem,
     _invalid_utf8,
     _load_json,
@@ -43,6 +42,15 @@ from streaming.decode.formats.geojson_geometry import ndjson, read_geometries
 from streaming.decode.formats.json_blocks import ROW_IN_ERROR, one_per_line, read_in_blocks
 from streaming.decode.formats.wkb import EWKB_SRID_FLAG, read_wkb
 from streaming.decode.formats.wkt import read_wkt, store_points
+from streaming.decode.json_values import (
+    ValueProblem,
+    coerce,
+    convert,
+    has_map,
+    holds_decimal,
+    needs_conversion,
+    read_type,
+)
 from streaming.decode.rejects import Reason, Rejects, shown
 from streaming.kernels.buffers import offsets_and_bytes, scatter
 
@@ -98,6 +106,11 @@ class JsonFieldsFormat(InputFormat):
         for local, (reason, detail) in errors.items():
             rejects.add(rows[[local]], reason, detail)
         read = {path: _leaf(table, path) for path in self.leaves}
+        for path, kind in self.columns.items():
+            if needs_conversion(kind):
+                read[path], problems = convert(read[path], kind, f"json.{path}", rows)
+                for row, detail in problems:
+                    rejects.add(np.array([row]), Reason.PROPERTY_TYPE_MISMATCH, detail)
         out.fields = {path: scatter(read[path], rows, n) for path in self.columns}
         if self.spec.geometry_path is None:
             self._points(read, rows, out)
@@ -307,7 +320,10 @@ class _BlockParser:
     _MAX_RUN = 4096
 
     def __post_init__(self) -> None:
-        self.schema = _schema(self.leaves)
+        self.schema = _schema({path: read_type(kind) for path, kind in self.leaves.items()})
+        # A map is an object of any members, which the block reader cannot read as one.
+        self.one_by_one_only = any(has_map(kind) for kind in self.leaves.values())
+        self.exact_fractions = any(holds_decimal(kind) for kind in self.leaves.values())
 
     def parse(self, flat: pa.Array) -> tuple[pa.Table, dict[int, tuple[Reason, str]]]:
         errors: dict[int, tuple[Reason, str]] = {}
@@ -323,14 +339,17 @@ class _BlockParser:
         def one_by_one(lo: int, hi: int) -> None:
             singles.extend(self._parse_one(flat, i, errors) for i in range(lo, hi))
 
-        read_in_blocks(
-            len(flat),
-            lambda lo, hi: self._read_block(flat.slice(lo, hi - lo)),
-            add_block,
-            one_by_one,
-            self._MIN_BLOCK,
-            self._MAX_RUN,
-        )
+        if self.one_by_one_only:
+            one_by_one(0, len(flat))
+        else:
+            read_in_blocks(
+                len(flat),
+                lambda lo, hi: self._read_block(flat.slice(lo, hi - lo)),
+                add_block,
+                one_by_one,
+                self._MIN_BLOCK,
+                self._MAX_RUN,
+            )
         add_block(pa.Table.from_pylist([], schema=self.schema))
         return pa.concat_tables(pieces), errors
 
@@ -352,7 +371,7 @@ class _BlockParser:
 
     def _parse_one(self, docs: pa.Array, position: int, errors: dict) -> dict:
         """One document as the block reader would read it, or an empty row with its reject in `errors`."""
-        doc, problem = _load_json(docs[position].as_py())
+        doc, problem = _load_json(docs[position].as_py(), self.exact_fractions)
         if problem is not None and problem[0] is Reason.NESTING_TOO_DEEP:
             table, _ = self._read_block(docs.slice(position, 1))
             if table is not None:
@@ -412,9 +431,9 @@ class _BlockParser:
             kind_name = node.get("type")
             return {"type": kind_name if isinstance(kind_name, str) else None}, None
         try:
-            return _coerce_property(node, leaf_type), None
-        except (TypeError, ValueError, OverflowError, pa.ArrowInvalid):
-            return None, (Reason.PROPERTY_TYPE_MISMATCH, f"json.{path}: {shown(node)} is not a {leaf_type}")
+            return coerce(node, leaf_type, f"json.{path}"), None
+        except ValueProblem as problem:
+            return None, (Reason.PROPERTY_TYPE_MISMATCH, str(problem))
 
 
 def _type_reason(kind: str) -> Reason:

@@ -33,7 +33,7 @@ import shapely
 
 from streaming.contract import Contract
 from streaming.decode.formats.base import Decoded, Exploded, InputFormat
-from streaming.decode.formats.geojson import _coerce_property, _load_json
+from streaming.decode.formats.geojson import _load_json
 from streaming.decode.formats.stac_items import (
     Raster,
     RasterProblem,
@@ -45,7 +45,8 @@ from streaming.decode.formats.stac_items import (
     read_item,
     read_reference,
 )
-from streaming.decode.rejects import Reason, shown
+from streaming.decode.json_values import ValueProblem, coerce
+from streaming.decode.rejects import Reason
 from streaming.kernels.raster_bounds import envelope_rings, wgs84_bounds
 
 _WGS84 = 4326
@@ -173,13 +174,10 @@ class StacFormat(InputFormat):
         row_props = properties_of(doc)
         read = {}
         for name, arrow_type in self.property_types.items():
-            value = row_props.get(name)
             try:
-                read[name] = _coerce_property(value, arrow_type)
-            except (TypeError, ValueError, OverflowError, pa.ArrowInvalid):
-                raise RasterProblem(
-                    Reason.PROPERTY_TYPE_MISMATCH, f"properties.{name}: {shown(value)} is not a {arrow_type}"
-                ) from None
+                read[name] = coerce(row_props.get(name), arrow_type, f"properties.{name}")
+            except ValueProblem as problem:
+                raise RasterProblem(Reason.PROPERTY_TYPE_MISMATCH, str(problem)) from None
         return read
 
     def _georeference(self, rasters: dict[int, Raster], out: Decoded) -> None:

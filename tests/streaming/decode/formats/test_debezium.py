@@ -240,11 +240,11 @@ def test_an_enveloped_event_whose_schema_names_payload_itself_is_read_whole():
 def test_columns_can_read_the_operation_the_log_position_and_the_commit_time():
     raw = copy.deepcopy(RAW_PLACES)
     raw["columns"] += [
-        {"id": 5, "name": "op", "type": "string", "from": ["debezium.op"]},
-        {"id": 6, "name": "lsn", "type": "long", "from": ["debezium.lsn"]},
-        {"id": 7, "name": "committed_at", "type": "timestamptz", "required": True, "from": ["debezium.commit_time"]},
+        {"id": 3, "name": "op", "type": "string", "from": ["debezium.op"]},
+        {"id": 4, "name": "lsn", "type": "long", "from": ["debezium.lsn"]},
+        {"id": 5, "name": "committed_at", "type": "timestamptz", "required": True, "from": ["debezium.commit_time"]},
     ]
-    raw["geometry"]["id"], raw["bbox"]["id"] = 3, 4
+    raw["geometry"]["id"], raw["bbox"]["id"] = 6, 7
     contract = parse_contract(raw)
     point = geom(shapely.Point(1, 2))
     rows = decode(

@@ -4,9 +4,7 @@ spellings, and a bad document costing no more than its own diagnosis."""
 from __future__ import annotations
 
 import json
-import time
 
-import pyarrow as pa
 import pyarrow.json as pa_json
 import pytest
 import shapely
@@ -221,22 +219,16 @@ def test_lone_surrogate_escape_in_a_property_rejects_only_that_document():
     assert rows[1][REJECT_REASON] in (Reason.MALFORMED_JSON, Reason.PROPERTY_TYPE_MISMATCH)
 
 
-def test_a_batch_of_mostly_bad_documents_costs_about_what_a_good_batch_does():
+def test_a_batch_of_mostly_bad_documents_costs_few_block_reads(monkeypatch):
     # Each refusal of the block reader used to cost block reads of its own: a batch of bad
-    # records decoded a hundred times slower than a good one, and a flood of them stalled the stream.
+    # records decoded a hundred times slower than a good one, and a flood of them stalled the
+    # stream. The refused documents are read one by one, and the block reads stay few (their count
+    # is what a timing would measure, without the machine's load in it).
     n = 10_000
-    good = kafka_batch([GOOD] * n)
     mostly_bad = kafka_batch([GOOD if i % 3 == 0 else feature(point(1, 2), speed="fast") for i in range(n)])
-    decoder = Decoder(DEMO)
+    reads = []
+    read_json = pa_json.read_json
+    monkeypatch.setattr(pa_json, "read_json", lambda *a, **k: reads.append(1) or read_json(*a, **k))
 
-    def seconds(batch: pa.RecordBatch) -> float:
-        runs = []
-        for _ in range(2):  # the faster of two: the machine may be busy with other work
-            started = time.perf_counter()
-            decoder.decode(batch)
-            runs.append(time.perf_counter() - started)
-        return min(runs)
-
-    assert decoder.decode(mostly_bad).column(REJECT_REASON).null_count == (n + 2) // 3
-    good_s, bad_s = seconds(good), seconds(mostly_bad)
-    assert bad_s < 8 * good_s, (good_s, bad_s)
+    assert Decoder(DEMO).decode(mostly_bad).column(REJECT_REASON).null_count == (n + 2) // 3
+    assert len(reads) <= n // 100, f"{len(reads)} block reads for {n} documents, two thirds of them refused"

@@ -1,0 +1,92 @@
+"""Rows in the data files' types: from the types they travel in (contract.arrow_schema, where a time
+is microseconds and a UUID or fixed-size value plain bytes) to the table's (contract.data_file_schema).
+
+A struct that is null may still hold nulls in its required members (Spark's Arrow exchange leaves
+them so), which Arrow refuses to cast to a non-nullable member; they are filled with a zero value
+first, which no reader sees under the null struct. Rows whose required members are null where the
+struct is not never get here: the decoder rejects them."""
+
+from __future__ import annotations
+
+import datetime
+import decimal
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+
+def as_file_types(table: pa.Table, schema: pa.Schema) -> pa.Table:
+    """`table`'s columns named in `schema`, in its types."""
+    table = table.select(schema.names)
+    columns = [_filled(table.column(f.name).combine_chunks(), f.type) for f in schema]
+    return pa.Table.from_arrays(columns, schema=table.schema).cast(schema)
+
+
+def _filled(values: pa.Array, kind: pa.DataType) -> pa.Array:
+    if not _has_required_member(kind):
+        return values
+    if pa.types.is_list(kind):
+        values = _plain_offsets(values)
+        inner = _filled(values.values, kind.value_type)
+        return pa.ListArray.from_arrays(values.offsets, inner, type=values.type, mask=_mask(values))
+    if pa.types.is_map(kind):
+        values = _plain_offsets(values)
+        items = _filled(values.items, kind.item_type)
+        return pa.MapArray.from_arrays(_null_offsets(values), values.keys, items, type=values.type)
+    children = []
+    for field in kind:
+        child = _filled(pc.struct_field(values, field.name), field.type)
+        if not field.nullable and child.null_count:
+            child = pc.fill_null(child, _zero(child.type))
+        children.append(child)
+    return pa.StructArray.from_arrays(children, fields=list(values.type), mask=_mask(values))
+
+
+def _has_required_member(kind: pa.DataType) -> bool:
+    """Whether a struct, at any depth of `kind`, has a required member."""
+    if pa.types.is_struct(kind):
+        return any(not f.nullable or _has_required_member(f.type) for f in kind)
+    if pa.types.is_list(kind):
+        return _has_required_member(kind.value_type)
+    if pa.types.is_map(kind):
+        return _has_required_member(kind.item_type)
+    return False
+
+
+def _mask(values: pa.Array) -> pa.Array | None:
+    return values.is_null() if values.null_count else None
+
+
+def _plain_offsets(values: pa.Array) -> pa.Array:
+    """A list or map array whose offsets start at 0, as from_arrays wants them."""
+    if len(values) and values.offsets[0].as_py() != 0:
+        return pa.concat_arrays([values])
+    return values
+
+
+def _null_offsets(values: pa.Array) -> pa.Array:
+    """A map's offsets, null where the map is: MapArray.from_arrays takes its nulls from them."""
+    if not values.null_count:
+        return values.offsets
+    nulls = pa.concat_arrays([values.is_null(), pa.array([False])])
+    return pc.if_else(nulls, pa.nulls(len(values.offsets), values.offsets.type), values.offsets)
+
+
+def _zero(kind: pa.DataType) -> pa.Scalar:
+    if pa.types.is_struct(kind):
+        return pa.scalar({f.name: _zero(f.type).as_py() for f in kind}, kind)
+    if pa.types.is_list(kind) or pa.types.is_map(kind):
+        return pa.scalar([], kind)
+    if pa.types.is_string(kind):
+        return pa.scalar("", kind)
+    if pa.types.is_binary(kind):
+        return pa.scalar(b"", kind)
+    if pa.types.is_fixed_size_binary(kind):
+        return pa.scalar(bytes(kind.byte_width), kind)
+    if pa.types.is_boolean(kind):
+        return pa.scalar(False, kind)
+    if pa.types.is_decimal(kind):
+        return pa.scalar(decimal.Decimal(0), kind)
+    if pa.types.is_date(kind):
+        return pa.scalar(datetime.date(1970, 1, 1), kind)
+    return pa.scalar(0, pa.int64()).cast(kind)

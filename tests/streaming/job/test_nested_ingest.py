@@ -1,0 +1,193 @@
+"""Nested and typed columns through the real service (broker, Spark, SQLite catalog): generated
+column types (structs, lists of structs, maps, decimals, dates, times, timestamps, UUIDs, fixed and
+binary, three levels deep) and generated values, sent as GeoJSON properties and as plain JSON
+fields, land as sent, and pyiceberg, DuckDB and Spark with Iceberg's own runtime read every value
+back; a value that does not fit its nested type is a dead letter naming its path."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+
+from app.service import run
+from streaming.contract import check_fresh_ids, parse_contract
+from streaming.table.catalog import create_table, open_catalog
+from tests.conftest import duckdb_connection, local_settings, produce_records
+from tests.iceberg_spark import run_with_iceberg_spark
+from tests.nested_values import PRIMITIVES, empty_for_null, plain, random_type, random_value
+
+pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).resolve().parents[3]
+DEMO = json.loads((ROOT / "schemas" / "demo_events.json").read_text())
+EVENTS = 400
+# Every kind at least once, beside the generated ones: a list of structs, a map of decimals, a struct
+# holding a list and a map.
+FIXED_TYPES = [
+    {
+        "type": "list",
+        "element": {
+            "type": "struct",
+            "fields": [{"name": "at", "type": "timestamptz"}, {"name": "v", "type": "double"}],
+        },
+    },
+    {"type": "map", "key": "string", "value": "decimal(12, 2)"},
+    {
+        "type": "struct",
+        "fields": [
+            {"name": "id", "type": "long", "required": True},
+            {"name": "tags", "type": {"type": "list", "element": "string"}},
+            {"name": "since", "type": "date"},
+        ],
+    },
+    *PRIMITIVES,
+]
+_NUMBER = re.compile(r'"\\u0000number:([-0-9.eE+]+)"')
+
+SPARK_READ = """
+import sys
+from pathlib import Path
+from app.spark import spark_session
+cache, jars, location, parquet, answer = sys.argv[1:6]
+spark = spark_session("local[1]", cache, "1g", extra_jars=[Path(j) for j in jars.split(",")])
+spark.conf.set("spark.sql.parquet.outputTimestampType", "TIMESTAMP_MICROS")
+spark.read.format("iceberg").load(location).drop("geometry", "bbox").coalesce(1).write.parquet(parquet)
+open(answer, "w").write("{}")
+spark.stop()
+"""
+
+
+def contract_of(types: list[Any], fmt: str) -> dict:
+    """A table with a column per type, read from `properties.c<i>` (GeoJSON) or `json.payload.c<i>`."""
+    columns = [
+        {
+            "id": 1,
+            "name": "event_id",
+            "type": "string",
+            "required": True,
+            "from": ["id"] if fmt == "geojson" else ["json.id"],
+        }
+    ]
+    for i, kind in enumerate(types):
+        source = f"properties.c{i}" if fmt == "geojson" else f"json.payload.c{i}"
+        columns.append({"id": i + 2, "name": f"c{i}", "type": kind, "from": [source]})
+    n = len(columns)
+    raw = {
+        "table": f"nested.events_{fmt}",
+        "formats": [fmt],
+        "columns": columns,
+        "geometry": {**DEMO["geometry"], "id": n + 1},
+        "bbox": {**DEMO["bbox"], "id": n + 2},
+    }
+    if fmt == "json":
+        raw["json"] = {"lon": "lon", "lat": "lat"}
+    return raw
+
+
+def numbers_unquoted(text: str) -> str:
+    return _NUMBER.sub(r"\1", text)
+
+
+def as_sent(value: Any, kind: Any, rng: np.random.Generator) -> Any:
+    """Decimals as JSON numbers half the time (strings otherwise), as producers send both."""
+    if value is None:
+        return None
+    if isinstance(kind, dict):
+        if kind["type"] == "struct":
+            by_name = {f["name"]: f["type"] for f in kind["fields"]}
+            return {k: as_sent(v, by_name[k], rng) for k, v in value.items()}
+        if kind["type"] == "list":
+            return [as_sent(v, kind["element"], rng) for v in value]
+        return {k: as_sent(v, kind["value"], rng) for k, v in value.items()}
+    if isinstance(kind, str) and kind.startswith("decimal") and rng.random() < 0.5:
+        return "\u0000number:" + value
+    return value
+
+
+def make_events(types: list[Any], fmt: str, seed: int) -> tuple[list[bytes], dict[str, list[Any]]]:
+    rng = np.random.default_rng(seed)
+    values, expected = [], {}
+    for e in range(EVENTS):
+        sent, back = {}, []
+        for i, kind in enumerate(types):
+            value, plain_value = random_value(rng, kind)
+            if value is not None or rng.random() < 0.5:
+                sent[f"c{i}"] = as_sent(value, kind, rng)
+            back.append(plain_value)
+        lon, lat = float(rng.uniform(-170, 170)), float(rng.uniform(-80, 80))
+        if fmt == "geojson":
+            doc = {
+                "type": "Feature",
+                "id": f"e{e}",
+                "geometry": {"type": "Point", "coordinates": [lon, lat]},
+                "properties": sent,
+            }
+        else:
+            doc = {"id": f"e{e}", "lon": lon, "lat": lat, "payload": sent}
+        values.append(numbers_unquoted(json.dumps(doc)).encode())
+        expected[f"e{e}"] = back
+    return values, expected
+
+
+def compare(
+    rows: dict[str, list[Any]], expected: dict[str, list[Any]], types: list[Any], reader: str, seen=lambda v, k: v
+) -> None:
+    """Every event's values as `reader` read them equal to those sent, both seen through `seen`."""
+    assert rows.keys() == expected.keys(), f"{reader}: other events than sent"
+    for event_id, want in expected.items():
+        for i, (value, sent, kind) in enumerate(zip(rows[event_id], want, types, strict=True)):
+            got, sent = seen(plain(value, kind), kind), seen(sent, kind)
+            assert got == sent, f"{reader}: {event_id}.c{i} ({kind}): read {got!r}, sent {sent!r}"
+
+
+@pytest.mark.parametrize(
+    ("fmt", "clustering", "source", "with_spark"),
+    [("geojson", "batch", "spark-kafka", True), ("json", "task", "python", False)],
+)
+def test_generated_nested_values_land_as_sent_and_every_reader_reads_them_back(
+    kafka, spark, topic, tmp_path, fmt, clustering, source, with_spark
+) -> None:
+    rng = np.random.default_rng(45)
+    # Spark's Iceberg runtime refuses a table with a time column ("Spark does not support time
+    # fields"): the run Spark reads has none.
+    primitives = [p for p in PRIMITIVES if p != "time" or not with_spark]
+    generated = [random_type(rng, 3) for _ in range(12)]
+    types = [t for t in [*FIXED_TYPES, *generated] if t in primitives or isinstance(t, dict)]
+    if with_spark:
+        types = [t for t in types if "time" not in json.dumps(t).replace("timestamp", "")]
+    raw = contract_of(types, fmt)
+    contract = parse_contract(raw)
+    check_fresh_ids(contract)
+    values, expected = make_events(types, fmt, seed=7)
+    assert produce_records(kafka.bootstrap, topic, [(None, v, []) for v in values]) == len(values)
+
+    settings = local_settings(kafka, topic, tmp_path, clustering=clustering, source=source, max_offsets_per_trigger=150)
+    create_table(open_catalog(settings.catalog_name, settings.catalog), contract)
+    totals = run(settings, contract, until_idle=True, spark=spark)
+    assert totals.commits.get("failed", 0) == 0 and totals.batches >= 2
+    assert not totals.rejected and totals.committed_rows == EVENTS, totals
+
+    table = open_catalog(settings.catalog_name, settings.catalog).load_table(contract.table)
+    names = [f"c{i}" for i in range(len(types))]
+    read = table.scan().to_arrow()
+    rows = {r["event_id"]: [r[n] for n in names] for r in read.to_pylist()}
+    compare(rows, expected, types, "pyiceberg", empty_for_null)
+
+    con = duckdb_connection()
+    con.execute("SET TimeZone = 'UTC'")
+    found = con.execute(
+        f"SELECT event_id, {', '.join(names)} FROM iceberg_scan('{table.metadata_location}')"
+    ).fetchall()
+    compare({r[0]: list(r[1:]) for r in found}, expected, types, "DuckDB")
+
+    if with_spark:
+        out = tmp_path / "spark.parquet"
+        run_with_iceberg_spark(SPARK_READ, tmp_path, table.metadata_location, str(out))
+        spark_rows = pq.read_table(out).to_pylist()
+        compare({r["event_id"]: [r[n] for n in names] for r in spark_rows}, expected, types, "Spark")
