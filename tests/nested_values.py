@@ -5,6 +5,7 @@ value every reader must give back, in one plain form (`plain`) that readers' own
 
 from __future__ import annotations
 
+import base64
 import datetime
 import decimal
 import uuid
@@ -159,3 +160,29 @@ def empty_for_null(value: Any, kind: Any) -> Any:
     if kind["type"] == "list":
         return [empty_for_null(v, inner) for v in value]
     return {k: empty_for_null(v, inner) for k, v in value.items()}
+
+
+def as_geojson_out(value: Any, kind: Any) -> Any:
+    """A plain value as `geoingest query` writes it in a GeoJSON property: nesting kept, a map an
+    object, a date or time in ISO 8601, bytes in base64, a decimal or a UUID as text."""
+    if value is None:
+        return None
+    if isinstance(kind, dict):
+        if kind["type"] == "struct":
+            return {f["name"]: as_geojson_out(value[f["name"]], f["type"]) for f in kind["fields"]}
+        if kind["type"] == "list":
+            return [as_geojson_out(v, kind["element"]) for v in value]
+        return {k: as_geojson_out(v, kind["value"]) for k, v in value.items()}
+    if isinstance(value, datetime.datetime) and kind == "timestamptz":
+        return value.replace(tzinfo=datetime.UTC).isoformat()
+    if isinstance(value, datetime.date | datetime.time):
+        return value.isoformat()
+    if isinstance(value, bytes):
+        return base64.b64encode(value).decode("ascii")
+    if isinstance(value, decimal.Decimal):
+        scale = int(kind[len("decimal(") : -1].split(",")[1])
+        exact = decimal.Context(prec=76)  # 38 digits need more than the default context's 28
+        return str(value.quantize(decimal.Decimal(1).scaleb(-scale), context=exact))
+    if isinstance(value, uuid.UUID):
+        return str(value)
+    return value

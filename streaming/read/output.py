@@ -9,6 +9,7 @@ from datetime import date, datetime, time
 from decimal import Decimal
 from pathlib import Path
 from typing import Any, BinaryIO
+from uuid import UUID
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -77,7 +78,7 @@ def to_geojson_lines(result: QueryResult, geometry_column: str, id_column: str |
     property_names = [n for n in table.column_names if n != geometry_column]
     for batch in table.to_batches(max_chunksize=4096):
         geometries = shapely.to_geojson(shapely.from_wkb(batch.column(geometry_column).to_numpy(zero_copy_only=False)))
-        columns = {name: _json_ready(batch.column(name)).to_pylist() for name in property_names}
+        columns = {name: _json_values(_json_ready(batch.column(name))) for name in property_names}
         ids = columns.get(id_column) if id_column else None
         for i, geometry in enumerate(geometries.tolist()):
             properties = {name: values[i] for name, values in columns.items()}
@@ -98,7 +99,39 @@ def _json_ready(column: pa.Array) -> pa.Array:
     if pa.types.is_struct(column.type):
         fields = [_json_ready(pc.struct_field(column, [i])) for i in range(column.type.num_fields)]
         return pa.StructArray.from_arrays(fields, fields=list(column.type), mask=column.is_null())
+    if pa.types.is_list(column.type) or pa.types.is_large_list(column.type):
+        column = pa.concat_arrays([column])  # offsets from 0, as from_arrays wants them
+        values = _json_ready(column.values)
+        return type(column).from_arrays(column.offsets, values, mask=column.is_null())
     return column
+
+
+def _json_values(column: pa.Array) -> list:
+    """The column's values as JSON takes them: a map an object (pyarrow gives key/value pairs)."""
+    values = column.to_pylist()
+    return values if not _holds_map(column.type) else [_objects(v, column.type) for v in values]
+
+
+def _holds_map(kind: pa.DataType) -> bool:
+    if pa.types.is_map(kind):
+        return True
+    if pa.types.is_struct(kind):
+        return any(_holds_map(f.type) for f in kind)
+    if pa.types.is_list(kind) or pa.types.is_large_list(kind):
+        return _holds_map(kind.value_type)
+    return False
+
+
+def _objects(value: Any, kind: pa.DataType) -> Any:
+    if value is None:
+        return None
+    if pa.types.is_map(kind):
+        return {str(k): _objects(v, kind.item_type) for k, v in value}
+    if pa.types.is_struct(kind):
+        return {f.name: _objects(value[f.name], f.type) for f in kind}
+    if pa.types.is_list(kind) or pa.types.is_large_list(kind):
+        return [_objects(v, kind.value_type) for v in value]
+    return value
 
 
 def _json_default(value: Any) -> Any:
@@ -107,5 +140,8 @@ def _json_default(value: Any) -> Any:
     if isinstance(value, bytes):
         return base64.b64encode(value).decode("ascii")
     if isinstance(value, Decimal):
+        # As text: every digit kept, which a JSON number read as a double would not.
+        return str(value)
+    if isinstance(value, UUID):
         return str(value)
     raise TypeError(f"{type(value).__name__} {value!r} has no JSON form")

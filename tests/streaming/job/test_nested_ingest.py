@@ -14,13 +14,17 @@ from typing import Any
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
+import shapely
 
 from app.service import run
 from streaming.contract import check_fresh_ids, parse_contract
+from streaming.read.output import to_geojson_lines
+from streaming.read.predicate import Predicate
+from streaming.read.query import query
 from streaming.table.catalog import create_table, open_catalog
 from tests.conftest import duckdb_connection, local_settings, produce_records
 from tests.iceberg_spark import run_with_iceberg_spark
-from tests.nested_values import PRIMITIVES, empty_for_null, plain, random_type, random_value
+from tests.nested_values import PRIMITIVES, as_geojson_out, empty_for_null, plain, random_type, random_value
 
 pytestmark = pytest.mark.integration
 
@@ -178,6 +182,14 @@ def test_generated_nested_values_land_as_sent_and_every_reader_reads_them_back(
     read = table.scan().to_arrow()
     rows = {r["event_id"]: [r[n] for n in names] for r in read.to_pylist()}
     compare(rows, expected, types, "pyiceberg", empty_for_null)
+
+    # `geoingest query` reads the data files itself (by field id) and writes GeoJSON that keeps the nesting.
+    result = query(table, Predicate("intersects", shapely.box(-180, -90, 180, 90)))
+    features = [json.loads(line) for line in to_geojson_lines(result, "geometry", "event_id")]
+    assert {f["id"] for f in features} == expected.keys()
+    for feature in features:
+        want = [as_geojson_out(v, k) for v, k in zip(expected[feature["id"]], types, strict=True)]
+        assert [feature["properties"][n] for n in names] == want, feature["id"]
 
     con = duckdb_connection()
     con.execute("SET TimeZone = 'UTC'")
