@@ -32,6 +32,7 @@ from pyiceberg.schema import Schema, assign_fresh_schema_ids
 from pyiceberg.types import (
     BinaryType,
     DoubleType,
+    IcebergType,
     NestedField,
     StringType,
     StructType,
@@ -150,6 +151,18 @@ class Contract:
 
     def with_added_columns(self, added: tuple[Column, ...]) -> Contract:
         return replace(self, added_columns=added)
+
+    def with_column_types(self, types: dict[str, IcebergType]) -> Contract:
+        """The contract with these columns (by name) of these types: struct columns that gained
+        members at ingest, as the table has them."""
+
+        def retyped(columns: tuple[Column, ...]) -> tuple[Column, ...]:
+            return tuple(
+                Column.of_type(c.id, c.name, types[c.name], c.required, c.sources) if c.name in types else c
+                for c in columns
+            )
+
+        return replace(self, columns=retyped(self.columns), added_columns=retyped(self.added_columns))
 
     @property
     def namespace(self) -> str:

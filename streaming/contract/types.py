@@ -268,3 +268,20 @@ def type_spelling(kind: IcebergType) -> Any:
             "value-required": kind.value_required,
         }
     return str(kind)
+
+
+def grown_from(grown: IcebergType, kind: IcebergType) -> bool:
+    """Whether `grown` is `kind` with optional struct members added (at ingest, as the values
+    held them), at any depth: a table's column that a contract without those members still fits."""
+    if grown == kind:
+        return True
+    if not isinstance(grown, StructType) or not isinstance(kind, StructType):
+        return False
+    by_id = {f.field_id: f for f in grown.fields}
+    for field in kind.fields:
+        match = by_id.pop(field.field_id, None)
+        if match is None or match.name != field.name or match.required != field.required:
+            return False
+        if not grown_from(match.field_type, field.field_type):
+            return False
+    return all(not f.required for f in by_id.values())

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 from collections.abc import Collection
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -27,7 +28,8 @@ from streaming.decode.formats.geojson_geometry import ndjson
 # what the contract chose to ignore; a read has a fixed cost of about 1 ms, hence the spacing.
 OFF_SAMPLE = 256
 OFF_SAMPLE_EVERY = 4
-NESTED = "nested"  # an object or an array: no column type holds it
+# An object or an array whose type cannot be told (empty, all nulls, or elements of mixed kinds).
+NESTED = "nested"
 # A document with more brackets than this is read by json.loads, which fails cleanly at any depth:
 # pyarrow's reader recurses once per level as it infers types and overflows the stack on very deep
 # documents (100,000 levels crash it, 10,000 do not); brackets bound the depth from above.
@@ -39,8 +41,9 @@ _PROPERTIES_ONLY = pa.schema([("properties", pa.struct([]))])
 @dataclass(frozen=True)
 class PropertySeen:
     """One property name in a set of records: the column type its values have ("long", "double",
-    "boolean", "string" or NESTED), how many records hold a value, and the first of them in
-    Kafka order (timestamp, partition, offset)."""
+    "boolean", "string", a struct or list as the contract spells it, in JSON text (`nested_kind`),
+    or NESTED), how many records hold a value, and the first of them in Kafka order (timestamp,
+    partition, offset)."""
 
     type: str
     count: int
@@ -48,11 +51,48 @@ class PropertySeen:
 
     def merged(self, other: PropertySeen) -> PropertySeen:
         earlier, later = (self, other) if self.first <= other.first else (other, self)
-        kind = earlier.type
-        # JSON has one kind of number: whole ones beside fractions make a double column.
-        if {self.type, other.type} == {"long", "double"}:
-            kind = "double"
-        return PropertySeen(kind, self.count + other.count, earlier.first)
+        return PropertySeen(merged_kind(earlier.type, later.type), self.count + other.count, earlier.first)
+
+
+def nested_kind(spelling: dict) -> str:
+    """A struct or list type as the contract spells it (no ids), as PropertySeen holds it."""
+    return json.dumps(spelling, separators=(",", ":"))
+
+
+def spelling_of(kind: str) -> Any:
+    """The contract's spelling of a PropertySeen type."""
+    return json.loads(kind) if kind.startswith("{") else kind
+
+
+def merged_kind(earlier: str, later: str) -> str:
+    """The type values of both kinds fit, the earlier's where they differ otherwise (a value of
+    the other kind is then rejected as a type mismatch): whole numbers beside fractions are
+    doubles (JSON has one kind of number); a struct takes the members of both, a list the
+    elements of both; an unknown (NESTED) kind takes the other's."""
+    if earlier == later or later == NESTED:
+        return earlier
+    if earlier == NESTED:
+        return later
+    if {earlier, later} == {"long", "double"}:
+        return "double"
+    first, second = spelling_of(earlier), spelling_of(later)
+    if isinstance(first, dict) and isinstance(second, dict) and first["type"] == second["type"]:
+        if first["type"] == "list":
+            return nested_kind(
+                {"type": "list", "element": spelling_of(merged_kind(_text(first["element"]), _text(second["element"])))}
+            )
+        members = {f["name"]: _text(f["type"]) for f in first["fields"]}
+        for field in second["fields"]:
+            kind = _text(field["type"])
+            members[field["name"]] = merged_kind(members[field["name"]], kind) if field["name"] in members else kind
+        return nested_kind(
+            {"type": "struct", "fields": [{"name": n, "type": spelling_of(k)} for n, k in members.items()]}
+        )
+    return earlier
+
+
+def _text(spelling: Any) -> str:
+    return nested_kind(spelling) if isinstance(spelling, dict) else spelling
 
 
 def merge_seen(into: dict[str, PropertySeen], more: dict[str, PropertySeen]) -> dict[str, PropertySeen]:
@@ -158,6 +198,8 @@ def _kinds_by_block(docs: pa.Array, member: tuple[str, ...]) -> dict[str, tuple[
 
 
 def _arrow_kind(t: pa.DataType) -> str:
+    """The column type of what the reader inferred: objects are structs of their members, arrays
+    lists; a member or element of no known type (only nulls, an empty array) is left out."""
     if pa.types.is_boolean(t):
         return "boolean"
     if pa.types.is_integer(t):
@@ -166,6 +208,13 @@ def _arrow_kind(t: pa.DataType) -> str:
         return "double"
     if pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_timestamp(t):
         return "string"  # the reader takes ISO times for timestamps; the column keeps the text
+    if pa.types.is_struct(t):
+        members = [(f.name, _arrow_kind(f.type)) for f in t]
+        known = [{"name": n, "type": spelling_of(k)} for n, k in members if k != NESTED]
+        return nested_kind({"type": "struct", "fields": known}) if known else NESTED
+    if pa.types.is_list(t) or pa.types.is_large_list(t):
+        element = _arrow_kind(t.value_type)
+        return NESTED if element == NESTED else nested_kind({"type": "list", "element": spelling_of(element)})
     return NESTED
 
 
@@ -196,8 +245,7 @@ def _kinds_one_by_one(docs: pa.Array, member: tuple[str, ...]) -> dict[str, tupl
             if known is None:
                 kinds[name] = (kind, position, 1)
             else:
-                widened = "double" if {known[0], kind} == {"long", "double"} else known[0]
-                kinds[name] = (widened, known[1], known[2] + 1)
+                kinds[name] = (merged_kind(known[0], kind), known[1], known[2] + 1)
     return kinds
 
 
@@ -210,4 +258,14 @@ def _python_kind(value: object) -> str:
         return "double"
     if isinstance(value, str):
         return "string"
+    if isinstance(value, dict):
+        members = [(str(k), _python_kind(v)) for k, v in value.items() if v is not None]
+        known = [{"name": n, "type": spelling_of(k)} for n, k in members if k != NESTED]
+        return nested_kind({"type": "struct", "fields": known}) if known else NESTED
+    if isinstance(value, list):
+        element = NESTED
+        for item in value:
+            if item is not None:
+                element = merged_kind(element, _python_kind(item))
+        return NESTED if element == NESTED else nested_kind({"type": "list", "element": spelling_of(element)})
     return NESTED

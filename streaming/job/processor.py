@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 import pyarrow as pa
 from pyiceberg.table import Table
+from pyiceberg.types import StructType
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.pandas.types import from_arrow_schema
 
@@ -85,7 +86,7 @@ class BatchReport:
     oldest_event_ms: dict[str, int] = field(default_factory=dict)
     # Property names no column maps, and why (under schema_evolution "off": in the decoders' sample)
     ignored_properties: dict[str, str] = field(default_factory=dict)
-    # Columns this batch added to the table (schema_evolution "add-columns")
+    # Columns (and struct members, by path) this batch added to the table (schema_evolution "add-columns")
     added_columns: tuple[str, ...] = ()
     # Kafka timestamps of the batch's valid records, binned: (first ms, width ms, records)
     event_times: tuple[tuple[int, int, int], ...] = ()
@@ -169,8 +170,8 @@ class BatchProcessor:
         timings: dict[str, float] = {}
         plan = self._plan_columns(batch, timings)
         table_columns = self.contract
-        if plan.added:
-            self.contract = table_columns.with_added_columns(table_columns.added_columns + plan.added)
+        if plan.added or plan.members:
+            self.contract = plan.applied(table_columns)
         try:
             self._write_and_commit(batch, batch_id, started, timings, plan)
         finally:
@@ -184,8 +185,19 @@ class BatchProcessor:
         step = time.monotonic()
         registry = self.contract if self.contract.registry is not None else None
         debezium = self.contract if self.contract.debezium is not None else None
+        # A struct column's property is scanned too: the members its values hold may be new.
+        structs = {
+            src.removeprefix("properties.")
+            for c in self.contract.all_columns
+            if isinstance(c.iceberg_type, StructType)
+            for src in c.sources
+            if src.startswith("properties.")
+        }
         scan = PropertyScan(
-            mapped_names(self.contract), registry, self.config.decode.schema_registry, debezium_contract=debezium
+            mapped_names(self.contract) - structs,
+            registry,
+            self.config.decode.schema_registry,
+            debezium_contract=debezium,
         )
         source, read_and_scan = self.layout.records(batch, scan)
         rows = source.coalesce(self.parallelism).mapInArrow(read_and_scan, self._spark_scan_schema).collect()
@@ -232,6 +244,7 @@ class BatchProcessor:
             delete_files=delete_files,
             equality_ids=tuple(equality_field_ids(self.contract)) if delete_files else (),
             added_columns=plan.added,
+            added_members=plan.members,
         )
         reject_files = tuple(results.reject_files)
         if reject_files:
@@ -286,7 +299,9 @@ class BatchProcessor:
             timings,
             oldest,
             ignored,
-            tuple(c.name for c in plan.added) if outcome.status == "committed" else (),
+            tuple([*(c.name for c in plan.added), *(".".join(m.path) for m in plan.members)])
+            if outcome.status == "committed"
+            else (),
             tuple(results.event_times),
         )
         log.info("batch", extra={"batch": _log_fields(report)})

@@ -33,6 +33,7 @@ from streaming.contract import (
     check_fresh_ids,
 )
 from streaming.contract.partition import CellColumn, cell_field
+from streaming.contract.types import grown_from
 from streaming.write.partitions import LayoutField, PartitionLayout
 from streaming.write.rejects_table import REJECTS_SCHEMA, REJECTS_SPEC
 
@@ -231,8 +232,17 @@ def table_contract(table: Table, contract: Contract) -> Contract:
     if cells is not None:
         contract = replace(contract, table_cells=cells)
     actual = {f.field_id: f for f in table.schema().fields}
+    grown: dict[str, IcebergType] = {}
     for expected in contract.iceberg_schema.fields:
         found = actual.pop(expected.field_id, None)
+        if (
+            found is not None
+            and found != expected
+            and (found.name, found.required) == (expected.name, expected.required)
+            and grown_from(found.field_type, expected.field_type)
+        ):
+            grown[found.name] = found.field_type  # a struct column that gained members at ingest
+            continue
         if found != expected:
             raise TableMismatch(
                 f"table {contract.table}: field id {expected.field_id} is {found or 'missing'} in the table, "
@@ -246,7 +256,7 @@ def table_contract(table: Table, contract: Contract) -> Contract:
                 "the contract, and only optional columns can be added to it"
             )
         added.append(Column.of_type(field.field_id, field.name, field.field_type, False, (f"properties.{field.name}",)))
-    contract = contract.with_added_columns(tuple(added))
+    contract = contract.with_added_columns(tuple(added)).with_column_types(grown)
     props = table.properties
     for key, value in contract.table_properties().items():
         if key.startswith("geo.") and props.get(key) != value:

@@ -42,7 +42,7 @@ from streaming.contract import Column
 from streaming.table.catalog import unpartitioned_spec_id
 from streaming.table.row_delta import RowDelta, SpecAwareAppend
 from streaming.write.data_files import EQUALITY_DELETES, DataFileRecord
-from streaming.write.evolution import add_columns
+from streaming.write.evolution import AddedMember, add_columns
 
 log = logging.getLogger("geoingest.commit")
 
@@ -88,6 +88,8 @@ class BatchCommit:
     # Columns the batch's files hold that the table may not have yet (schema evolution): added in
     # the same commit as the files.
     added_columns: tuple[Column, ...] = ()
+    # Members the batch's files hold in struct columns that the table may not have yet, likewise.
+    added_members: tuple[AddedMember, ...] = ()
 
     @property
     def rows(self) -> int:
@@ -480,8 +482,8 @@ class Committer:
     def _append(self, batch: BatchCommit) -> int:
         view = single_attempt_view(self.table)
         with view.transaction() as tx:
-            if batch.added_columns:
-                add_columns(tx, view.schema(), view.metadata.last_column_id, batch.added_columns)
+            if batch.added_columns or batch.added_members:
+                add_columns(tx, view.schema(), view.metadata.last_column_id, batch.added_columns, batch.added_members)
             if batch.delete_files:
                 # Unpartitioned deletes: a key's new version may land in another partition than its
                 # old one (another day, another cell), and a partitioned delete reaches its own only.

@@ -1,17 +1,20 @@
 """Schema evolution at ingest (`schema_evolution` in the contract).
 
 Under `add-columns`, a batch first runs a scan of its GeoJSON properties (`PropertyScan`); the
-driver turns the names no column maps into new optional columns (`plan_new_columns`), with the
-ids the table assigns next; the batch's files are then written with them, and the committer adds
-the columns in the same commit as the files. A writer that finds the table's schema moved
+driver turns the names no column maps into new optional columns (`plan_new_columns`): objects
+become structs of their members, arrays lists of their elements. The members a struct column's
+values hold and its type lacks become new optional members of it, nested structs too. Each gets
+the id the table assigns next, in the order Iceberg assigns them; the batch's files are then
+written with them, and the committer adds them in the same commit as the files. A writer that finds the table's schema moved
 meanwhile (another writer added columns) checks that its columns are the ones added; if not, its
 files do not fit the table and the batch is written again on the new schema (`SchemaMoved`).
 """
 
 from __future__ import annotations
 
+import itertools
 import re
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -19,14 +22,16 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pyiceberg.schema import Schema
 from pyiceberg.table import Transaction
+from pyiceberg.types import IcebergType, NestedField, StructType
 
 from streaming.contract import Column, Contract
+from streaming.contract.types import assign_ids, nested_fields, parse_type, placeholders
 from streaming.decode.columns import property_types
 from streaming.decode.decoder import first_significant_byte
 from streaming.decode.formats.avro import AvroFormat
 from streaming.decode.formats.debezium import DebeziumFormat
 from streaming.decode.formats.protobuf import ProtobufFormat
-from streaming.decode.properties import NESTED, PropertySeen, merge_seen, record_order, unmapped_properties
+from streaming.decode.properties import NESTED, PropertySeen, merge_seen, record_order, spelling_of, unmapped_properties
 from streaming.decode.schema_registry import RegistrySettings
 
 PROPERTY_SCAN_SCHEMA = pa.schema(
@@ -47,27 +52,83 @@ class SchemaMoved(RuntimeError):
 
 
 @dataclass(frozen=True)
+class AddedMember:
+    """An optional member a batch adds to a struct column: `path` is the column's name, then the
+    names of the structs on the way, then its own; `type` carries the ids of what it holds."""
+
+    path: tuple[str, ...]
+    field_id: int
+    type: IcebergType
+
+    @property
+    def ids(self) -> int:
+        """How many ids it takes: its own and those of what it holds."""
+        return 1 + sum(1 for _ in nested_fields(self.type))
+
+
+@dataclass(frozen=True)
 class ColumnPlan:
     added: tuple[Column, ...] = ()
     # property name -> why no column takes it
     ignored: dict[str, str] = field(default_factory=dict)
+    members: tuple[AddedMember, ...] = ()
+
+    def applied(self, contract: Contract) -> Contract:
+        """The contract the batch's files are written under: its columns, the added ones, and its
+        struct columns with the added members."""
+        contract = contract.with_added_columns(contract.added_columns + self.added)
+        types = {c.name: c.iceberg_type for c in contract.all_columns}
+        for member in self.members:
+            column, *inside = member.path
+            types[column] = _with_member(types[column], tuple(inside), member)
+        return contract.with_column_types({m.path[0]: types[m.path[0]] for m in self.members})
+
+
+def _with_member(kind: IcebergType, path: tuple[str, ...], member: AddedMember) -> IcebergType:
+    assert isinstance(kind, StructType), kind  # plan_new_columns adds members to structs only
+    if len(path) == 1:
+        return StructType(*kind.fields, NestedField(member.field_id, path[0], member.type, required=False))
+    return StructType(
+        *(
+            NestedField(
+                f.field_id, f.name, _with_member(f.field_type, path[1:], member), required=f.required, doc=f.doc
+            )
+            if f.name == path[0]
+            else f
+            for f in kind.fields
+        )
+    )
 
 
 def plan_new_columns(contract: Contract, seen: dict[str, PropertySeen], last_column_id: int) -> ColumnPlan:
     """The columns these properties become (in the order they were first seen, ids after
-    `last_column_id`), and why the others are left out."""
+    `last_column_id`), the members struct columns gain, and why the other properties are left out."""
     policy = contract.schema_evolution
     taken = {f.name for f in contract.iceberg_schema.fields}
     columns = len(contract.iceberg_schema.fields)
+    by_property = {
+        src.removeprefix("properties."): c
+        for c in contract.all_columns
+        for src in c.sources
+        if src.startswith("properties.")
+    }
+    counter = itertools.count(last_column_id + 1)
+
+    def next_id() -> int:
+        return next(counter)
+
     added: list[Column] = []
     ignored: dict[str, str] = {}
-    for name, property_seen in sorted(seen.items(), key=lambda item: item[1].first):
+    in_order = sorted(seen.items(), key=lambda item: item[1].first)
+    for name, property_seen in in_order:
+        if name in by_property:
+            continue  # a column reads it; its struct may gain members, below
         if policy.mode != "add-columns":
             ignored[name] = "schema_evolution is off"
         elif name in taken:
             ignored[name] = "a column of that name reads another source"
         elif property_seen.type == NESTED:
-            ignored[name] = "its values are objects or arrays, which no column type holds"
+            ignored[name] = "its values are empty objects or arrays, or hold only nulls: no type can be told"
         elif not re.fullmatch(policy.name_pattern, name):
             ignored[name] = f"the name does not match schema_evolution.name_pattern {policy.name_pattern!r}"
         elif len(added) >= policy.max_new_columns_per_batch:
@@ -75,39 +136,79 @@ def plan_new_columns(contract: Contract, seen: dict[str, PropertySeen], last_col
         elif columns + len(added) >= policy.max_columns:
             ignored[name] = f"schema_evolution.max_columns ({policy.max_columns}) reached"
         else:
-            added.append(
-                Column(last_column_id + 1 + len(added), name, property_seen.type, False, (f"properties.{name}",))
-            )
-    return ColumnPlan(tuple(added), ignored)
+            column_id = next_id()
+            kind = assign_ids(parse_type(spelling_of(property_seen.type), name, placeholders()), next_id)
+            added.append(Column.of_type(column_id, name, kind, False, (f"properties.{name}",)))
+    members: list[AddedMember] = []
+    if policy.mode == "add-columns":
+        for name, property_seen in in_order:
+            column = by_property.get(name)
+            spelling = spelling_of(property_seen.type)
+            struct = column.iceberg_type if column is not None else None
+            if column is not None and isinstance(struct, StructType) and isinstance(spelling, dict):
+                members += _missing_members(struct, spelling, (column.name,), next_id)
+    return ColumnPlan(tuple(added), ignored, tuple(members))
 
 
-def add_columns(tx: Transaction, schema: Schema, last_column_id: int, columns: tuple[Column, ...]) -> None:
-    """Stage the columns of a batch on a transaction of the table whose current schema is `schema`.
-
-    A column the table already has (another writer added it meanwhile) must have the id and type
-    the batch's files give it; a missing one is added, and must get the id the files use."""
+def _missing_members(
+    kind: StructType, seen: dict, path: tuple[str, ...], next_id: Callable[[], int]
+) -> list[AddedMember]:
+    """The members the values hold (`seen`, as the contract spells a type) that the struct lacks."""
+    if seen.get("type") != "struct":
+        return []  # another kind of value: rejected as a type mismatch, not a change of the column
+    have = {f.name: f.field_type for f in kind.fields}
     missing = []
-    for column in columns:
+    for member in seen["fields"]:
+        name, spelling = member["name"], member["type"]
+        if name not in have:
+            field_id = next_id()
+            member_type = assign_ids(parse_type(spelling, ".".join((*path, name)), placeholders()), next_id)
+            missing.append(AddedMember((*path, name), field_id, member_type))
+        elif isinstance(inner := have[name], StructType) and isinstance(spelling, dict):
+            missing += _missing_members(inner, spelling, (*path, name), next_id)
+    return missing
+
+
+def add_columns(
+    tx: Transaction,
+    schema: Schema,
+    last_column_id: int,
+    columns: tuple[Column, ...],
+    members: tuple[AddedMember, ...] = (),
+) -> None:
+    """Stage the columns and struct members of a batch on a transaction of the table whose current
+    schema is `schema`.
+
+    One the table already has (another writer added it meanwhile) must have the id and type the
+    batch's files give it; a missing one is added, and must get the id the files use: Iceberg
+    numbers what is added in order, each column or member before what it holds."""
+    missing: list[tuple[tuple[str, ...], int, IcebergType, int]] = []
+    wanted: list[tuple[tuple[str, ...], int, IcebergType, int]] = [
+        ((c.name,), c.id, c.iceberg_type, 1 + sum(1 for _ in nested_fields(c.iceberg_type))) for c in columns
+    ]
+    wanted += [(m.path, m.field_id, m.type, m.ids) for m in members]
+    for path, field_id, kind, ids in wanted:
         try:
-            existing = schema.find_field(column.name)
+            existing = schema.find_field(".".join(path))
         except ValueError:
-            missing.append(column)
+            missing.append((path, field_id, kind, ids))
             continue
-        if existing.field_id != column.id or existing.field_type != column.iceberg_type:
+        if existing.field_id != field_id or existing.field_type != kind:
             raise SchemaMoved(
-                f"column {column.name!r}: the table has it as id {existing.field_id} {existing.field_type}, "
-                f"this batch wrote it as id {column.id} {column.iceberg_type}"
+                f"column {'.'.join(path)!r}: the table has it as id {existing.field_id} {existing.field_type}, "
+                f"this batch wrote it as id {field_id} {kind}"
             )
-    for offset, column in enumerate(missing, start=1):
-        if column.id != last_column_id + offset:
+    expected = last_column_id + 1
+    for path, field_id, _, ids in missing:
+        if field_id != expected:
             raise SchemaMoved(
-                f"column {column.name!r}: this batch wrote it as id {column.id}, "
-                f"but the table's next id is {last_column_id + offset}"
+                f"column {'.'.join(path)!r}: this batch wrote it as id {field_id}, but the table's next id is {expected}"
             )
+        expected += ids
     if missing:
         with tx.update_schema() as update:
-            for column in missing:
-                update.add_column(column.name, column.iceberg_type)
+            for path, _, kind, _ in missing:
+                update.add_column(path if len(path) > 1 else path[0], kind)
 
 
 @dataclass(frozen=True)

@@ -203,3 +203,70 @@ def test_generated_nested_values_land_as_sent_and_every_reader_reads_them_back(
         run_with_iceberg_spark(SPARK_READ, tmp_path, table.metadata_location, str(out))
         spark_rows = pq.read_table(out).to_pylist()
         compare({r["event_id"]: [r[n] for n in names] for r in spark_rows}, expected, types, "Spark")
+
+
+def test_a_producer_that_adds_nested_members_mid_stream_grows_the_table_and_old_rows_read_null(
+    kafka, spark, topic, tmp_path
+) -> None:
+    """Under `add-columns`: an object property becomes a struct column, an array a list column; a
+    member a struct's values gain mid-stream (nested too) becomes a member of the column, which the
+    rows written before read as null; a value of another type is a reject naming its path."""
+    raw = contract_of([{"type": "struct", "fields": [{"name": "id", "type": "long", "required": True}]}], "geojson")
+    raw["schema_evolution"] = "add-columns"
+    contract = parse_contract(raw)
+
+    def feature(i: int, c0: dict, **more) -> bytes:
+        doc = {"type": "Feature", "id": f"e{i}", "geometry": {"type": "Point", "coordinates": [i % 90, 1.0]}}
+        return json.dumps({**doc, "properties": {"c0": c0, **more}}).encode()
+
+    first = [feature(i, {"id": i}, trip={"legs": [{"km": 1.5}], "fare": 3}, tags=["a", "b"]) for i in range(60)]
+    later = [
+        feature(i, {"id": i, "rating": 4.5, "car": {"plate": f"P{i}"}}, trip={"fare": 4, "paid": True}, tags=[])
+        for i in range(60, 120)
+    ]
+    later.append(feature(120, {"id": "not-a-number"}))
+    settings = local_settings(kafka, topic, tmp_path, max_offsets_per_trigger=40)
+    create_table(open_catalog(settings.catalog_name, settings.catalog), contract)
+    for values in (first, later):
+        assert produce_records(kafka.bootstrap, topic, [(None, v, []) for v in values]) == len(values)
+        totals = run(settings, contract, until_idle=True, spark=spark)
+        assert totals.commits.get("failed", 0) == 0
+
+    assert totals.rejected == {"property_type_mismatch": 1}
+    table = open_catalog(settings.catalog_name, settings.catalog).load_table(contract.table)
+    schema = table.schema()
+    kinds = {
+        path: re.sub(r"\d+: |optional |required ", "", str(schema.find_type(path)))
+        for path in ("c0.id", "c0.rating", "c0.car.plate", "trip.legs", "trip.fare", "trip.paid", "tags")
+    }
+    assert kinds == {
+        "c0.id": "long",
+        "c0.rating": "double",
+        "c0.car.plate": "string",
+        "trip.legs": "list<struct<km: double>>",
+        "trip.fare": "long",
+        "trip.paid": "boolean",
+        "tags": "list<string>",
+    }
+    # Members in the order the values showed them; each id the one Iceberg gave as the batch said.
+    assert [f.name for f in schema.find_type("c0").fields] == ["id", "rating", "car"]
+    assert [f.name for f in schema.find_type("trip").fields] == ["legs", "fare", "paid"]
+
+    con = duckdb_connection()
+    rows = {
+        r[0]: r[1:]
+        for r in con.execute(
+            f"SELECT event_id, c0, trip, tags FROM iceberg_scan('{table.metadata_location}')"
+        ).fetchall()
+    }
+    assert len(rows) == 120
+    assert rows["e1"] == (
+        {"id": 1, "rating": None, "car": None},
+        {"legs": [{"km": 1.5}], "fare": 3, "paid": None},
+        ["a", "b"],
+    )
+    assert rows["e61"] == (
+        {"id": 61, "rating": 4.5, "car": {"plate": "P61"}},
+        {"legs": None, "fare": 4, "paid": True},
+        [],
+    )

@@ -26,7 +26,7 @@ from streaming.read.predicate import Predicate
 from streaming.read.query import query
 from streaming.table.catalog import create_table, open_catalog, table_contract
 from streaming.table.commit import BatchCommit, Committer
-from streaming.write.evolution import SchemaMoved, plan_new_columns
+from streaming.write.evolution import SchemaMoved, add_columns, plan_new_columns
 from tests.conftest import CACHE_DIR, duckdb_connection, produce_records
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -55,7 +55,7 @@ def test_unmapped_properties_name_type_and_first_record_whichever_way_the_block_
     expected = {
         "lanes": PropertySeen("double", 2, (0, 0, 0)),  # a whole number beside a fraction: double
         "note": PropertySeen("string", 1, (10, 0, 1)),
-        "tags": PropertySeen("nested", 1, (10, 0, 1)),
+        "tags": PropertySeen('{"type":"list","element":"string"}', 1, (10, 0, 1)),
         "open": PropertySeen("boolean", 1, (20, 0, 2)),
     }
     assert unmapped_properties(pa.array(docs), {"speed"}, order_of(3)) == expected
@@ -81,7 +81,7 @@ def test_new_columns_take_the_next_ids_in_the_order_their_names_were_first_seen(
         Column(16, "alpha", "string", False, ("properties.alpha",)),
     )
     assert set(plan.ignored) == {"Bad-Name", "shape", "late", "speed_kmh"}
-    assert "name_pattern" in plan.ignored["Bad-Name"] and "objects or arrays" in plan.ignored["shape"]
+    assert "name_pattern" in plan.ignored["Bad-Name"] and "empty objects or arrays" in plan.ignored["shape"]
     assert "max_new_columns_per_batch (2)" in plan.ignored["speed_kmh"]
     off = plan_new_columns(parse_contract(DEMO), seen, LAST_DEMO_ID)
     assert off.added == () and set(off.ignored.values()) == {"schema_evolution is off"}
@@ -127,7 +127,7 @@ def evolving_stream(seed: int) -> tuple[list[bytes], dict[str, object]]:
         "lit": lambda i: i % 2 == 0,
         "width_m": lambda i: round(rng.uniform(2, 9), 2),
         "osm_ref": lambda i: str(1000 + i),
-        "tags": lambda i: ["a", "b"],  # an array: no column holds it
+        "tags": lambda i: ["a", "b"],  # an array: a list column
         "Max-Speed": lambda i: 50,  # a name the pattern refuses
     }
     phases = [
@@ -178,14 +178,16 @@ def test_producers_add_properties_over_time_and_the_table_follows(kafka, spark, 
     added = [(f.field_id, f.name, str(f.field_type)) for f in table.schema().fields if f.field_id > LAST_DEMO_ID]
     assert added[:3] == [(15, "lanes", "long"), (16, "surface", "string"), (17, "lit", "boolean")]
     names = [name for _, name, _ in added]
-    assert {"width_m", "osm_ref"} <= set(names) and len(names) == 18, names
-    assert {"tags", "Max-Speed"}.isdisjoint(names), "an array and a refused name are not columns"
+    assert {"width_m", "osm_ref", "tags"} <= set(names) and len(names) == 19, names
+    assert "Max-Speed" not in names, "a refused name is not a column"
     assert dict((n, t) for _, n, t in added)["width_m"] == "double"
+    # An array is a list column; its element's id follows its own, as Iceberg numbers them.
+    assert (18, "tags", "list<string>") in added and table.schema().find_field("tags.element").field_id == 19
     assert all(not f.required for f in table.schema().fields if f.field_id > LAST_DEMO_ID)
     ignored = {name: why for r in reports for name, why in r.ignored_properties.items()}
-    assert {"tags", "Max-Speed"} <= set(ignored)
+    assert "Max-Speed" in ignored and "tags" not in ignored
     logged = [r.batch["property"] for r in caplog.records if r.getMessage() == "property ignored"]
-    assert sorted(logged) == sorted(set(logged)) and {"tags", "Max-Speed"} <= set(logged), "once per name"
+    assert sorted(logged) == sorted(set(logged)) and "Max-Speed" in logged, "once per name"
 
     # Every value is in its column or its record is a reject with the reason; the oldest rows read
     # null in the columns added after them, with every reader.
@@ -227,3 +229,54 @@ def test_the_scan_survives_every_hostile_input_the_decoder_meets():
     docs = [feature(0, {"lanes": 2}), *hostile, feature(1, {"lanes": 3})]
     seen = unmapped_properties(pa.array(docs, pa.binary()), set(), order_of(len(docs)))
     assert seen["lanes"] == PropertySeen("long", 2, (0, 0, 0))
+
+
+def test_nested_columns_and_members_take_the_ids_iceberg_gives_them_in_the_commit(catalog) -> None:
+    """Objects become structs, arrays lists, new members join struct columns; each id is the one
+    pyiceberg's UpdateSchema gives it when the commit adds them in the plan's order."""
+    raw = {**EVOLVING}
+    raw["columns"] = [
+        *DEMO["columns"],
+        {
+            "id": 9,
+            "name": "driver",
+            "type": {"type": "struct", "fields": [{"name": "id", "type": "long"}]},
+            "from": ["properties.driver"],
+        },
+    ]
+    raw["geometry"], raw["bbox"] = {**DEMO["geometry"], "id": 10}, {**DEMO["bbox"], "id": 11}
+    contract = parse_contract(raw)
+    table, _ = create_table(catalog, contract)
+    seen = {
+        "trip": PropertySeen(
+            '{"type":"struct","fields":[{"name":"legs","type":{"type":"list","element":{"type":"struct","fields":[{"name":"km","type":"double"}]}}},{"name":"paid","type":"boolean"}]}',
+            3,
+            (1, 0, 0),
+        ),
+        "driver": PropertySeen(
+            '{"type":"struct","fields":[{"name":"id","type":"long"},{"name":"car","type":{"type":"struct","fields":[{"name":"plate","type":"string"}]}}]}',
+            2,
+            (2, 0, 0),
+        ),
+        "empty": PropertySeen("nested", 1, (3, 0, 0)),
+    }
+    last = table.metadata.last_column_id
+    plan = plan_new_columns(contract, seen, last)
+    assert [c.name for c in plan.added] == ["trip"] and plan.added[0].id == last + 1
+    # trip (n+1), its members legs, paid (n+2, n+3), legs' element (n+4), the element's km (n+5);
+    # then driver.car (n+6) and car.plate (n+7).
+    assert str(plan.added[0].iceberg_type) == (
+        f"struct<{last + 2}: legs: optional list<struct<{last + 5}: km: optional double>>, {last + 3}: paid: optional boolean>"
+    )
+    assert [(m.path, m.field_id) for m in plan.members] == [(("driver", "car"), last + 6)]
+    assert "no type can be told" in plan.ignored["empty"]
+
+    grown = plan.applied(contract)
+    files_schema = grown.iceberg_schema
+    with table.transaction() as tx:
+        add_columns(tx, table.schema(), last, plan.added, plan.members)
+    table = catalog.load_table(contract.table)
+    assert table.schema().find_field("trip") == files_schema.find_field("trip")
+    assert table.schema().find_field("driver") == files_schema.find_field("driver")
+    # The table's grown struct still fits the contract the service was started with.
+    assert table_contract(table, contract).iceberg_schema.find_field("driver") == files_schema.find_field("driver")
