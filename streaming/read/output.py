@@ -17,6 +17,7 @@ import pyarrow.parquet as pq
 import shapely
 
 from streaming.contract import Contract
+from streaming.decode.json_values import has_map
 from streaming.kernels.antimeridian import union_x
 from streaming.kernels.geoparquet import geo_metadata
 from streaming.kernels.wkb import geometry_type_names
@@ -109,17 +110,7 @@ def _json_ready(column: pa.Array) -> pa.Array:
 def _json_values(column: pa.Array) -> list:
     """The column's values as JSON takes them: a map an object (pyarrow gives key/value pairs)."""
     values = column.to_pylist()
-    return values if not _holds_map(column.type) else [_objects(v, column.type) for v in values]
-
-
-def _holds_map(kind: pa.DataType) -> bool:
-    if pa.types.is_map(kind):
-        return True
-    if pa.types.is_struct(kind):
-        return any(_holds_map(f.type) for f in kind)
-    if pa.types.is_list(kind) or pa.types.is_large_list(kind):
-        return _holds_map(kind.value_type)
-    return False
+    return values if not has_map(column.type) else [_objects(v, column.type) for v in values]
 
 
 def _objects(value: Any, kind: pa.DataType) -> Any:

@@ -241,17 +241,15 @@ class _FeatureParser:
         def one_by_one(lo: int, hi: int) -> None:
             singles.extend(self._parse_one(flat, i, errors) for i in range(lo, hi))
 
-        if self._one_by_one:
-            one_by_one(0, len(flat))
-        else:
-            read_in_blocks(
-                len(flat),
-                lambda lo, hi: self._read_block(flat.slice(lo, hi - lo)),
-                add_block,
-                one_by_one,
-                self._MIN_BLOCK,
-                self._MAX_RUN,
-            )
+        read_in_blocks(
+            len(flat),
+            lambda lo, hi: self._read_block(flat.slice(lo, hi - lo)),
+            add_block,
+            one_by_one,
+            self._MIN_BLOCK,
+            self._MAX_RUN,
+            readable=not self._one_by_one,
+        )
         add_block(self._empty(0))
         table = pa.concat_tables(pieces)
         geometry = table.column("geometry").combine_chunks()

@@ -25,11 +25,16 @@ def read_in_blocks(
     one_by_one: Callable[[int, int], None],
     min_block: int,
     max_run: int,
+    readable: bool = True,
 ) -> None:
     """Read documents 0..n-1: whole blocks while the reader takes them (doubling the block after a
     success), the rows before a refused one as a block, the refused one alone, and after it a run of
     rows one by one, longer while refusals keep coming: a batch of bad documents costs about what
-    reading them one by one costs, never a block read per document."""
+    reading them one by one costs, never a block read per document. Not `readable` (the reader
+    cannot read what the columns ask for, a map): every document one by one."""
+    if not readable:
+        one_by_one(0, n)
+        return
     lo, window, run = 0, n, 0
     while lo < n:
         hi = min(n, lo + window)

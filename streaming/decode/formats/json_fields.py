@@ -339,17 +339,15 @@ class _BlockParser:
         def one_by_one(lo: int, hi: int) -> None:
             singles.extend(self._parse_one(flat, i, errors) for i in range(lo, hi))
 
-        if self.one_by_one_only:
-            one_by_one(0, len(flat))
-        else:
-            read_in_blocks(
-                len(flat),
-                lambda lo, hi: self._read_block(flat.slice(lo, hi - lo)),
-                add_block,
-                one_by_one,
-                self._MIN_BLOCK,
-                self._MAX_RUN,
-            )
+        read_in_blocks(
+            len(flat),
+            lambda lo, hi: self._read_block(flat.slice(lo, hi - lo)),
+            add_block,
+            one_by_one,
+            self._MIN_BLOCK,
+            self._MAX_RUN,
+            readable=not self.one_by_one_only,
+        )
         add_block(pa.Table.from_pylist([], schema=self.schema))
         return pa.concat_tables(pieces), errors
 
