@@ -31,7 +31,7 @@ from pyiceberg.types import DoubleType
 from streaming.contract import BBOX_FIELDS, Contract
 from streaming.kernels.geoparquet import geo_metadata_bytes
 from streaming.kernels.wkb import geometry_type_names
-from streaming.write.file_types import as_file_types
+from streaming.write.file_types import as_types
 from streaming.write.partitions import PartitionLayout, partition_path, split_by_partition, with_cells
 
 # Spark DDL of the rows the write stage returns to the driver.
@@ -267,7 +267,7 @@ class GeoParquetWriter:
 
     def _write_group(self, lane: _Lane, group: pa.RecordBatch, folder: str, values: tuple) -> Iterator[DataFileRecord]:
         table = with_cells(_with_flat_bbox(pa.Table.from_batches([group]), self.contract), self.contract)
-        table = as_file_types(table, self.schema)
+        table = as_types(table, self.schema)
         if lane.file is None:
             lane.file = _OpenFile(self._new_path(folder), self.io, self.schema, self._parquet_options)
         lane.file.write(table, self.contract, lane.wrapped)

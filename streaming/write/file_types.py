@@ -1,10 +1,11 @@
-"""Rows in the data files' types: from the types they travel in (contract.arrow_schema, where a time
-is microseconds and a UUID or fixed-size value plain bytes) to the table's (contract.data_file_schema).
+"""Rows cast between the types they travel in (contract.arrow_schema, where a time is microseconds
+and a UUID or fixed-size value plain bytes) and the data files' types (contract.data_file_schema),
+either way.
 
-A struct that is null may still hold nulls in its required members (Spark's Arrow exchange leaves
-them so), which Arrow refuses to cast to a non-nullable member; they are filled with a zero value
-first, which no reader sees under the null struct. Rows whose required members are null where the
-struct is not never get here: the decoder rejects them."""
+A struct that is null may still hold nulls in its required members (Spark's Arrow exchange and the
+Parquet reader leave them so), which Arrow refuses to cast to a non-nullable member; they are filled
+with a zero value first, which no reader sees under the null struct. Rows whose required members
+are null where the struct is not never get here: the decoder rejects them."""
 
 from __future__ import annotations
 
@@ -15,11 +16,16 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 
-def as_file_types(table: pa.Table, schema: pa.Schema) -> pa.Table:
+def as_types(table: pa.Table, schema: pa.Schema) -> pa.Table:
     """`table`'s columns named in `schema`, in its types."""
     table = table.select(schema.names)
     columns = [_filled(table.column(f.name).combine_chunks(), f.type) for f in schema]
     return pa.Table.from_arrays(columns, schema=table.schema).cast(schema)
+
+
+def as_type(values: pa.Array, kind: pa.DataType) -> pa.Array:
+    """One column's values in `kind`."""
+    return _filled(values, kind).cast(kind)
 
 
 def _filled(values: pa.Array, kind: pa.DataType) -> pa.Array:

@@ -48,6 +48,7 @@ from streaming.decode.decoder import HILBERT, UNAVAILABLE, UNAVAILABLE_TYPE
 from streaming.kernels.hilbert import hilbert_keys_of_bounds
 from streaming.kernels.key_hash import key_hashes
 from streaming.write.data_files import DataFileRecord, FileSettings, GeoParquetWriter
+from streaming.write.file_types import as_type, as_types
 from streaming.write.merge import LastTaskMerge, hilbert_sorted, peers_if_last, range_count, write_sorted
 from streaming.write.upsert import (
     OFFSET,
@@ -134,7 +135,7 @@ def stage_versions(
     ):
         if table.num_rows == 0:
             continue
-        table = table.select(schema.names).cast(schema)
+        table = as_types(table, schema)
         bucket = key_buckets(table, contract.primary_key)
         order = np.argsort(bucket, kind="stable")
         ordered, sorted_buckets = table.take(pa.array(order)), bucket[order]
@@ -220,7 +221,7 @@ def fill_from_table(latest: pa.Table, contract: Contract, current: CurrentRows |
             for column in _carried_with(name, contract):
                 if column == HILBERT:
                     continue
-                source = found.column(column).combine_chunks().cast(latest.schema.field(column).type)
+                source = as_type(found.column(column).combine_chunks(), latest.schema.field(column).type)
                 padded = pa.concat_arrays([latest.column(column).combine_chunks(), source])
                 take = np.arange(latest.num_rows)
                 take[filled] = latest.num_rows + place[filled]

@@ -15,9 +15,13 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 import shapely
+from kafka import KafkaAdminClient
+from kafka.admin import NewTopic
 
 from app.service import run
 from streaming.contract import check_fresh_ids, parse_contract
+from streaming.maintenance.maintain import maintain
+from streaming.maintenance.plan import MaintenancePolicy
 from streaming.read.output import to_geojson_lines
 from streaming.read.predicate import Predicate
 from streaming.read.query import query
@@ -270,3 +274,61 @@ def test_a_producer_that_adds_nested_members_mid_stream_grows_the_table_and_old_
         {"legs": None, "fare": 4, "paid": True},
         [],
     )
+
+
+def test_nested_values_in_an_upsert_table_on_a_one_partition_topic_keep_each_keys_last_version_through_compaction(
+    kafka, spark, tmp_path
+) -> None:
+    """Nested columns combined with the rest: an upsert table (keys from the Kafka key, 10 %
+    tombstones), partitioned by a bucket of the key, fed from a topic of one partition, compacted
+    after; `geoingest query` and DuckDB give each live key's last version, nested values equal."""
+    rng = np.random.default_rng(46)
+    types = [FIXED_TYPES[0], FIXED_TYPES[1], FIXED_TYPES[2], "decimal(12, 2)", "uuid", "date"]
+    raw = contract_of(types, "geojson")
+    raw["columns"][0]["from"] = ["kafka.key"]
+    raw.update(mode="upsert", partition=["bucket(4, event_id)"])
+    contract = parse_contract(raw)
+    topic = f"nested-upsert-{rng.integers(1 << 30)}"
+    KafkaAdminClient(bootstrap_servers=kafka.bootstrap).create_topics(
+        [NewTopic(topic, num_partitions=1, replication_factor=1)]
+    )
+    records, last = [], {}
+    for i in range(600):
+        key = f"k{rng.integers(120)}"
+        if key in last and rng.random() < 0.1:
+            records.append((key.encode(), None, []))
+            last[key] = None
+            continue
+        sent, back = {}, []
+        for c, kind in enumerate(types):
+            value, plain_value = random_value(rng, kind)
+            sent[f"c{c}"] = as_sent(value, kind, rng)
+            back.append(plain_value)
+        doc = {"type": "Feature", "geometry": {"type": "Point", "coordinates": [i % 170, 5.0]}, "properties": sent}
+        records.append((key.encode(), numbers_unquoted(json.dumps(doc)).encode(), []))
+        last[key] = back
+    assert produce_records(kafka.bootstrap, topic, records) == len(records)
+    settings = local_settings(kafka, topic, tmp_path, max_offsets_per_trigger=100, maintenance_mode="off")
+    create_table(open_catalog(settings.catalog_name, settings.catalog), contract)
+    totals = run(settings, contract, until_idle=True, spark=spark)
+    assert totals.commits.get("failed", 0) == 0 and totals.batches >= 5 and not totals.rejected
+    table = open_catalog(settings.catalog_name, settings.catalog).load_table(contract.table)
+    report = maintain(
+        table,
+        MaintenancePolicy(min_file_age_s=0, snapshot_max_age_s=0, keep_snapshots=1, orphan_min_age_s=0),
+        steps=("compact",),
+    )
+    assert report.compaction is not None and report.compaction.files_rewritten > 1
+    table = open_catalog(settings.catalog_name, settings.catalog).load_table(contract.table)
+
+    live = {k: v for k, v in last.items() if v is not None}
+    names = [f"c{i}" for i in range(len(types))]
+    result = query(table, Predicate("intersects", shapely.box(-180, -90, 180, 90))).table
+    compare({r["event_id"]: [r[n] for n in names] for r in result.to_pylist()}, live, types, "geoingest query")
+    con = duckdb_connection()
+    con.execute("SET TimeZone = 'UTC'")
+    found = con.execute(
+        f"SELECT event_id, {', '.join(names)} FROM iceberg_scan('{table.metadata_location}')"
+    ).fetchall()
+    assert len(found) == len({r[0] for r in found}), "one row per key"
+    compare({r[0]: list(r[1:]) for r in found}, live, types, "DuckDB")
