@@ -26,9 +26,11 @@ from streaming.read.output import to_geojson_lines
 from streaming.read.predicate import Predicate
 from streaming.read.query import query
 from streaming.table.catalog import create_table, open_catalog
+from streaming.write.dead_letter import DETAIL_HEADER, REASON_HEADER
 from tests.conftest import duckdb_connection, local_settings, produce_records
 from tests.iceberg_spark import run_with_iceberg_spark
 from tests.nested_values import PRIMITIVES, as_geojson_out, empty_for_null, plain, random_type, random_value
+from tests.streaming.job.test_reliability import consume_all
 
 pytestmark = pytest.mark.integration
 
@@ -237,6 +239,10 @@ def test_a_producer_that_adds_nested_members_mid_stream_grows_the_table_and_old_
         assert totals.commits.get("failed", 0) == 0
 
     assert totals.rejected == {"property_type_mismatch": 1}
+    (dead,) = consume_all(kafka.bootstrap, settings.dead_letter_topic)
+    headers = dict(dead.headers)
+    assert headers[REASON_HEADER] == b"property_type_mismatch"
+    assert headers[DETAIL_HEADER].decode() == "properties.c0.id: expected long, got 'not-a-number'"
     table = open_catalog(settings.catalog_name, settings.catalog).load_table(contract.table)
     schema = table.schema()
     kinds = {
