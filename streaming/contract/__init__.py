@@ -1,6 +1,6 @@
 """Table contracts: what a table holds and how events map onto it (schemas/*.json), seen by every stage.
 core.py: Contract, parse_contract, load_contract; terms.py: vocabulary, ContractError; types.py: column types;
-parts.py, partition.py, sources.py."""
+columns.py: columns and their ids; parts.py, partition.py, sources.py."""
 
 from __future__ import annotations
 
@@ -10,7 +10,6 @@ from streaming.contract.core import (
     crs_area_of_use,
     load_contract,
     parse_contract,
-    regular_types,
 )
 from streaming.contract.partition import parse_retention
 from streaming.contract.parts import Column
@@ -26,7 +25,7 @@ from streaming.contract.terms import (
     JSON_SOURCE_PREFIX,
     ContractError,
 )
-from streaming.contract.types import PRIMITIVE_TYPES, primitive_type, type_name
+from streaming.contract.types import PRIMITIVE_TYPES, primitive_type, regular_types, type_name
 
 __all__ = [
     "ASSET_KEY_SOURCE",

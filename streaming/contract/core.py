@@ -16,11 +16,9 @@ those of the struct's fields (bench/duckdb_pruning.py).
 
 from __future__ import annotations
 
-import itertools
 import json
 import math
 import re
-from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from functools import cached_property
 from pathlib import Path
@@ -39,6 +37,13 @@ from pyiceberg.types import (
 )
 from pyproj import CRS
 
+from streaming.contract.columns import (
+    check_unique_ids,
+    declared_ids,
+    number_nested_fields,
+    parse_column,
+    parse_primary_key,
+)
 from streaming.contract.partition import (
     CellColumn,
     PartitionField,
@@ -62,7 +67,6 @@ from streaming.contract.terms import (
     ASSET_KEY_SOURCE,
     BBOX_FIELDS,
     CELL_PROPERTY_PREFIX,
-    DEBEZIUM_SOURCES,
     DEFAULT_HILBERT_BITS,
     DEFAULT_ROW_GROUP_ROWS,
     DEFAULT_TARGET_FILE_BYTES,
@@ -71,9 +75,6 @@ from streaming.contract.terms import (
     FORMATS,
     GEOMETRY_TYPES,
     JSON_OBJECT_FORMATS,
-    JSON_PATH,
-    JSON_SOURCE_PREFIX,
-    KAFKA_SOURCES,
     SCHEMA_EVOLUTION_MODES,
     TIME_TRANSFORMS,
     WRITE_MODES,
@@ -82,7 +83,7 @@ from streaming.contract.terms import (
     known_keys_only,
     require,
 )
-from streaming.contract.types import assign_ids, nested_fields, parse_type, placeholders
+from streaming.contract.types import nested_fields, placeholders, regular_types, transport_type
 
 
 @dataclass(frozen=True)
@@ -266,49 +267,8 @@ class Contract:
         }
 
 
-def _regular_type(t: pa.DataType) -> pa.DataType:
-    if pa.types.is_large_string(t):
-        return pa.string()
-    if pa.types.is_large_binary(t):
-        return pa.binary()
-    if pa.types.is_struct(t):
-        return pa.struct([f.with_type(_regular_type(f.type)) for f in t])
-    if pa.types.is_map(t):
-        return pa.map_(
-            t.key_field.with_type(_regular_type(t.key_type)), t.item_field.with_type(_regular_type(t.item_type))
-        )
-    if pa.types.is_large_list(t) or pa.types.is_list(t):
-        return pa.list_(t.value_field.with_type(_regular_type(t.value_type)))
-    return t
-
-
-def transport_type(t: pa.DataType) -> pa.DataType:
-    """The type a column's values have between the decoder and the writer: Spark's Arrow exchange
-    takes no time of day, UUID or fixed-size binary, so they travel as microseconds and bytes."""
-    if pa.types.is_time(t):
-        return pa.int64()
-    if isinstance(t, pa.BaseExtensionType):
-        return transport_type(t.storage_type)
-    if pa.types.is_fixed_size_binary(t):
-        return pa.binary()
-    if pa.types.is_struct(t):
-        return pa.struct([f.with_type(transport_type(f.type)) for f in t])
-    if pa.types.is_map(t):
-        return pa.map_(
-            t.key_field.with_type(transport_type(t.key_type)), t.item_field.with_type(transport_type(t.item_type))
-        )
-    if pa.types.is_list(t):
-        return pa.list_(t.value_field.with_type(transport_type(t.value_type)))
-    return t
-
-
 def flat_bbox_names(bbox_name: str) -> tuple[str, ...]:
     return tuple(f"{bbox_name}_{name}" for name in BBOX_FIELDS)
-
-
-def regular_types(schema: pa.Schema) -> pa.Schema:
-    """The schema with Arrow's regular string and binary types where it has the large ones."""
-    return pa.schema([f.with_type(_regular_type(f.type)) for f in schema], metadata=schema.metadata)
 
 
 def load_contract(path: str | Path) -> Contract:
@@ -350,7 +310,7 @@ def parse_contract(raw: Any) -> Contract:
 
     raw_columns = require(raw, "columns", list)
     unassigned = placeholders()
-    columns = tuple(_parse_column(c, f"columns[{i}]", unassigned) for i, c in enumerate(raw_columns))
+    columns = tuple(parse_column(c, f"columns[{i}]", unassigned) for i, c in enumerate(raw_columns))
     geometry = _parse_geometry(require(raw, "geometry", dict))
     raw_bbox = require(raw, "bbox", dict)
     known_keys_only(raw_bbox, "bbox", "bbox.")
@@ -372,7 +332,7 @@ def parse_contract(raw: Any) -> Contract:
                     "rename that column or the bbox column"
                 )
     seen: dict[int, str] = {}
-    for where, fid in _declared_ids(columns, geometry.id, bbox_id):
+    for where, fid in declared_ids(columns, geometry.id, bbox_id):
         if fid < 1:
             raise ContractError(f"{where}: id {fid} must be a positive whole number")
         if fid in seen:
@@ -383,7 +343,7 @@ def parse_contract(raw: Any) -> Contract:
     mode = raw.get("mode", "append")
     if mode not in WRITE_MODES:
         raise ContractError(f"mode: {mode!r} is not one of {list(WRITE_MODES)}")
-    primary_key = _parse_primary_key(raw, columns, mode)
+    primary_key = parse_primary_key(raw, columns, mode)
     schema_evolution = _parse_schema_evolution(raw.get("schema_evolution", "off"))
     json_fields = parse_json_fields(raw, formats, columns)
     registry = parse_registry(raw, formats)
@@ -406,7 +366,7 @@ def parse_contract(raw: Any) -> Contract:
         + len(flat_bbox_names(bbox_name) if bbox_flat_columns else ())
         + len([f for f in partition if f.is_cell])
     )
-    columns = _number_nested_fields(columns, top_level + (1 if raster is not None else 0))
+    columns = number_nested_fields(columns, top_level + (1 if raster is not None else 0))
     contract = Contract(
         table=table,
         description=str(raw.get("description", "")),
@@ -429,23 +389,8 @@ def parse_contract(raw: Any) -> Contract:
         retention_s=retention_s,
         raster=raster,
     )
-    _check_unique_ids(contract)
+    check_unique_ids(contract.columns, contract.geometry.id, contract.bbox_id)
     return contract
-
-
-def _check_unique_ids(contract: Contract) -> None:
-    """Every id the contract states or leaves to be assigned, nested ones too, is its field's own.
-    (The bbox's fields, flat columns, cells and raster take theirs from a new table's layout, or the
-    table's: table_contract and `table evolve` check those against the table.)"""
-    seen: dict[int, str] = {contract.geometry.id: "geometry", contract.bbox_id: "bbox"}
-    for column in contract.columns:
-        for fid, path in [
-            (column.id, column.name),
-            *((i, f"{column.name}.{p}") for i, p in nested_fields(column.iceberg_type)),
-        ]:
-            if fid in seen and seen[fid] != path:
-                raise ContractError(f"{path}: id {fid} is already the id of {seen[fid]}")
-            seen[fid] = path
 
 
 def _check_asset_rows(
@@ -468,11 +413,6 @@ def _check_asset_rows(
         )
 
 
-def _declared_ids(columns: tuple[Column, ...], geometry_id: int, bbox_id: int) -> list[tuple[str, int]]:
-    declared = [(f"columns[{i}].id", c.id) for i, c in enumerate(columns)]
-    return declared + [("geometry.id", geometry_id), ("bbox.id", bbox_id)]
-
-
 def _fresh_raster_id(contract: Contract) -> None:
     """The raster column comes after the bbox column, its flat copies and the cell columns."""
     if contract.raster is None:
@@ -488,7 +428,7 @@ def _fresh_raster_id(contract: Contract) -> None:
 def check_fresh_ids(contract: Contract) -> None:
     """A new table's ids: Iceberg assigns 1..n to top-level fields in order on create, so the
     contract must state those (a table's later contracts keep the ids it has, gaps and all)."""
-    declared = _declared_ids(contract.columns, contract.geometry.id, contract.bbox_id)
+    declared = declared_ids(contract.columns, contract.geometry.id, contract.bbox_id)
     for expected, (where, fid) in enumerate(declared, start=1):
         if fid != expected:
             raise ContractError(
@@ -505,37 +445,6 @@ def check_fresh_ids(contract: Contract) -> None:
                     f"columns[{i}].type ({column.name}.{path}): id {fid} is not the id Iceberg gives it in a "
                     f"new table ({expected_id}); leave nested ids out to have them assigned"
                 )
-
-
-def _parse_primary_key(raw: dict, columns: tuple[Column, ...], mode: str) -> tuple[str, ...]:
-    """The primary key's columns: as named, or in upsert mode by default the columns the Kafka key feeds."""
-    if "primary_key" not in raw:
-        if mode != "upsert":
-            return ()
-        from_key = tuple(c.name for c in columns if "kafka.key" in c.sources)
-        if not from_key:
-            raise ContractError(
-                "primary_key: missing, and no column comes from kafka.key to stand for it; "
-                "name the columns that address a feature, or map one from kafka.key"
-            )
-        return from_key[:1]
-    names = raw["primary_key"]
-    if isinstance(names, str):
-        names = [names]
-    if not isinstance(names, list) or not names or not all(isinstance(n, str) for n in names):
-        raise ContractError(f"primary_key: expected a column name or a list of them, got {raw['primary_key']!r}")
-    by_name = {c.name: c for c in columns}
-    for i, name in enumerate(names):
-        column = by_name.get(name)
-        if column is None:
-            raise ContractError(f"primary_key[{i}]: {name!r} is not one of the columns {list(by_name)}")
-        if not column.required:
-            raise ContractError(f"primary_key[{i}]: column {name!r} must be required (a key is never null)")
-        if column.type not in ("string", "int", "long", "date", "timestamp", "timestamptz", "binary"):
-            raise ContractError(f"primary_key[{i}]: column {name!r} is a {column.type}, which cannot address a feature")
-    if len(set(names)) != len(names):
-        raise ContractError(f"primary_key: a column is named twice in {names}")
-    return tuple(names)
 
 
 def _parse_schema_evolution(raw: Any) -> SchemaEvolution:
@@ -560,53 +469,6 @@ def _parse_schema_evolution(raw: Any) -> SchemaEvolution:
     except (re.error, TypeError) as exc:
         raise ContractError(f"schema_evolution.name_pattern: {pattern!r} is not a regular expression: {exc}") from None
     return SchemaEvolution(mode=mode, name_pattern=pattern, **limits)
-
-
-def _parse_column(raw: Any, where: str, unassigned: Iterator[int]) -> Column:
-    if not isinstance(raw, dict):
-        raise ContractError(f"{where}: expected an object")
-    known_keys_only(raw, "columns[]", f"{where}.")
-    name = require(raw, "name", str, f"{where}.")
-    if "type" not in raw:
-        raise ContractError(f"{where}.type: missing")
-    kind = parse_type(raw["type"], f"{where}.type", unassigned)
-    required = raw.get("required", False)
-    if not isinstance(required, bool):
-        raise ContractError(f"{where}.required: expected true or false, got {required!r}")
-    sources = tuple(require(raw, "from", list, f"{where}."))
-    if not sources:
-        raise ContractError(f"{where}.from: name at least one event field")
-    for j, src in enumerate(sources):
-        if not isinstance(src, str) or not _is_source(src):
-            raise ContractError(
-                f"{where}.from[{j}]: {src!r} is not an event field "
-                "(id, properties.<name>, json.<path>, kafka.key|timestamp|topic|partition|offset, "
-                "kafka.headers.<name>, asset.key)"
-            )
-    return Column.of_type(require(raw, "id", int, f"{where}."), name, kind, required, sources)
-
-
-def _number_nested_fields(columns: tuple[Column, ...], top_level: int) -> tuple[Column, ...]:
-    """The columns with the nested ids the contract left out assigned, as Iceberg numbers a new
-    table's: from the first id after the `top_level` fields, skipping the ids the contract gave."""
-    given = {fid for c in columns for fid, _ in nested_fields(c.iceberg_type) if fid > 0}
-    counter = itertools.count(top_level + 1)
-
-    def next_id() -> int:
-        while (candidate := next(counter)) in given:
-            pass
-        return candidate
-
-    return tuple(replace(c, nested=assign_ids(c.nested, next_id)) if c.nested is not None else c for c in columns)
-
-
-def _is_source(src: str) -> bool:
-    if src in ("id", ASSET_KEY_SOURCE) or src in KAFKA_SOURCES or src in DEBEZIUM_SOURCES:
-        return True
-    for prefix in ("properties.", "kafka.headers."):
-        if src.startswith(prefix) and len(src) > len(prefix):
-            return True
-    return src.startswith(JSON_SOURCE_PREFIX) and bool(JSON_PATH.match(src.removeprefix(JSON_SOURCE_PREFIX)))
 
 
 def _parse_geometry(raw: dict) -> GeometrySpec:

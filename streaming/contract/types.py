@@ -21,6 +21,7 @@ import re
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import pyarrow as pa
 from pyiceberg.types import (
     BinaryType,
     BooleanType,
@@ -285,3 +286,45 @@ def grown_from(grown: IcebergType, kind: IcebergType) -> bool:
         if not grown_from(match.field_type, field.field_type):
             return False
     return all(not f.required for f in by_id.values())
+
+
+# -- the Arrow side -----------------------------------------------------------------------------------
+def _regular_type(t: pa.DataType) -> pa.DataType:
+    if pa.types.is_large_string(t):
+        return pa.string()
+    if pa.types.is_large_binary(t):
+        return pa.binary()
+    if pa.types.is_struct(t):
+        return pa.struct([f.with_type(_regular_type(f.type)) for f in t])
+    if pa.types.is_map(t):
+        return pa.map_(
+            t.key_field.with_type(_regular_type(t.key_type)), t.item_field.with_type(_regular_type(t.item_type))
+        )
+    if pa.types.is_large_list(t) or pa.types.is_list(t):
+        return pa.list_(t.value_field.with_type(_regular_type(t.value_type)))
+    return t
+
+
+def transport_type(t: pa.DataType) -> pa.DataType:
+    """The type a column's values have between the decoder and the writer: Spark's Arrow exchange
+    takes no time of day, UUID or fixed-size binary, so they travel as microseconds and bytes."""
+    if pa.types.is_time(t):
+        return pa.int64()
+    if isinstance(t, pa.BaseExtensionType):
+        return transport_type(t.storage_type)
+    if pa.types.is_fixed_size_binary(t):
+        return pa.binary()
+    if pa.types.is_struct(t):
+        return pa.struct([f.with_type(transport_type(f.type)) for f in t])
+    if pa.types.is_map(t):
+        return pa.map_(
+            t.key_field.with_type(transport_type(t.key_type)), t.item_field.with_type(transport_type(t.item_type))
+        )
+    if pa.types.is_list(t):
+        return pa.list_(t.value_field.with_type(transport_type(t.value_type)))
+    return t
+
+
+def regular_types(schema: pa.Schema) -> pa.Schema:
+    """The schema with Arrow's regular string and binary types where it has the large ones."""
+    return pa.schema([f.with_type(_regular_type(f.type)) for f in schema], metadata=schema.metadata)

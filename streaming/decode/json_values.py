@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import datetime
 import decimal
+import json
 import math
 import uuid
 from typing import Any
@@ -20,6 +21,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.json as pa_json
 
 from streaming.decode.rejects import shown
 from streaming.kernels.buffers import offsets_and_bytes
@@ -161,10 +163,6 @@ def _coerce_scalar(value: Any, kind: pa.DataType) -> Any:
 
 def _reader_timestamp(value: str, kind: pa.DataType) -> Any:
     """pyarrow's reader takes other spellings than datetime.fromisoformat and casts: ask it."""
-    import json
-
-    import pyarrow.json as pa_json
-
     line = pa.py_buffer(json.dumps({"v": value}).encode() + b"\n")
     read = pa_json.read_json(
         pa.BufferReader(line),
