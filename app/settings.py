@@ -14,6 +14,7 @@ Values of keys that look secret are masked wherever settings are shown.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import json
 import os
 import re
@@ -23,8 +24,26 @@ from pathlib import Path
 from typing import Any
 
 ENV_PREFIX = "GEOINGEST_"
-_SECRET_MARKERS = ("password", "secret", "token", "jaas", "credential", "key.pem", "keystore", "truststore")
+_SECRET_MARKERS = (
+    "password",
+    "secret",
+    "token",
+    "jaas",
+    "credential",
+    "key.pem",
+    "keystore",
+    "truststore",
+    "account-key",  # adls.account-key
+    "account.key",  # spark.hadoop.fs.azure.account.key.<account>
+    "connection-string",  # adls.connection-string
+    "authorization",
+)
+# A map key under which every value is a secret: a REST catalog's extra HTTP headers (header.<name>).
+_SECRET_PREFIXES = ("header.",)
 _MASK = "***"
+# Variables with the prefix that are read elsewhere than the settings: the file of settings, the
+# Java the service runs on (app/java.py), the keystore password handed to keytool, the tests' knobs.
+_OTHER_VARIABLES = frozenset({"CONFIG", "JAVA_HOME", "STORE_PASSWORD", "DEBEZIUM_ROWS", "DEBEZIUM_AVRO_ROWS"})
 
 
 def _default_cache_dir() -> str:
@@ -148,13 +167,22 @@ class Settings:
 def _mask(key: str, value: Any) -> Any:
     if isinstance(value, dict):
         return {k: _mask(k, v) for k, v in value.items()}
-    if any(marker in key.lower() for marker in _SECRET_MARKERS):
+    lowered = key.lower()
+    if any(marker in lowered for marker in _SECRET_MARKERS) or lowered.startswith(_SECRET_PREFIXES):
         return _MASK
-    if isinstance(value, str) and "://" in value and "@" in value:
-        scheme, rest = value.split("://", 1)
-        creds, host = rest.rsplit("@", 1)
-        return f"{scheme}://{creds.split(':')[0]}:{_MASK}@{host}" if ":" in creds else value
-    return value
+    return mask_url(value) if isinstance(value, str) else value
+
+
+def mask_url(value: str) -> str:
+    """A URL's credentials masked: a password after the user (`user:***@`), or a user part alone,
+    which is how a token rides in a URL (`***@`)."""
+    if "://" not in value or "@" not in value:
+        return value
+    scheme, rest = value.split("://", 1)
+    creds, host = rest.rsplit("@", 1)
+    if "/" in creds:  # an @ in the path, not in the authority
+        return value
+    return f"{scheme}://{creds.split(':')[0]}:{_MASK}@{host}" if ":" in creds else f"{scheme}://{_MASK}@{host}"
 
 
 class SettingsError(ValueError):
@@ -187,7 +215,11 @@ def load_settings(
         head, _, sub = key.removeprefix(ENV_PREFIX).partition("__")
         name = head.lower()
         if name not in fields:
-            continue
+            if head in _OTHER_VARIABLES:
+                continue
+            near = difflib.get_close_matches(name, list(fields), n=1, cutoff=0.6)
+            hint = f"did you mean {ENV_PREFIX}{near[0].upper()}?" if near else "docs/settings.md lists them"
+            raise SettingsError(f"{key}: not a geoingest setting; {hint}")
         if isinstance(_default(fields[name]), dict):
             merged = values.setdefault(name, dict(_default(fields[name])))
             if not isinstance(merged, dict):
@@ -347,9 +379,9 @@ def _map_key(name: str, sub: str) -> str:
     sub = sub.lower()
     if name in ("kafka", "spark"):
         return sub.replace("_", ".")
-    if "__" in sub:
-        return sub.replace("__", ".").replace("_", "-")
-    return sub
+    # pyiceberg's properties join words with hyphens (py-io-impl, s3.access-key-id), as its own
+    # PYICEBERG_CATALOG__<NAME>__<KEY> variables spell them.
+    return sub.replace("__", ".").replace("_", "-")
 
 
 def _json_map(key: str, raw: str) -> dict[str, str]:

@@ -6,6 +6,7 @@ Every test passes `env=` so the real environment never leaks in.
 from __future__ import annotations
 
 import dataclasses
+import json
 import re
 from pathlib import Path
 
@@ -119,7 +120,8 @@ def test_other_secret_looking_kafka_options_are_masked(key):
             "postgresql+psycopg2://user:p@ss@db.example:5432/iceberg?sslmode=require",
             "postgresql+psycopg2://user:***@db.example:5432/iceberg?sslmode=require",
         ),
-        ("postgresql://user@host/db", "postgresql://user@host/db"),
+        # A user part alone may be a token (https://TOKEN@host): masked too.
+        ("postgresql://user@host/db", "postgresql://***@host/db"),
         ("sqlite:////tmp/catalog.db", "sqlite:////tmp/catalog.db"),
     ],
 )
@@ -166,8 +168,49 @@ def test_an_unknown_key_in_the_file_is_an_error(tmp_path):
         load_settings(path, env={})
 
 
-def test_unknown_environment_variables_are_ignored():
-    assert load_settings(env={"GEOINGEST_NOT_A_SETTING": "x"}).topic == "geo-events"
+@pytest.mark.parametrize(
+    ("key", "message"),
+    [
+        (
+            "GEOINGEST_BOOTSTRAP_SERVER",
+            "GEOINGEST_BOOTSTRAP_SERVER: not a geoingest setting; did you mean GEOINGEST_BOOTSTRAP_SERVERS?",
+        ),
+        ("GEOINGEST_CATALOG_NAMES", "did you mean GEOINGEST_CATALOG_NAME?"),
+        ("GEOINGEST_NOT_A_SETTING", "GEOINGEST_NOT_A_SETTING: not a geoingest setting; docs/settings.md lists them"),
+    ],
+)
+def test_an_unknown_environment_variable_is_refused_with_the_nearest_setting(key, message):
+    # One letter short used to leave the default broker in place without a word.
+    with pytest.raises(SettingsError) as info:
+        load_settings(env={key: "x"})
+    assert message in str(info.value)
+
+
+def test_variables_other_tools_read_are_not_refused():
+    assert load_settings(env={"GEOINGEST_JAVA_HOME": "/opt/java", "GEOINGEST_CONFIG": ""}).topic == "geo-events"
+
+
+def test_a_catalog_key_reaches_pyiceberg_in_its_own_spelling():
+    settings = load_settings(env={"GEOINGEST_CATALOG__PY_IO_IMPL": "pyiceberg.io.fsspec.FsspecFileIO"})
+    assert settings.catalog["py-io-impl"] == "pyiceberg.io.fsspec.FsspecFileIO"
+
+
+@pytest.mark.parametrize(
+    ("setting", "key", "value"),
+    [
+        ("catalog", "adls.account-key", "c2VjcmV0"),
+        ("catalog", "adls.connection-string", "DefaultEndpointsProtocol=https;AccountKey=c2VjcmV0"),
+        ("catalog", "adls.sas-token.acct", "sv=2024&sig=c2VjcmV0"),
+        ("catalog", "header.X-Api-Key", "c2VjcmV0"),
+        ("catalog", "uri", "https://c2VjcmV0@catalog.example/api"),
+        ("spark", "spark.hadoop.fs.azure.account.key.acct.dfs.core.windows.net", "c2VjcmV0"),
+        ("kafka", "sasl.jaas.config", '... password="c2VjcmV0";'),
+    ],
+)
+def test_every_kind_of_secret_is_masked_where_settings_are_shown(setting, key, value):
+    settings = load_settings(env={}, **{setting: {key: value}})
+    assert "c2VjcmV0" not in repr(settings) and "c2VjcmV0" not in json.dumps(settings.shown())
+    assert "c2VjcmV0" in json.dumps(dataclasses.asdict(settings)), "the value itself is kept for its consumer"
 
 
 def test_missing_or_broken_file_names_the_path(tmp_path):
