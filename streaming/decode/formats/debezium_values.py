@@ -115,6 +115,15 @@ class Wire:
         return self.name in (DECIMAL, VARIABLE_SCALE_DECIMAL)
 
 
+_AVRO_CONNECT_TYPES = {"int": "int32", "long": "int64", "float": "float", "double": "double", "boolean": "boolean"}
+
+
+def avro_wire(kind: str, connect_name: str, scale: int | None) -> Wire:
+    """The spelling of a column an Avro converter wrote: its Avro type and the Connect type's
+    name and scale the converter notes in the schema."""
+    return Wire(_AVRO_CONNECT_TYPES.get(kind, kind), connect_name, scale)
+
+
 def default_wire(target: pa.DataType) -> Wire | None:
     """The spelling the connector's default settings give a PostgreSQL column of the type a
     contract column of `target` mirrors; None where the value is read as the target itself."""
@@ -262,12 +271,15 @@ def _placed(into: pa.Array, values: pa.Array, at: np.ndarray) -> pa.Array:
 
 
 def _base64_decimals(texts: pa.Array, scale: int, path: str, rows: np.ndarray, problems: list[Problem]) -> pa.Array:
-    """Base64 of big-endian two's-complement unscaled integers as decimal128(38, scale), decoded
-    over the whole array: each value's bytes reversed into a 16-byte little-endian word whose
+    """Big-endian two's-complement unscaled integers (their base64 text, or the bytes themselves)
+    as decimal128(38, scale), decoded over the whole array: each value's bytes reversed into a 16-byte little-endian word whose
     higher bytes take the sign."""
     n = len(texts)
-    blobs, ok = base64_decode(texts)
     valid = pc.is_valid(texts).to_numpy(zero_copy_only=False)
+    if pa.types.is_binary(texts.type):  # an Avro converter's bytes, no base64
+        blobs, ok = pc.fill_null(texts, b""), np.ones(n, dtype=bool)
+    else:
+        blobs, ok = base64_decode(texts)
     offsets, data = offsets_and_bytes(blobs)
     offsets = offsets.astype(np.int64)
     lengths = np.diff(offsets)

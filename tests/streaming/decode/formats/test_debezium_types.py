@@ -317,3 +317,19 @@ def test_a_jsonb_array_fills_a_list_column_and_a_jsonb_object_a_map_column():
     assert_valid(rows[0])
     assert (rows[0]["tags"], rows[0]["counts"]) == ([("x", 1), ("y", None)], [3, 4])
     assert rows[1][REJECT_REASON] == Reason.PROPERTY_TYPE_MISMATCH and "after.tags" in rows[1][REJECT_DETAIL]
+
+
+def test_a_double_column_takes_a_numeric_of_any_mode_nan_and_infinities_as_they_are():
+    contract = typed_contract(ratio="double")
+    string_mode = {"type": "string", "optional": True}
+    values = [
+        event("c", row(1, ratio=precise("-12.25")), ratio=decimal_schema()),
+        event("c", row(2, ratio="NaN"), ratio=string_mode),
+        event("c", row(3, ratio="-Infinity"), ratio=string_mode),
+        event("c", row(4, ratio="Infinity"), ratio={"type": "double", "optional": True}),
+    ]
+    rows = decode(values, contract=contract)
+    for r in rows:
+        assert_valid(r)
+    assert [r["ratio"] for r in rows[::2]] == [-12.25, float("-inf")]
+    assert rows[1]["ratio"] != rows[1]["ratio"] and rows[3]["ratio"] == float("inf")
