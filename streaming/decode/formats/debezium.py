@@ -155,23 +155,29 @@ class DebeziumFormat(InputFormat):
         if not was_cut.any():
             return groups, signatures
         positions = np.flatnonzero(was_cut)
-        enveloped = docs.take(pa.array(positions))
+        enveloped = docs.take(pa.array(positions)).cast(pa.binary())
         at = pc.find_substring(enveloped, _PAYLOAD_MEMBER).to_numpy(zero_copy_only=False)
-        offsets, data = offsets_and_bytes(enveloped)
-        starts = offsets[:-1].astype(np.int64)
-        heads = _spans(starts, at.astype(np.int64), data)
-        encoded = pc.dictionary_encode(heads)
-        indices = encoded.indices.to_numpy(zero_copy_only=False)
-        for index, head in enumerate(encoded.dictionary.to_pylist()):
+        # A topic's events share one schema, or a few (a column added): each distinct head (the
+        # text before the payload) is found by comparing it with every head at once, so a batch
+        # costs one pass per distinct schema, no copy of the heads.
+        unassigned = np.ones(len(positions), dtype=bool)
+        while unassigned.any():
+            first = int(np.argmax(unassigned))
+            whole = enveloped[first].as_py()
+            head = whole[: int(at[first])]
+            same = unassigned & (at == at[first])
+            same &= pc.fill_null(pc.starts_with(enveloped, head), False).to_numpy(zero_copy_only=False)
+            same[first] = True
+            unassigned &= ~same
             signature = self._schema_wires.get(head)
             if signature is None:
-                signature = self._signature_of_schema(head, enveloped[int(np.argmax(indices == index))].as_py())
+                signature = self._signature_of_schema(head, whole)
                 if len(self._schema_wires) > 256:  # schemas change seldom: a bound, not a cache policy
                     self._schema_wires.clear()
                 self._schema_wires[head] = signature
             if signature not in signatures:
                 signatures.append(signature)
-            groups[positions[indices == index]] = signatures.index(signature)
+            groups[positions[same]] = signatures.index(signature)
         return groups, signatures
 
     def _signature_of_schema(self, head: bytes, whole: bytes) -> tuple:
@@ -540,18 +546,6 @@ def _base64_column(texts: pa.Array, label: str, checked: Rejects) -> pa.Array:
             [f"{label}: {shown(v)} is not base64 text" for v in texts.filter(pa.array(bad)).to_pylist()],
         )
     return pc.if_else(pc.is_null(texts), pa.nulls(len(texts), pa.binary()), blobs)
-
-
-def _spans(starts: np.ndarray, lengths: np.ndarray, data: np.ndarray) -> pa.Array:
-    """The bytes data[start:start + length] of each span, as a binary array, gathered at once."""
-    lengths = np.maximum(lengths, 0)
-    offsets = np.concatenate([[0], np.cumsum(lengths)])
-    gather = np.arange(offsets[-1]) + np.repeat(starts - offsets[:-1], lengths)
-    return pa.Array.from_buffers(
-        pa.binary(),
-        len(starts),
-        [None, pa.py_buffer(offsets.astype(np.int32).tobytes()), pa.py_buffer(data[gather].tobytes())],
-    )
 
 
 def _put(fields: dict[str, pa.Array], name: str, value: pa.Array, rows: np.ndarray, n: int) -> None:

@@ -30,9 +30,10 @@ What each column type takes (the decisions docs/debezium.md lists):
   to S digits: it is an approximation already.
 - double, float: a numeric of any mode, as the nearest double; NaN and infinities as they are.
 - int, long: a numeric without a fraction.
-- string: a numeric's decimal text at its source scale ("12.50"), a date's ISO text, a time's and
-  a timestamp's ISO text (`YYYY-MM-DD HH:MM:SS.ffffff`, a timestamptz's in UTC with a `Z`), a
-  jsonb's JSON text as PostgreSQL writes it, a uuid's text.
+- string: where the event's schema says what the value is, a numeric's decimal text at its source
+  scale ("12.50"), a date's ISO text, a time's and a timestamp's (`YYYY-MM-DD HH:MM:SS.ffffff`), a
+  timestamptz's as sent; a jsonb's JSON text as PostgreSQL writes it, a uuid's text. Without a
+  schema, a string as sent (precise mode's base64), and a number is no string (rejected).
 - timestamp from a timestamptz: its UTC time; timestamptz from a timestamp: the time taken as UTC.
 - struct, map, list from a jsonb: its JSON text parsed, each member to its field's type (as the
   JSON formats read them, streaming/decode/json_values.py); a list from an array, each element
@@ -307,8 +308,6 @@ def _cast_rows(values: pa.Array, target: pa.DataType, path: str, rows: np.ndarra
     problem naming the value."""
     if values.type == target:
         return values
-    if pa.types.is_string(target) and pa.types.is_timestamp(values.type) and values.type.tz:
-        return pc.strftime(values, "%Y-%m-%dT%H:%M:%S.%fZ").cast(target)
     try:
         return values.cast(target)
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError):

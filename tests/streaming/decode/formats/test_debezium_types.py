@@ -210,12 +210,14 @@ def test_numerics_of_every_decimal_handling_mode_read_alike():
         event("c", row(i, price=value, amount=value), price=schema, amount=schema)
         for i, (value, schema) in enumerate(spellings)
     ]
+    # One batch, its events in four schemas and none: each read in its own spelling.
+    values.insert(2, event("c", row(9, price=precise("12.50")), schemas=False))
     rows = decode(values, contract=TYPED)
     for r in rows:
         assert_valid(r)
-    assert [r["price"] for r in rows] == [Decimal("12.50")] * 4 + [Decimal("-12.00")]
-    # A string column takes the numeric's text at its source scale.
-    assert [r["price_text"] for r in rows] == ["12.5", "12.50", "12.5", "12.500", "-12"]
+    assert [r["price"] for r in rows] == [Decimal("12.50")] * 5 + [Decimal("-12.00")]
+    # A string column takes the numeric's text at its source scale (without a schema, as sent).
+    assert [r["price_text"] for r in rows] == ["12.5", "12.50", precise("1234.50"), "12.5", "12.500", "-12"]
 
 
 def test_timestamps_of_every_precision_read_alike():
