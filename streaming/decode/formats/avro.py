@@ -83,6 +83,10 @@ class Node:
     symbols: list[str] = field(default_factory=list)  # enum
     size: int = 0  # fixed
     logical: str = ""
+    # What Kafka Connect's Avro converters note of the Connect type: its name ("connect.name", e.g.
+    # io.debezium.time.Date) and a decimal's scale.
+    connect_name: str = ""
+    scale: int | None = None
 
 
 @dataclass
@@ -158,7 +162,15 @@ def _compile(raw: Any, name: str, named: dict[str, Any], leaves: dict[str, Node]
     elif kind == "fixed":
         node = Node("fixed", name, size=int(raw.get("size", 0)))
     elif kind in _PRIMITIVES:
-        node = Node(kind, name, logical=str(raw.get("logicalType", "")))
+        parameters = raw.get("connect.parameters") or {}
+        scale = raw.get("scale", parameters.get("scale") if isinstance(parameters, dict) else None)
+        node = Node(
+            kind,
+            name,
+            logical=str(raw.get("logicalType", "")),
+            connect_name=str(raw.get("connect.name", "")),
+            scale=int(scale) if isinstance(scale, int | str) and str(scale).isdigit() else None,
+        )
     elif kind in ("array", "map"):
         raise UnsupportedSchema(f"field {name!r}: Avro {kind}s are not supported")
     else:

@@ -24,6 +24,15 @@ one), and the upsert pass keeps the key's current value (docs/debezium.md, large
 NaN and infinities come as the strings "NaN", "Infinity", "-Infinity" from the JSON converter, and
 bytea as base64 text.
 
+Typed and nested columns (decimal, date, time, timestamp, timestamptz, uuid, list, struct, map) take
+PostgreSQL's numeric, date, time, timestamp, timestamptz, uuid, arrays and jsonb as the connector
+spells them (streaming/decode/formats/debezium_values.py, which lists the decisions: a numeric of any
+decimal.handling.mode, exact or rejected, never rounded but in double mode; a jsonb as its text in
+a string column, parsed into a struct, map or list column). An enveloped event's schema says how
+each column is spelt (a Decimal's scale, a timestamp's unit): the events of a batch are grouped by
+their schema's text, each distinct text read once, and each group read with the leaf types its
+spelling needs; a bare event is taken as spelt with the connector's defaults.
+
 A block of events is read at once by pyarrow's JSON reader, the columns the contract reads (each at
 its path, with its type, for both envelope spellings) as its explicit schema, as the JSON-fields
 format reads (streaming/decode/formats/json_fields.py); the geometries' base64 and WKB are decoded
@@ -33,6 +42,7 @@ keys each change by the row's primary key, so all changes of a row are in one pa
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from typing import ClassVar
 
@@ -45,6 +55,7 @@ from streaming.contract import Contract
 from streaming.decode.columns import _cast_or_reject
 from streaming.decode.formats.base import Decoded, InputFormat
 from streaming.decode.formats.debezium_avro import AvroEvents, starts_with_zero
+from streaming.decode.formats.debezium_values import JSON_TEXT, Wire, default_wire, to_column, wire_read_type
 from streaming.decode.formats.geojson import _invalid_utf8, _raw_control_characters, _still_ok
 from streaming.decode.formats.json_blocks import one_per_line
 from streaming.decode.formats.json_fields import QUOTED_NON_FINITE, _BlockParser, _leaf, base64_decode
@@ -91,16 +102,11 @@ class DebeziumFormat(InputFormat):
         # values REPLICA IDENTITY FULL sends (a NaN, anything) are never parsed and reject nothing.
         key_sources = {self.source_name(name) for name in contract.primary_key}
         self.before_columns = [name for name in self.columns if name in key_sources]
-        # The JSON converter writes bytes as base64 text: read as text, decoded in `apply`.
-        text = {name: pa.string() if _is_binary(t) else t for name, t in self.columns.items()}
-        envelope = dict(_ENVELOPE)
-        envelope.update({f"after.{geometry}.wkb": pa.string(), f"after.{geometry}.srid": pa.int64()})
-        envelope.update({f"after.{name}": t for name, t in text.items()})
-        envelope.update({f"before.{name}": text[name] for name in self.before_columns})
-        leaves = {**envelope, **{f"{PAYLOAD}.{path}": t for path, t in envelope.items()}}
-        self._kinds = {path: "text" for path in (f"after.{geometry}.wkb", f"{PAYLOAD}.after.{geometry}.wkb")}
-        self._kinds.update({path: QUOTED_NON_FINITE for path, t in leaves.items() if pa.types.is_floating(t)})
-        self.parser = _BlockParser(leaves, self._kind_of)
+        # Each column as the connector's defaults spell its type, until an event's schema says otherwise.
+        self.default_wires = {name: default_wire(t) for name, t in self.columns.items()}
+        self._parsers: dict[tuple, _BlockParser] = {}
+        self._schema_wires: dict[bytes, tuple] = {}
+        self._parser_of(self._signature(self.default_wires))  # the common case, made up front
         keys = {
             self.source_name(name): property_types.get(self.source_name(name), pa.string())
             for name in contract.primary_key
@@ -114,7 +120,86 @@ class DebeziumFormat(InputFormat):
         return next((s.removeprefix("properties.") for s in col.sources if s.startswith("properties.")), column)
 
     def _kind_of(self, path: str) -> str:
-        return self._kinds.get(path, "column")
+        return "column"
+
+    def _signature(self, wires: dict[str, Wire | None]) -> tuple[Wire | None, ...]:
+        return tuple(wires.get(name) for name in self.columns)
+
+    def _parser_of(self, signature: tuple[Wire | None, ...]) -> _BlockParser:
+        """The reader of events whose columns are spelt `signature` (one per column), made once."""
+        parser = self._parsers.get(signature)
+        if parser is not None:
+            return parser
+        geometry = self.spec.geometry
+        # The JSON converter writes bytes as base64 text: read as text, decoded in `apply`.
+        text = {}
+        for (name, target), wire in zip(self.columns.items(), signature):
+            text[name] = wire_read_type(wire, target) or (pa.string() if _is_binary(target) else target)
+        envelope = dict(_ENVELOPE)
+        envelope.update({f"after.{geometry}.wkb": pa.string(), f"after.{geometry}.srid": pa.int64()})
+        envelope.update({f"after.{name}": t for name, t in text.items()})
+        envelope.update({f"before.{name}": text[name] for name in self.before_columns})
+        leaves = {**envelope, **{f"{PAYLOAD}.{path}": t for path, t in envelope.items()}}
+        kinds = {path: "text" for path in (f"after.{geometry}.wkb", f"{PAYLOAD}.after.{geometry}.wkb")}
+        kinds.update({path: QUOTED_NON_FINITE for path, t in leaves.items() if pa.types.is_floating(t)})
+        parser = _BlockParser(leaves, lambda path: kinds.get(path, "column"))
+        self._parsers[signature] = parser
+        return parser
+
+    def _signatures(self, docs: pa.Array, was_cut: np.ndarray) -> tuple[np.ndarray, list[tuple]]:
+        """Which spelling each event's columns have: its group (an index into the returned list of
+        signatures). An enveloped event's schema says (each distinct schema text read once, and
+        remembered); an event without one has the defaults' (group 0)."""
+        signatures: list[tuple] = [self._signature(self.default_wires)]
+        groups = np.zeros(len(docs), dtype=np.int64)
+        if not was_cut.any():
+            return groups, signatures
+        positions = np.flatnonzero(was_cut)
+        enveloped = docs.take(pa.array(positions)).cast(pa.binary())
+        at = pc.find_substring(enveloped, _PAYLOAD_MEMBER).to_numpy(zero_copy_only=False)
+        # A topic's events share one schema, or a few (a column added): each distinct head (the
+        # text before the payload) is found by comparing it with every head at once, so a batch
+        # costs one pass per distinct schema, no copy of the heads.
+        unassigned = np.ones(len(positions), dtype=bool)
+        while unassigned.any():
+            first = int(np.argmax(unassigned))
+            whole = enveloped[first].as_py()
+            head = whole[: int(at[first])]
+            same = unassigned & (at == at[first])
+            same &= pc.fill_null(pc.starts_with(enveloped, head), False).to_numpy(zero_copy_only=False)
+            same[first] = True
+            unassigned &= ~same
+            signature = self._schema_wires.get(head)
+            if signature is None:
+                signature = self._signature_of_schema(head, whole)
+                if len(self._schema_wires) > 256:  # schemas change seldom: a bound, not a cache policy
+                    self._schema_wires.clear()
+                self._schema_wires[head] = signature
+            if signature not in signatures:
+                signatures.append(signature)
+            groups[positions[same]] = signatures.index(signature)
+        return groups, signatures
+
+    def _signature_of_schema(self, head: bytes, whole: bytes) -> tuple:
+        """The spellings the schema of an enveloped event gives its `after` row's columns (the
+        defaults' for a column it lacks, or a schema that cannot be read: the event is rejected
+        on its own then)."""
+        try:
+            schema = json.loads(head + b'"payload":null}')["schema"]
+        except (ValueError, TypeError, KeyError):
+            try:
+                schema = json.loads(whole)["schema"]
+            except (ValueError, TypeError, KeyError):
+                return self._signature(self.default_wires)
+        wires = dict(self.default_wires)
+        fields = schema.get("fields") if isinstance(schema, dict) else None
+        for side in fields if isinstance(fields, list) else []:
+            if not isinstance(side, dict) or side.get("field") != "after":
+                continue
+            for column in side.get("fields") or []:
+                if isinstance(column, dict) and column.get("field") in self.columns:
+                    wires[column["field"]] = Wire.of_schema(column)
+        return self._signature(wires)
 
     def use_registry(self, settings: RegistrySettings) -> None:
         self.avro.use_registry(settings)
@@ -142,16 +227,92 @@ class DebeziumFormat(InputFormat):
             rows, cut, docs, was_cut = rows[keep], cut.filter(mask), docs.filter(mask), was_cut[keep]
         if rows.size == 0:
             return
-        table, errors = self._parse(one_per_line(cut), docs, was_cut)
+        groups, signatures = self._signatures(docs, was_cut)
+        for group, signature in enumerate(signatures):
+            members = np.flatnonzero(groups == group)
+            if members.size == 0:
+                continue
+            if members.size == len(rows):
+                self._decode_group(signature, rows, n, cut, docs, was_cut, out)
+            else:
+                at = pa.array(members)
+                self._decode_group(signature, rows[members], n, cut.take(at), docs.take(at), was_cut[members], out)
+
+    def _decode_group(
+        self,
+        signature: tuple[Wire | None, ...],
+        rows: np.ndarray,
+        n: int,
+        cut: pa.Array,
+        docs: pa.Array,
+        was_cut: np.ndarray,
+        out: Decoded,
+    ) -> None:
+        """Events whose columns are spelt alike: read at once, their columns converted to the
+        contract's types, then applied."""
+        rejects = out.rejects
+        table, errors = self._parse(self._parser_of(signature), one_per_line(cut), docs, was_cut)
         for local, (reason, detail) in errors.items():
             rejects.add(rows[[local]], reason, detail)
         enveloped = pc.is_valid(table.column(PAYLOAD).combine_chunks())
 
-        def leaf(path: str) -> pa.Array:
+        def read(path: str) -> pa.Array:
             return pc.if_else(enveloped, _leaf(table, f"{PAYLOAD}.{path}"), _leaf(table, path))
 
-        present = {side: pc.is_valid(leaf(side)).to_numpy(zero_copy_only=False) for side in ("after", "before")}
-        self.apply(rows, n, out, leaf("op"), leaf("source.lsn"), leaf("source.ts_ms"), present, leaf, base64_bytes=True)
+        op = read("op")
+        converted = self._converted(signature, rows, n, read, op, out)
+
+        def leaf(path: str) -> pa.Array:
+            return converted[path] if path in converted else read(path)
+
+        present = {side: pc.is_valid(read(side)).to_numpy(zero_copy_only=False) for side in ("after", "before")}
+        self.apply(rows, n, out, op, read("source.lsn"), read("source.ts_ms"), present, leaf, base64_bytes=True)
+
+    def _converted(
+        self,
+        signature: tuple[Wire | None, ...],
+        rows: np.ndarray,
+        n: int,
+        read: Callable[[str], pa.Array],
+        op: pa.Array,
+        out: Decoded,
+    ) -> dict[str, pa.Array]:
+        """The columns read in a spelling of their own (a numeric's base64, a date's days, a jsonb's
+        text ...) as their contract types, by leaf path; a value that does not fit rejects its
+        record (a delete's `before` only its key's), naming the column's path."""
+        rejects = out.rejects
+        ops = pc.fill_null(op, "").to_numpy(zero_copy_only=False)
+        converted: dict[str, pa.Array] = {}
+        for (name, target), wire in zip(self.columns.items(), signature):
+            if wire is None or wire_read_type(wire, target) is None:
+                continue
+            sides = ("after", "before") if name in self.before_columns else ("after",)
+            for side in sides:
+                path = f"{side}.{name}"
+                value = read(path)
+                if value.type == pa.null():
+                    continue
+                if side == "after" and wire.name == JSON_TEXT and not pa.types.is_string(target):
+                    value = self._json_unavailable(name, value, ops == UPDATE_OP, rows, n, out)
+                value, problems = to_column(value, wire, target, path, np.arange(len(rows)))
+                for local, detail in problems:
+                    if side == "after" or ops[local] == DELETE_OP:
+                        rejects.add(rows[[local]], Reason.PROPERTY_TYPE_MISMATCH, detail)
+                converted[path] = value
+        return converted
+
+    def _json_unavailable(
+        self, name: str, texts: pa.Array, update: np.ndarray, rows: np.ndarray, n: int, out: Decoded
+    ) -> pa.Array:
+        """A jsonb read into a struct or map: the placeholder of a value an update left unchanged
+        set to null (never parsed), its record noted in `out.unavailable`."""
+        lacking = update & pc.fill_null(pc.equal(texts, self.spec.unavailable_text), False).to_numpy(
+            zero_copy_only=False
+        )
+        if not lacking.any():
+            return texts
+        out.unavailable.setdefault(name, np.zeros(n, dtype=bool))[rows[lacking]] = True
+        return pc.if_else(pa.array(lacking), pa.nulls(len(texts), texts.type), texts)
 
     def apply(
         self,
@@ -251,16 +412,16 @@ class DebeziumFormat(InputFormat):
         return pc.if_else(pa.array(lacking), pa.nulls(len(value), value.type), value)
 
     def _parse(
-        self, cut: pa.Array, docs: pa.Array, was_cut: np.ndarray
+        self, parser: _BlockParser, cut: pa.Array, docs: pa.Array, was_cut: np.ndarray
     ) -> tuple[pa.Table, dict[int, tuple[Reason, str]]]:
         """The leaves of each event, read from its cut (the payload alone, `_payloads`). An event
         whose cut the reader refuses (a schema that holds the text "payload": itself) is read again
         whole."""
-        table, errors = self.parser.parse(cut)
+        table, errors = parser.parse(cut)
         again = np.array(sorted(i for i in errors if was_cut[i]), dtype=np.int64)
         if again.size == 0:
             return table, errors
-        whole, whole_errors = self.parser.parse(one_per_line(docs.take(pa.array(again))))
+        whole, whole_errors = parser.parse(one_per_line(docs.take(pa.array(again))))
         index = np.arange(len(cut))
         index[again] = len(cut) + np.arange(again.size)
         table = pa.concat_tables([table, whole]).take(pa.array(index))

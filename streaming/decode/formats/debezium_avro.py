@@ -8,7 +8,10 @@ The envelope is an Avro record: `before` and `after` (each null or the row recor
 Each schema id is fetched from the registry and compiled once (the avro format's cache, its
 compiler and its columnar reader, streaming/decode/formats/avro.py); the events of a schema are
 read at once, and the leaves they give (`op`, `source.lsn`, `after.<column>`,
-`after.<geometry>.wkb` ...) go through the same rules as the JSON converter's events. A column added
+`after.<geometry>.wkb` ...) go through the same rules as the JSON converter's events; a column
+whose Connect type the converter notes (`connect.name`: a Decimal with its scale, a Date, a
+MicroTimestamp, a Json ...) is converted to its contract type as the JSON converter's are
+(streaming/decode/formats/debezium_values.py). Avro arrays are not read (the schema is refused). A column added
 with ALTER TABLE comes as a new version of the value schema, a new id: its `after` fields that no
 contract column reads are what schema evolution sees. A tombstone's key is an Avro record of the
 primary key's columns, in the wire format too.
@@ -21,6 +24,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from streaming.decode.columns import _cast_or_reject
 from streaming.decode.formats.avro import (
@@ -34,6 +38,7 @@ from streaming.decode.formats.avro import (
     _wire,
 )
 from streaming.decode.formats.base import Decoded
+from streaming.decode.formats.debezium_values import avro_wire, to_column, wire_read_type
 from streaming.decode.properties import NESTED, PropertySeen, merge_seen
 from streaming.decode.rejects import Reason, Rejects
 from streaming.decode.schema_registry import RegistrySettings, UnknownSchemaId
@@ -120,10 +125,37 @@ class AvroEvents:
             reader.read()
             _mismatches(reader, group, rejects, "")
 
-            def leaf(path: str, reader: EnvelopeReader = reader) -> pa.Array:
+            def read(path: str, reader: EnvelopeReader = reader) -> pa.Array:
                 return reader.arrow(path) if path in reader.columns else pa.nulls(len(reader.pos))
 
+            converted = self._converted(plan, group, read, out)
+
+            def leaf(path: str, read=read, converted=converted) -> pa.Array:
+                return converted[path] if path in converted else read(path)
+
             self.fmt.apply(group, n, out, leaf("op"), leaf("source.lsn"), leaf("source.ts_ms"), reader.present, leaf)
+
+    def _converted(self, plan: Plan, rows: np.ndarray, read, out: Decoded) -> dict[str, pa.Array]:
+        """The columns whose Connect type the converter noted (a Decimal's bytes and scale, a
+        Date's days, a jsonb's text ...) as their contract types, by leaf path; a value that does
+        not fit rejects its record (a delete's `before` only its key's), naming its path."""
+        ops = pc.fill_null(read("op").cast(pa.string()), "").to_numpy(zero_copy_only=False)
+        converted: dict[str, pa.Array] = {}
+        for name, target in self.fmt.columns.items():
+            for side in SIDES:
+                path = f"{side}.{name}"
+                node = plan.leaves.get(path)
+                if node is None or (side == "before" and name not in self.fmt.before_columns):
+                    continue
+                wire = avro_wire(node.kind, node.connect_name, node.scale)
+                if not (wire.name or pa.types.is_decimal(target)) or wire_read_type(wire, target) is None:
+                    continue
+                value, problems = to_column(read(path), wire, target, path, np.arange(len(rows)))
+                for local, detail in problems:
+                    if side == "after" or ops[local] == "d":
+                        out.rejects.add(rows[[local]], Reason.PROPERTY_TYPE_MISMATCH, detail)
+                converted[path] = value
+        return converted
 
     def decode_keys(self, keys: pa.Array, rows: np.ndarray, out: Decoded) -> None:
         """Tombstones whose Kafka key is an Avro record of the primary key's columns."""
