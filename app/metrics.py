@@ -166,11 +166,13 @@ class IngestMetrics:
     def observe_failed_commit(self) -> None:
         self.commits.labels(self.table, "failed").inc()
 
-    def observe_progress(self, progress: dict, latest_offsets: dict[tuple[str, int], int] | None = None) -> None:
+    def observe_progress(self, progress: dict, latest_offsets: dict[tuple[str, int], int] | None = None) -> int:
         """A StreamingQueryProgress (as a dict): Kafka lag per partition, and that the query is alive.
         latest_offsets: the topic's end offsets when the source does not report them (the Python
-        source reports the end of the batch it planned, capped by maxOffsetsPerTrigger)."""
+        source reports the end of the batch it planned, capped by maxOffsetsPerTrigger). Returns
+        the records waiting, over all partitions."""
         self.last_progress.labels(self.table).set(time.time())
+        waiting = 0
         for source in progress.get("sources", []):
             if latest_offsets is None:
                 latest = _offsets(source.get("latestOffset"))
@@ -180,6 +182,8 @@ class IngestMetrics:
             for (topic, partition), end in latest.items():
                 behind = end - done.get((topic, partition), 0)
                 self.kafka_lag.labels(topic, partition, self.table).set(max(0, behind))
+                waiting += max(0, behind)
+        return waiting
 
 
 class EventFreshness(Collector):
@@ -392,17 +396,26 @@ RECENT_BATCHES = 20
 @dataclass
 class Health:
     """What /readyz answers: the query is active, has shown progress recently, and the batch in
-    progress (if any) has not run far longer than batches do."""
+    progress (if any) has not run far longer than batches do. And what /healthz answers (`alive`):
+    whether the driver still works at all, for the kubelet to restart it when not."""
 
     max_silence_s: float
+    # /healthz fails past this: the driver's loop silent, or no batch done while records wait
+    max_stall_s: float = float("inf")
     query_active: bool = False
     last_progress: float = 0.0
+    # Unix time the driver's watch loop last went round (it does every second while the query runs)
+    loop_beat: float = field(default_factory=time.time)
+    # Unix time the last batch ended, and the records the source had waiting at the last progress
+    last_batch_end: float = field(default_factory=time.time)
+    records_waiting: int = 0
     # Unix time the batch in progress started, or None between batches
     batch_started: Callable[[], float | None] = lambda: None
     recent_batch_s: deque[float] = field(default_factory=lambda: deque(maxlen=RECENT_BATCHES))
 
     def observe_batch(self, report: BatchReport) -> None:
         self.recent_batch_s.append(report.seconds.get("total", 0.0))
+        self.last_batch_end = time.time()
 
     def batch_running_s(self) -> float:
         started = self.batch_started()
@@ -426,6 +439,20 @@ class Health:
             return False, f"no batch or idle poll for {silence:.0f} s"
         return True, "ok"
 
+    def alive(self) -> tuple[bool, str]:
+        """Whether the driver works: its watch loop goes round, no batch runs for ever, and batches
+        end while records wait. A frozen process answers nothing, which the probe's timeout takes."""
+        now = time.time()
+        if now - self.loop_beat > self.max_stall_s:
+            return False, f"the driver's watch loop has not gone round for {now - self.loop_beat:.0f} s"
+        running = self.batch_running_s()
+        if running > self.max_stall_s:
+            return False, f"the batch in progress has run for {running:.0f} s"
+        idle = now - max(self.last_batch_end, self.batch_started() or 0.0)
+        if self.records_waiting > 0 and idle > self.max_stall_s:
+            return False, f"no batch for {idle:.0f} s while {self.records_waiting} records wait"
+        return True, "ok"
+
 
 def serve(registry: CollectorRegistry, health: Health, port: int, host: str = "0.0.0.0") -> ThreadingHTTPServer:
     """/metrics, /healthz and /readyz on a daemon thread; returns the server (shutdown() stops it)."""
@@ -435,7 +462,8 @@ def serve(registry: CollectorRegistry, health: Health, port: int, host: str = "0
             if self.path.startswith("/metrics"):
                 self._answer(200, generate_latest(registry), CONTENT_TYPE_LATEST)
             elif self.path == "/healthz":
-                self._answer(200, b"ok\n", "text/plain")
+                alive, why = health.alive()
+                self._answer(200 if alive else 503, f"{why}\n".encode(), "text/plain")
             elif self.path == "/readyz":
                 ready, why = health.ready()
                 self._answer(200 if ready else 503, f"{why}\n".encode(), "text/plain")

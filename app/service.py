@@ -124,7 +124,7 @@ def run(
     if settings.maintenance_mode != "off":
         maintenance = MaintenanceRunner(settings, contract.table, MaintenanceMetrics(metrics.registry, contract.table))
         observers = (*observers, maintenance.after_batch)
-    health = Health(max_silence_s=settings.ready_max_silence_s)
+    health = Health(max_silence_s=settings.ready_max_silence_s, max_stall_s=settings.live_max_stall_s)
     latest_offsets: LatestOffsets | None = None
     server = serve(metrics.registry, health, settings.metrics_port) if settings.metrics_port else None
     progress_log: ProgressLog | None = None
@@ -260,6 +260,7 @@ def _supervise(
     health.last_progress = time.time()
     seen_progress = None
     while query.isActive:
+        health.loop_beat = time.time()
         if stop_requested.is_set() or (stop_when_caught_up and caught_up(query)):
             _stop_after_current_batch(query)
             break
@@ -268,7 +269,9 @@ def _supervise(
             seen_progress = progress.get("timestamp")
             health.last_progress = time.time()
             try:
-                metrics.observe_progress(progress, None if latest_offsets is None else latest_offsets.get() or {})
+                health.records_waiting = metrics.observe_progress(
+                    progress, None if latest_offsets is None else latest_offsets.get() or {}
+                )
             except (ValueError, TypeError, KeyError) as exc:  # a metric is not worth the service
                 log.warning("unreadable query progress", extra={"summary": {"error": str(exc)}})
         try:

@@ -113,6 +113,9 @@ class Settings:
     metrics_port: int = 9108  # /metrics, /healthz, /readyz; 0 turns the server off
     # /readyz fails when the query showed no batch or idle poll for this long
     ready_max_silence_s: int = 120
+    # /healthz fails (the kubelet restarts the driver) when its watch loop stalls, a batch runs, or
+    # no batch ends while records wait, for longer than this.
+    live_max_stall_s: int = 900
     # Table maintenance (streaming/maintenance/maintain.py; docs/maintenance.md).
     # "beside" (default): a child process of the service runs it concurrently with ingest, never
     # in front of a micro-batch, at a lower priority and at most maintenance_cpu_percent of one core

@@ -206,3 +206,32 @@ def test_a_batch_running_far_longer_than_batches_do_shows_on_readyz_and_in_a_met
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_liveness_fails_when_the_driver_stalls_and_only_then() -> None:
+    """/healthz: the kubelet restarts a driver whose watch loop stopped going round, whose batch
+    runs for ever, or that ends no batch while records wait; an idle driver with nothing to read
+    stays alive."""
+    health = Health(max_silence_s=60, max_stall_s=900, query_active=True)
+    assert health.alive() == (True, "ok")
+    health.last_batch_end = time.time() - 3600  # a quiet topic: nothing waits
+    assert health.alive()[0]
+    health.records_waiting = 5_000
+    alive, why = health.alive()
+    assert not alive and why.startswith("no batch for 3600 s while 5000 records wait")
+    health.records_waiting, health.loop_beat = 0, time.time() - 1000
+    assert health.alive() == (False, "the driver's watch loop has not gone round for 1000 s")
+    health.loop_beat, started = time.time(), time.time() - 1200
+    health.batch_started = lambda: started
+    assert health.alive() == (False, "the batch in progress has run for 1200 s")
+
+
+def test_healthz_answers_503_with_the_reason() -> None:
+    health = Health(max_silence_s=60, max_stall_s=900, query_active=True, loop_beat=time.time() - 2000)
+    server = serve(CollectorRegistry(), health, port=0, host="127.0.0.1")
+    try:
+        port = server.server_address[1]
+        status, body = get(f"http://127.0.0.1:{port}/healthz")
+        assert status == 503 and "has not gone round for 2000 s" in body
+    finally:
+        server.shutdown()
