@@ -24,11 +24,14 @@ reject their records with `schema_not_supported`.
 
 from __future__ import annotations
 
+import io
 import json
-from collections.abc import Sequence
+import struct
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+import fastavro
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -38,6 +41,7 @@ from streaming.contract import Contract
 from streaming.decode.columns import _cast_or_reject
 from streaming.decode.formats.base import Decoded, InputFormat
 from streaming.decode.formats.wkb import EWKB_SRID_FLAG, read_wkb
+from streaming.decode.python_values import to_arrow
 from streaming.decode.rejects import Reason, Rejects
 from streaming.decode.schema_registry import (
     RegisteredSchema,
@@ -70,6 +74,15 @@ _LOGICAL = {"timestamp-millis": pa.timestamp("ms", tz="UTC"), "timestamp-micros"
 
 class UnsupportedSchema(ValueError):
     """A schema this reader does not read (the records are rejected, not misread)."""
+
+
+class BeyondColumnar(UnsupportedSchema):
+    """A schema the columnar reader does not read, but the general one does (GeneralPlan)."""
+
+
+# Logical types the columnar reader reads; the others (decimal, date, time-*, uuid,
+# local-timestamp-*, ...) send their schema to the general reader.
+_COLUMNAR_LOGICAL = ("", "timestamp-millis", "timestamp-micros")
 
 
 @dataclass
@@ -115,7 +128,7 @@ def _compile(raw: Any, name: str, named: dict[str, Any], leaves: dict[str, Node]
         branches = [_compile(b, name, named, {}, namespace) for b in raw]
         others = [b for b in branches if b.kind != "null"]
         if len(others) > 1:
-            raise UnsupportedSchema(f"field {name!r}: a union of several non-null types is not supported")
+            raise BeyondColumnar(f"field {name!r}: a union of several non-null types")
         if others and others[0].kind in ("record",):
             # The branch's own leaves are those of the field.
             branches = [_compile(b, name, named, leaves, namespace) if b != "null" else Node("null") for b in raw]
@@ -153,6 +166,8 @@ def _compile(raw: Any, name: str, named: dict[str, Any], leaves: dict[str, Node]
             name,
             fields=[_compile(f["type"], f"{prefix}{f['name']}", named, leaves, space) for f in fields],
         )
+    if str(raw.get("logicalType", "")) not in _COLUMNAR_LOGICAL:
+        raise BeyondColumnar(f"field {name!r}: logical type {raw['logicalType']!r}")
     if kind == "enum":
         node = Node("enum", name, symbols=[str(s) for s in raw.get("symbols", [])])
     elif kind == "fixed":
@@ -160,7 +175,7 @@ def _compile(raw: Any, name: str, named: dict[str, Any], leaves: dict[str, Node]
     elif kind in _PRIMITIVES:
         node = Node(kind, name, logical=str(raw.get("logicalType", "")))
     elif kind in ("array", "map"):
-        raise UnsupportedSchema(f"field {name!r}: Avro {kind}s are not supported")
+        raise BeyondColumnar(f"field {name!r}: an Avro {kind}")
     else:
         raise UnsupportedSchema(f"field {name!r}: unknown Avro type {kind!r}")
     if node.kind != "null":
@@ -368,6 +383,136 @@ class RecordReader:
         return pa.array(out, pa.string())
 
 
+# -- the general reader: fastavro, record by record ----------------------------------------------
+@dataclass
+class GeneralPlan(Plan):
+    """A schema the general reader reads: fastavro's parse of it; `leaves` names every field that is
+    not a record (its kind the Avro type's: "array", "map", "union", ...), `paths` every field."""
+
+    parsed: Any = None
+    paths: frozenset[str] = frozenset()
+
+
+def compile_avro(schema_id: int, text: str, references: Sequence[str], wanted: Iterable[str]) -> Plan:
+    """The plan of a writer schema: the columnar reader's when it reads the schema and every field
+    in `wanted` (the contract's `properties.<field>` sources) is one of its leaves, else the general
+    reader's. Raises UnsupportedSchema for what is no Avro record schema at all."""
+    try:
+        plan = compile_schema(schema_id, text, references)
+    except BeyondColumnar:
+        return general_plan(schema_id, text, references)
+    for name in wanted:
+        if name not in plan.leaves and any(leaf.startswith(f"{name}.") for leaf in plan.leaves):
+            return general_plan(schema_id, text, references)  # a record field as a struct column
+    return plan
+
+
+def general_plan(schema_id: int, text: str, references: Sequence[str] = ()) -> GeneralPlan:
+    """The general reader's plan of an Avro schema (JSON text); raises UnsupportedSchema."""
+    try:
+        raw = json.loads(text)
+        referred = [json.loads(r) for r in references]
+        named: dict[str, Any] = {}
+        for schema in referred:
+            fastavro.parse_schema(schema, named_schemas=named)
+        parsed = fastavro.parse_schema(raw, named_schemas=named)
+    except (ValueError, TypeError, KeyError, fastavro.schema.SchemaParseException) as exc:
+        raise UnsupportedSchema(f"schema id {schema_id} is not an Avro schema fastavro reads: {exc}") from None
+    if not (isinstance(parsed, dict) and parsed.get("type") in ("record", "error")):
+        raise UnsupportedSchema(f"schema id {schema_id} is not a record")
+    leaves: dict[str, Node] = {}
+    paths: set[str] = set()
+    _general_fields(parsed, "", named, leaves, paths)
+    return GeneralPlan(schema_id, Node("record"), leaves, parsed=parsed, paths=frozenset(paths))
+
+
+def _general_fields(raw: Any, name: str, named: dict[str, Any], leaves: dict[str, Node], paths: set[str]) -> None:
+    """The field paths of a parsed schema (a record's fields `record.field`, an optional record's too)."""
+    if isinstance(raw, str):
+        raw = named.get(raw, raw)
+    if isinstance(raw, list):
+        others = [b for b in raw if b != "null"]
+        if len(others) == 1:
+            _general_fields(others[0], name, named, leaves, paths)
+        elif name:
+            leaves[name] = Node("union", name)
+        return
+    kind = raw.get("type") if isinstance(raw, dict) else raw
+    if kind in ("record", "error"):
+        if name:
+            paths.add(name)
+        prefix = f"{name}." if name else ""
+        for f in raw["fields"]:
+            paths.add(f"{prefix}{f['name']}")
+            _general_fields(f["type"], f"{prefix}{f['name']}", named, leaves, paths)
+        return
+    if isinstance(kind, dict | list):
+        _general_fields(kind, name, named, leaves, paths)
+    elif name:
+        leaves[name] = Node(str(kind), name)
+
+
+_READ_FAULTS = (EOFError, ValueError, IndexError, KeyError, TypeError, OverflowError, struct.error)
+
+
+class GeneralReader:
+    """Reads the records of a schema the columnar reader does not read with fastavro, one by one
+    (the schemas with arrays, maps, unions of several types, decimals, dates, times, UUIDs, record
+    fields read as structs): the same faces as RecordReader to the format."""
+
+    def __init__(self, plan: GeneralPlan, data: np.ndarray, pos: np.ndarray, end: np.ndarray):
+        self.plan = plan
+        self.data = data
+        self.pos = pos.astype(np.int64)
+        self.end = end.astype(np.int64)
+        n = len(pos)
+        self.bad = np.zeros(n, dtype=bool)
+        self.detail = np.full(n, None, dtype=object)
+        self.columns = plan.paths
+        self.records: list[Any] = [None] * n
+
+    def read(self) -> None:
+        buffer = memoryview(self.data.data)
+        parsed = self.plan.parsed
+        for i, (start, stop) in enumerate(zip(self.pos.tolist(), self.end.tolist(), strict=True)):
+            body = io.BytesIO(buffer[start:stop])
+            try:
+                self.records[i] = fastavro.schemaless_reader(body, parsed, None)
+            except _READ_FAULTS as exc:
+                self.bad[i] = True
+                self.detail[i] = f"{type(exc).__name__}: {exc}" if str(exc) else "the record ends inside a field"
+                continue
+            left = stop - start - body.tell()
+            if left:
+                self.bad[i] = True
+                self.detail[i] = f"{left} bytes after the record's last field"
+                self.records[i] = None
+
+    def values(self, name: str) -> list[Any]:
+        """The field at path `name` of each record (None where absent or the record rejected)."""
+        steps = name.split(".")
+        out: list[Any] = []
+        for record in self.records:
+            value: Any = record
+            for step in steps:
+                value = value.get(step) if isinstance(value, dict) else None
+            out.append(value)
+        return out
+
+    def arrow(self, name: str) -> pa.Array:
+        """A leaf field as Arrow, in its Avro type's (the geometry's and SRID's fields)."""
+        node = self.plan.leaves.get(name)
+        values = self.values(name)
+        try:
+            return pa.array(values, _ARROW.get(node.kind) if node else None)
+        except (pa.ArrowInvalid, pa.ArrowTypeError):
+            return pa.nulls(len(values))
+
+    def property(self, name: str, target: pa.DataType) -> tuple[pa.Array, list[tuple[int, str]]]:
+        """A field as a column of `target`, and the records whose value does not fit it."""
+        return to_arrow(self.values(name), target, f"properties.{name}")
+
+
 def _wire(values: pa.Array, rows: np.ndarray) -> tuple[pa.Array, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """The values at rows as binary, their bytes and offsets, the schema id of each and which are
     too short to have one."""
@@ -457,9 +602,11 @@ class AvroFormat(InputFormat):
         return cached
 
     def compile(self, registered: RegisteredSchema) -> Plan:
-        return compile_schema(registered.id, registered.text, registered.references)
+        return compile_avro(registered.id, registered.text, registered.references, self.property_types)
 
-    def reader(self, plan: Plan, data: np.ndarray, start: np.ndarray, end: np.ndarray) -> RecordReader:
+    def reader(self, plan: Plan, data: np.ndarray, start: np.ndarray, end: np.ndarray) -> RecordReader | GeneralReader:
+        if isinstance(plan, GeneralPlan):
+            return GeneralReader(plan, data, start, end)
         return RecordReader(plan, data, start, end)
 
     def decode(self, values: pa.Array, rows: np.ndarray, out: Decoded) -> None:
@@ -497,7 +644,7 @@ class AvroFormat(InputFormat):
             self._properties(reader, rows[local], out)
 
     # -- geometry and properties -----------------------------------------------------------------
-    def _geometry(self, reader: RecordReader, rows: np.ndarray, out: Decoded) -> None:
+    def _geometry(self, reader: RecordReader | GeneralReader, rows: np.ndarray, out: Decoded) -> None:
         spec = self.contract.registry
         assert spec is not None, "an avro contract has a registry section (streaming/contract/sources.py)"
         rejects = out.rejects
@@ -570,19 +717,24 @@ class AvroFormat(InputFormat):
         else:
             rejects.add(rows, Reason.SCHEMA_NOT_SUPPORTED, f"field {name!r} is a {arr.type}: expected bytes or string")
 
-    def _field_or_none(self, reader: RecordReader, name: str) -> pa.Array | None:
+    def _field_or_none(self, reader: RecordReader | GeneralReader, name: str) -> pa.Array | None:
         return reader.arrow(name) if name in reader.columns else None
 
-    def _properties(self, reader: RecordReader, rows: np.ndarray, out: Decoded) -> None:
+    def _properties(self, reader: RecordReader | GeneralReader, rows: np.ndarray, out: Decoded) -> None:
         for name, target in self.property_types.items():
             if name not in reader.columns:
                 continue  # an older schema without the field: the column stays null
-            arr = reader.arrow(name)
-            local = Rejects(len(rows))
-            cast = _cast_or_reject(arr, target, f"properties.{name}", local)
-            bad = ~local.ok
-            if bad.any():
-                out.rejects.add(rows[bad], Reason.PROPERTY_TYPE_MISMATCH, list(local.detail[bad]))
+            if isinstance(reader, GeneralReader):
+                cast, problems = reader.property(name, target)
+                for i, problem in problems:
+                    out.rejects.add(rows[i : i + 1], Reason.PROPERTY_TYPE_MISMATCH, problem)
+            else:
+                arr = reader.arrow(name)
+                local = Rejects(len(rows))
+                cast = _cast_or_reject(arr, target, f"properties.{name}", local)
+                bad = ~local.ok
+                if bad.any():
+                    out.rejects.add(rows[bad], Reason.PROPERTY_TYPE_MISMATCH, list(local.detail[bad]))
             out.properties[name] = scatter_into(out.properties[name], cast, rows)
 
     def unmapped_fields(

@@ -16,7 +16,15 @@ import shapely
 
 from streaming.contract import ContractError, parse_contract
 from streaming.decode.decoder import REJECT_DETAIL, REJECT_REASON, Decoder
-from streaming.decode.formats.avro import AvroFormat, RecordReader, UnsupportedSchema, compile_schema
+from streaming.decode.formats.avro import (
+    AvroFormat,
+    BeyondColumnar,
+    GeneralPlan,
+    RecordReader,
+    UnsupportedSchema,
+    compile_avro,
+    compile_schema,
+)
 from streaming.decode.rejects import Reason
 from streaming.kernels.buffers import offsets_and_bytes
 from tests.streaming.decode.test_decoder import kafka_batch
@@ -165,15 +173,19 @@ def test_union_branch_and_enum_out_of_range_and_bad_utf8():
     assert strings.to_pylist()[0] == "é"
 
 
-def test_arrays_maps_and_wide_unions_are_not_supported():
+def test_arrays_maps_wide_unions_and_other_logical_types_go_to_the_general_reader():
     for field_type in (
         {"type": "array", "items": "long"},
         {"type": "map", "values": "long"},
         ["null", "long", "string"],
+        {"type": "int", "logicalType": "date"},
     ):
         schema = {"type": "record", "name": "R", "fields": [{"name": "x", "type": field_type}]}
-        with pytest.raises(UnsupportedSchema):
+        with pytest.raises(BeyondColumnar):
             compile_schema(1, json.dumps(schema))
+        assert isinstance(compile_avro(1, json.dumps(schema), (), ["x"]), GeneralPlan)
+    with pytest.raises(UnsupportedSchema, match="not a record"):
+        compile_avro(1, '"long"', (), [])
 
 
 # -- through the decoder ---------------------------------------------------------------------------
