@@ -8,8 +8,9 @@ What a value may be, per type (the types a record's reader gives, and the lossle
 - struct: a dict (an Avro record, a Protobuf message); members by name, others ignored; a required
   member missing or null is a problem;
 - list: a list or tuple; map: a dict (its keys of the map's key type) or a list of (key, value) pairs;
-- string: a str, or a UUID (its canonical text); boolean: a bool;
-- int / long: an int (not a bool) in range, or a whole float; float / double: an int or a float (not a bool);
+- string: a str (an enum's name), or a UUID (its canonical text); boolean: a bool;
+- int / long: an int (not a bool) in range, a whole float, or an enum value's number (NamedNumber);
+  float / double: an int or a float (not a bool);
 - decimal(P, S): a Decimal or an int whose digits fit P and S (none dropped);
 - date: a date (not a datetime); time: a time (its time zone, if any, dropped);
 - timestamptz: a datetime; one without a time zone is taken as UTC;
@@ -36,6 +37,18 @@ from streaming.decode.rejects import shown
 Problem = tuple[int, str]
 
 _UTC = datetime.UTC
+
+
+class NamedNumber(str):
+    """An enum value: its name, which a string column takes, and its number, which an integer
+    column takes (a Protobuf enum; columns of either type read them)."""
+
+    number: int
+
+    def __new__(cls, name: str, number: int) -> NamedNumber:
+        named = super().__new__(cls, name)
+        named.number = number
+        return named
 
 
 def to_arrow(values: Sequence[Any], kind: pa.DataType, path: str) -> tuple[pa.Array, list[Problem]]:
@@ -121,12 +134,14 @@ def _scalar(value: Any, kind: pa.DataType) -> Any:
             return str(value)
         if not isinstance(value, str):
             raise TypeError
-        return value
+        return str(value)
     if pa.types.is_boolean(kind):
         if not isinstance(value, bool):
             raise TypeError
         return value
     if pa.types.is_integer(kind):
+        if isinstance(value, NamedNumber):
+            value = value.number
         if isinstance(value, float) and value.is_integer():
             value = int(value)  # a whole double fits, as the columnar path's safe cast takes it
         if isinstance(value, bool) or not isinstance(value, int):

@@ -19,13 +19,38 @@ maps, fields of message types and records of another message of the file are rej
 
 from __future__ import annotations
 
+import datetime
 import re
 from dataclasses import dataclass, field
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import numpy as np
+import pyarrow as pa
+from google.protobuf import (
+    any_pb2,
+    descriptor_pool,
+    duration_pb2,
+    empty_pb2,
+    field_mask_pb2,
+    message_factory,
+    struct_pb2,
+    timestamp_pb2,
+    wrappers_pb2,
+)
+from google.protobuf.descriptor import Descriptor, FieldDescriptor
+from google.protobuf.message import DecodeError
 
-from streaming.decode.formats.avro import AvroFormat, Node, Plan, RecordReader, UnsupportedSchema
+from streaming.decode.formats.avro import (
+    AvroFormat,
+    GeneralPlan,
+    GeneralReader,
+    Node,
+    Plan,
+    RecordReader,
+    UnsupportedSchema,
+)
+from streaming.decode.formats.proto_text import ProtoSyntaxError, parse_proto
+from streaming.decode.python_values import NamedNumber
 from streaming.decode.schema_registry import RegisteredSchema
 
 # proto type -> (the reader's kind, how it is encoded)
@@ -67,6 +92,8 @@ class ProtoPlan(Plan):
     numbers: dict[int, Node] = field(default_factory=dict)
     # Fields with presence (optional, oneof): null when absent; the others read as their default.
     optional: set[str] = field(default_factory=set)
+    # Enum fields (read as their numbers here; a string column of one takes the general reader).
+    enums: set[str] = field(default_factory=set)
 
 
 def compile_proto(schema_id: int, text: str) -> ProtoPlan:
@@ -90,6 +117,7 @@ def compile_proto(schema_id: int, text: str) -> ProtoPlan:
     leaves: dict[str, Node] = {}
     numbers: dict[int, Node] = {}
     optional: set[str] = set()
+    enum_fields: set[str] = set()
     for statement in message.split(";"):
         statement = " ".join(statement.split())
         if not statement or statement.startswith(("option ", "reserved ", "extensions ")):
@@ -105,13 +133,16 @@ def compile_proto(schema_id: int, text: str) -> ProtoPlan:
             kind, encoding = _SCALARS[proto_type]
         elif proto_type.rsplit(".", 1)[-1] in enums:
             kind, encoding = "long", "varint"
+            enum_fields.add(name)
         else:
             raise UnsupportedSchema(f"schema id {schema_id}: field {name!r} is a message ({proto_type}); not supported")
         node = Node(kind, name, logical=f"pb:{encoding}")
         leaves[name] = numbers[number] = node
         if label == "optional" or name in oneof_members:
             optional.add(name)
-    return ProtoPlan(schema_id, Node("record", "", fields=list(leaves.values())), leaves, numbers, optional)
+    return ProtoPlan(
+        schema_id, Node("record", "", fields=list(leaves.values())), leaves, numbers, optional, enum_fields
+    )
 
 
 class ProtoReader(RecordReader):
@@ -218,6 +249,176 @@ class ProtoReader(RecordReader):
             column.valid[rows[fits]] = True
 
 
+# -- the general reader: the protobuf runtime, message by message ----------------------------------
+_WELL_KNOWN = (timestamp_pb2, duration_pb2, wrappers_pb2, any_pb2, empty_pb2, struct_pb2, field_mask_pb2)
+_WRAPPERS = {
+    f"google.protobuf.{name}Value"
+    for name in ("Double", "Float", "Int64", "UInt64", "Int32", "UInt32", "Bool", "String", "Bytes")
+}
+_EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.UTC)
+_KIND_OF = {
+    FieldDescriptor.TYPE_DOUBLE: "double",
+    FieldDescriptor.TYPE_FLOAT: "float",
+    FieldDescriptor.TYPE_BOOL: "boolean",
+    FieldDescriptor.TYPE_STRING: "string",
+    FieldDescriptor.TYPE_BYTES: "bytes",
+    FieldDescriptor.TYPE_ENUM: "enum",
+    FieldDescriptor.TYPE_MESSAGE: "record",
+}
+
+
+@dataclass
+class GeneralProtoPlan(GeneralPlan):
+    """A .proto schema read by the protobuf runtime: its top-level message descriptors, in order."""
+
+    messages: list[Descriptor] = field(default_factory=list)
+
+
+def general_proto_plan(schema_id: int, text: str) -> GeneralProtoPlan:
+    """The general reader's plan of a .proto file; raises UnsupportedSchema."""
+    pool = descriptor_pool.DescriptorPool()
+    for module in _WELL_KNOWN:
+        pool.AddSerializedFile(module.DESCRIPTOR.serialized_pb)
+    try:
+        fdp = parse_proto(text, name=f"registry-schema-{schema_id}.proto")
+        known = {module.DESCRIPTOR.name for module in _WELL_KNOWN}
+        other = [d for d in fdp.dependency if d not in known]
+        if other:
+            raise UnsupportedSchema(f"schema id {schema_id} imports {other}: only the well-known types are read")
+        described = pool.Add(fdp)
+    except (ProtoSyntaxError, TypeError, ValueError) as exc:
+        raise UnsupportedSchema(
+            f"schema id {schema_id} is not a .proto file the protobuf runtime reads: {exc}"
+        ) from None
+    messages = [described.message_types_by_name[m.name] for m in fdp.message_type]
+    if not messages:
+        raise UnsupportedSchema(f"schema id {schema_id} has no message")
+    leaves: dict[str, Node] = {}
+    paths: set[str] = set()
+    _proto_fields(messages[0], "", leaves, paths)
+    return GeneralProtoPlan(schema_id, Node("record"), leaves, paths=frozenset(paths), messages=messages)
+
+
+def _is_repeated(fd: FieldDescriptor) -> bool:
+    return bool(fd.is_repeated)
+
+
+def _proto_fields(message: Descriptor, prefix: str, leaves: dict[str, Node], paths: set[str]) -> None:
+    for fd in message.fields:
+        name = f"{prefix}{fd.name}"
+        paths.add(name)
+        plain_message = fd.type == FieldDescriptor.TYPE_MESSAGE and not _is_repeated(fd)
+        if (
+            plain_message
+            and fd.message_type.full_name not in _WRAPPERS
+            and not fd.message_type.full_name.startswith("google.protobuf.")
+        ):
+            _proto_fields(fd.message_type, f"{name}.", leaves, paths)
+        elif _is_repeated(fd):
+            leaves[name] = Node("map" if fd.message_type and fd.message_type.GetOptions().map_entry else "array", name)
+        else:
+            leaves[name] = Node(_KIND_OF.get(fd.type, "long"), name)
+
+
+def message_values(message: Any) -> dict[str, Any]:
+    """A message as Python values: nested messages as dicts, repeated fields as lists, maps as dicts,
+    maps in key order, enums as NamedNumber, Timestamp as a datetime (UTC), Duration as microseconds, a wrapper as its
+    value; a field with presence that is not set is None, a plain proto3 field its default."""
+    out: dict[str, Any] = {}
+    for fd in message.DESCRIPTOR.fields:
+        value = getattr(message, fd.name)
+        if _is_repeated(fd):
+            if fd.message_type is not None and fd.message_type.GetOptions().map_entry:
+                item = fd.message_type.fields_by_name["value"]
+                # In key order: the runtime's own order is its hash table's.
+                out[fd.name] = {key: _single(item, value[key]) for key in sorted(value)}
+            else:
+                out[fd.name] = [_single(fd, v) for v in value]
+        elif fd.has_presence and not message.HasField(fd.name):
+            out[fd.name] = None
+        else:
+            out[fd.name] = _single(fd, value)
+    return out
+
+
+def _single(fd: FieldDescriptor, value: Any) -> Any:
+    if fd.type == FieldDescriptor.TYPE_ENUM:
+        symbol = fd.enum_type.values_by_number.get(value)
+        return NamedNumber(symbol.name if symbol else str(value), value)
+    if fd.type != FieldDescriptor.TYPE_MESSAGE:
+        return value
+    full_name = fd.message_type.full_name
+    if full_name == "google.protobuf.Timestamp":
+        return _EPOCH + datetime.timedelta(seconds=value.seconds, microseconds=value.nanos // 1000)
+    if full_name == "google.protobuf.Duration":
+        return value.seconds * 1_000_000 + int(value.nanos / 1000)  # nanos share the seconds' sign
+    if full_name in _WRAPPERS:
+        return value.value
+    return message_values(value)
+
+
+class GeneralProtoReader(GeneralReader):
+    """Reads the messages of a schema the columnar reader does not read with the protobuf runtime,
+    one by one, any message of the file the message indexes name."""
+
+    plan: GeneralProtoPlan
+
+    def __init__(self, plan: GeneralProtoPlan, data: np.ndarray, pos: np.ndarray, end: np.ndarray):
+        super().__init__(plan, data, pos, end)
+        self._classes: dict[tuple[int, ...], Any] = {}
+
+    def read(self) -> None:
+        buffer = memoryview(self.data.data)
+        for i, (start, stop) in enumerate(zip(self.pos.tolist(), self.end.tolist(), strict=True)):
+            body = bytes(buffer[start:stop])
+            try:
+                indexes, at = _message_indexes(body)
+                message = self._class(indexes)()
+                message.ParseFromString(body[at:])
+                self.records[i] = message_values(message)
+            except (DecodeError, IndexError, ValueError, RuntimeWarning) as exc:
+                self.bad[i] = True
+                self.detail[i] = str(exc) or type(exc).__name__
+
+    def _class(self, indexes: tuple[int, ...]) -> Any:
+        found = self._classes.get(indexes)
+        if found is None:
+            descriptor = self.plan.messages[indexes[0]]
+            for index in indexes[1:]:
+                descriptor = descriptor.nested_types[index]
+            found = self._classes[indexes] = message_factory.GetMessageClass(descriptor)
+        return found
+
+
+def _varint(body: bytes, at: int) -> tuple[int, int]:
+    value = shift = 0
+    while True:
+        if at >= len(body):
+            raise IndexError("the record ends inside the message indexes")
+        byte = body[at]
+        value |= (byte & 0x7F) << shift
+        at, shift = at + 1, shift + 7
+        if byte < 0x80:
+            return (value >> 1) ^ -(value & 1), at  # zigzag
+
+
+def _message_indexes(body: bytes) -> tuple[tuple[int, ...], int]:
+    """Which message of the file (Confluent's message indexes: a count, then as many indexes; a
+    count of 0 is the first message), and where the message starts."""
+    count, at = _varint(body, 0)
+    if count < 0 or count > 32:
+        raise ValueError(f"message indexes: a count of {count}")
+    if count == 0:
+        return (0,), at
+    indexes = []
+    for _ in range(count):
+        index, at = _varint(body, at)
+        indexes.append(index)
+    if min(indexes) < 0:
+        raise ValueError(f"message indexes {indexes}")
+    return tuple(indexes), at
+
+
 class ProtobufFormat(AvroFormat):
     """Protobuf in the Confluent wire format, read with the schema the registry holds for its id."""
 
@@ -226,7 +427,17 @@ class ProtobufFormat(AvroFormat):
     schema_type: ClassVar[str] = "PROTOBUF"
 
     def compile(self, registered: RegisteredSchema) -> Plan:
-        return compile_proto(registered.id, registered.text)
+        """The columnar reader's plan when it reads the schema and every enum field a string column
+        reads is none (it reads enums as numbers), else the general reader's."""
+        try:
+            plan = compile_proto(registered.id, registered.text)
+        except UnsupportedSchema:
+            return general_proto_plan(registered.id, registered.text)
+        if any(name in plan.enums and not pa.types.is_integer(kind) for name, kind in self.property_types.items()):
+            return general_proto_plan(registered.id, registered.text)
+        return plan
 
-    def reader(self, plan: Plan, data: np.ndarray, start: np.ndarray, end: np.ndarray) -> RecordReader:
+    def reader(self, plan: Plan, data: np.ndarray, start: np.ndarray, end: np.ndarray) -> RecordReader | GeneralReader:
+        if isinstance(plan, GeneralProtoPlan):
+            return GeneralProtoReader(plan, data, start, end)
         return ProtoReader(plan, data, start, end)
