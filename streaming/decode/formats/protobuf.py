@@ -9,12 +9,28 @@ together with numpy: every record's next field tag at once, then the value of ea
 for the records that have it, until every record is read. Fields come in any order; the last value
 of a field wins, as Protobuf says; a field the schema does not name is skipped by its wire type.
 
-Supported schemas (the registry holds them as .proto text): the first message of the file, its
-scalar fields (double, float, int32, int64, uint32, uint64, sint32, sint64, fixed32, fixed64,
-sfixed32, sfixed64, bool, string, bytes, enums as their numbers), `optional` and `oneof` fields
-(null when absent; a plain proto3 field absent is its default: 0, false, ""). Repeated fields,
-maps, fields of message types and records of another message of the file are rejected with
-`schema_not_supported`.
+Two readers, chosen per writer schema id (and the contract's columns), never per record:
+
+- The columnar reader above reads the first message of the file, its scalar fields (double,
+  float, int32, int64, uint32, uint64, sint32, sint64, fixed32, fixed64, sfixed32, sfixed64, bool,
+  string, bytes, enums as their numbers), `optional` and `oneof` fields (null when absent; a plain
+  proto3 field absent is its default: 0, false, "").
+- Every other schema is read by the general reader (GeneralProtoReader): the .proto text becomes
+  the runtime's FileDescriptorProto (streaming/decode/formats/proto_text.py), the runtime builds the
+  message class and parses each message, which is walked to Python values and converted to each
+  column's type by streaming/decode/python_values.py, record by record. It takes nested messages
+  (-> struct; a message field absent is null), repeated fields (-> list; absent: empty), maps
+  (-> map, in key order), enums (-> a string column takes the value's name, an integer column its
+  number; a number the enum does not name is its digits as a name), oneof members (each a field of
+  its own, null unless it is the one set), google.protobuf.Timestamp (-> timestamptz, nanoseconds
+  cut to microseconds), Duration (-> long microseconds), the wrappers (Int64Value, StringValue, ...:
+  their value, null when absent), and any message of the file the message indexes name. A schema
+  with an enum field that a string column reads goes here too (the columnar reader reads numbers).
+  Imports other than the well-known types' files (schema references to other .proto files) are not
+  read: such schemas reject their records with `schema_not_supported`, as do groups and `extend`.
+
+A value that does not fit its column rejects its record with `property_type_mismatch`, naming the
+nested path (`properties.readings[1].value: expected int, got 0.5`).
 """
 
 from __future__ import annotations

@@ -62,8 +62,8 @@ KINDS: dict[str, tuple[Any, Any, list[Any], list[Any]]] = {
     "union of two non-null types": (
         ["null", "long", "string"],
         "string",
-        ["seven", None],
-        ["seven", None],
+        ["seven", None, 7],
+        ["seven", None, "7"],
     ),
     "union of two numbers": (["int", "double"], "double", [3, 2.5], [3.0, 2.5]),
     "enum": (
