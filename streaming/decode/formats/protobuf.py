@@ -11,7 +11,7 @@ of a field wins, as Protobuf says; a field the schema does not name is skipped b
 
 Two readers, chosen per writer schema id (and the contract's columns), never per record:
 
-- The columnar reader above reads the first message of the file, its scalar fields (double,
+- The columnar reader above reads a file of one message, its scalar fields (double,
   float, int32, int64, uint32, uint64, sint32, sint64, fixed32, fixed64, sfixed32, sfixed64, bool,
   string, bytes, enums as their numbers), `optional` and `oneof` fields (null when absent; a plain
   proto3 field absent is its default: 0, false, "").
@@ -443,15 +443,20 @@ class ProtobufFormat(AvroFormat):
     schema_type: ClassVar[str] = "PROTOBUF"
 
     def compile(self, registered: RegisteredSchema) -> Plan:
-        """The columnar reader's plan when it reads the schema and every enum field a string column
-        reads is none (it reads enums as numbers), else the general reader's."""
+        """The columnar reader's plan when it reads the schema, the file has one message (the
+        columnar reader reads the first only; the records may name any) and no string column reads
+        an enum field (it reads enums as numbers); else the general reader's."""
         try:
             plan = compile_proto(registered.id, registered.text)
         except UnsupportedSchema:
             return general_proto_plan(registered.id, registered.text)
         if any(name in plan.enums and not pa.types.is_integer(kind) for name, kind in self.property_types.items()):
             return general_proto_plan(registered.id, registered.text)
-        return plan
+        try:
+            several = len(parse_proto(registered.text).message_type) > 1
+        except ProtoSyntaxError:
+            several = False  # the columnar reader reads it: keep to it
+        return general_proto_plan(registered.id, registered.text) if several else plan
 
     def reader(self, plan: Plan, data: np.ndarray, start: np.ndarray, end: np.ndarray) -> RecordReader | GeneralReader:
         if isinstance(plan, GeneralProtoPlan):

@@ -168,6 +168,9 @@ def test_flat_schemas_keep_the_columnar_reader():
     # The columnar reader reads enums as their numbers: a string column of one takes the general reader.
     assert isinstance(decoder_for("string", "kind")._formats[0].compile(registered), GeneralProtoPlan)
     assert isinstance(decoder_for("long", "kind")._formats[0].compile(registered), ProtoPlan)
+    # A file of several messages: the records may name any of them.
+    two = RegisteredSchema(9, "PROTOBUF", PING_PROTO + "message Other { int64 a = 1; }")
+    assert isinstance(fmt.compile(two), GeneralProtoPlan)
 
 
 def test_the_proto_text_reads_as_protoc_would_describe_it():
