@@ -73,6 +73,22 @@ KINDS: dict[str, tuple[Any, Any, list[Any], list[Any]]] = {
         ["MOVING", "IDLE"],
     ),
     "fixed": ({"type": "fixed", "name": "Tag", "size": 4}, "fixed[4]", [b"\x00\x01\x02\x03"], [b"\x00\x01\x02\x03"]),
+    "array of enums": (
+        {"type": "array", "items": {"type": "enum", "name": "Level", "symbols": ["LOW", "HIGH"]}},
+        {"type": "list", "element": "string"},
+        [["HIGH", "LOW"], []],
+        [["HIGH", "LOW"], []],
+    ),
+    "fixed in a record": (
+        {
+            "type": "record",
+            "name": "Signed",
+            "fields": [{"name": "sig", "type": {"type": "fixed", "name": "Sig", "size": 2}}],
+        },
+        {"type": "struct", "fields": [{"name": "sig", "type": "fixed[2]"}]},
+        [{"sig": b"\xff\x00"}],
+        [{"sig": b"\xff\x00"}],
+    ),
     "decimal": (
         {"type": "bytes", "logicalType": "decimal", "precision": 12, "scale": 2},
         "decimal(12, 2)",
