@@ -105,8 +105,10 @@ class BeyondColumnar(UnsupportedSchema):
     """A schema the columnar reader does not read, but the general one does (GeneralPlan)."""
 
 
-# Logical types the columnar reader reads; the others (decimal, date, time-*, uuid,
-# local-timestamp-*, ...) send their schema to the general reader.
+# Logical types the columnar reader reads as what they stand for; it reads the others (decimal,
+# date, time-*, uuid, local-timestamp-*, ...) as their underlying type (what the Debezium format's
+# envelopes want: streaming/decode/formats/debezium_avro.py), so a column that reads one sends its
+# schema to the general reader.
 _COLUMNAR_LOGICAL = ("", "timestamp-millis", "timestamp-micros")
 
 
@@ -191,12 +193,10 @@ def _compile(raw: Any, name: str, named: dict[str, Any], leaves: dict[str, Node]
             name,
             fields=[_compile(f["type"], f"{prefix}{f['name']}", named, leaves, space) for f in fields],
         )
-    if str(raw.get("logicalType", "")) not in _COLUMNAR_LOGICAL:
-        raise BeyondColumnar(f"field {name!r}: logical type {raw['logicalType']!r}")
     if kind == "enum":
         node = Node("enum", name, symbols=[str(s) for s in raw.get("symbols", [])])
     elif kind == "fixed":
-        node = Node("fixed", name, size=int(raw.get("size", 0)))
+        node = Node("fixed", name, size=int(raw.get("size", 0)), logical=str(raw.get("logicalType", "")))
     elif kind in _PRIMITIVES:
         node = Node(kind, name, logical=str(raw.get("logicalType", "")))
     elif kind in ("array", "map"):
@@ -418,17 +418,27 @@ class GeneralPlan(Plan):
     paths: frozenset[str] = frozenset()
 
 
-def compile_avro(schema_id: int, text: str, references: Sequence[str], wanted: Iterable[str]) -> Plan:
+def compile_avro(
+    schema_id: int, text: str, references: Sequence[str], wanted: Iterable[str], general: bool = True
+) -> Plan:
     """The plan of a writer schema: the columnar reader's when it reads the schema and every field
-    in `wanted` (the contract's `properties.<field>` sources) is one of its leaves, else the general
-    reader's. Raises UnsupportedSchema for what is no Avro record schema at all."""
+    in `wanted` (the contract's `properties.<field>` sources) is one of its leaves, of no logical
+    type it reads as its underlying type; else the general reader's (if `general`, else raises
+    BeyondColumnar). Raises UnsupportedSchema for what is no Avro record schema at all."""
     try:
         plan = compile_schema(schema_id, text, references)
     except BeyondColumnar:
+        if not general:
+            raise
         return general_plan(schema_id, text, references)
+    if not general:
+        return plan
     for name in wanted:
-        if name not in plan.leaves and any(leaf.startswith(f"{name}.") for leaf in plan.leaves):
+        leaf = plan.leaves.get(name)
+        if leaf is None and any(other.startswith(f"{name}.") for other in plan.leaves):
             return general_plan(schema_id, text, references)  # a record field as a struct column
+        if leaf is not None and leaf.logical not in _COLUMNAR_LOGICAL:
+            return general_plan(schema_id, text, references)  # a decimal, date, time, uuid, ...
     return plan
 
 
@@ -628,8 +638,17 @@ class AvroFormat(InputFormat):
             raise cached
         return cached
 
+    @property
+    def reads_every_schema(self) -> bool:
+        """Whether schemas the columnar reader does not read go to the general reader: for a topic
+        of this format, not for the Debezium format, which reads its Avro envelopes with this
+        format's columnar reader (streaming/decode/formats/debezium_avro.py) and rejects the rest."""
+        return any(name in self.contract.formats for name in self.names)
+
     def compile(self, registered: RegisteredSchema) -> Plan:
-        return compile_avro(registered.id, registered.text, registered.references, self.property_types)
+        return compile_avro(
+            registered.id, registered.text, registered.references, self.property_types, self.reads_every_schema
+        )
 
     def reader(self, plan: Plan, data: np.ndarray, start: np.ndarray, end: np.ndarray) -> RecordReader | GeneralReader:
         if isinstance(plan, GeneralPlan):

@@ -449,7 +449,11 @@ class ProtobufFormat(AvroFormat):
         try:
             plan = compile_proto(registered.id, registered.text)
         except UnsupportedSchema:
+            if not self.reads_every_schema:
+                raise
             return general_proto_plan(registered.id, registered.text)
+        if not self.reads_every_schema:
+            return plan
         if any(name in plan.enums and not pa.types.is_integer(kind) for name, kind in self.property_types.items()):
             return general_proto_plan(registered.id, registered.text)
         try:

@@ -178,12 +178,17 @@ def test_arrays_maps_wide_unions_and_other_logical_types_go_to_the_general_reade
         {"type": "array", "items": "long"},
         {"type": "map", "values": "long"},
         ["null", "long", "string"],
-        {"type": "int", "logicalType": "date"},
     ):
         schema = {"type": "record", "name": "R", "fields": [{"name": "x", "type": field_type}]}
         with pytest.raises(BeyondColumnar):
             compile_schema(1, json.dumps(schema))
         assert isinstance(compile_avro(1, json.dumps(schema), (), ["x"]), GeneralPlan)
+        with pytest.raises(BeyondColumnar):  # the Debezium format's reading of its envelopes
+            compile_avro(1, json.dumps(schema), (), ["x"], general=False)
+    # A logical type the columnar reader reads as its underlying type: general when a column reads it.
+    dated = {"type": "record", "name": "R", "fields": [{"name": "x", "type": {"type": "int", "logicalType": "date"}}]}
+    assert not isinstance(compile_avro(1, json.dumps(dated), (), []), GeneralPlan)
+    assert isinstance(compile_avro(1, json.dumps(dated), (), ["x"]), GeneralPlan)
     with pytest.raises(UnsupportedSchema, match="not a record"):
         compile_avro(1, '"long"', (), [])
 
