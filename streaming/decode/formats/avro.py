@@ -19,15 +19,17 @@ Two readers, chosen per writer schema id (and the contract's columns), never per
 
 - The columnar reader above reads records (nested too) of null, boolean, int, long, float, double,
   bytes, string, enum and fixed, unions of null and one other type (optional fields),
-  timestamp-millis / -micros (read as timestamps), types named from schemas it refers to (schema
-  references, fetched with it), each leaf field read as a column (`properties.<record>.<field>`).
+  timestamp-millis / -micros (read as timestamps; other logical types as their underlying type),
+  types named from schemas it refers to (schema references, fetched with it), each leaf field
+  read as a column (`properties.<record>.<field>`).
 - Every other record schema is read by the general reader (GeneralReader): fastavro decodes each
   record to Python values, record by record, and streaming/decode/python_values.py converts the
   values of each `properties.<field>` source to its column's data-file type. It takes arrays,
-  maps, unions of several non-null types (the branch a record holds is its value), the logical
-  types decimal, date, time-millis / -micros, uuid, local-timestamp-* (and the columnar reader's
-  kinds), and a record field that a contract column reads whole (a struct column): such a source
-  sends its schema here even when the columnar reader reads the rest. It runs Python per record
+  maps, unions of several non-null types (the branch a record holds is its value), and the
+  columnar reader's kinds. A schema the columnar reader reads comes here too when a column reads
+  one of its fields whole (a record into a struct column) or a field of a logical type other than
+  the timestamps (decimal, date, time-millis / -micros, uuid, local-timestamp-*: read as what they
+  stand for). The Debezium format reads its Avro envelopes with the columnar reader only. It runs Python per record
   (~6,000-9,000 records per CPU second for a 30-field event with an array of 10 records, where
   fastavro's own decoding is most of the time; bench/formats.py "avro nested event"), so it is
   the path of the schemas the columnar reader cannot read only: flat schemas keep the columnar one.
