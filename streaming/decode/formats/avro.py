@@ -54,7 +54,7 @@ from __future__ import annotations
 import io
 import json
 import struct
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -421,12 +421,13 @@ class GeneralPlan(Plan):
 
 
 def compile_avro(
-    schema_id: int, text: str, references: Sequence[str], wanted: Iterable[str], general: bool = True
+    schema_id: int, text: str, references: Sequence[str], wanted: dict[str, pa.DataType], general: bool = True
 ) -> Plan:
     """The plan of a writer schema: the columnar reader's when it reads the schema and every field
-    in `wanted` (the contract's `properties.<field>` sources) is one of its leaves, of no logical
-    type it reads as its underlying type; else the general reader's (if `general`, else raises
-    BeyondColumnar). Raises UnsupportedSchema for what is no Avro record schema at all."""
+    in `wanted` (the contract's `properties.<field>` sources, and their column types) is one of its
+    leaves, of no logical type it reads as its underlying type into a column of the type the logical
+    type stands for; else the general reader's (if `general`, else raises BeyondColumnar). Raises
+    UnsupportedSchema for what is no Avro record schema at all."""
     try:
         plan = compile_schema(schema_id, text, references)
     except BeyondColumnar:
@@ -435,13 +436,22 @@ def compile_avro(
         return general_plan(schema_id, text, references)
     if not general:
         return plan
-    for name in wanted:
+    for name, target in wanted.items():
         leaf = plan.leaves.get(name)
         if leaf is None and any(other.startswith(f"{name}.") for other in plan.leaves):
             return general_plan(schema_id, text, references)  # a record field as a struct column
-        if leaf is not None and leaf.logical not in _COLUMNAR_LOGICAL:
-            return general_plan(schema_id, text, references)  # a decimal, date, time, uuid, ...
+        if leaf is not None and leaf.logical not in _COLUMNAR_LOGICAL and not _takes_underlying(target):
+            return general_plan(schema_id, text, references)  # a decimal, date, time, uuid column
     return plan
+
+
+def _takes_underlying(target: pa.DataType) -> bool:
+    """Whether a column of `target` takes a logical type's underlying value (a date's day number
+    into a long column, a UUID's text into a string column), as the columnar reader gives it and as
+    contracts written before the general reader read them."""
+    return any(
+        test(target) for test in (pa.types.is_integer, pa.types.is_floating, pa.types.is_string, pa.types.is_binary)
+    )
 
 
 def general_plan(schema_id: int, text: str, references: Sequence[str] = ()) -> GeneralPlan:
@@ -486,7 +496,9 @@ def _general_fields(raw: Any, name: str, named: dict[str, Any], leaves: dict[str
     if isinstance(kind, dict | list):
         _general_fields(kind, name, named, leaves, paths)
     elif name:
-        leaves[name] = Node(str(kind), name)
+        logical = raw.get("logicalType", "") if isinstance(raw, dict) else ""
+        # A logical type's value is no Python int, float or str here: schema evolution adds no column of it.
+        leaves[name] = Node(f"{kind} ({logical})" if logical else str(kind), name, logical=str(logical))
 
 
 _READ_FAULTS = (EOFError, ValueError, IndexError, KeyError, TypeError, OverflowError, struct.error)

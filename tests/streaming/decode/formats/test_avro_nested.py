@@ -11,6 +11,7 @@ import json
 import uuid
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pytest
 
@@ -220,9 +221,9 @@ def test_a_record_that_does_not_match_its_schema_is_rejected_alone():
 
 
 def test_flat_schemas_keep_the_columnar_reader_and_a_struct_column_takes_the_general_one():
-    flat = compile_avro(3, json.dumps(POINT_SCHEMA), (), ["id", "meta.source"])
+    flat = compile_avro(3, json.dumps(POINT_SCHEMA), (), {"id": pa.string(), "meta.source": pa.string()})
     assert not isinstance(flat, GeneralPlan)
-    as_struct = compile_avro(3, json.dumps(POINT_SCHEMA), (), ["id", "meta"])
+    as_struct = compile_avro(3, json.dumps(POINT_SCHEMA), (), {"id": pa.string(), "meta": pa.struct([])})
     assert isinstance(as_struct, GeneralPlan)
     raw = contract(
         {"lon_field": "lon", "lat_field": "lat"},
@@ -243,3 +244,23 @@ def test_flat_schemas_keep_the_columnar_reader_and_a_struct_column_takes_the_gen
     assert out.column(REJECT_REASON).null_count == 6
     assert out.column("meta").to_pylist() == [r["meta"] for r in records]
     assert out.column("speed").to_pylist() == [r["speed"] for r in records]
+
+
+def test_schema_evolution_sees_the_fields_of_a_schema_the_general_reader_reads():
+    from streaming.decode.properties import NESTED
+
+    schema = schema_with({"type": "array", "items": "long"})
+    schema["fields"] += [
+        {"name": "note", "type": ["null", "string"]},
+        {"name": "day", "type": {"type": "int", "logicalType": "date"}},
+    ]
+    decoder = decoder_for(schema, {"type": "list", "element": "long"})
+    (fmt,) = decoder._formats
+    values = pa.array(
+        [wire(1, avro_bytes(schema, {"id": "a", "lon": 1.0, "lat": 2.0, "x": [1], "note": "n", "day": 3}))]
+    )
+    rows = np.arange(1)
+    order = (np.zeros(1, dtype=np.int64), np.zeros(1, dtype=np.int64), np.zeros(1, dtype=np.int64))
+    seen = fmt.unmapped_fields(values, rows, frozenset({"x", "id"}), order)
+    # A new string field becomes a string column; a date is no type schema evolution makes.
+    assert {name: s.type for name, s in seen.items()} == {"note": "string", "day": NESTED}
