@@ -337,40 +337,66 @@ def _proto_fields(message: Descriptor, prefix: str, leaves: dict[str, Node], pat
 
 
 def message_values(message: Any) -> dict[str, Any]:
-    """A message as Python values: nested messages as dicts, repeated fields as lists, maps as dicts,
-    maps in key order, enums as NamedNumber, Timestamp as a datetime (UTC), Duration as microseconds, a wrapper as its
-    value; a field with presence that is not set is None, a plain proto3 field its default."""
+    """A message as Python values: nested messages as dicts, repeated fields as lists, maps as
+    dicts in key order, enums as NamedNumber, Timestamp as a datetime (UTC), Duration as
+    microseconds, a wrapper as its value; a field with presence that is not set is None, a plain
+    proto3 field its default."""
     out: dict[str, Any] = {}
-    for fd in message.DESCRIPTOR.fields:
-        value = getattr(message, fd.name)
-        if _is_repeated(fd):
-            if fd.message_type is not None and fd.message_type.GetOptions().map_entry:
-                item = fd.message_type.fields_by_name["value"]
-                # In key order: the runtime's own order is its hash table's.
-                out[fd.name] = {key: _single(item, value[key]) for key in sorted(value)}
-            else:
-                out[fd.name] = [_single(fd, v) for v in value]
-        elif fd.has_presence and not message.HasField(fd.name):
-            out[fd.name] = None
+    for name, shape, presence, convert in _fields_of(message.DESCRIPTOR):
+        value = getattr(message, name)
+        if shape == _MAP:
+            # In key order: the runtime's own order is its hash table's.
+            out[name] = {key: convert(value[key]) for key in sorted(value)}
+        elif shape == _REPEATED:
+            out[name] = [convert(v) for v in value]
+        elif presence and not message.HasField(name):
+            out[name] = None
         else:
-            out[fd.name] = _single(fd, value)
+            out[name] = convert(value)
     return out
 
 
-def _single(fd: FieldDescriptor, value: Any) -> Any:
+_SINGLE, _REPEATED, _MAP = 0, 1, 2
+# Per message type, what message_values does with each field: looked up once per type, not per
+# message (the descriptor's attributes and options are slow to ask); by descriptor, not by name:
+# two versions of a schema name their message alike.
+_FIELD_PLANS: dict[Descriptor, list[tuple[str, int, bool, Any]]] = {}
+
+
+def _fields_of(descriptor: Descriptor) -> list[tuple[str, int, bool, Any]]:
+    plan = _FIELD_PLANS.get(descriptor)
+    if plan is None:
+        plan = []
+        for fd in descriptor.fields:
+            if _is_repeated(fd) and fd.message_type is not None and fd.message_type.GetOptions().map_entry:
+                plan.append((fd.name, _MAP, False, _converter(fd.message_type.fields_by_name["value"])))
+            elif _is_repeated(fd):
+                plan.append((fd.name, _REPEATED, False, _converter(fd)))
+            else:
+                plan.append((fd.name, _SINGLE, bool(fd.has_presence), _converter(fd)))
+        _FIELD_PLANS[descriptor] = plan
+    return plan
+
+
+def _as_is(value: Any) -> Any:
+    return value
+
+
+def _converter(fd: FieldDescriptor) -> Any:
+    """The function that makes one value of the field a Python value."""
     if fd.type == FieldDescriptor.TYPE_ENUM:
-        symbol = fd.enum_type.values_by_number.get(value)
-        return NamedNumber(symbol.name if symbol else str(value), value)
+        names = {v.number: v.name for v in fd.enum_type.values}
+        return lambda number: NamedNumber(names.get(number, str(number)), number)
     if fd.type != FieldDescriptor.TYPE_MESSAGE:
-        return value
+        return _as_is
     full_name = fd.message_type.full_name
     if full_name == "google.protobuf.Timestamp":
-        return _EPOCH + datetime.timedelta(seconds=value.seconds, microseconds=value.nanos // 1000)
+        return lambda t: _EPOCH + datetime.timedelta(seconds=t.seconds, microseconds=t.nanos // 1000)
     if full_name == "google.protobuf.Duration":
-        return value.seconds * 1_000_000 + int(value.nanos / 1000)  # nanos share the seconds' sign
+        return lambda d: d.seconds * 1_000_000 + int(d.nanos / 1000)  # nanos share the seconds' sign
     if full_name in _WRAPPERS:
-        return value.value
-    return message_values(value)
+        return lambda w: w.value
+    return message_values
 
 
 class GeneralProtoReader(GeneralReader):

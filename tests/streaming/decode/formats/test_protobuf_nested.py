@@ -190,3 +190,29 @@ def test_schemas_the_runtime_cannot_build_are_not_supported():
         general_proto_plan(1, 'syntax = "proto3"; import "other.proto"; message M { other.T t = 1; }')
     with pytest.raises(UnsupportedSchema, match="not a .proto"):
         general_proto_plan(1, 'syntax = "proto3"; message M { Missing m = 1; }')
+
+
+def test_two_versions_of_a_message_each_read_with_their_own_fields():
+    v1 = 'syntax = "proto3"; message M { message P { double lon = 1; double lat = 2; } P position = 1; string id = 3; }'
+    v2 = v1.replace("P position = 1;", "P position = 1; repeated string tags = 2;")
+    raw = {
+        **contract(
+            {"lon_field": "position.lon", "lat_field": "position.lat"},
+            [{"id": 4, "name": "tags", "type": {"type": "list", "element": "string"}, "from": ["properties.tags"]}],
+        ),
+        "formats": ["protobuf"],
+    }
+    decoder = Decoder(parse_contract(raw))
+    (fmt,) = decoder._formats
+    classes = {}
+    for schema_id, text in ((1, v1), (2, v2)):
+        fmt._plans[schema_id] = fmt.compile(RegisteredSchema(schema_id, "PROTOBUF", text))
+        classes[schema_id] = message_factory.GetMessageClass(fmt._plans[schema_id].messages[0])
+    old, new = classes[1](id="old"), classes[2](id="new", tags=["a", "b"])
+    for m in (old, new):
+        m.position.lon, m.position.lat = 1.0, 2.0
+    out = decoder.decode(
+        kafka_batch([wire(1, b"\x00" + old.SerializeToString()), wire(2, b"\x00" + new.SerializeToString())])
+    )
+    assert out.column(REJECT_REASON).to_pylist() == [None, None]
+    assert out.column("tags").to_pylist() == [None, ["a", "b"]]
