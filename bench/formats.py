@@ -22,6 +22,12 @@ same doubles; each record carries an id and two other columns (kind, speed) wher
                         the same events with an Avro converter: the Confluent wire format, the
                         schema the converter makes of the same Connect schema, as the registry
                         hands it over (put in the registry client's cache: no registry runs here)
+  avro points (flat)    {vehicle, lon, lat, kind, speed} Avro records in the Confluent wire format
+                        (the columnar reader)
+  avro nested event     a 30-field telemetry event: a nested position, an array of 10 readings
+                        (records with an enum and a timestamp), a map, a decimal, a date, a time, a
+                        UUID, fixed bytes, a union of two numbers; every field a column of its own
+                        type (the general reader, fastavro: the columnar one reads no arrays)
 
 Each figure is the best of --repeats runs. Prints a table and writes bench/results/formats.json and .md.
 """
@@ -139,7 +145,181 @@ def cases(n: int) -> dict[str, tuple[Contract, list[bytes]]]:
         "debezium points (schemas off)": (DEBEZIUM, debezium_events(points, schemas=False)),
         "debezium points (schemas on)": (DEBEZIUM, debezium_events(points, schemas=True)),
         "debezium points (avro)": (DEBEZIUM, debezium_avro_events(points)),
+        "avro points (flat)": flat_avro_case(xs, ys),
+        "avro nested event": nested_avro_case(xs, ys),
     }
+
+
+FLAT_AVRO_ID, NESTED_AVRO_ID = 8, 9
+FLAT_AVRO = {
+    "type": "record",
+    "name": "Ping",
+    "fields": [
+        {"name": "vehicle", "type": "string"},
+        {"name": "lon", "type": "double"},
+        {"name": "lat", "type": "double"},
+        {"name": "kind", "type": "string"},
+        {"name": "speed", "type": ["null", "double"]},
+    ],
+}
+
+
+def registry_contract(columns: list[tuple[str, object]], lon: str, lat: str) -> Contract:
+    """A table of an Avro topic: `vehicle` and a column per (name, type), each from the field of its name."""
+    n = len(columns)
+    return parse_contract(
+        {
+            "table": "bench.avro",
+            "formats": ["avro"],
+            "registry": {"lon_field": lon, "lat_field": lat},
+            "columns": [
+                {"id": 1, "name": "vehicle", "type": "string", "required": True, "from": ["properties.vehicle"]},
+                *[
+                    {"id": i + 2, "name": name, "type": kind, "from": [f"properties.{name}"]}
+                    for i, (name, kind) in enumerate(columns)
+                ],
+            ],
+            "geometry": {"id": n + 2, "name": "geometry", "types": ["Point"], "dimensions": ["XY"], "crs": "EPSG:4326"},
+            "bbox": {"id": n + 3, "name": "bbox"},
+        }
+    )
+
+
+def avro_values(schema_id: int, schema: dict, records) -> list[bytes]:
+    CACHED[schema_id] = RegisteredSchema(schema_id, "AVRO", json.dumps(schema))
+    parsed = fastavro.parse_schema(schema)
+    out = []
+    for record in records:
+        body = io.BytesIO()
+        fastavro.schemaless_writer(body, parsed, record)
+        out.append(b"\x00" + schema_id.to_bytes(4, "big") + body.getvalue())
+    return out
+
+
+def flat_avro_case(xs: list[float], ys: list[float]) -> tuple[Contract, list[bytes]]:
+    c = registry_contract([("kind", "string"), ("speed", "double")], "lon", "lat")
+    records = (
+        {"vehicle": f"e{i}", "lon": a, "lat": b, "kind": "ping", "speed": float(i % 120)}
+        for i, (a, b) in enumerate(zip(xs, ys))
+    )
+    return c, avro_values(FLAT_AVRO_ID, FLAT_AVRO, records)
+
+
+_READING = {
+    "type": "record",
+    "name": "Reading",
+    "fields": [
+        {"name": "sensor", "type": "string"},
+        {"name": "value", "type": "double"},
+        {"name": "unit", "type": {"type": "enum", "name": "Unit", "symbols": ["CELSIUS", "PERCENT", "KPA"]}},
+        {"name": "at", "type": {"type": "long", "logicalType": "timestamp-micros"}},
+    ],
+}
+_FILLERS = [("long", "long"), ("string", "string"), ("boolean", "boolean"), ("double", "double")] * 4
+NESTED_AVRO = {
+    "type": "record",
+    "name": "TelemetryEvent",
+    "fields": [
+        {"name": "vehicle", "type": "string"},
+        {
+            "name": "position",
+            "type": {
+                "type": "record",
+                "name": "Position",
+                "fields": [
+                    {"name": "lon", "type": "double"},
+                    {"name": "lat", "type": "double"},
+                    {"name": "altitude", "type": ["null", "float"]},
+                ],
+            },
+        },
+        {"name": "readings", "type": {"type": "array", "items": _READING}},
+        {"name": "tags", "type": {"type": "map", "values": "string"}},
+        {"name": "fare", "type": {"type": "bytes", "logicalType": "decimal", "precision": 12, "scale": 2}},
+        {"name": "day", "type": {"type": "int", "logicalType": "date"}},
+        {"name": "shift_start", "type": {"type": "long", "logicalType": "time-micros"}},
+        {"name": "seen", "type": {"type": "long", "logicalType": "timestamp-millis"}},
+        {"name": "session", "type": {"type": "string", "logicalType": "uuid"}},
+        {"name": "checksum", "type": {"type": "fixed", "name": "Checksum", "size": 4}},
+        {"name": "state", "type": {"type": "enum", "name": "State", "symbols": ["IDLE", "MOVING"]}},
+        {"name": "measure", "type": ["null", "long", "double"]},
+        {"name": "speed", "type": ["null", "double"]},
+        {"name": "heading", "type": "float"},
+        *[{"name": f"{kind}_{i}", "type": kind} for i, (kind, _) in enumerate(_FILLERS)],
+    ],
+}
+NESTED_COLUMNS: list[tuple[str, object]] = [
+    (
+        "position",
+        {
+            "type": "struct",
+            "fields": [
+                {"name": "lon", "type": "double"},
+                {"name": "lat", "type": "double"},
+                {"name": "altitude", "type": "float"},
+            ],
+        },
+    ),
+    (
+        "readings",
+        {
+            "type": "list",
+            "element": {
+                "type": "struct",
+                "fields": [
+                    {"name": "sensor", "type": "string", "required": True},
+                    {"name": "value", "type": "double"},
+                    {"name": "unit", "type": "string"},
+                    {"name": "at", "type": "timestamptz"},
+                ],
+            },
+        },
+    ),
+    ("tags", {"type": "map", "key": "string", "value": "string"}),
+    ("fare", "decimal(12, 2)"),
+    ("day", "date"),
+    ("shift_start", "time"),
+    ("seen", "timestamptz"),
+    ("session", "uuid"),
+    ("checksum", "fixed[4]"),
+    ("state", "string"),
+    ("measure", "double"),
+    ("speed", "double"),
+    ("heading", "float"),
+    *[(f"{kind}_{i}", column) for i, (kind, column) in enumerate(_FILLERS)],
+]
+
+
+def nested_avro_case(xs: list[float], ys: list[float]) -> tuple[Contract, list[bytes]]:
+    import datetime
+    import decimal
+    import uuid
+
+    c = registry_contract(NESTED_COLUMNS, "position.lon", "position.lat")
+    base = datetime.datetime(2025, 3, 1, tzinfo=datetime.UTC)
+    filler = {"long": 2**40 + 7, "string": "a value of some length", "boolean": True, "double": 0.125}
+
+    def record(i: int, a: float, b: float) -> dict:
+        at = base + datetime.timedelta(seconds=i)
+        return {
+            "vehicle": f"e{i}",
+            "position": {"lon": a, "lat": b, "altitude": None if i % 4 == 0 else 120.5},
+            "readings": [{"sensor": f"s{k}", "value": i * 0.01 + k, "unit": "KPA", "at": at} for k in range(10)],
+            "tags": {"route": f"r{i % 9}", "driver": f"d{i % 4}"},
+            "fare": decimal.Decimal(i % 100_000).scaleb(-2),
+            "day": datetime.date(2025, 1, 1) + datetime.timedelta(days=i % 365),
+            "shift_start": datetime.time(i % 24, i % 60),
+            "seen": at,
+            "session": uuid.UUID(int=i),
+            "checksum": (i % 2**32).to_bytes(4, "big"),
+            "state": "MOVING" if i % 2 else "IDLE",
+            "measure": i if i % 2 else i + 0.5,
+            "speed": float(i % 120),
+            "heading": 90.0,
+            **{f"{kind}_{k}": filler[kind] for k, (kind, _) in enumerate(_FILLERS)},
+        }
+
+    return c, avro_values(NESTED_AVRO_ID, NESTED_AVRO, (record(i, a, b) for i, (a, b) in enumerate(zip(xs, ys))))
 
 
 DEBEZIUM = parse_contract(

@@ -15,20 +15,50 @@ schema (truncated, bytes left over, a union branch or enum symbol out of range, 
 not UTF-8) is rejected with the field and the fault; so is a record whose schema id the registry
 does not know. A registry that cannot be reached stops the batch (RegistryUnavailable).
 
-Supported schemas: records (nested too) of null, boolean, int, long, float, double, bytes, string,
-enum and fixed, unions of null and one other type (optional fields), logical types on them
-(timestamp-millis / -micros read as timestamps), types named from schemas it refers to (schema
-references, fetched with it). Arrays, maps and unions of several non-null types
-reject their records with `schema_not_supported`.
+Two readers, chosen per writer schema id (and the contract's columns), never per record:
+
+- The columnar reader above reads records (nested too) of null, boolean, int, long, float, double,
+  bytes, string, enum and fixed, unions of null and one other type (optional fields),
+  timestamp-millis / -micros (read as timestamps; other logical types as their underlying type),
+  types named from schemas it refers to (schema references, fetched with it), each leaf field
+  read as a column (`properties.<record>.<field>`).
+- Every other record schema is read by the general reader (GeneralReader): fastavro decodes each
+  record to Python values, record by record, and streaming/decode/python_values.py converts the
+  values of each `properties.<field>` source to its column's data-file type. It takes arrays,
+  maps, unions of several non-null types (the branch a record holds is its value), and the
+  columnar reader's kinds. A schema the columnar reader reads comes here too when a column reads
+  one of its fields whole (a record into a struct column) or a field of a logical type other than
+  the timestamps (decimal, date, time-millis / -micros, uuid, local-timestamp-*: read as what they
+  stand for). The Debezium format reads its Avro envelopes with the columnar reader only. It runs Python per record
+  (~6,000-9,000 records per CPU second for a 30-field event with an array of 10 records, where
+  fastavro's own decoding is most of the time; bench/formats.py "avro nested event"), so it is
+  the path of the schemas the columnar reader cannot read only: flat schemas keep the columnar one.
+
+How Avro values fill column types (the general reader): a record fills a struct (fields by name,
+fields the struct does not name ignored; a required member null or missing rejects the record), an
+array a list, a map a map of string keys, an enum a string (its symbol), fixed a fixed[N] of its
+size or binary, decimal a decimal whose precision and scale hold its digits, date a date,
+time-millis / -micros a time, timestamp-* a timestamptz (or a timestamp, as UTC wall-clock time),
+local-timestamp-* a timestamp (or a timestamptz, taken as UTC), uuid a uuid or a string. A union
+value fills the column as its branch's value does (a long in a union of long and string fills a
+long column, and a string column as its digits, as the columnar reader's cast of a long field does;
+a string of it does not fill a long column). A value that does not fit rejects its record with
+`property_type_mismatch`, the detail naming the nested path (`properties.readings[3].value:
+expected int, got 2.5`). Nothing is rejected for its schema's shape: `schema_not_supported` is
+left for what is no Avro record schema at all (a schema of another type, one fastavro refuses, a
+top-level type other than a record).
 """
 
 from __future__ import annotations
 
+import io
 import json
+import struct
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+import fastavro
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -38,6 +68,7 @@ from streaming.contract import Contract
 from streaming.decode.columns import _cast_or_reject
 from streaming.decode.formats.base import Decoded, InputFormat
 from streaming.decode.formats.wkb import EWKB_SRID_FLAG, read_wkb
+from streaming.decode.python_values import to_arrow
 from streaming.decode.rejects import Reason, Rejects
 from streaming.decode.schema_registry import (
     RegisteredSchema,
@@ -70,6 +101,17 @@ _LOGICAL = {"timestamp-millis": pa.timestamp("ms", tz="UTC"), "timestamp-micros"
 
 class UnsupportedSchema(ValueError):
     """A schema this reader does not read (the records are rejected, not misread)."""
+
+
+class BeyondColumnar(UnsupportedSchema):
+    """A schema the columnar reader does not read, but the general one does (GeneralPlan)."""
+
+
+# Logical types the columnar reader reads as what they stand for; it reads the others (decimal,
+# date, time-*, uuid, local-timestamp-*, ...) as their underlying type (what the Debezium format's
+# envelopes want: streaming/decode/formats/debezium_avro.py), so a column that reads one sends its
+# schema to the general reader.
+_COLUMNAR_LOGICAL = ("", "timestamp-millis", "timestamp-micros")
 
 
 @dataclass
@@ -119,7 +161,7 @@ def _compile(raw: Any, name: str, named: dict[str, Any], leaves: dict[str, Node]
         branches = [_compile(b, name, named, {}, namespace) for b in raw]
         others = [b for b in branches if b.kind != "null"]
         if len(others) > 1:
-            raise UnsupportedSchema(f"field {name!r}: a union of several non-null types is not supported")
+            raise BeyondColumnar(f"field {name!r}: a union of several non-null types")
         if others and others[0].kind in ("record",):
             # The branch's own leaves are those of the field.
             branches = [_compile(b, name, named, leaves, namespace) if b != "null" else Node("null") for b in raw]
@@ -160,7 +202,7 @@ def _compile(raw: Any, name: str, named: dict[str, Any], leaves: dict[str, Node]
     if kind == "enum":
         node = Node("enum", name, symbols=[str(s) for s in raw.get("symbols", [])])
     elif kind == "fixed":
-        node = Node("fixed", name, size=int(raw.get("size", 0)))
+        node = Node("fixed", name, size=int(raw.get("size", 0)), logical=str(raw.get("logicalType", "")))
     elif kind in _PRIMITIVES:
         parameters = raw.get("connect.parameters") or {}
         scale = raw.get("scale", parameters.get("scale") if isinstance(parameters, dict) else None)
@@ -172,7 +214,7 @@ def _compile(raw: Any, name: str, named: dict[str, Any], leaves: dict[str, Node]
             scale=int(scale) if isinstance(scale, int | str) and str(scale).isdigit() else None,
         )
     elif kind in ("array", "map"):
-        raise UnsupportedSchema(f"field {name!r}: Avro {kind}s are not supported")
+        raise BeyondColumnar(f"field {name!r}: an Avro {kind}")
     else:
         raise UnsupportedSchema(f"field {name!r}: unknown Avro type {kind!r}")
     if node.kind != "null":
@@ -380,6 +422,160 @@ class RecordReader:
         return pa.array(out, pa.string())
 
 
+# -- the general reader: fastavro, record by record ----------------------------------------------
+@dataclass
+class GeneralPlan(Plan):
+    """A schema the general reader reads: fastavro's parse of it; `leaves` names every field that is
+    not a record (its kind the Avro type's: "array", "map", "union", ...), `paths` every field."""
+
+    parsed: Any = None
+    paths: frozenset[str] = frozenset()
+
+
+def compile_avro(
+    schema_id: int, text: str, references: Sequence[str], wanted: dict[str, pa.DataType], general: bool = True
+) -> Plan:
+    """The plan of a writer schema: the columnar reader's when it reads the schema and every field
+    in `wanted` (the contract's `properties.<field>` sources, and their column types) is one of its
+    leaves, of no logical type it reads as its underlying type into a column of the type the logical
+    type stands for; else the general reader's (if `general`, else raises BeyondColumnar). Raises
+    UnsupportedSchema for what is no Avro record schema at all."""
+    try:
+        plan = compile_schema(schema_id, text, references)
+    except BeyondColumnar:
+        if not general:
+            raise
+        return general_plan(schema_id, text, references)
+    if not general:
+        return plan
+    for name, target in wanted.items():
+        leaf = plan.leaves.get(name)
+        if leaf is None and any(other.startswith(f"{name}.") for other in plan.leaves):
+            return general_plan(schema_id, text, references)  # a record field as a struct column
+        if leaf is not None and leaf.logical not in _COLUMNAR_LOGICAL and not _takes_underlying(target):
+            return general_plan(schema_id, text, references)  # a decimal, date, time, uuid column
+    return plan
+
+
+def _takes_underlying(target: pa.DataType) -> bool:
+    """Whether a column of `target` takes a logical type's underlying value (a date's day number
+    into a long column, a UUID's text into a string column), as the columnar reader gives it and as
+    contracts written before the general reader read them."""
+    return any(
+        test(target) for test in (pa.types.is_integer, pa.types.is_floating, pa.types.is_string, pa.types.is_binary)
+    )
+
+
+def general_plan(schema_id: int, text: str, references: Sequence[str] = ()) -> GeneralPlan:
+    """The general reader's plan of an Avro schema (JSON text); raises UnsupportedSchema."""
+    try:
+        raw = json.loads(text)
+        referred = [json.loads(r) for r in references]
+        named: dict[str, Any] = {}
+        for schema in referred:
+            fastavro.parse_schema(schema, named_schemas=named)
+        parsed = fastavro.parse_schema(raw, named_schemas=named)
+    except (ValueError, TypeError, KeyError, fastavro.schema.SchemaParseException) as exc:
+        raise UnsupportedSchema(f"schema id {schema_id} is not an Avro schema fastavro reads: {exc}") from None
+    if not (isinstance(parsed, dict) and parsed.get("type") in ("record", "error")):
+        raise UnsupportedSchema(f"schema id {schema_id} is not a record")
+    leaves: dict[str, Node] = {}
+    paths: set[str] = set()
+    _general_fields(parsed, "", named, leaves, paths)
+    return GeneralPlan(schema_id, Node("record"), leaves, parsed=parsed, paths=frozenset(paths))
+
+
+def _general_fields(raw: Any, name: str, named: dict[str, Any], leaves: dict[str, Node], paths: set[str]) -> None:
+    """The field paths of a parsed schema (a record's fields `record.field`, an optional record's too)."""
+    if isinstance(raw, str):
+        raw = named.get(raw, raw)
+    if isinstance(raw, list):
+        others = [b for b in raw if b != "null"]
+        if len(others) == 1:
+            _general_fields(others[0], name, named, leaves, paths)
+        elif name:
+            leaves[name] = Node("union", name)
+        return
+    kind = raw.get("type") if isinstance(raw, dict) else raw
+    if kind in ("record", "error"):
+        if name:
+            paths.add(name)
+        prefix = f"{name}." if name else ""
+        for f in raw["fields"]:
+            paths.add(f"{prefix}{f['name']}")
+            _general_fields(f["type"], f"{prefix}{f['name']}", named, leaves, paths)
+        return
+    if isinstance(kind, dict | list):
+        _general_fields(kind, name, named, leaves, paths)
+    elif name:
+        logical = raw.get("logicalType", "") if isinstance(raw, dict) else ""
+        # A logical type's value is no Python int, float or str here: schema evolution adds no column of it.
+        leaves[name] = Node(f"{kind} ({logical})" if logical else str(kind), name, logical=str(logical))
+
+
+_READ_FAULTS = (EOFError, ValueError, IndexError, KeyError, TypeError, OverflowError, struct.error)
+
+
+class GeneralReader:
+    """Reads the records of a schema the columnar reader does not read with fastavro, one by one
+    (the schemas with arrays, maps, unions of several types, decimals, dates, times, UUIDs, record
+    fields read as structs): the same faces as RecordReader to the format."""
+
+    def __init__(self, plan: GeneralPlan, data: np.ndarray, pos: np.ndarray, end: np.ndarray):
+        self.plan = plan
+        self.data = data
+        self.pos = pos.astype(np.int64)
+        self.end = end.astype(np.int64)
+        n = len(pos)
+        self.bad = np.zeros(n, dtype=bool)
+        self.detail = np.full(n, None, dtype=object)
+        self.columns = plan.paths
+        self.records: list[Any] = [None] * n
+
+    def read(self) -> None:
+        buffer = memoryview(self.data.data)
+        parsed = self.plan.parsed
+        for i, (start, stop) in enumerate(zip(self.pos.tolist(), self.end.tolist(), strict=True)):
+            body = io.BytesIO(buffer[start:stop])
+            try:
+                self.records[i] = fastavro.schemaless_reader(body, parsed, None)
+            except _READ_FAULTS as exc:
+                self.bad[i] = True
+                self.detail[i] = f"{type(exc).__name__}: {exc}" if str(exc) else "the record ends inside a field"
+                continue
+            left = stop - start - body.tell()
+            if left:
+                self.bad[i] = True
+                self.detail[i] = f"{left} bytes after the record's last field"
+                self.records[i] = None
+
+    def values(self, name: str) -> list[Any]:
+        """The field at path `name` of each record (None where absent or the record rejected)."""
+        steps = name.split(".")
+        if len(steps) == 1:
+            return [None if record is None else record.get(name) for record in self.records]
+        out: list[Any] = []
+        for record in self.records:
+            value: Any = record
+            for step in steps:
+                value = value.get(step) if isinstance(value, dict) else None
+            out.append(value)
+        return out
+
+    def arrow(self, name: str) -> pa.Array:
+        """A leaf field as Arrow, in its Avro type's (the geometry's and SRID's fields)."""
+        node = self.plan.leaves.get(name)
+        values = self.values(name)
+        try:
+            return pa.array(values, _ARROW.get(node.kind) if node else None)
+        except (pa.ArrowInvalid, pa.ArrowTypeError):
+            return pa.nulls(len(values))
+
+    def property(self, name: str, target: pa.DataType) -> tuple[pa.Array, list[tuple[int, str]]]:
+        """A field as a column of `target`, and the records whose value does not fit it."""
+        return to_arrow(self.values(name), target, f"properties.{name}")
+
+
 def _wire(values: pa.Array, rows: np.ndarray) -> tuple[pa.Array, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """The values at rows as binary, their bytes and offsets, the schema id of each and which are
     too short to have one."""
@@ -468,10 +664,21 @@ class AvroFormat(InputFormat):
             raise cached
         return cached
 
-    def compile(self, registered: RegisteredSchema) -> Plan:
-        return compile_schema(registered.id, registered.text, registered.references)
+    @property
+    def reads_every_schema(self) -> bool:
+        """Whether schemas the columnar reader does not read go to the general reader: for a topic
+        of this format, not for the Debezium format, which reads its Avro envelopes with this
+        format's columnar reader (streaming/decode/formats/debezium_avro.py) and rejects the rest."""
+        return any(name in self.contract.formats for name in self.names)
 
-    def reader(self, plan: Plan, data: np.ndarray, start: np.ndarray, end: np.ndarray) -> RecordReader:
+    def compile(self, registered: RegisteredSchema) -> Plan:
+        return compile_avro(
+            registered.id, registered.text, registered.references, self.property_types, self.reads_every_schema
+        )
+
+    def reader(self, plan: Plan, data: np.ndarray, start: np.ndarray, end: np.ndarray) -> RecordReader | GeneralReader:
+        if isinstance(plan, GeneralPlan):
+            return GeneralReader(plan, data, start, end)
         return RecordReader(plan, data, start, end)
 
     def decode(self, values: pa.Array, rows: np.ndarray, out: Decoded) -> None:
@@ -509,7 +716,7 @@ class AvroFormat(InputFormat):
             self._properties(reader, rows[local], out)
 
     # -- geometry and properties -----------------------------------------------------------------
-    def _geometry(self, reader: RecordReader, rows: np.ndarray, out: Decoded) -> None:
+    def _geometry(self, reader: RecordReader | GeneralReader, rows: np.ndarray, out: Decoded) -> None:
         spec = self.contract.registry
         assert spec is not None, "an avro contract has a registry section (streaming/contract/sources.py)"
         rejects = out.rejects
@@ -582,19 +789,24 @@ class AvroFormat(InputFormat):
         else:
             rejects.add(rows, Reason.SCHEMA_NOT_SUPPORTED, f"field {name!r} is a {arr.type}: expected bytes or string")
 
-    def _field_or_none(self, reader: RecordReader, name: str) -> pa.Array | None:
+    def _field_or_none(self, reader: RecordReader | GeneralReader, name: str) -> pa.Array | None:
         return reader.arrow(name) if name in reader.columns else None
 
-    def _properties(self, reader: RecordReader, rows: np.ndarray, out: Decoded) -> None:
+    def _properties(self, reader: RecordReader | GeneralReader, rows: np.ndarray, out: Decoded) -> None:
         for name, target in self.property_types.items():
             if name not in reader.columns:
                 continue  # an older schema without the field: the column stays null
-            arr = reader.arrow(name)
-            local = Rejects(len(rows))
-            cast = _cast_or_reject(arr, target, f"properties.{name}", local)
-            bad = ~local.ok
-            if bad.any():
-                out.rejects.add(rows[bad], Reason.PROPERTY_TYPE_MISMATCH, list(local.detail[bad]))
+            if isinstance(reader, GeneralReader):
+                cast, problems = reader.property(name, target)
+                for i, problem in problems:
+                    out.rejects.add(rows[i : i + 1], Reason.PROPERTY_TYPE_MISMATCH, problem)
+            else:
+                arr = reader.arrow(name)
+                local = Rejects(len(rows))
+                cast = _cast_or_reject(arr, target, f"properties.{name}", local)
+                bad = ~local.ok
+                if bad.any():
+                    out.rejects.add(rows[bad], Reason.PROPERTY_TYPE_MISMATCH, list(local.detail[bad]))
             out.properties[name] = scatter_into(out.properties[name], cast, rows)
 
     def unmapped_fields(

@@ -9,23 +9,64 @@ together with numpy: every record's next field tag at once, then the value of ea
 for the records that have it, until every record is read. Fields come in any order; the last value
 of a field wins, as Protobuf says; a field the schema does not name is skipped by its wire type.
 
-Supported schemas (the registry holds them as .proto text): the first message of the file, its
-scalar fields (double, float, int32, int64, uint32, uint64, sint32, sint64, fixed32, fixed64,
-sfixed32, sfixed64, bool, string, bytes, enums as their numbers), `optional` and `oneof` fields
-(null when absent; a plain proto3 field absent is its default: 0, false, ""). Repeated fields,
-maps, fields of message types and records of another message of the file are rejected with
-`schema_not_supported`.
+Two readers, chosen per writer schema id (and the contract's columns), never per record:
+
+- The columnar reader above reads a file of one message, its scalar fields (double,
+  float, int32, int64, uint32, uint64, sint32, sint64, fixed32, fixed64, sfixed32, sfixed64, bool,
+  string, bytes, enums as their numbers), `optional` and `oneof` fields (null when absent; a plain
+  proto3 field absent is its default: 0, false, "").
+- Every other schema is read by the general reader (GeneralProtoReader): the .proto text becomes
+  the runtime's FileDescriptorProto (streaming/decode/formats/proto_text.py), the runtime builds the
+  message class and parses each message, which is walked to Python values and converted to each
+  column's type by streaming/decode/python_values.py, record by record. It takes nested messages
+  (-> struct; a message field absent is null), repeated fields (-> list; absent: empty), maps
+  (-> map, in key order), enums (-> a string column takes the value's name, an integer column its
+  number; a number the enum does not name is its digits as a name), oneof members (each a field of
+  its own, null unless it is the one set), google.protobuf.Timestamp (-> timestamptz, nanoseconds
+  cut to microseconds), Duration (-> long microseconds), the wrappers (Int64Value, StringValue, ...:
+  their value, null when absent), and any message of the file the message indexes name. A schema
+  with an enum field that a string column reads goes here too (the columnar reader reads numbers).
+  Imports other than the well-known types' files (schema references to other .proto files) are not
+  read: such schemas reject their records with `schema_not_supported`, as do groups and `extend`.
+
+A value that does not fit its column rejects its record with `property_type_mismatch`, naming the
+nested path (`properties.readings[1].value: expected int, got 0.5`).
 """
 
 from __future__ import annotations
 
+import datetime
 import re
 from dataclasses import dataclass, field
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import numpy as np
+import pyarrow as pa
+from google.protobuf import (
+    any_pb2,
+    descriptor_pool,
+    duration_pb2,
+    empty_pb2,
+    field_mask_pb2,
+    message_factory,
+    struct_pb2,
+    timestamp_pb2,
+    wrappers_pb2,
+)
+from google.protobuf.descriptor import Descriptor, FieldDescriptor
+from google.protobuf.message import DecodeError
 
-from streaming.decode.formats.avro import AvroFormat, Node, Plan, RecordReader, UnsupportedSchema
+from streaming.decode.formats.avro import (
+    AvroFormat,
+    GeneralPlan,
+    GeneralReader,
+    Node,
+    Plan,
+    RecordReader,
+    UnsupportedSchema,
+)
+from streaming.decode.formats.proto_text import ProtoSyntaxError, parse_proto
+from streaming.decode.python_values import NamedNumber
 from streaming.decode.schema_registry import RegisteredSchema
 
 # proto type -> (the reader's kind, how it is encoded)
@@ -67,6 +108,8 @@ class ProtoPlan(Plan):
     numbers: dict[int, Node] = field(default_factory=dict)
     # Fields with presence (optional, oneof): null when absent; the others read as their default.
     optional: set[str] = field(default_factory=set)
+    # Enum fields (read as their numbers here; a string column of one takes the general reader).
+    enums: set[str] = field(default_factory=set)
 
 
 def compile_proto(schema_id: int, text: str) -> ProtoPlan:
@@ -90,6 +133,7 @@ def compile_proto(schema_id: int, text: str) -> ProtoPlan:
     leaves: dict[str, Node] = {}
     numbers: dict[int, Node] = {}
     optional: set[str] = set()
+    enum_fields: set[str] = set()
     for statement in message.split(";"):
         statement = " ".join(statement.split())
         if not statement or statement.startswith(("option ", "reserved ", "extensions ")):
@@ -105,13 +149,16 @@ def compile_proto(schema_id: int, text: str) -> ProtoPlan:
             kind, encoding = _SCALARS[proto_type]
         elif proto_type.rsplit(".", 1)[-1] in enums:
             kind, encoding = "long", "varint"
+            enum_fields.add(name)
         else:
             raise UnsupportedSchema(f"schema id {schema_id}: field {name!r} is a message ({proto_type}); not supported")
         node = Node(kind, name, logical=f"pb:{encoding}")
         leaves[name] = numbers[number] = node
         if label == "optional" or name in oneof_members:
             optional.add(name)
-    return ProtoPlan(schema_id, Node("record", "", fields=list(leaves.values())), leaves, numbers, optional)
+    return ProtoPlan(
+        schema_id, Node("record", "", fields=list(leaves.values())), leaves, numbers, optional, enum_fields
+    )
 
 
 class ProtoReader(RecordReader):
@@ -218,6 +265,202 @@ class ProtoReader(RecordReader):
             column.valid[rows[fits]] = True
 
 
+# -- the general reader: the protobuf runtime, message by message ----------------------------------
+_WELL_KNOWN = (timestamp_pb2, duration_pb2, wrappers_pb2, any_pb2, empty_pb2, struct_pb2, field_mask_pb2)
+_WRAPPERS = {
+    f"google.protobuf.{name}Value"
+    for name in ("Double", "Float", "Int64", "UInt64", "Int32", "UInt32", "Bool", "String", "Bytes")
+}
+_EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.UTC)
+_KIND_OF = {
+    FieldDescriptor.TYPE_DOUBLE: "double",
+    FieldDescriptor.TYPE_FLOAT: "float",
+    FieldDescriptor.TYPE_BOOL: "boolean",
+    FieldDescriptor.TYPE_STRING: "string",
+    FieldDescriptor.TYPE_BYTES: "bytes",
+    FieldDescriptor.TYPE_ENUM: "enum",
+    FieldDescriptor.TYPE_MESSAGE: "record",
+}
+
+
+@dataclass
+class GeneralProtoPlan(GeneralPlan):
+    """A .proto schema read by the protobuf runtime: its top-level message descriptors, in order."""
+
+    messages: list[Descriptor] = field(default_factory=list)
+
+
+def general_proto_plan(schema_id: int, text: str) -> GeneralProtoPlan:
+    """The general reader's plan of a .proto file; raises UnsupportedSchema."""
+    pool = descriptor_pool.DescriptorPool()
+    for module in _WELL_KNOWN:
+        pool.AddSerializedFile(module.DESCRIPTOR.serialized_pb)
+    try:
+        fdp = parse_proto(text, name=f"registry-schema-{schema_id}.proto")
+        known = {module.DESCRIPTOR.name for module in _WELL_KNOWN}
+        other = [d for d in fdp.dependency if d not in known]
+        if other:
+            raise UnsupportedSchema(f"schema id {schema_id} imports {other}: only the well-known types are read")
+        described = pool.Add(fdp)
+    except (ProtoSyntaxError, TypeError, ValueError) as exc:
+        raise UnsupportedSchema(
+            f"schema id {schema_id} is not a .proto file the protobuf runtime reads: {exc}"
+        ) from None
+    messages = [described.message_types_by_name[m.name] for m in fdp.message_type]
+    if not messages:
+        raise UnsupportedSchema(f"schema id {schema_id} has no message")
+    leaves: dict[str, Node] = {}
+    paths: set[str] = set()
+    _proto_fields(messages[0], "", leaves, paths)
+    return GeneralProtoPlan(schema_id, Node("record"), leaves, paths=frozenset(paths), messages=messages)
+
+
+def _is_repeated(fd: FieldDescriptor) -> bool:
+    return bool(fd.is_repeated)
+
+
+def _proto_fields(message: Descriptor, prefix: str, leaves: dict[str, Node], paths: set[str]) -> None:
+    for fd in message.fields:
+        name = f"{prefix}{fd.name}"
+        paths.add(name)
+        plain_message = fd.type == FieldDescriptor.TYPE_MESSAGE and not _is_repeated(fd)
+        if (
+            plain_message
+            and fd.message_type.full_name not in _WRAPPERS
+            and not fd.message_type.full_name.startswith("google.protobuf.")
+        ):
+            _proto_fields(fd.message_type, f"{name}.", leaves, paths)
+        elif _is_repeated(fd):
+            leaves[name] = Node("map" if fd.message_type and fd.message_type.GetOptions().map_entry else "array", name)
+        else:
+            leaves[name] = Node(_KIND_OF.get(fd.type, "long"), name)
+
+
+def message_values(message: Any) -> dict[str, Any]:
+    """A message as Python values: nested messages as dicts, repeated fields as lists, maps as
+    dicts in key order, enums as NamedNumber, Timestamp as a datetime (UTC), Duration as
+    microseconds, a wrapper as its value; a field with presence that is not set is None, a plain
+    proto3 field its default."""
+    out: dict[str, Any] = {}
+    for name, shape, presence, convert in _fields_of(message.DESCRIPTOR):
+        value = getattr(message, name)
+        if shape == _MAP:
+            # In key order: the runtime's own order is its hash table's.
+            out[name] = {key: convert(value[key]) for key in sorted(value)}
+        elif shape == _REPEATED:
+            out[name] = [convert(v) for v in value]
+        elif presence and not message.HasField(name):
+            out[name] = None
+        else:
+            out[name] = convert(value)
+    return out
+
+
+_SINGLE, _REPEATED, _MAP = 0, 1, 2
+# Per message type, what message_values does with each field: looked up once per type, not per
+# message (the descriptor's attributes and options are slow to ask); by descriptor, not by name:
+# two versions of a schema name their message alike.
+_FIELD_PLANS: dict[Descriptor, list[tuple[str, int, bool, Any]]] = {}
+
+
+def _fields_of(descriptor: Descriptor) -> list[tuple[str, int, bool, Any]]:
+    plan = _FIELD_PLANS.get(descriptor)
+    if plan is None:
+        plan = []
+        for fd in descriptor.fields:
+            if _is_repeated(fd) and fd.message_type is not None and fd.message_type.GetOptions().map_entry:
+                plan.append((fd.name, _MAP, False, _converter(fd.message_type.fields_by_name["value"])))
+            elif _is_repeated(fd):
+                plan.append((fd.name, _REPEATED, False, _converter(fd)))
+            else:
+                plan.append((fd.name, _SINGLE, bool(fd.has_presence), _converter(fd)))
+        _FIELD_PLANS[descriptor] = plan
+    return plan
+
+
+def _as_is(value: Any) -> Any:
+    return value
+
+
+def _converter(fd: FieldDescriptor) -> Any:
+    """The function that makes one value of the field a Python value."""
+    if fd.type == FieldDescriptor.TYPE_ENUM:
+        names = {v.number: v.name for v in fd.enum_type.values}
+        return lambda number: NamedNumber(names.get(number, str(number)), number)
+    if fd.type != FieldDescriptor.TYPE_MESSAGE:
+        return _as_is
+    full_name = fd.message_type.full_name
+    if full_name == "google.protobuf.Timestamp":
+        return lambda t: _EPOCH + datetime.timedelta(seconds=t.seconds, microseconds=t.nanos // 1000)
+    if full_name == "google.protobuf.Duration":
+        return lambda d: d.seconds * 1_000_000 + int(d.nanos / 1000)  # nanos share the seconds' sign
+    if full_name in _WRAPPERS:
+        return lambda w: w.value
+    return message_values
+
+
+class GeneralProtoReader(GeneralReader):
+    """Reads the messages of a schema the columnar reader does not read with the protobuf runtime,
+    one by one, any message of the file the message indexes name."""
+
+    plan: GeneralProtoPlan
+
+    def __init__(self, plan: GeneralProtoPlan, data: np.ndarray, pos: np.ndarray, end: np.ndarray):
+        super().__init__(plan, data, pos, end)
+        self._classes: dict[tuple[int, ...], Any] = {}
+
+    def read(self) -> None:
+        buffer = memoryview(self.data.data)
+        for i, (start, stop) in enumerate(zip(self.pos.tolist(), self.end.tolist(), strict=True)):
+            body = bytes(buffer[start:stop])
+            try:
+                indexes, at = _message_indexes(body)
+                message = self._class(indexes)()
+                message.ParseFromString(body[at:])
+                self.records[i] = message_values(message)
+            except (DecodeError, IndexError, ValueError, RuntimeWarning) as exc:
+                self.bad[i] = True
+                self.detail[i] = str(exc) or type(exc).__name__
+
+    def _class(self, indexes: tuple[int, ...]) -> Any:
+        found = self._classes.get(indexes)
+        if found is None:
+            descriptor = self.plan.messages[indexes[0]]
+            for index in indexes[1:]:
+                descriptor = descriptor.nested_types[index]
+            found = self._classes[indexes] = message_factory.GetMessageClass(descriptor)
+        return found
+
+
+def _varint(body: bytes, at: int) -> tuple[int, int]:
+    value = shift = 0
+    while True:
+        if at >= len(body):
+            raise IndexError("the record ends inside the message indexes")
+        byte = body[at]
+        value |= (byte & 0x7F) << shift
+        at, shift = at + 1, shift + 7
+        if byte < 0x80:
+            return (value >> 1) ^ -(value & 1), at  # zigzag
+
+
+def _message_indexes(body: bytes) -> tuple[tuple[int, ...], int]:
+    """Which message of the file (Confluent's message indexes: a count, then as many indexes; a
+    count of 0 is the first message), and where the message starts."""
+    count, at = _varint(body, 0)
+    if count < 0 or count > 32:
+        raise ValueError(f"message indexes: a count of {count}")
+    if count == 0:
+        return (0,), at
+    indexes = []
+    for _ in range(count):
+        index, at = _varint(body, at)
+        indexes.append(index)
+    if min(indexes) < 0:
+        raise ValueError(f"message indexes {indexes}")
+    return tuple(indexes), at
+
+
 class ProtobufFormat(AvroFormat):
     """Protobuf in the Confluent wire format, read with the schema the registry holds for its id."""
 
@@ -226,7 +469,26 @@ class ProtobufFormat(AvroFormat):
     schema_type: ClassVar[str] = "PROTOBUF"
 
     def compile(self, registered: RegisteredSchema) -> Plan:
-        return compile_proto(registered.id, registered.text)
+        """The columnar reader's plan when it reads the schema, the file has one message (the
+        columnar reader reads the first only; the records may name any) and no string column reads
+        an enum field (it reads enums as numbers); else the general reader's."""
+        try:
+            plan = compile_proto(registered.id, registered.text)
+        except UnsupportedSchema:
+            if not self.reads_every_schema:
+                raise
+            return general_proto_plan(registered.id, registered.text)
+        if not self.reads_every_schema:
+            return plan
+        if any(name in plan.enums and not pa.types.is_integer(kind) for name, kind in self.property_types.items()):
+            return general_proto_plan(registered.id, registered.text)
+        try:
+            several = len(parse_proto(registered.text).message_type) > 1
+        except ProtoSyntaxError:
+            several = False  # the columnar reader reads it: keep to it
+        return general_proto_plan(registered.id, registered.text) if several else plan
 
-    def reader(self, plan: Plan, data: np.ndarray, start: np.ndarray, end: np.ndarray) -> RecordReader:
+    def reader(self, plan: Plan, data: np.ndarray, start: np.ndarray, end: np.ndarray) -> RecordReader | GeneralReader:
+        if isinstance(plan, GeneralProtoPlan):
+            return GeneralProtoReader(plan, data, start, end)
         return ProtoReader(plan, data, start, end)

@@ -16,7 +16,15 @@ import shapely
 
 from streaming.contract import ContractError, parse_contract
 from streaming.decode.decoder import REJECT_DETAIL, REJECT_REASON, Decoder
-from streaming.decode.formats.avro import AvroFormat, RecordReader, UnsupportedSchema, compile_schema
+from streaming.decode.formats.avro import (
+    AvroFormat,
+    BeyondColumnar,
+    GeneralPlan,
+    RecordReader,
+    UnsupportedSchema,
+    compile_avro,
+    compile_schema,
+)
 from streaming.decode.rejects import Reason
 from streaming.kernels.buffers import offsets_and_bytes
 from tests.streaming.decode.test_decoder import kafka_batch
@@ -165,15 +173,26 @@ def test_union_branch_and_enum_out_of_range_and_bad_utf8():
     assert strings.to_pylist()[0] == "é"
 
 
-def test_arrays_maps_and_wide_unions_are_not_supported():
+def test_arrays_maps_wide_unions_and_other_logical_types_go_to_the_general_reader():
     for field_type in (
         {"type": "array", "items": "long"},
         {"type": "map", "values": "long"},
         ["null", "long", "string"],
     ):
         schema = {"type": "record", "name": "R", "fields": [{"name": "x", "type": field_type}]}
-        with pytest.raises(UnsupportedSchema):
+        with pytest.raises(BeyondColumnar):
             compile_schema(1, json.dumps(schema))
+        assert isinstance(compile_avro(1, json.dumps(schema), (), {"x": pa.int64()}), GeneralPlan)
+        with pytest.raises(BeyondColumnar):  # the Debezium format's reading of its envelopes
+            compile_avro(1, json.dumps(schema), (), {"x": pa.int64()}, general=False)
+    # A logical type the columnar reader reads as its underlying type: general when a column reads it.
+    dated = {"type": "record", "name": "R", "fields": [{"name": "x", "type": {"type": "int", "logicalType": "date"}}]}
+    assert not isinstance(compile_avro(1, json.dumps(dated), (), {}), GeneralPlan)
+    assert isinstance(compile_avro(1, json.dumps(dated), (), {"x": pa.date32()}), GeneralPlan)
+    # A contract that reads its day number into a long column keeps it (and the columnar reader).
+    assert not isinstance(compile_avro(1, json.dumps(dated), (), {"x": pa.int64()}), GeneralPlan)
+    with pytest.raises(UnsupportedSchema, match="not a record"):
+        compile_avro(1, '"long"', (), {})
 
 
 # -- through the decoder ---------------------------------------------------------------------------

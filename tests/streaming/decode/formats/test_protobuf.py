@@ -13,7 +13,13 @@ from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 from streaming.contract import ContractError, parse_contract
 from streaming.decode.decoder import REJECT_DETAIL, REJECT_REASON, Decoder
 from streaming.decode.formats.avro import UnsupportedSchema
-from streaming.decode.formats.protobuf import ProtobufFormat, ProtoReader, compile_proto
+from streaming.decode.formats.protobuf import (
+    GeneralProtoPlan,
+    ProtobufFormat,
+    ProtoReader,
+    compile_proto,
+    general_proto_plan,
+)
 from streaming.kernels.buffers import offsets_and_bytes
 from tests.streaming.decode.formats.test_avro import contract, wire
 from tests.streaming.decode.test_decoder import kafka_batch
@@ -156,15 +162,12 @@ def test_a_message_that_does_not_match_its_schema_is_flagged_alone():
     assert "other than the schema's first" in reader.detail[3]
 
 
-def test_repeated_maps_and_message_fields_are_not_supported():
+def test_repeated_maps_and_message_fields_go_to_the_general_reader():
     for field in ("repeated int64 xs = 1;", "map<string, int64> m = 1;", "Other o = 1;"):
+        text = f'syntax = "proto3"; message M {{ {field} }} message Other {{ int64 a = 1; }}'
         with pytest.raises(UnsupportedSchema):
-            compile_proto(
-                1,
-                f'syntax = "proto3"; message Other {{ int64 a = 1; }} message M {{ {field} }}'.replace(
-                    "message Other { int64 a = 1; } message M", "message M"
-                ),
-            )
+            compile_proto(1, text)
+        assert isinstance(general_proto_plan(1, text), GeneralProtoPlan)
 
 
 def test_protobuf_through_the_decoder_with_geometry_from_lon_lat_or_wkb():

@@ -1,0 +1,266 @@
+"""Avro schemas the columnar reader does not read (arrays, maps, unions of several types, logical
+types beyond timestamps, record fields read as structs): the general reader (fastavro) fills the
+contract's nested and typed columns, decided per writer schema; a value that does not fit its
+column is rejected naming its nested path."""
+
+from __future__ import annotations
+
+import datetime
+import decimal
+import json
+import uuid
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from streaming.contract import parse_contract
+from streaming.decode.decoder import REJECT_DETAIL, REJECT_REASON, Decoder
+from streaming.decode.formats.avro import AvroFormat, GeneralPlan, compile_avro
+from tests.streaming.decode.formats.test_avro import POINT_SCHEMA, avro_bytes, contract, record, wire
+from tests.streaming.decode.test_decoder import kafka_batch
+
+UTC = datetime.UTC
+READING = {
+    "type": "record",
+    "name": "Reading",
+    "fields": [
+        {"name": "sensor", "type": "string"},
+        {"name": "value", "type": "double"},
+    ],
+}
+READING_COLUMN = {
+    "type": "struct",
+    "fields": [
+        {"name": "sensor", "type": "string", "required": True},
+        {"name": "value", "type": "double"},
+    ],
+}
+AN_ID = uuid.UUID("6f1c2b8e-6d2a-4b8e-9c3e-2a1d0b7f5e11")
+
+# (the Avro type of field "x", the contract's column type, the values sent, the values the table holds
+# as the decoder hands them on: a UUID and fixed bytes as bytes, a time as microseconds)
+KINDS: dict[str, tuple[Any, Any, list[Any], list[Any]]] = {
+    "record": (
+        READING,
+        READING_COLUMN,
+        [{"sensor": "t1", "value": 1.5}],
+        [{"sensor": "t1", "value": 1.5}],
+    ),
+    "array of records": (
+        {"type": "array", "items": READING},
+        {"type": "list", "element": READING_COLUMN},
+        [[{"sensor": "a", "value": 1.0}, {"sensor": "b", "value": -2.5}], []],
+        [[{"sensor": "a", "value": 1.0}, {"sensor": "b", "value": -2.5}], []],
+    ),
+    "map": (
+        {"type": "map", "values": "long"},
+        {"type": "map", "key": "string", "value": "long"},
+        [{"a": 1, "b": -(2**40)}, {}],
+        [[("a", 1), ("b", -(2**40))], []],
+    ),
+    "union of two non-null types": (
+        ["null", "long", "string"],
+        "string",
+        ["seven", None, 7],
+        ["seven", None, "7"],
+    ),
+    "union of two numbers": (["int", "double"], "double", [3, 2.5], [3.0, 2.5]),
+    "enum": (
+        {"type": "enum", "name": "State", "symbols": ["IDLE", "MOVING"]},
+        "string",
+        ["MOVING", "IDLE"],
+        ["MOVING", "IDLE"],
+    ),
+    "fixed": ({"type": "fixed", "name": "Tag", "size": 4}, "fixed[4]", [b"\x00\x01\x02\x03"], [b"\x00\x01\x02\x03"]),
+    "array of enums": (
+        {"type": "array", "items": {"type": "enum", "name": "Level", "symbols": ["LOW", "HIGH"]}},
+        {"type": "list", "element": "string"},
+        [["HIGH", "LOW"], []],
+        [["HIGH", "LOW"], []],
+    ),
+    "fixed in a record": (
+        {
+            "type": "record",
+            "name": "Signed",
+            "fields": [{"name": "sig", "type": {"type": "fixed", "name": "Sig", "size": 2}}],
+        },
+        {"type": "struct", "fields": [{"name": "sig", "type": "fixed[2]"}]},
+        [{"sig": b"\xff\x00"}],
+        [{"sig": b"\xff\x00"}],
+    ),
+    "decimal": (
+        {"type": "bytes", "logicalType": "decimal", "precision": 12, "scale": 2},
+        "decimal(12, 2)",
+        [decimal.Decimal("-1234567890.12"), decimal.Decimal("0.05")],
+        [decimal.Decimal("-1234567890.12"), decimal.Decimal("0.05")],
+    ),
+    "date": (
+        {"type": "int", "logicalType": "date"},
+        "date",
+        [datetime.date(1969, 7, 20), datetime.date(2038, 1, 19)],
+        [datetime.date(1969, 7, 20), datetime.date(2038, 1, 19)],
+    ),
+    "time-millis": (
+        {"type": "int", "logicalType": "time-millis"},
+        "time",
+        [datetime.time(13, 45, 7, 123000)],
+        [((13 * 60 + 45) * 60 + 7) * 1_000_000 + 123000],
+    ),
+    "time-micros": (
+        {"type": "long", "logicalType": "time-micros"},
+        "time",
+        [datetime.time(0, 0, 0, 1)],
+        [1],
+    ),
+    "timestamp-micros in a nested record": (
+        {
+            "type": "record",
+            "name": "Stamp",
+            "fields": [{"name": "at", "type": {"type": "long", "logicalType": "timestamp-micros"}}],
+        },
+        {"type": "struct", "fields": [{"name": "at", "type": "timestamptz"}]},
+        [{"at": datetime.datetime(2024, 2, 29, 23, 59, 59, 999999, tzinfo=UTC)}],
+        [{"at": datetime.datetime(2024, 2, 29, 23, 59, 59, 999999, tzinfo=UTC)}],
+    ),
+    "local-timestamp-millis": (
+        {"type": "long", "logicalType": "local-timestamp-millis"},
+        "timestamp",
+        [datetime.datetime(2024, 5, 1, 8, 30)],
+        [datetime.datetime(2024, 5, 1, 8, 30)],
+    ),
+    "uuid": (
+        {"type": "string", "logicalType": "uuid"},
+        "uuid",
+        [AN_ID],
+        [AN_ID.bytes],
+    ),
+}
+
+
+def schema_with(field_type: Any) -> dict:
+    return {
+        "type": "record",
+        "name": "Event",
+        "fields": [
+            {"name": "id", "type": "string"},
+            {"name": "lon", "type": "double"},
+            {"name": "lat", "type": "double"},
+            {"name": "x", "type": field_type},
+        ],
+    }
+
+
+def decoder_for(schema: dict, column_type: Any) -> Decoder:
+    raw = contract(
+        {"lon_field": "lon", "lat_field": "lat"},
+        [{"id": 4, "name": "x", "type": column_type, "from": ["properties.x"]}],
+    )
+    decoder = Decoder(parse_contract(raw))
+    (fmt,) = decoder._formats
+    assert isinstance(fmt, AvroFormat)
+    fmt._plans[1] = compile_avro(1, json.dumps(schema), (), fmt.property_types)
+    return decoder
+
+
+def events(schema: dict, xs: list[Any]) -> pa.RecordBatch:
+    return kafka_batch(
+        [wire(1, avro_bytes(schema, {"id": f"e{i}", "lon": 1.0 + i, "lat": 2.0, "x": x})) for i, x in enumerate(xs)]
+    )
+
+
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_each_avro_kind_fills_its_typed_column(kind):
+    field_type, column_type, sent, held = KINDS[kind]
+    schema = schema_with(field_type)
+    decoder = decoder_for(schema, column_type)
+    (fmt,) = decoder._formats
+    assert isinstance(fmt._plans[1], GeneralPlan) == (kind not in ("enum", "fixed"))  # those two stay columnar
+    out = decoder.decode(events(schema, sent))
+    assert out.column(REJECT_REASON).to_pylist() == [None] * len(sent), out.column(REJECT_DETAIL).to_pylist()
+    assert out.column("event_id").to_pylist() == [f"e{i}" for i in range(len(sent))]
+    assert out.column("x").to_pylist() == held
+
+
+def test_a_value_that_does_not_fit_is_rejected_naming_its_nested_path():
+    schema = schema_with({"type": "array", "items": READING})
+    strict = {
+        "type": "list",
+        "element": {
+            "type": "struct",
+            "fields": [{"name": "sensor", "type": "string"}, {"name": "value", "type": "int"}],
+        },
+    }
+    decoder = decoder_for(schema, strict)
+    out = decoder.decode(
+        events(
+            schema, [[{"sensor": "a", "value": 1.0}], [{"sensor": "a", "value": 1.0}, {"sensor": "b", "value": 2.5}]]
+        )
+    )
+    assert out.column(REJECT_REASON).to_pylist() == [None, "property_type_mismatch"]
+    assert out.column(REJECT_DETAIL)[1].as_py() == "properties.x[1].value: expected int, got 2.5"
+
+
+def test_a_required_member_left_null_is_rejected_naming_it():
+    schema = schema_with({"type": "record", "name": "Opt", "fields": [{"name": "sensor", "type": ["null", "string"]}]})
+    decoder = decoder_for(schema, READING_COLUMN)
+    out = decoder.decode(events(schema, [{"sensor": "s"}, {"sensor": None}]))
+    assert out.column(REJECT_REASON).to_pylist() == [None, "property_type_mismatch"]
+    assert out.column(REJECT_DETAIL)[1].as_py() == "properties.x.sensor: required, but missing or null"
+
+
+def test_a_record_that_does_not_match_its_schema_is_rejected_alone():
+    schema = schema_with({"type": "map", "values": "string"})
+    decoder = decoder_for(schema, {"type": "map", "key": "string", "value": "string"})
+    good = wire(1, avro_bytes(schema, {"id": "a", "lon": 1.0, "lat": 2.0, "x": {"k": "v"}}))
+    out = decoder.decode(kafka_batch([good, good[:-2], good + b"\x00"]))
+    assert out.column(REJECT_REASON).to_pylist() == [None, "schema_mismatch", "schema_mismatch"]
+    assert "bytes after the record's last field" in out.column(REJECT_DETAIL)[2].as_py()
+    assert out.column("x").to_pylist()[0] == [("k", "v")]
+
+
+def test_flat_schemas_keep_the_columnar_reader_and_a_struct_column_takes_the_general_one():
+    flat = compile_avro(3, json.dumps(POINT_SCHEMA), (), {"id": pa.string(), "meta.source": pa.string()})
+    assert not isinstance(flat, GeneralPlan)
+    as_struct = compile_avro(3, json.dumps(POINT_SCHEMA), (), {"id": pa.string(), "meta": pa.struct([])})
+    assert isinstance(as_struct, GeneralPlan)
+    raw = contract(
+        {"lon_field": "lon", "lat_field": "lat"},
+        [
+            {
+                "id": 4,
+                "name": "meta",
+                "type": {"type": "struct", "fields": [{"name": "source", "type": "string"}]},
+                "from": ["properties.meta"],
+            }
+        ],
+    )
+    decoder = Decoder(parse_contract(raw))
+    (fmt,) = decoder._formats
+    fmt._plans[3] = compile_avro(3, json.dumps(POINT_SCHEMA), (), fmt.property_types)
+    records = [record(i) for i in range(6)]
+    out = decoder.decode(kafka_batch([wire(3, avro_bytes(POINT_SCHEMA, r)) for r in records]))
+    assert out.column(REJECT_REASON).null_count == 6
+    assert out.column("meta").to_pylist() == [r["meta"] for r in records]
+    assert out.column("speed").to_pylist() == [r["speed"] for r in records]
+
+
+def test_schema_evolution_sees_the_fields_of_a_schema_the_general_reader_reads():
+    from streaming.decode.properties import NESTED
+
+    schema = schema_with({"type": "array", "items": "long"})
+    schema["fields"] += [
+        {"name": "note", "type": ["null", "string"]},
+        {"name": "day", "type": {"type": "int", "logicalType": "date"}},
+    ]
+    decoder = decoder_for(schema, {"type": "list", "element": "long"})
+    (fmt,) = decoder._formats
+    values = pa.array(
+        [wire(1, avro_bytes(schema, {"id": "a", "lon": 1.0, "lat": 2.0, "x": [1], "note": "n", "day": 3}))]
+    )
+    rows = np.arange(1)
+    order = (np.zeros(1, dtype=np.int64), np.zeros(1, dtype=np.int64), np.zeros(1, dtype=np.int64))
+    seen = fmt.unmapped_fields(values, rows, frozenset({"x", "id"}), order)
+    # A new string field becomes a string column; a date is no type schema evolution makes.
+    assert {name: s.type for name, s in seen.items()} == {"note": "string", "day": NESTED}
