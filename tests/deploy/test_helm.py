@@ -185,7 +185,7 @@ def test_objects_are_valid_kubernetes(render, case: str):
     for doc in docs:
         name = f"{doc['kind']}/{doc['metadata']['name']}"
         if doc["apiVersion"].startswith("monitoring.coreos.com/"):
-            check_service_monitor_shape(doc)
+            (check_service_monitor_shape if doc["kind"] == "ServiceMonitor" else check_prometheus_rule_shape)(doc)
             continue
         for version in KUBE_VERSIONS:
             try:
@@ -198,6 +198,17 @@ def test_objects_are_valid_kubernetes(render, case: str):
             pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "executor"}, "spec": spec}
             for version in KUBE_VERSIONS:
                 kubernetes_validate.validate(pod, version, strict=True)
+
+
+def check_prometheus_rule_shape(doc: dict) -> None:
+    """PrometheusRule is a CRD too: groups of named rules, each an alert or a record with an expr."""
+    assert doc["apiVersion"] == "monitoring.coreos.com/v1" and doc["kind"] == "PrometheusRule"
+    assert set(doc["spec"]) == {"groups"} and doc["spec"]["groups"]
+    for group in doc["spec"]["groups"]:
+        assert set(group) <= {"name", "interval", "rules"} and group["name"] and group["rules"]
+        for rule in group["rules"]:
+            assert set(rule) <= {"alert", "record", "expr", "for", "labels", "annotations"}, set(rule)
+            assert ("alert" in rule) != ("record" in rule) and isinstance(rule["expr"], str)
 
 
 def check_service_monitor_shape(doc: dict) -> None:
@@ -461,10 +472,15 @@ def test_monitoring_objects(render):
     shipped = json.loads((ROOT / "dashboards" / "geoingest.json").read_text())
     assert json.loads(dashboard["data"]["geoingest.json"]) == shipped
 
+    rule = one(docs, "PrometheusRule")
+    assert rule["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+    rules_file = yaml.safe_load((ROOT / "helm" / "geoingest" / "alerts" / "geoingest.rules.yaml").read_text())
+    assert rule["spec"]["groups"] == rules_file["groups"], "the PrometheusRule holds the rules file's groups"
+
 
 def test_monitoring_is_off_by_default(render):
     docs = render("(chart defaults)")
-    assert not kind(docs, "ServiceMonitor")
+    assert not kind(docs, "ServiceMonitor") and not kind(docs, "PrometheusRule")
     assert not [cm for cm in kind(docs, "ConfigMap") if "grafana_dashboard" in cm["metadata"]["labels"]]
 
 
