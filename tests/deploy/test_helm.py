@@ -574,6 +574,55 @@ def test_kubernetes_mode_makes_a_driver_that_can_run_executors(render, tmp_path)
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": account, "namespace": NAMESPACE}]
 
 
+def test_kubernetes_mode_secures_spark_rpc_and_opens_the_driver_ports_to_executors_only(render, tmp_path):
+    """Tasks carry the catalog's and the object store's credentials over Spark's RPC: authenticated
+    and encrypted by default; a NetworkPolicy opens the driver's RPC and block manager ports to this
+    release's executor pods only, its metrics port to the peers the values name."""
+    case = "kubernetes-mode-values.yaml"
+    k8s = values_of(case)["spark"]["kubernetes"]
+    settings, _ = settings_of(render(case), tmp_path)
+    assert settings.spark["spark.authenticate"] == "true" and settings.spark["spark.network.crypto.enabled"] == "true"
+    assert "spark.authenticate.secret.driver.file" not in settings.spark, "Spark makes the secret per application"
+
+    (policy,) = kind(render(case), "NetworkPolicy")
+    driver_labels = deployment(render(case))["spec"]["template"]["metadata"]["labels"]
+    assert policy["spec"]["podSelector"]["matchLabels"].items() <= driver_labels.items()
+    rpc, metrics = policy["spec"]["ingress"]
+    assert {p["port"] for p in rpc["ports"]} == {k8s["driverPort"], k8s["blockManagerPort"]}
+    (peer,) = rpc["from"]
+    executor_labels = peer["podSelector"]["matchLabels"]
+    assert executor_labels["app.kubernetes.io/component"] == "spark-executor"
+    assert not executor_labels.items() <= driver_labels.items(), "the driver's own labels do not open its ports"
+    assert [p["port"] for p in metrics["ports"]] == [values_of(case)["metrics"]["port"]] and "from" not in metrics
+
+    # The secret from an existing Secret: mounted in the driver and in the executors' pod template.
+    sets = (
+        "spark.kubernetes.rpcSecurity.secret.name=spark-rpc",
+        "spark.kubernetes.networkPolicy.metricsFrom[0].namespaceSelector.matchLabels.name=monitoring",
+    )
+    docs = render(case, *sets)
+    settings, _ = settings_of(docs, tmp_path)
+    path = "/etc/geoingest-spark-auth/secret"
+    assert (
+        settings.spark["spark.authenticate.secret.driver.file"]
+        == path
+        == settings.spark["spark.authenticate.secret.executor.file"]
+    )
+    volumes = {v["name"]: v for v in deployment(docs)["spec"]["template"]["spec"]["volumes"]}
+    assert volumes["spark-auth"]["secret"]["secretName"] == "spark-rpc"
+    assert {"name": "spark-auth", "mountPath": "/etc/geoingest-spark-auth", "readOnly": True} in main_container(docs)[
+        "volumeMounts"
+    ]
+    template = yaml.safe_load(
+        one(docs, "ConfigMap", f"{RELEASE}-geoingest-executor-template")["data"]["executor-pod-template.yaml"]
+    )
+    assert any(v.get("secret", {}).get("secretName") == "spark-rpc" for v in template["spec"]["volumes"])
+    assert any(m["name"] == "spark-auth" for m in template["spec"]["containers"][0]["volumeMounts"])
+    (policy,) = kind(docs, "NetworkPolicy")
+    assert policy["spec"]["ingress"][1]["from"] == [{"namespaceSelector": {"matchLabels": {"name": "monitoring"}}}]
+    assert not kind(render("(chart defaults)"), "NetworkPolicy"), "local mode: no Spark ports to fence"
+
+
 def test_kubernetes_mode_extra_conf_wins_over_the_charts(render, tmp_path):
     docs = render("kubernetes-mode-values.yaml", "spark.kubernetes.conf.spark\\.sql\\.shuffle\\.partitions=48")
     settings, _ = settings_of(docs, tmp_path)

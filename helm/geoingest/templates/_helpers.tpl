@@ -99,6 +99,30 @@ app.kubernetes.io/part-of: geoingest
 Paths inside the pod.
 */}}
 {{- define "geoingest.configDir" -}}/etc/geoingest{{- end }}
+{{- define "geoingest.sparkAuthDir" -}}/etc/geoingest-spark-auth{{- end }}
+
+{{/*
+The Secret volume of Spark's RPC secret (kubernetes mode, rpcSecurity.secret.name set), and its mount.
+*/}}
+{{- define "geoingest.sparkAuthVolume" -}}
+{{- $r := .Values.spark.kubernetes.rpcSecurity }}
+{{- if and (include "geoingest.kubernetesMode" .) $r.authenticate $r.secret.name }}
+- name: spark-auth
+  secret:
+    secretName: {{ $r.secret.name }}
+    items:
+      - key: {{ $r.secret.key }}
+        path: {{ $r.secret.key }}
+{{- end }}
+{{- end }}
+{{- define "geoingest.sparkAuthVolumeMount" -}}
+{{- $r := .Values.spark.kubernetes.rpcSecurity }}
+{{- if and (include "geoingest.kubernetesMode" .) $r.authenticate $r.secret.name }}
+- name: spark-auth
+  mountPath: {{ include "geoingest.sparkAuthDir" . }}
+  readOnly: true
+{{- end }}
+{{- end }}
 
 {{/*
 Spark configuration the chart sets, as JSON: in kubernetes mode what makes the pod a client-mode
@@ -135,6 +159,19 @@ driver, then config.spark and spark.kubernetes.conf over it.
 {{- $_ := set $conf "spark.kubernetes.executor.podNamePrefix" (include "geoingest.fullname" . | trunc 47 | trimSuffix "-") }}
 {{- /* app/spark.py sizes shuffles by the driver's cores; the executors' task slots are what count */}}
 {{- $_ := set $conf "spark.sql.shuffle.partitions" (toString (mul $e.instances $e.cores)) }}
+{{- with $k.rpcSecurity }}
+{{- if .authenticate }}
+{{- $_ := set $conf "spark.authenticate" "true" }}
+{{- if .secret.name }}
+{{- $file := printf "%s/%s" (include "geoingest.sparkAuthDir" $) .secret.key }}
+{{- $_ := set $conf "spark.authenticate.secret.driver.file" $file }}
+{{- $_ := set $conf "spark.authenticate.secret.executor.file" $file }}
+{{- end }}
+{{- if .encrypt }}
+{{- $_ := set $conf "spark.network.crypto.enabled" "true" }}
+{{- end }}
+{{- end }}
+{{- end }}
 {{- end }}
 {{- $conf = mergeOverwrite $conf (deepCopy (.Values.config.spark | default dict)) }}
 {{- if include "geoingest.kubernetesMode" . }}
