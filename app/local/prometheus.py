@@ -5,15 +5,26 @@ started by the package's scripts and no root is needed once it is there.
 `ensure_binaries` runs `apt-get download prometheus=<version>` into
 `<cache>/prometheus-<version>/`, extracts the package there with `dpkg-deb -x`, and keeps
 `bin/prometheus` and `bin/promtool`; later calls reuse them. Both are static Go binaries.
+
+`LocalPrometheus` runs one on loopback that scrapes the given targets every second and loads the
+chart's alert rules, its data in its own folder; `query` and `alerts` ask its HTTP API.
 """
 
 from __future__ import annotations
 
 import fcntl
+import json
 import shutil
 import subprocess
 import tempfile
+import urllib.parse
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
+
+from app.local.process import HOST, DetachedProcess, LocalProcessError, free_port, get_json
+
+RULES_FILE = Path(__file__).resolve().parents[2] / "helm" / "geoingest" / "alerts" / "geoingest.rules.yaml"
 
 # Debian 12's package; the alert rules and the dashboard's queries are checked with its promtool.
 PROMETHEUS_DEB_VERSION = "2.42.0+ds-5+deb12u1"
@@ -60,3 +71,64 @@ def _run(cmd: list[str], cwd: Path, retry_after_update: bool = False) -> None:
         raise PrometheusUnavailable(
             f"'{' '.join(cmd)}' failed ({done.returncode}): {(done.stderr or done.stdout)[-1000:]}"
         )
+
+
+class LocalPrometheus:
+    """A Prometheus on loopback scraping `targets` (host:port) every second, with the alert rules."""
+
+    def __init__(self, home: Path, cache_dir: Path, targets: Sequence[str], port: int | None = None):
+        self.home = Path(home)
+        self.cache_dir = Path(cache_dir)
+        self.targets = list(targets)
+        self.port = port or free_port()
+        self.process = DetachedProcess(self.home, "prometheus", "prometheus")
+
+    def start(self, timeout_s: float = 60) -> LocalPrometheus:
+        binary = ensure_binaries(self.cache_dir) / "prometheus"
+        self.home.mkdir(parents=True, exist_ok=True)
+        config = self.home / "prometheus.yml"
+        config.write_text(
+            json.dumps(
+                {
+                    "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+                    "rule_files": [str(RULES_FILE)],
+                    "scrape_configs": [{"job_name": "geoingest", "static_configs": [{"targets": self.targets}]}],
+                }
+            )
+        )
+        self.process.start(
+            [
+                str(binary),
+                f"--config.file={config}",
+                f"--storage.tsdb.path={self.home / 'data'}",
+                f"--web.listen-address={HOST}:{self.port}",
+                "--storage.tsdb.retention.time=1d",
+            ],
+            lambda: get_json(self.port, "/api/v1/status/buildinfo") is not None,
+            timeout_s,
+        )
+        return self
+
+    def stop(self) -> None:
+        self.process.stop()
+
+    def __enter__(self) -> LocalPrometheus:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def query(self, expr: str, at: float | None = None) -> list[dict[str, Any]]:
+        """The series an instant query answers (at Unix time `at`, default now)."""
+        params = {"query": expr, **({"time": f"{at:.3f}"} if at is not None else {})}
+        answer = get_json(self.port, f"/api/v1/query?{urllib.parse.urlencode(params)}", timeout_s=30)
+        if not isinstance(answer, dict) or answer.get("status") != "success":
+            raise LocalProcessError(f"Prometheus refused the query {expr!r}: {answer}")
+        return list(answer["data"]["result"])
+
+    def alerts(self) -> list[dict[str, Any]]:
+        """The alerts pending or firing now."""
+        answer = get_json(self.port, "/api/v1/alerts", timeout_s=30)
+        if not isinstance(answer, dict):
+            raise LocalProcessError(f"Prometheus answered no alerts: {answer}")
+        return list(answer["data"]["alerts"])

@@ -6,19 +6,27 @@ from __future__ import annotations
 
 import json
 import re
+import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from app.local.process import free_port
+from app.local.prometheus import LocalPrometheus
 from app.metrics import IngestMetrics, MaintenanceMetrics
+from app.service import run
+from streaming.contract import parse_contract
 from streaming.job.processor import BatchReport
 from streaming.maintenance.compaction import CompactionReport
 from streaming.maintenance.maintain import ExpiryReport, MaintenanceReport, OrphanReport
+from streaming.table.catalog import create_table, open_catalog
 from streaming.table.commit import CommitOutcome
 from streaming.write.data_files import DataFileRecord
+from tests.conftest import CACHE_DIR, local_settings, produce_records
 
 ROOT = Path(__file__).resolve().parents[2]
 DASHBOARD = ROOT / "dashboards" / "geoingest.json"
@@ -290,3 +298,85 @@ def test_the_chart_ships_the_same_dashboard():
     assert CHART_COPY.read_bytes() == DASHBOARD.read_bytes(), (
         "helm/geoingest/dashboards/geoingest.json differs from dashboards/geoingest.json: copy it over"
     )
+
+
+# -- a real Prometheus ------------------------------------------------------------------------------
+GRAFANA_VARIABLES = {"$__rate_interval": "30s", "$__range": "1h", "$table": ".+"}
+
+
+def panel_queries(board: dict) -> list[tuple[str, str]]:
+    """(panel title, query) of every panel, Grafana's variables as a dashboard over the run fills them."""
+    out = []
+    for panel in panels(board):
+        for expr in exprs(panel):
+            for variable, value in GRAFANA_VARIABLES.items():
+                expr = expr.replace(variable, value)
+            out.append((panel["title"], expr))
+    return out
+
+
+@pytest.mark.integration
+def test_a_real_prometheus_answers_every_panel_after_a_run_with_load_rejects_and_maintenance(
+    kafka, spark, topic, tmp_path, dashboard
+):
+    """Debian's Prometheus scrapes the service every second while it ingests a stream with bad
+    records in it, maintenance racing it beside; every query of every panel, asked of that
+    Prometheus at a moment of the run, answers with data. A panel without data fails by name."""
+    raw = json.loads((ROOT / "schemas" / "demo_events.json").read_text())
+    contract = parse_contract({**raw, "partition": ["day(event_time)"], "retention": "30 days"})
+    good = [
+        json.dumps(
+            {
+                "type": "Feature",
+                "id": f"e{i}",
+                "geometry": {"type": "Point", "coordinates": [i % 170, 10.0]},
+                "properties": {},
+            }
+        ).encode()
+        for i in range(6_000)
+    ]
+    records = [(None, b"not json" if i % 20 == 0 else v, []) for i, v in enumerate(good)]
+    assert produce_records(kafka.bootstrap, topic, records) == len(records)
+    port = free_port()
+    settings = replace(
+        local_settings(
+            kafka,
+            topic,
+            tmp_path,
+            max_offsets_per_trigger=300,
+            trigger_interval="0 seconds",
+            maintenance_mode="beside",
+            maintenance_nice=0,
+            maintenance_cpu_percent=100.0,
+            maintenance_interval_s=0,
+            maintenance_min_file_age_s=0,
+            maintenance_steps="retention,compact,expire,orphans",
+        ),
+        metrics_port=port,
+    )
+    create_table(open_catalog(settings.catalog_name, settings.catalog), contract)
+    with LocalPrometheus(tmp_path / "prometheus", CACHE_DIR, [f"127.0.0.1:{port}"]) as prometheus:
+        failure: list[BaseException] = []
+
+        def ingest() -> None:
+            try:
+                run(settings, contract, until_idle=True, spark=spark)
+            except BaseException as exc:  # noqa: BLE001 - reported by the test below
+                failure.append(exc)
+
+        worker = threading.Thread(target=ingest, daemon=True)
+        worker.start()
+        seen_at = None
+        while worker.is_alive() and seen_at is None:
+            time.sleep(1)
+            runs = prometheus.query('sum(geoingest_maintenance_runs_total{outcome="completed"})')
+            batches = prometheus.query("sum(geoingest_batches_total)")
+            if runs and float(runs[0]["value"][1]) > 0 and batches and float(batches[0]["value"][1]) >= 5:
+                seen_at = time.time()
+        worker.join(timeout=900)
+        assert not failure, failure
+        assert seen_at is not None, "the run ended before Prometheus saw a maintenance run and five batches"
+        empty = [
+            f"{title}: {expr}" for title, expr in panel_queries(dashboard) if not prometheus.query(expr, at=seen_at)
+        ]
+    assert not empty, "panels without data:\n" + "\n".join(empty)
