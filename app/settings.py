@@ -254,6 +254,9 @@ def load_settings(
 _SPARK_KEYS = frozenset(
     {
         "spark.app.name",
+        "spark.authenticate",
+        "spark.authenticate.secret.driver.file",
+        "spark.authenticate.secret.executor.file",
         "spark.blockManager.port",
         "spark.cores.max",
         "spark.default.parallelism",
@@ -295,6 +298,7 @@ _SPARK_KEYS = frozenset(
         "spark.local.dir",
         "spark.master",
         "spark.memory.fraction",
+        "spark.network.crypto.enabled",
         "spark.network.timeout",
         "spark.pyspark.python",
         "spark.python.daemon.module",
