@@ -386,9 +386,11 @@ def _map_key(name: str, sub: str) -> str:
     sub = sub.lower()
     if name in ("kafka", "spark"):
         return sub.replace("_", ".")
-    # pyiceberg's properties join words with hyphens (py-io-impl, s3.access-key-id), as its own
-    # PYICEBERG_CATALOG__<NAME>__<KEY> variables spell them.
-    return sub.replace("__", ".").replace("_", "-")
+    if name == "catalog":
+        # pyiceberg's properties join words with hyphens (py-io-impl, s3.access-key-id), as its own
+        # PYICEBERG_CATALOG__<NAME>__<KEY> variables spell them.
+        return sub.replace("__", ".").replace("_", "-")
+    return sub
 
 
 def _json_map(key: str, raw: str) -> dict[str, str]:

@@ -103,7 +103,7 @@ def _json_ready(column: pa.Array) -> pa.Array:
     if pa.types.is_list(column.type) or pa.types.is_large_list(column.type):
         column = pa.concat_arrays([column])  # offsets from 0, as from_arrays wants them
         values = _json_ready(column.values)
-        return type(column).from_arrays(column.offsets, values, mask=column.is_null())
+        return type(column).from_arrays(column.offsets, values, type=column.type, mask=column.is_null())
     return column
 
 
