@@ -44,6 +44,11 @@ _MASK = "***"
 # Variables with the prefix that are read elsewhere than the settings: the file of settings, the
 # Java the service runs on (app/java.py), the keystore password handed to keytool, the tests' knobs.
 _OTHER_VARIABLES = frozenset({"CONFIG", "JAVA_HOME", "STORE_PASSWORD", "DEBEZIUM_ROWS", "DEBEZIUM_AVRO_ROWS"})
+# What Kubernetes (service links, for a Service named geoingest) and Docker (container links) put
+# into a container's environment: not settings, and no typo either.
+_LINK_VARIABLES = re.compile(
+    r"^(SERVICE_HOST|SERVICE_PORT(_.+)?|PORT(_\d+_(TCP|UDP|SCTP)(_(PROTO|PORT|ADDR))?)?|NAME|ENV_.+)$"
+)
 
 
 def _default_cache_dir() -> str:
@@ -218,7 +223,7 @@ def load_settings(
         head, _, sub = key.removeprefix(ENV_PREFIX).partition("__")
         name = head.lower()
         if name not in fields:
-            if head in _OTHER_VARIABLES:
+            if head in _OTHER_VARIABLES or _LINK_VARIABLES.match(key.removeprefix(ENV_PREFIX)):
                 continue
             near = difflib.get_close_matches(name, list(fields), n=1, cutoff=0.6)
             hint = f"did you mean {ENV_PREFIX}{near[0].upper()}?" if near else "docs/settings.md lists them"

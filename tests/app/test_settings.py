@@ -188,6 +188,18 @@ def test_an_unknown_environment_variable_is_refused_with_the_nearest_setting(key
 
 def test_variables_other_tools_read_are_not_refused():
     assert load_settings(env={"GEOINGEST_JAVA_HOME": "/opt/java", "GEOINGEST_CONFIG": ""}).topic == "geo-events"
+    # Kubernetes' service links of a Service named geoingest, Docker's container links.
+    links = {
+        "GEOINGEST_SERVICE_HOST": "10.96.0.7",
+        "GEOINGEST_SERVICE_PORT": "9108",
+        "GEOINGEST_SERVICE_PORT_METRICS": "9108",
+        "GEOINGEST_PORT": "tcp://10.96.0.7:9108",
+        "GEOINGEST_PORT_9108_TCP": "tcp://10.96.0.7:9108",
+        "GEOINGEST_PORT_9108_TCP_ADDR": "10.96.0.7",
+        "GEOINGEST_NAME": "/web/geoingest",
+        "GEOINGEST_ENV_TZ": "UTC",
+    }
+    assert load_settings(env=links).metrics_port == 9108
 
 
 def test_a_catalog_key_reaches_pyiceberg_in_its_own_spelling():
