@@ -24,7 +24,7 @@ import pyarrow.compute as pc
 import pyarrow.json as pa_json
 
 from streaming.decode.rejects import shown
-from streaming.kernels.buffers import offsets_and_bytes
+from streaming.kernels.buffers import from_zero_offsets, offsets_and_bytes, offsets_with_nulls
 
 # (the document the value came from, what is wrong with it, path first)
 Problem = tuple[int, str]
@@ -249,7 +249,7 @@ def _struct(read: pa.Array, kind: pa.StructType, path: str, rows: np.ndarray, pr
 
 
 def _list(read: pa.Array, kind: pa.DataType, path: str, rows: np.ndarray, problems: list[Problem]) -> pa.Array:
-    read = _plain_offsets(read)
+    read = from_zero_offsets(read)
     values = read.values
     parents = rows[pc.list_parent_indices(read).to_numpy()] if len(values) else rows[:0]
     converted = _convert(values, kind.value_type, f"{path}[]", parents, problems)
@@ -260,7 +260,7 @@ def _list(read: pa.Array, kind: pa.DataType, path: str, rows: np.ndarray, proble
 
 
 def _map(read: pa.Array, kind: pa.MapType, path: str, rows: np.ndarray, problems: list[Problem]) -> pa.Array:
-    read = _plain_offsets(read)
+    read = from_zero_offsets(read)
     entries = read.values
     parents = rows[pc.list_parent_indices(read).to_numpy()] if len(entries) else rows[:0]
     keys = pc.struct_field(entries, "key") if len(entries) else pa.array([], pa.string())
@@ -271,13 +271,7 @@ def _map(read: pa.Array, kind: pa.MapType, path: str, rows: np.ndarray, problems
     if not kind.item_field.nullable:
         for row in np.unique(parents[pc.is_null(values).to_numpy(zero_copy_only=False)]):
             problems.append((int(row), f"{path}: a value is null, and the map's values are required"))
-    offsets = read.offsets
-    if read.null_count:
-        # MapArray.from_arrays takes nulls from null offsets.
-        offsets = pc.if_else(
-            pa.concat_arrays([read.is_null(), pa.array([False])]), pa.nulls(len(offsets), offsets.type), offsets
-        )
-    return pa.MapArray.from_arrays(offsets, keys, values, type=kind)
+    return pa.MapArray.from_arrays(offsets_with_nulls(read), keys, values, type=kind)
 
 
 def _key_parser(kind: pa.DataType):
@@ -292,13 +286,6 @@ def _key_parser(kind: pa.DataType):
     if is_uuid(kind):
         return lambda s: uuid.UUID(s).bytes
     return lambda s: s
-
-
-def _plain_offsets(read: pa.Array) -> pa.Array:
-    """A list array whose offsets start at 0 (a slice's do not), as from_arrays wants them."""
-    if len(read) and read.offsets[0].as_py() != 0:
-        return pa.concat_arrays([read])  # copies the slice into fresh buffers
-    return read
 
 
 def _by_value(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 # None as numpy reads it in np.equal(a, None) or np.where(c, a, None); numpy's stubs do not take a
 # bare None where they expect an array.
@@ -32,3 +33,19 @@ def scatter_into(base: pa.Array, partial: pa.Array, rows: np.ndarray) -> pa.Arra
     positions = np.arange(len(base), dtype=np.int64)
     positions[rows] = len(base) + np.arange(len(rows))
     return pa.concat_arrays([base, partial.cast(base.type)]).take(pa.array(positions))
+
+
+def from_zero_offsets(values: pa.Array) -> pa.Array:
+    """A list or map array whose offsets start at 0 (a slice's do not), as from_arrays wants them;
+    copied into fresh buffers only when they do not."""
+    if len(values) and values.offsets[0].as_py() != 0:
+        return pa.concat_arrays([values])
+    return values
+
+
+def offsets_with_nulls(values: pa.Array) -> pa.Array:
+    """A map array's offsets, null where the map is: MapArray.from_arrays takes its nulls from them."""
+    if not values.null_count:
+        return values.offsets
+    nulls = pa.concat_arrays([values.is_null(), pa.array([False])])
+    return pc.if_else(nulls, pa.nulls(len(values.offsets), values.offsets.type), values.offsets)

@@ -19,6 +19,7 @@ import shapely
 from streaming.contract import Contract
 from streaming.decode.json_values import has_map
 from streaming.kernels.antimeridian import union_x
+from streaming.kernels.buffers import from_zero_offsets
 from streaming.kernels.geoparquet import geo_metadata
 from streaming.kernels.wkb import geometry_type_names
 from streaming.read.query import QueryResult
@@ -101,7 +102,7 @@ def _json_ready(column: pa.Array) -> pa.Array:
         fields = [_json_ready(pc.struct_field(column, [i])) for i in range(column.type.num_fields)]
         return pa.StructArray.from_arrays(fields, fields=list(column.type), mask=column.is_null())
     if pa.types.is_list(column.type) or pa.types.is_large_list(column.type):
-        column = pa.concat_arrays([column])  # offsets from 0, as from_arrays wants them
+        column = from_zero_offsets(column)
         values = _json_ready(column.values)
         return type(column).from_arrays(column.offsets, values, type=column.type, mask=column.is_null())
     return column

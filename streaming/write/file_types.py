@@ -15,6 +15,8 @@ import decimal
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from streaming.kernels.buffers import from_zero_offsets, offsets_with_nulls
+
 
 def as_types(table: pa.Table, schema: pa.Schema) -> pa.Table:
     """`table`'s columns named in `schema`, in its types."""
@@ -32,13 +34,13 @@ def _filled(values: pa.Array, kind: pa.DataType) -> pa.Array:
     if not _has_required_member(kind):
         return values
     if pa.types.is_list(kind):
-        values = _plain_offsets(values)
+        values = from_zero_offsets(values)
         inner = _filled(values.values, kind.value_type)
         return pa.ListArray.from_arrays(values.offsets, inner, type=values.type, mask=_mask(values))
     if pa.types.is_map(kind):
-        values = _plain_offsets(values)
+        values = from_zero_offsets(values)
         items = _filled(values.items, kind.item_type)
-        return pa.MapArray.from_arrays(_null_offsets(values), values.keys, items, type=values.type)
+        return pa.MapArray.from_arrays(offsets_with_nulls(values), values.keys, items, type=values.type)
     children = []
     for field in kind:
         child = _filled(pc.struct_field(values, field.name), field.type)
@@ -61,21 +63,6 @@ def _has_required_member(kind: pa.DataType) -> bool:
 
 def _mask(values: pa.Array) -> pa.Array | None:
     return values.is_null() if values.null_count else None
-
-
-def _plain_offsets(values: pa.Array) -> pa.Array:
-    """A list or map array whose offsets start at 0, as from_arrays wants them."""
-    if len(values) and values.offsets[0].as_py() != 0:
-        return pa.concat_arrays([values])
-    return values
-
-
-def _null_offsets(values: pa.Array) -> pa.Array:
-    """A map's offsets, null where the map is: MapArray.from_arrays takes its nulls from them."""
-    if not values.null_count:
-        return values.offsets
-    nulls = pa.concat_arrays([values.is_null(), pa.array([False])])
-    return pc.if_else(nulls, pa.nulls(len(values.offsets), values.offsets.type), values.offsets)
 
 
 def _zero(kind: pa.DataType) -> pa.Scalar:
