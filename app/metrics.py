@@ -222,6 +222,7 @@ class MaintenanceMetrics:
     """Table maintenance (streaming/maintenance/maintain.py), run by the service or `geoingest table maintain`."""
 
     OUTCOMES = ("completed", "skipped", "gave_up", "failed")
+    STEPS = ("total", "retention", "compact", "expire", "orphans")
 
     def __init__(self, registry: CollectorRegistry, table: str):
         self.registry = registry
@@ -329,9 +330,29 @@ class MaintenanceMetrics:
             t,
             registry=registry,
         )
+        # Every series exists at 0 from the start: increase() and rate() need a sample before the
+        # first run, or the first compaction, expiry and deletion never show on the dashboard.
         for outcome in self.OUTCOMES:
             self.runs.labels(table, outcome)
-        for counter in (self.retention_partitions, self.retention_files, self.retention_rows, self.retention_bytes):
+        for step in self.STEPS:
+            self.duration.labels(table, step)
+        for reason in ("expired", "orphan"):
+            self.files_deleted.labels(table, reason)
+        for counter in (
+            self.files_rewritten,
+            self.bytes_rewritten,
+            self.files_written,
+            self.bytes_written,
+            self.conflicts,
+            self.bins_abandoned,
+            self.snapshots_expired,
+            self.retention_partitions,
+            self.retention_files,
+            self.retention_rows,
+            self.retention_bytes,
+            self.cpu,
+            self.paced,
+        ):
             counter.labels(table)
 
     def observe_skip(self) -> None:

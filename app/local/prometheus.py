@@ -126,6 +126,13 @@ class LocalPrometheus:
             raise LocalProcessError(f"Prometheus refused the query {expr!r}: {answer}")
         return list(answer["data"]["result"])
 
+    def rules(self) -> list[dict[str, Any]]:
+        """Every alert rule loaded, with its health ("ok", or "err" and lastError) at its last evaluation."""
+        answer = get_json(self.port, "/api/v1/rules?type=alert", timeout_s=30)
+        if not isinstance(answer, dict) or answer.get("status") != "success":
+            raise LocalProcessError(f"Prometheus answered no rules: {answer}")
+        return [rule for group in answer["data"]["groups"] for rule in group["rules"]]
+
     def alerts(self) -> list[dict[str, Any]]:
         """The alerts pending or firing now."""
         answer = get_json(self.port, "/api/v1/alerts", timeout_s=30)

@@ -21,6 +21,7 @@ import pyarrow.json as pa_json
 
 from streaming.contract import Contract
 from streaming.decode.formats.geojson_geometry import ndjson
+from streaming.kernels.buffers import lists_whole
 
 # Under `schema_evolution: off` the decoder looks for names in the first OFF_SAMPLE GeoJSON records
 # of every OFF_SAMPLE_EVERY-th Arrow batch it decodes (the first included; 10,000 records a batch by
@@ -175,9 +176,15 @@ def _kinds_by_block(docs: pa.Array, member: tuple[str, ...]) -> dict[str, tuple[
     parse_options = pa_json.ParseOptions(explicit_schema=schema, unexpected_field_behavior="infer")
     try:
         table = pa_json.read_json(pa.BufferReader(data), read_options=read_options, parse_options=parse_options)
+        if not lists_whole(table):
+            # pyarrow's reader drops the nulls that lead a list whose element type it has not yet
+            # inferred ([null, "x"]) and keeps their offsets (apache/arrow#51305): the types it
+            # inferred are right, and read with them spelled out, the lists are whole.
+            spelled = pa_json.ParseOptions(explicit_schema=table.schema, unexpected_field_behavior="infer")
+            table = pa_json.read_json(pa.BufferReader(data), read_options=read_options, parse_options=spelled)
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
         return None
-    if table.num_rows != len(docs):
+    if table.num_rows != len(docs) or not lists_whole(table):
         return None
     properties = table.column(member[0]).combine_chunks()
     for name in member[1:]:

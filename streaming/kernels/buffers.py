@@ -49,3 +49,27 @@ def offsets_with_nulls(values: pa.Array) -> pa.Array:
         return values.offsets
     nulls = pa.concat_arrays([values.is_null(), pa.array([False])])
     return pc.if_else(nulls, pa.nulls(len(values.offsets), values.offsets.type), values.offsets)
+
+
+def lists_whole(data: pa.Table | pa.Array | pa.ChunkedArray) -> bool:
+    """Whether every list (and map) in `data`, at any depth, holds all the values its offsets span:
+    the structural check that Table.validate() skips and full validation pays every value for."""
+    if isinstance(data, pa.Table):
+        return all(lists_whole(column) for column in data.columns)
+    if isinstance(data, pa.ChunkedArray):
+        return not _holds_lists(data.type) or all(lists_whole(chunk) for chunk in data.chunks)
+    if not _holds_lists(data.type):
+        return True
+    if isinstance(data, pa.StructArray):
+        return all(lists_whole(data.field(i)) for i in range(data.type.num_fields))
+    if isinstance(data, (pa.ListArray, pa.LargeListArray, pa.MapArray)):
+        if len(data) and data.offsets[-1].as_py() > len(data.values):
+            return False
+        return lists_whole(data.values)
+    return True
+
+
+def _holds_lists(t: pa.DataType) -> bool:
+    if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_map(t):
+        return True
+    return pa.types.is_struct(t) and any(_holds_lists(f.type) for f in t)

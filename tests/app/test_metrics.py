@@ -235,3 +235,18 @@ def test_healthz_answers_503_with_the_reason() -> None:
         assert status == 503 and "has not gone round for 2000 s" in body
     finally:
         server.shutdown()
+
+
+def test_every_maintenance_counter_is_scraped_at_zero_before_the_first_run():
+    """Prometheus's increase() and rate() need a sample before a counter moves: a series born at
+    the first run hides that run from every dashboard panel (seen with a real Prometheus)."""
+    from app.metrics import MaintenanceMetrics
+
+    registry = CollectorRegistry()
+    MaintenanceMetrics(registry, "demo.events")
+    families = [f for f in registry.collect() if f.type in ("counter", "histogram")]
+    assert families
+    for family in families:
+        counts = [s for s in family.samples if s.name.endswith(("_total", "_count"))]
+        assert counts, f"{family.name} has no series before the first run"
+        assert all(s.labels["table"] == "demo.events" and s.value == 0 for s in counts), family.name

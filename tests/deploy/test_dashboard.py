@@ -12,11 +12,12 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+import yaml
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from app.local.process import free_port
-from app.local.prometheus import LocalPrometheus
+from app.local.prometheus import RULES_FILE, LocalPrometheus
 from app.metrics import IngestMetrics, MaintenanceMetrics
 from app.service import run
 from streaming.contract import parse_contract
@@ -335,7 +336,8 @@ def test_a_real_prometheus_answers_every_panel_after_a_run_with_load_rejects_and
         ).encode()
         for i in range(6_000)
     ]
-    records = [(None, b"not json" if i % 20 == 0 else v, []) for i, v in enumerate(good)]
+    # One in ten rejected: above the 5 % of the dead-letter alert, which must go pending on it.
+    records = [(None, b"not json" if i % 10 == 0 else v, []) for i, v in enumerate(good)]
     assert produce_records(kafka.bootstrap, topic, records) == len(records)
     port = free_port()
     settings = replace(
@@ -367,11 +369,19 @@ def test_a_real_prometheus_answers_every_panel_after_a_run_with_load_rejects_and
         worker = threading.Thread(target=ingest, daemon=True)
         worker.start()
         seen_at = None
-        while worker.is_alive() and seen_at is None:
+        alerted: dict[str, dict] = {}
+        while worker.is_alive() and (seen_at is None or "GeoingestDeadLetterRateHigh" not in alerted):
             time.sleep(1)
+            alerted.update({alert["labels"]["alertname"]: alert for alert in prometheus.alerts()})
             runs = prometheus.query('sum(geoingest_maintenance_runs_total{outcome="completed"})')
             batches = prometheus.query("sum(geoingest_batches_total)")
-            if runs and float(runs[0]["value"][1]) > 0 and batches and float(batches[0]["value"][1]) >= 5:
+            if (
+                seen_at is None
+                and runs
+                and float(runs[0]["value"][1]) > 0
+                and batches
+                and float(batches[0]["value"][1]) >= 5
+            ):
                 seen_at = time.time()
         worker.join(timeout=900)
         assert not failure, failure
@@ -379,4 +389,14 @@ def test_a_real_prometheus_answers_every_panel_after_a_run_with_load_rejects_and
         empty = [
             f"{title}: {expr}" for title, expr in panel_queries(dashboard) if not prometheus.query(expr, at=seen_at)
         ]
+        rules = prometheus.rules()
     assert not empty, "panels without data:\n" + "\n".join(empty)
+    # Every alert rule of the chart loaded and evaluated on the live series without an error; the
+    # dead-letter one saw this run's rejects (pending: its `for` is longer than the run), by table.
+    shipped = [r["alert"] for g in yaml.safe_load(RULES_FILE.read_text())["groups"] for r in g["rules"]]
+    assert sorted(r["name"] for r in rules) == sorted(shipped)
+    assert [(r["name"], r.get("lastError")) for r in rules if r["health"] != "ok"] == []
+    dead_letters = alerted.get("GeoingestDeadLetterRateHigh")
+    assert dead_letters is not None, f"alerts seen: {sorted(alerted)}"
+    assert dead_letters["labels"]["table"] == contract.table and dead_letters["state"] in ("pending", "firing")
+    assert 0.05 < float(dead_letters["value"]) < 0.2, dead_letters

@@ -280,3 +280,20 @@ def test_nested_columns_and_members_take_the_ids_iceberg_gives_them_in_the_commi
     assert table.schema().find_field("driver") == files_schema.find_field("driver")
     # The table's grown struct still fits the contract the service was started with.
     assert table_contract(table, contract).iceberg_schema.find_field("driver") == files_schema.find_field("driver")
+
+
+def test_a_list_led_by_nulls_is_seen_with_its_element_type():
+    """pyarrow's reader leaves such a list short of its nulls (apache/arrow#51305); reading its
+    block crashed the service mid-stream (ArrowIndexError: array slice would exceed array length)."""
+    docs = [
+        feature(0, {"tags": [None, "x"]}),
+        feature(1, {"tags": None, "sizes": {"l": [None, None, 1.5]}}),
+        feature(2, {"tags": ["y"]}),
+    ]
+    seen = unmapped_properties(pa.array(docs), set(), order_of(3))
+    assert seen == {
+        "tags": PropertySeen('{"type":"list","element":"string"}', 2, (0, 0, 0)),
+        "sizes": PropertySeen(
+            '{"type":"struct","fields":[{"name":"l","type":{"type":"list","element":"double"}}]}', 1, (10, 0, 1)
+        ),
+    }
