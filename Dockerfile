@@ -38,13 +38,11 @@ ENV PATH=/opt/geoingest/venv/bin:$PATH
 
 WORKDIR /src
 
-# Dependencies first, in their own layer: the list is read from pyproject.toml ([project]
-# dependencies), so pyproject stays the one place where versions are pinned.
+# Dependencies first, in their own layer: the service's lock file (`make lock` compiles it from
+# pyproject.toml's ranges), the versions the tests passed with, every file checked against its hash.
 COPY pyproject.toml README.md ./
-RUN python -c 'import tomllib; print("\n".join(tomllib.load(open("pyproject.toml", "rb"))["project"]["dependencies"]))' \
-        > /tmp/requirements.txt \
-    && pip install --requirement /tmp/requirements.txt \
-    && rm /tmp/requirements.txt
+COPY requirements/service.txt ./requirements/service.txt
+RUN pip install --require-hashes --requirement requirements/service.txt
 
 # The project itself, non-editable (its dependencies are already there).
 COPY app ./app

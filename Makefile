@@ -6,16 +6,32 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 INSTALLED := $(VENV)/.installed
 
-.PHONY: setup demo demo-lakehouse check test image cluster-parts test-cluster bench fuzz clean
+.PHONY: setup lock demo demo-lakehouse check test image cluster-parts test-cluster bench fuzz clean
 
-$(INSTALLED): pyproject.toml
+# The versions the tests pass with, every file checked against its hash: requirements/test.txt
+# (the service's and the tests' dependencies) and requirements/service.txt (the service's alone,
+# what the image installs), both compiled from pyproject.toml's ranges by `make lock`.
+LOCKED := requirements/test.txt
+PIP_VERSION := 26.3
+
+$(INSTALLED): pyproject.toml $(LOCKED)
 	@$(PYTHON) -c 'import sys; assert sys.version_info[:2] == (3, 11), f"geoingest needs Python 3.11, {sys.executable} is {sys.version.split()[0]}"'
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet --editable ".[test]"
+	$(PY) -m pip install --quiet "pip==$(PIP_VERSION)"
+	$(PY) -m pip install --quiet --require-hashes --requirement $(LOCKED)
+	$(PY) -m pip install --quiet --no-deps --editable .
 	@touch $@
 
 setup: $(INSTALLED)
+
+# Compile the lock files again from pyproject.toml's ranges, taking the newest versions they allow
+# (uv, in a virtualenv of its own so that it is not among what the lock pins). Run the tests after.
+LOCK_VENV ?= .venv-lock
+lock:
+	$(PYTHON) -m venv $(LOCK_VENV)
+	$(LOCK_VENV)/bin/python -m pip install --quiet "uv>=0.9,<1"
+	$(LOCK_VENV)/bin/uv pip compile --quiet --upgrade --universal --generate-hashes --extra test pyproject.toml -o requirements/test.txt
+	$(LOCK_VENV)/bin/uv pip compile --quiet --upgrade --universal --generate-hashes --constraint requirements/test.txt pyproject.toml -o requirements/service.txt
 
 demo: setup
 	$(VENV)/bin/geoingest demo

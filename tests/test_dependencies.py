@@ -68,3 +68,59 @@ def test_every_module_the_service_imports_comes_with_its_own_dependencies() -> N
         if not owners & allowed:
             missing.append(f"{module} (imported by {where}; installed by {sorted(owners) or 'nothing'})")
     assert not missing, "modules the image would not have:\n" + "\n".join(missing)
+
+
+# -- the lock files -------------------------------------------------------------------------------
+LOCKS = {"test": ROOT / "requirements" / "test.txt", "service": ROOT / "requirements" / "service.txt"}
+
+
+def pins(lock: Path) -> dict[str, tuple[str, list[str]]]:
+    """name -> (version, hashes) of every requirement of a lock file that applies to this Python."""
+    out: dict[str, tuple[str, list[str]]] = {}
+    for entry in lock.read_text().replace("\\\n", " ").splitlines():
+        text = entry.split("#", 1)[0].strip()
+        if not text:
+            continue
+        spec, *options = text.split(" --hash=")
+        requirement = Requirement(spec)
+        if requirement.marker is not None and not requirement.marker.evaluate():
+            continue
+        (pinned,) = requirement.specifier
+        assert pinned.operator == "==", f"{lock.name}: {spec} is not pinned"
+        out[canonicalize_name(requirement.name)] = (pinned.version, [o.strip() for o in options])
+    return out
+
+
+def test_the_locks_pin_every_dependency_within_pyprojects_ranges_with_hashes() -> None:
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    wanted = {
+        "service": project["dependencies"],
+        "test": [*project["dependencies"], *project["optional-dependencies"]["test"]],
+    }
+    for kind, lock in LOCKS.items():
+        pinned = pins(lock)
+        assert all(hashes and all(h.startswith("sha256:") for h in hashes) for _, hashes in pinned.values()), lock
+        for text in wanted[kind]:
+            requirement = Requirement(text)
+            if requirement.marker is not None and not requirement.marker.evaluate():
+                continue
+            name = canonicalize_name(requirement.name)
+            assert name in pinned, f"{lock.name} lacks {name}: run make lock"
+            assert requirement.specifier.contains(pinned[name][0], prereleases=True), (
+                f"{lock.name} pins {name}=={pinned[name][0]}, outside pyproject's {requirement.specifier}: run make lock"
+            )
+    service, test = pins(LOCKS["service"]), pins(LOCKS["test"])
+    assert {n: v for n, (v, _) in service.items()} == {n: test[n][0] for n in service}, (
+        "the image's versions are the tests'"
+    )
+
+
+def test_this_environment_holds_exactly_the_locked_versions() -> None:
+    """`make setup` installs from the lock: what the tests run with is what the lock says."""
+    installed = {canonicalize_name(d.metadata["Name"]): d.version for d in metadata.distributions()}
+    drifted = [
+        f"{n}: {installed.get(n)} installed, {v} locked"
+        for n, (v, _) in pins(LOCKS["test"]).items()
+        if installed.get(n) != v
+    ]
+    assert not drifted, "\n".join(drifted)
