@@ -74,10 +74,19 @@ def _run(cmd: list[str], cwd: Path, retry_after_update: bool = False) -> None:
 
 
 class LocalPrometheus:
-    """A Prometheus on loopback scraping `targets` (host:port) every second, with the alert rules."""
+    """A Prometheus on loopback scraping `targets` (host:port) every second, with the chart's alert
+    rules (or those of `rules_file`), evaluated every second."""
 
-    def __init__(self, home: Path, cache_dir: Path, targets: Sequence[str], port: int | None = None):
+    def __init__(
+        self,
+        home: Path,
+        cache_dir: Path,
+        targets: Sequence[str],
+        port: int | None = None,
+        rules_file: Path = RULES_FILE,
+    ):
         self.home = Path(home)
+        self.rules_file = Path(rules_file)
         self.cache_dir = Path(cache_dir)
         self.targets = list(targets)
         self.port = port or free_port()
@@ -91,7 +100,7 @@ class LocalPrometheus:
             json.dumps(
                 {
                     "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
-                    "rule_files": [str(RULES_FILE)],
+                    "rule_files": [str(self.rules_file)],
                     "scrape_configs": [{"job_name": "geoingest", "static_configs": [{"targets": self.targets}]}],
                 }
             )
