@@ -6,7 +6,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 INSTALLED := $(VENV)/.installed
 
-.PHONY: setup lock demo demo-lakehouse check test image cluster-parts test-cluster bench fuzz clean
+.PHONY: setup lock panels demo demo-lakehouse check test image cluster-parts test-cluster bench fuzz clean
 
 # The versions the tests pass with, every file checked against its hash: requirements/test.txt
 # (the service's and the tests' dependencies) and requirements/service.txt (the service's alone,
@@ -69,6 +69,11 @@ check: setup
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
+
+# docs/panels/*.png: every row of the Grafana dashboard as a real Prometheus answers it, for a
+# healthy service and one falling behind (about eight minutes).
+panels: setup
+	$(PY) dashboards/draw_panels.py
 
 bench: setup
 	$(PY) -m pip install --quiet --editable ".[test,bench]"

@@ -135,6 +135,14 @@ class LocalPrometheus:
             raise LocalProcessError(f"Prometheus refused the query {expr!r}: {answer}")
         return list(answer["data"]["result"])
 
+    def query_range(self, expr: str, start: float, end: float, step_s: float) -> list[dict[str, Any]]:
+        """The series a range query answers: each with its labels ("metric") and [time, value] pairs."""
+        params = {"query": expr, "start": f"{start:.3f}", "end": f"{end:.3f}", "step": f"{step_s:g}"}
+        answer = get_json(self.port, f"/api/v1/query_range?{urllib.parse.urlencode(params)}", timeout_s=60)
+        if not isinstance(answer, dict) or answer.get("status") != "success":
+            raise LocalProcessError(f"Prometheus refused the query {expr!r}: {answer}")
+        return list(answer["data"]["result"])
+
     def rules(self) -> list[dict[str, Any]]:
         """Every alert rule loaded, with its health ("ok", or "err" and lastError) at its last evaluation."""
         answer = get_json(self.port, "/api/v1/rules?type=alert", timeout_s=30)

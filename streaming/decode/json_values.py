@@ -24,7 +24,8 @@ import pyarrow.compute as pc
 import pyarrow.json as pa_json
 
 from streaming.decode.rejects import shown
-from streaming.kernels.buffers import from_zero_offsets, offsets_and_bytes, offsets_with_nulls
+from streaming.kernels.buffers import from_zero_offsets, offsets_with_nulls
+from streaming.kernels.text_encodings import hex_decode
 
 # (the document the value came from, what is wrong with it, path first)
 Problem = tuple[int, str]
@@ -308,28 +309,12 @@ def _by_value(
     return pa.array(out, kind)
 
 
-_HEX = np.full(256, 255, dtype=np.uint8)
-for _digit, _char in enumerate(b"0123456789abcdef"):
-    _HEX[_char] = _digit
-for _digit, _char in enumerate(b"ABCDEF", start=10):
-    _HEX[_char] = _digit
-
-
 def _uuids(read: pa.Array, kind: pa.DataType, path: str, rows: np.ndarray, problems: list[Problem]) -> pa.Array:
     """Canonical UUID text (hyphens anywhere, either case) to 16 bytes, over the whole array."""
-    compact = pc.replace_substring(read, "-", "").cast(pa.binary())
-    n = len(compact)
-    lengths = pc.binary_length(compact).to_numpy(zero_copy_only=False)
-    valid = pc.is_valid(compact).to_numpy(zero_copy_only=False)
-    sized = valid & (lengths == 32)
-    digits = np.zeros((n, 32), dtype=np.uint8)
-    if sized.any():
-        offsets, data = offsets_and_bytes(compact.filter(pa.array(sized)))
-        digits[sized] = _HEX[data[offsets[0] : offsets[-1]].reshape(-1, 32)]
-    bad = valid & (~sized | (digits == 255).any(axis=1))
-    for i in np.flatnonzero(bad):
+    decoded, hexadecimal = hex_decode(pc.replace_substring(read, "-", ""))
+    valid = pc.is_valid(read).to_numpy(zero_copy_only=False)
+    keep = hexadecimal & (pc.binary_length(decoded).to_numpy(zero_copy_only=False) == 16)
+    for i in np.flatnonzero(valid & ~keep):
         problems.append((int(rows[i]), _mismatch(path, read[int(i)].as_py(), kind)))
-    packed = (digits[:, 0::2] << 4 | digits[:, 1::2]).astype(np.uint8)
-    fixed = pa.FixedSizeBinaryArray.from_buffers(pa.binary(16), n, [None, pa.py_buffer(packed.tobytes())])
-    keep = valid & ~bad
-    return pc.if_else(pa.array(keep), fixed, pa.nulls(n, pa.binary(16))).cast(kind)
+    sixteen = pc.if_else(pa.array(keep), decoded, pa.nulls(len(read), pa.binary()))
+    return sixteen.cast(pa.binary(16)).cast(kind)

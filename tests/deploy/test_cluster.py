@@ -158,6 +158,9 @@ def test_local_mode_ingests_survives_a_pod_kill_an_upgrade_and_an_eviction(clust
         "--set", f"config.bootstrap_servers={bridge_broker.bootstrap},config.topic={topic}",
         "--set", "config.trigger_interval=1 second,config.driver_memory=1g",
         "--set", "resources.requests.cpu=250m",
+        # A frozen driver restarted within half a minute, not the default's two and more.
+        "--set", "livenessProbe.periodSeconds=5,livenessProbe.failureThreshold=4",
+        "--set", "livenessProbe.terminationGracePeriodSeconds=5",
         "--wait", "--timeout", "10m", timeout=660,
     )  # fmt: skip
     pod = ready_pod(cluster, selector, 60)
@@ -220,7 +223,30 @@ def test_local_mode_ingests_survives_a_pod_kill_an_upgrade_and_an_eviction(clust
     name = upgraded["metadata"]["name"]
     eviction = {"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": name, "namespace": NAMESPACE}}
     cluster.api("POST", f"/api/v1/namespaces/{NAMESPACE}/pods/{name}/eviction", eviction)
-    ready_pod(cluster, selector, 600, not_named=name)
+    evicted_to = ready_pod(cluster, selector, 600, not_named=name)
+
+    # The driver frozen (SIGSTOP to the container's first process, the driver) while events come:
+    # /healthz stops answering, the kubelet restarts the container, and the stream lands whole.
+    fourth = events(7000, 2000)
+    producer = threading.Thread(target=lambda: produce_records(bridge_broker.bootstrap, topic, fourth))
+    producer.start()
+    (status,) = evicted_to["status"]["containerStatuses"]
+    cluster.ctr("tasks", "kill", "--signal", "SIGSTOP", status["containerID"].split("://", 1)[1], timeout=60)
+    frozen_at = time.monotonic()
+    producer.join()
+
+    def restarted() -> bool:
+        (pod,) = [p for p in pods(cluster, selector) if p["metadata"]["name"] == evicted_to["metadata"]["name"]]
+        (now,) = pod["status"]["containerStatuses"]
+        return now["restartCount"] > status["restartCount"] and now.get("ready") is True
+
+    wait_until(restarted, 300, "container restarted by its liveness probe and ready")
+    print(f"driver frozen to its container restarted and ready: {time.monotonic() - frozen_at:.1f} s")
+    wait_until(lambda: table_rows(podman, volume) >= 9000, 300, "9000 rows in the table")
+    time.sleep(5)
+    rows = table_rows(podman, volume)
+    dead = count_records(bridge_broker.bootstrap, f"{topic}.dlq")
+    assert (rows, dead) == (9000, 10), f"table rows {rows} + dead letters {dead} != 9010 produced (9000 + 10 bad)"
     helm.run("uninstall", RELEASE, "--namespace", NAMESPACE, "--wait", timeout=300)
 
 

@@ -58,12 +58,13 @@ from streaming.decode.formats.debezium_avro import AvroEvents, starts_with_zero
 from streaming.decode.formats.debezium_values import JSON_TEXT, Wire, default_wire, to_column, wire_read_type
 from streaming.decode.formats.geojson import _invalid_utf8, _raw_control_characters, _still_ok
 from streaming.decode.formats.json_blocks import one_per_line
-from streaming.decode.formats.json_fields import QUOTED_NON_FINITE, _BlockParser, _leaf, base64_decode
+from streaming.decode.formats.json_fields import QUOTED_NON_FINITE, _BlockParser, _leaf
 from streaming.decode.formats.wkb import EWKB_SRID_FLAG, read_wkb
 from streaming.decode.properties import PropertySeen, merge_seen, unmapped_properties
 from streaming.decode.rejects import Reason, Rejects, shown
 from streaming.decode.schema_registry import RegistrySettings
 from streaming.kernels.buffers import offsets_and_bytes, scatter, scatter_into
+from streaming.kernels.text_encodings import base64_decode
 
 PAYLOAD = "payload"
 UPSERT_OPS = ("c", "r", "u")

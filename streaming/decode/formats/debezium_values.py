@@ -51,7 +51,6 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.json as pa_json
 
-from streaming.decode.formats.json_fields import base64_decode
 from streaming.decode.json_values import (
     JsonNumber,
     Problem,
@@ -63,6 +62,7 @@ from streaming.decode.json_values import (
 )
 from streaming.decode.rejects import shown
 from streaming.kernels.buffers import offsets_and_bytes
+from streaming.kernels.text_encodings import base64_decode
 
 DECIMAL = "org.apache.kafka.connect.data.Decimal"
 VARIABLE_SCALE_DECIMAL = "io.debezium.data.VariableScaleDecimal"

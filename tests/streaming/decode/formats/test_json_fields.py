@@ -5,13 +5,11 @@ kind of bad input its own reason, naming the field."""
 from __future__ import annotations
 
 import base64
-import binascii
 import copy
 import json
 from pathlib import Path
 
 import numpy as np
-import pyarrow as pa
 import pytest
 import shapely
 from hypothesis import given, settings
@@ -19,7 +17,6 @@ from hypothesis import strategies as st
 from pyproj import Transformer
 
 from streaming.contract import Contract, load_contract, parse_contract
-from streaming.decode.formats.json_fields import base64_decode, hex_decode
 from streaming.decode.rejects import Reason
 from tests.streaming.decode.test_decoder import REJECT_DETAIL, REJECT_REASON, assert_valid, decode, geometry_of
 
@@ -275,33 +272,7 @@ def test_a_bad_geometry_field_has_its_reason(encoding, value, reason, names):
         assert name in rows[1][REJECT_DETAIL]
 
 
-# -- the text decoders and hostile input ------------------------------------------------------------
-@settings(max_examples=300, deadline=None)
-@given(st.lists(st.one_of(st.binary(max_size=40), st.text(alphabet="0123456789abcdefABCDEF+/=x", max_size=20))))
-def test_hex_and_base64_decoding_agree_with_binascii(items):
-    texts = [
-        item
-        if isinstance(item, str)
-        else (binascii.hexlify(item).decode() if len(item) % 2 else base64.b64encode(item).decode())
-        for item in items
-    ]
-    array = pa.array(texts, pa.string())
-    for decode_all, reference in (
-        (hex_decode, lambda t: binascii.unhexlify(t) if t else None),
-        (base64_decode, lambda t: binascii.a2b_base64(t, strict_mode=True) if t and len(t) % 4 == 0 else None),
-    ):
-        decoded, ok = decode_all(array)
-        for text, got, fine in zip(texts, decoded.to_pylist(), ok):
-            try:
-                expected = reference(text)
-            except (binascii.Error, ValueError):
-                expected = None
-            if expected is None:
-                assert not fine, (decode_all.__name__, text)
-            else:
-                assert fine and got == expected, (decode_all.__name__, text, got, expected)
-
-
+# -- hostile input ------------------------------------------------------------------------------------
 @settings(max_examples=200, deadline=None)
 @given(st.lists(st.binary(max_size=80).map(lambda b: b"{" + b), min_size=1, max_size=20))
 def test_no_bytes_after_a_brace_break_the_decoder(values):
