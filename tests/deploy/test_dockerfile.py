@@ -1,6 +1,6 @@
 """The Dockerfile, read statically (there is no Docker engine here): pinned base, non-root user,
 entrypoint and health check, the Kafka connector tied to the installed pyspark, dependencies
-from pyproject.toml only, a read-only root filesystem's writable paths, and the build context."""
+from the service's lock file only, a read-only root filesystem's writable paths, and the build context."""
 
 from __future__ import annotations
 
@@ -142,22 +142,24 @@ def test_kafka_connector_is_derived_from_the_installed_pyspark():
     assert re.search(r"pyspark==\d", TEXT) is None
 
 
-def test_python_dependencies_come_from_pyproject_only():
+def test_python_dependencies_come_from_the_service_lock_with_hashes_only():
+    """The image installs the versions the tests passed with (requirements/service.txt, compiled
+    from pyproject.toml by `make lock`), each checked against its hash, and nothing else."""
     pip_installs = [
         m.group(1) for i in INSTRUCTIONS if i.keyword == "RUN" for m in re.finditer(r"pip install ([^&;]+)", i.args)
     ]
     assert pip_installs, "no pip install"
-    allowed = {"--requirement", "-r", "/tmp/requirements.txt", "--no-deps", ".", "--no-cache-dir"}
+    allowed = {"--require-hashes", "--requirement", "requirements/service.txt", "--no-deps", ".", "--no-cache-dir"}
     for command in pip_installs:
-        assert set(command.split()) <= allowed, f"pip install {command}: installs something pyproject does not list"
-    assert '["project"]["dependencies"]' in TEXT and "pyproject.toml" in TEXT
+        assert set(command.split()) <= allowed, f"pip install {command}: installs something the lock does not list"
+    assert any("--require-hashes" in c and "requirements/service.txt" in c for c in pip_installs)
     assert "--no-deps ." in TEXT, "the project is installed, not in editable mode"
     names = [re.split(r"[\[<>=!~; ]", dep, maxsplit=1)[0].lower() for dep in PYPROJECT["project"]["dependencies"]]
     for name in names:
         assert re.search(rf"\b{re.escape(name)}\s*(==|>=|<=|~=)", TEXT, re.IGNORECASE) is None, (
             f"{name} is pinned in the Dockerfile too"
         )
-    assert not list(ROOT.glob("requirements*.txt")), "a second list of pins next to pyproject.toml"
+    assert sorted(p.name for p in ROOT.glob("requirements*")) == ["requirements"], "one folder of lock files"
 
 
 def test_runtime_has_debian_java_17_and_no_network_needs():
