@@ -56,8 +56,11 @@ RESULTS = ROOT / "bench" / "results"
 PARTITIONS = 4
 
 
-def produce_at_rate(bootstrap: str, topic: str, rate: int, seconds: float, slow_at: float | None, out) -> None:
-    """A child process: `rate` events/s for `seconds`, paced every 10 ms; puts (sent, seconds) on `out`."""
+def produce_at_rate(
+    bootstrap: str, topic: str, rate: int, seconds: float, slow_at: float | None, out, bad_every: int | None = None
+) -> None:
+    """A child process: `rate` events/s for `seconds`, paced every 10 ms; puts (sent, seconds) on `out`.
+    With bad_every, every bad_every-th record is not JSON (a dead letter)."""
     from confluent_kafka import Producer
 
     producer = Producer(
@@ -87,8 +90,10 @@ def produce_at_rate(bootstrap: str, topic: str, rate: int, seconds: float, slow_
             break
         due = int(rate * min(seconds, elapsed + tick))
         while sent < due:
+            bad = bad_every is not None and sent % bad_every == 0
+            value = b"not json" if bad else templates[sent % 4096].replace("{}", f"e{sent}").encode()
             try:
-                producer.produce(topic, templates[sent % 4096].replace("{}", f"e{sent}").encode())
+                producer.produce(topic, value)
             except BufferError:
                 producer.poll(0.001)
                 continue

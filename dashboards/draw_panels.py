@@ -37,6 +37,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 from app.local.broker import free_port  # noqa: E402
 from app.local.prometheus import LocalPrometheus  # noqa: E402
+from bench.freshness import produce_at_rate  # noqa: E402
 from bench.upsert import broker_topic  # noqa: E402
 from streaming.table.catalog import create_table  # noqa: E402
 from tests.conftest import CACHE_DIR  # noqa: E402
@@ -52,35 +53,6 @@ LOADS = {
     "falling behind": {"rate": 12_000, "max_offsets": "6000", "trigger": "2 seconds"},
 }
 BAD_EVERY = 30
-
-
-def produce_at_rate(bootstrap: str, topic: str, rate: int, seconds: float, out) -> None:
-    """A child process: `rate` records/s for `seconds`, paced every 10 ms; puts the count sent on `out`."""
-    from confluent_kafka import Producer
-
-    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5, "compression.type": "lz4"})
-    sent = 0
-    started = time.monotonic()
-    while (elapsed := time.monotonic() - started) < seconds:
-        due = int(rate * min(seconds, elapsed + 0.01))
-        while sent < due:
-            x, y = (sent * 7.3) % 358 - 179, (sent * 3.1) % 160 - 80
-            value = (
-                b"not json"
-                if sent % BAD_EVERY == 0
-                else b'{"type":"Feature","id":"e%d","geometry":{"type":"Point","coordinates":[%.4f,%.4f]},'
-                b'"properties":{"kind":"probe"}}' % (sent, x, y)
-            )
-            try:
-                producer.produce(topic, value)
-            except BufferError:
-                producer.poll(0.001)
-                continue
-            sent += 1
-        producer.poll(0)
-        time.sleep(max(0.0, started + elapsed + 0.01 - time.monotonic()))
-    producer.flush(60)
-    out.put(sent)
 
 
 def rows(dashboard: dict) -> list[tuple[str, list[dict]]]:
@@ -132,9 +104,11 @@ def one_load(bootstrap: str, workdir: Path, name: str, load: dict, seconds: floa
             started = time.time()
             spawn = multiprocessing.get_context("spawn")
             out = spawn.Queue()
-            producer = spawn.Process(target=produce_at_rate, args=(bootstrap, topic, load["rate"], seconds, out))
+            producer = spawn.Process(
+                target=produce_at_rate, args=(bootstrap, topic, load["rate"], seconds, None, out, BAD_EVERY)
+            )
             producer.start()
-            sent = out.get(timeout=seconds + 300)
+            sent, _ = out.get(timeout=seconds + 300)
             producer.join()
             ended = time.time()
             series: dict[str, list] = {}
