@@ -27,7 +27,7 @@ same doubles; each record carries an id and two other columns (kind, speed) wher
   avro nested event     a 30-field telemetry event: a nested position, an array of 10 readings
                         (records with an enum and a timestamp), a map, a decimal, a date, a time, a
                         UUID, fixed bytes, a union of two numbers; every field a column of its own
-                        type (the general reader, fastavro: the columnar one reads no arrays)
+                        type (the nested reader, streaming/decode/formats/avro_nested.py)
 
 Each figure is the best of --repeats runs. Prints a table and writes bench/results/formats.json and .md.
 """

@@ -7,6 +7,7 @@ build caches go there too. Without `go` and without a cached helm the chart test
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import re
@@ -68,8 +69,17 @@ def _kubernetes_version(go: str, env: dict[str, str]) -> tuple[str, str]:
 
 
 def build_helm() -> Path:
+    """Helm, built once: the test workers that want it at once wait for the first one's build
+    (two builds at once would each take both cores for minutes)."""
     if HELM.is_file():
         return HELM
+    HELM.parent.parent.mkdir(parents=True, exist_ok=True)
+    with open(HELM.parent.parent / "helm-build.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return HELM if HELM.is_file() else _go_install_helm()
+
+
+def _go_install_helm() -> Path:
     go = shutil.which("go")
     if go is None:
         pytest.skip(f"helm {HELM_VERSION} is not in {HELM.parent} and there is no `go` on PATH to build it")

@@ -15,28 +15,28 @@ schema (truncated, bytes left over, a union branch or enum symbol out of range, 
 not UTF-8) is rejected with the field and the fault; so is a record whose schema id the registry
 does not know. A registry that cannot be reached stops the batch (RegistryUnavailable).
 
-Two readers, chosen per writer schema id (and the contract's columns), never per record:
+Three readers, chosen per writer schema id (and the contract's columns), never per record:
 
-- The columnar reader above reads records (nested too) of null, boolean, int, long, float, double,
+- The flat reader above reads records (nested too) of null, boolean, int, long, float, double,
   bytes, string, enum and fixed, unions of null and one other type (optional fields),
   timestamp-millis / -micros (read as timestamps; other logical types as their underlying type),
   types named from schemas it refers to (schema references, fetched with it), each leaf field
-  read as a column (`properties.<record>.<field>`).
-- Every other record schema is read by the general reader (GeneralReader): fastavro decodes each
-  record to Python values, record by record, and streaming/decode/python_values.py converts the
-  values of each `properties.<field>` source to its column's data-file type. It takes arrays,
-  maps, unions of several non-null types (the branch a record holds is its value), and the
-  columnar reader's kinds. A schema the columnar reader reads comes here too when a column reads
-  one of its fields whole (a record into a struct column) or a field of a logical type other than
-  the timestamps (decimal, date, time-millis / -micros, uuid, local-timestamp-*: read as what they
-  stand for). The Debezium format reads its Avro envelopes with the columnar reader only. It runs Python per record
-  (~6,000-9,000 records per CPU second for a 30-field event with an array of 10 records, where
-  fastavro's own decoding is most of the time; bench/formats.py "avro nested event"), so it is
-  the path of the schemas the columnar reader cannot read only: flat schemas keep the columnar one.
+  read as a column (`properties.<record>.<field>`). The Debezium format reads its Avro envelopes
+  with it alone.
+- The nested reader (streaming/decode/formats/avro_nested.py) reads every other schema without
+  recursion the same way, column by column for all records at once: arrays, maps, unions of
+  several non-null types (the branch a record holds is its value), records read whole into
+  struct columns, the logical types decimal, date, time-millis / -micros, timestamp-*,
+  local-timestamp-* and uuid read as what they stand for. Each field becomes an Arrow array of
+  its own type, which streaming/decode/arrow_values.py turns into its column's type.
+- The general reader (GeneralReader) reads a schema whose named type contains itself (a tree):
+  fastavro decodes each record to Python values, record by record, and
+  streaming/decode/python_values.py converts the values of each `properties.<field>` source to
+  its column's data-file type (~6,000-9,000 records per CPU second for a 30-field event).
 
-How Avro values fill column types (the general reader): a record fills a struct (fields by name,
-fields the struct does not name ignored; a required member null or missing rejects the record), an
-array a list, a map a map of string keys, an enum a string (its symbol), fixed a fixed[N] of its
+How Avro values fill column types (the nested and general readers alike): a record fills a
+struct (fields by name, fields the struct does not name ignored; a required member null or missing
+rejects the record), an array a list, a map a map of string keys, an enum a string (its symbol), fixed a fixed[N] of its
 size or binary, decimal a decimal whose precision and scale hold its digits, date a date,
 time-millis / -micros a time, timestamp-* a timestamptz (or a timestamp, as UTC wall-clock time),
 local-timestamp-* a timestamp (or a timestamptz, taken as UTC), uuid a uuid or a string. A union
@@ -66,7 +66,9 @@ import shapely
 
 from streaming.contract import Contract
 from streaming.decode.columns import _cast_or_reject
+from streaming.decode.formats.avro_nested import NestedReader, RecursiveSchema, Shape, shape_of
 from streaming.decode.formats.base import Decoded, InputFormat
+from streaming.decode.formats.binary_cursors import Cursors
 from streaming.decode.formats.wkb import EWKB_SRID_FLAG, read_wkb
 from streaming.decode.python_values import to_arrow
 from streaming.decode.rejects import Reason, Rejects
@@ -80,9 +82,6 @@ from streaming.decode.schema_registry import (
 from streaming.kernels.buffers import NONE, offsets_and_bytes, scatter_into
 
 WIRE_HEADER = 5  # magic byte 0x00 + 4-byte schema id
-_PAD = 16  # zero bytes after the data, so a gather of up to 10 bytes past a cursor never overruns
-_VARINT_BYTES = np.arange(10)
-_SHIFTS = (7 * np.arange(10)).astype(np.uint64)
 _PRIMITIVES = ("null", "boolean", "int", "long", "float", "double", "bytes", "string")
 _NUMPY = {"int": np.int64, "long": np.int64, "float": np.float64, "double": np.float64, "boolean": np.bool_}
 _ARROW = {
@@ -235,71 +234,18 @@ class _Column:
             self.values: np.ndarray = np.zeros(n, dtype=_NUMPY.get(node.kind, np.int64))
 
 
-class RecordReader:
+class RecordReader(Cursors):
     """Reads the records of one schema, all at once: `data` holds them at [pos[i], end[i])."""
 
     def __init__(self, plan: Plan, data: np.ndarray, pos: np.ndarray, end: np.ndarray):
+        super().__init__(data, pos, end)
         self.plan = plan
-        self.data = np.concatenate([data, np.zeros(_PAD, dtype=np.uint8)])
-        self.pos = pos.astype(np.int64).copy()
-        self.end = end.astype(np.int64)
-        n = len(pos)
-        self.bad = np.zeros(n, dtype=bool)
-        self.detail = np.full(n, None, dtype=object)
-        self.columns = {name: _Column(node, n) for name, node in plan.leaves.items()}
+        self.columns = {name: _Column(node, len(pos)) for name, node in plan.leaves.items()}
 
     def read(self) -> None:
         everyone = np.arange(len(self.pos))
         self._read(self.plan.root, everyone)
-        left = ~self.bad & (self.pos != self.end)
-        for i in np.flatnonzero(left):
-            self.detail[i] = f"{int(self.end[i] - self.pos[i])} bytes after the record's last field"
-        self.bad |= left
-
-    # -- the encoding ------------------------------------------------------------------------------
-    def _fail(self, sel: np.ndarray, mask: np.ndarray, message: str) -> None:
-        idx = sel[mask]
-        fresh = idx[~self.bad[idx]]
-        self.bad[fresh] = True
-        self.detail[fresh] = message
-        self.pos[idx] = self.end[idx]
-
-    def _varint(self, sel: np.ndarray, what: str, zigzag: bool = True) -> np.ndarray:
-        """A variable-length integer at each cursor: zigzag-encoded (Avro's, Protobuf's sint) or
-        plain (Protobuf's other integers, whose negatives are their 64-bit two's complement)."""
-        p = self.pos[sel]
-        first = self.data[p]
-        if zigzag:
-            value = (first >> 1).astype(np.int64) ^ -(first & 1).astype(np.int64)
-        else:
-            value = first.astype(np.int64)
-        length = np.ones(len(sel), dtype=np.int64)
-        long = np.flatnonzero(first >= 0x80)
-        if long.size:
-            b = self.data[p[long, None] + _VARINT_BYTES]
-            term = b < 0x80
-            has = term.any(axis=1)
-            n_bytes = term.argmax(axis=1) + 1
-            raw = np.zeros(long.size, dtype=np.uint64)
-            for k in range(10):
-                raw |= np.where(k < n_bytes, (b[:, k] & 0x7F).astype(np.uint64) << _SHIFTS[k], np.uint64(0))
-            if zigzag:
-                value[long] = (raw >> np.uint64(1)).astype(np.int64) ^ -(raw & np.uint64(1)).astype(np.int64)
-            else:
-                value[long] = raw.view(np.int64)
-            length[long] = np.where(has, n_bytes, 11)
-        over = p + length > self.end[sel]
-        self._fail(sel, over, f"{what}: the record ends inside a variable-length integer")
-        self.pos[sel[~over]] = p[~over] + length[~over]
-        return value
-
-    def _fixed(self, sel: np.ndarray, size: int, what: str) -> tuple[np.ndarray, np.ndarray]:
-        """Start of `size` bytes at each cursor (the cursor moves past them), and which fit."""
-        p = self.pos[sel]
-        fits = p + size <= self.end[sel]
-        self._fail(sel, ~fits, f"{what}: the record ends inside its {size} bytes")
-        self.pos[sel[fits]] = p[fits] + size
-        return p, fits
+        self._nothing_left()
 
     def _read(self, node: Node, sel: np.ndarray) -> None:
         sel = sel[~self.bad[sel]]
@@ -334,10 +280,8 @@ class RecordReader:
             column.values[sel[ok]] = value[ok]
             column.valid[sel[ok]] = True
         elif kind in ("float", "double"):
-            size = 4 if kind == "float" else 8
-            p, fits = self._fixed(sel, size, what)
-            raw = self.data[p[fits, None] + np.arange(size)]
-            column.values[sel[fits]] = np.ascontiguousarray(raw).view("<f4" if size == 4 else "<f8").ravel()
+            values, fits = self._floats(sel, 4 if kind == "float" else 8, what)
+            column.values[sel[fits]] = values[fits]
             column.valid[sel[fits]] = True
         elif kind == "boolean":
             p, fits = self._fixed(sel, 1, what)
@@ -389,26 +333,6 @@ class RecordReader:
             return symbols.take(pa.array(np.where(valid, column.values, 0), mask=~valid))
         arrow_type = _LOGICAL.get(node.logical, _ARROW[node.kind])
         return pa.array(column.values, mask=~valid).cast(arrow_type)
-
-    def _binary(self, start: np.ndarray, length: np.ndarray, valid: np.ndarray) -> pa.Array:
-        offsets = np.zeros(len(start) + 1, dtype=np.int64)
-        np.cumsum(length, out=offsets[1:])
-        total = int(offsets[-1])
-        gather = np.repeat(start - offsets[:-1], length) + np.arange(total)
-        data = self.data[gather]
-        if total < 2**31:
-            return pa.Array.from_buffers(
-                pa.binary(),
-                len(start),
-                [pa.array(valid).buffers()[1], pa.py_buffer(offsets.astype(np.int32)), pa.py_buffer(data)],
-                null_count=int((~valid).sum()),
-            )
-        return pa.Array.from_buffers(  # pragma: no cover - a batch over 2 GiB of strings
-            pa.large_binary(),
-            len(start),
-            [pa.array(valid).buffers()[1], pa.py_buffer(offsets), pa.py_buffer(data)],
-            null_count=int((~valid).sum()),
-        ).cast(pa.binary())
 
     def _strings_or_reject(self, binary: pa.Array, node: Node) -> pa.Array:
         """Rare: a string field holds bytes that are not UTF-8; those records are rejected."""
@@ -466,8 +390,17 @@ def _takes_underlying(target: pa.DataType) -> bool:
     )
 
 
+@dataclass
+class NestedPlan(GeneralPlan):
+    """A schema the nested columnar reader reads (streaming/decode/formats/avro_nested.py): every
+    one without recursion."""
+
+    shape: Shape = field(default_factory=lambda: Shape("record", pa.struct([])))
+
+
 def general_plan(schema_id: int, text: str, references: Sequence[str] = ()) -> GeneralPlan:
-    """The general reader's plan of an Avro schema (JSON text); raises UnsupportedSchema."""
+    """The plan of an Avro schema (JSON text) the flat reader does not read: the nested columnar
+    reader's, or for a recursive schema fastavro's; raises UnsupportedSchema."""
     try:
         raw = json.loads(text)
         referred = [json.loads(r) for r in references]
@@ -482,7 +415,11 @@ def general_plan(schema_id: int, text: str, references: Sequence[str] = ()) -> G
     leaves: dict[str, Node] = {}
     paths: set[str] = set()
     _general_fields(parsed, "", named, leaves, paths)
-    return GeneralPlan(schema_id, Node("record"), leaves, parsed=parsed, paths=frozenset(paths))
+    try:
+        shape = shape_of(parsed, named)
+    except RecursiveSchema:
+        return GeneralPlan(schema_id, Node("record"), leaves, parsed=parsed, paths=frozenset(paths))
+    return NestedPlan(schema_id, Node("record"), leaves, parsed=parsed, paths=frozenset(paths), shape=shape)
 
 
 def _general_fields(raw: Any, name: str, named: dict[str, Any], leaves: dict[str, Node], paths: set[str]) -> None:
@@ -574,6 +511,9 @@ class GeneralReader:
     def property(self, name: str, target: pa.DataType) -> tuple[pa.Array, list[tuple[int, str]]]:
         """A field as a column of `target`, and the records whose value does not fit it."""
         return to_arrow(self.values(name), target, f"properties.{name}")
+
+
+AnyReader = RecordReader | GeneralReader | NestedReader
 
 
 def _wire(values: pa.Array, rows: np.ndarray) -> tuple[pa.Array, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -676,7 +616,9 @@ class AvroFormat(InputFormat):
             registered.id, registered.text, registered.references, self.property_types, self.reads_every_schema
         )
 
-    def reader(self, plan: Plan, data: np.ndarray, start: np.ndarray, end: np.ndarray) -> RecordReader | GeneralReader:
+    def reader(self, plan: Plan, data: np.ndarray, start: np.ndarray, end: np.ndarray) -> AnyReader:
+        if isinstance(plan, NestedPlan):
+            return NestedReader(plan, data, start, end)
         if isinstance(plan, GeneralPlan):
             return GeneralReader(plan, data, start, end)
         return RecordReader(plan, data, start, end)
@@ -716,7 +658,7 @@ class AvroFormat(InputFormat):
             self._properties(reader, rows[local], out)
 
     # -- geometry and properties -----------------------------------------------------------------
-    def _geometry(self, reader: RecordReader | GeneralReader, rows: np.ndarray, out: Decoded) -> None:
+    def _geometry(self, reader: AnyReader, rows: np.ndarray, out: Decoded) -> None:
         spec = self.contract.registry
         assert spec is not None, "an avro contract has a registry section (streaming/contract/sources.py)"
         rejects = out.rejects
@@ -789,14 +731,14 @@ class AvroFormat(InputFormat):
         else:
             rejects.add(rows, Reason.SCHEMA_NOT_SUPPORTED, f"field {name!r} is a {arr.type}: expected bytes or string")
 
-    def _field_or_none(self, reader: RecordReader | GeneralReader, name: str) -> pa.Array | None:
+    def _field_or_none(self, reader: AnyReader, name: str) -> pa.Array | None:
         return reader.arrow(name) if name in reader.columns else None
 
-    def _properties(self, reader: RecordReader | GeneralReader, rows: np.ndarray, out: Decoded) -> None:
+    def _properties(self, reader: AnyReader, rows: np.ndarray, out: Decoded) -> None:
         for name, target in self.property_types.items():
             if name not in reader.columns:
                 continue  # an older schema without the field: the column stays null
-            if isinstance(reader, GeneralReader):
+            if isinstance(reader, GeneralReader | NestedReader):
                 cast, problems = reader.property(name, target)
                 for i, problem in problems:
                     out.rejects.add(rows[i : i + 1], Reason.PROPERTY_TYPE_MISMATCH, problem)

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.json as pa_json
 
-from streaming.kernels.buffers import from_zero_offsets, lists_whole
+from streaming.kernels.buffers import from_zero_offsets, lists_whole, scatter_into
 
 
 def read(ndjson: bytes) -> pa.Table:
@@ -44,3 +45,10 @@ def test_from_zero_offsets_copies_only_a_slice_that_needs_it():
     assert from_zero_offsets(lists) is lists
     moved = from_zero_offsets(lists.slice(1))
     assert moved.offsets.to_pylist() == [0, 2, 3] and moved.to_pylist() == [[2, 3], [4]]
+
+
+def test_scatter_into_puts_each_value_at_its_row_whether_some_rows_or_all():
+    base = pa.array([None, None, None, 4], pa.int64())
+    assert scatter_into(base, pa.array([7, 8], pa.int32()), np.array([2, 0])).to_pylist() == [8, None, 7, 4]
+    assert scatter_into(base, pa.array([1, 2, 3, 5], pa.int32()), np.arange(4)).to_pylist() == [1, 2, 3, 5]
+    assert scatter_into(base, pa.array([1, 2, 3, 5]), np.array([3, 2, 1, 0])).to_pylist() == [5, 3, 2, 1]
