@@ -21,6 +21,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, G
 from prometheus_client.core import HistogramMetricFamily
 from prometheus_client.registry import Collector
 
+from streaming.decode.rejects import Reason
 from streaming.job.processor import BatchReport
 from streaming.maintenance.maintain import MaintenanceReport
 from streaming.write.freshness import ages_at
@@ -31,6 +32,7 @@ _FRESHNESS = (0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 900, 3600, 21600, 86400)
 _EVENT_FRESHNESS = (0.1, 0.25, 0.5, 0.75, 1, 1.5, 2, 3, 5, 10, 30, 60, 300, 900, 3600, 21600, 86400)
 _ROWS = (1_000, 10_000, 50_000, 100_000, 250_000, 500_000, 1_000_000, 2_500_000, 5_000_000)
 _RETRIES = (0, 1, 2, 3, 5, 8, 13)
+COMMIT_OUTCOMES = ("committed", "skipped_replay", "failed")
 
 
 class IngestMetrics:
@@ -126,6 +128,27 @@ class IngestMetrics:
         )
         for gauge in (self.batch_running, self.batch_expected):
             gauge.labels(table).set(0)
+        # Every series a batch can move, scraped at 0 from the start: rate() and increase() need a
+        # sample before the first reject of a reason, the first conflict, the first failed commit.
+        for counter in (self.events_consumed, self.events_committed):
+            counter.labels(topic, table)
+        for reason in Reason:
+            self.events_rejected.labels(topic, table, reason.value)
+        for outcome in COMMIT_OUTCOMES:
+            self.commits.labels(table, outcome)
+        for per_table in (
+            self.batches,
+            self.batch_duration,
+            self.files_written,
+            self.bytes_written,
+            self.rows_per_file,
+            self.commit_conflicts,
+            self.commit_retries,
+            self.commit_duration,
+            self.freshness,
+            self.columns_added,
+        ):
+            per_table.labels(table)
 
     def watch_health(self, health: Health) -> None:
         """Export how long the batch in progress has run, and how long a batch may (see Health)."""

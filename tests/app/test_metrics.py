@@ -88,7 +88,7 @@ def test_scraped_counters_match_what_was_produced_committed_and_rejected(kafka, 
     labels = (("table", "demo.events"), ("topic", topic))
     assert seen[("geoingest_events_consumed_total", labels)] == 503
     assert seen[("geoingest_events_committed_total", labels)] == 500
-    rejected = {dict(k[1])["reason"]: v for k, v in seen.items() if k[0] == "geoingest_events_rejected_total"}
+    rejected = {dict(k[1])["reason"]: v for k, v in seen.items() if k[0] == "geoingest_events_rejected_total" and v}
     assert rejected == {"unknown_format": 1, "null_value": 1, "malformed_json": 1}
     table_only = (("table", "demo.events"),)
     assert seen[("geoingest_commits_total", (("outcome", "committed"), *table_only))] == len(scrapes)
@@ -250,3 +250,21 @@ def test_every_maintenance_counter_is_scraped_at_zero_before_the_first_run():
         counts = [s for s in family.samples if s.name.endswith(("_total", "_count"))]
         assert counts, f"{family.name} has no series before the first run"
         assert all(s.labels["table"] == "demo.events" and s.value == 0 for s in counts), family.name
+
+
+def test_every_ingest_counter_and_each_reject_reason_is_scraped_at_zero_before_the_first_batch():
+    """The same for ingest: a reject reason first seen in the 1,000th batch still shows in a
+    rate() panel and fires DeadLetterRateHigh from its first reject."""
+    from streaming.decode.rejects import Reason
+
+    registry = CollectorRegistry()
+    IngestMetrics(registry, "demo.events", "demo-topic")
+    families = [f for f in registry.collect() if f.type in ("counter", "histogram")]
+    for family in families:
+        counts = [s for s in family.samples if s.name.endswith(("_total", "_count"))]
+        assert counts, f"{family.name} has no series before the first batch"
+        assert all(s.labels["table"] == "demo.events" and s.value == 0 for s in counts), family.name
+    rejected = {s.labels["reason"] for f in families for s in f.samples if s.name == "geoingest_events_rejected_total"}
+    assert rejected == {r.value for r in Reason}
+    outcomes = {s.labels["outcome"] for f in families for s in f.samples if s.name == "geoingest_commits_total"}
+    assert outcomes == {"committed", "skipped_replay", "failed"}
