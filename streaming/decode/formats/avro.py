@@ -292,20 +292,11 @@ class RecordReader(Cursors):
             column.values[sel[ok]] = byte[ok] == 1
             column.valid[sel[ok]] = True
         elif kind in ("bytes", "string"):
-            length = self._varint(sel, what)
-            ok = ~self.bad[sel]
-            negative = ok & (length < 0)
-            self._fail(sel, negative, f"{what}: negative length {length[negative][:1]}")
-            ok &= ~negative
-            p = self.pos[sel]
-            over = ok & (p + length > self.end[sel])
-            self._fail(sel, over, f"{what}: a length of {length[over][:1]} bytes runs past the record's end")
-            ok &= ~over
+            p, length, ok = self._sized(sel, what)
             good = sel[ok]
             column.start[good] = p[ok]
             column.length[good] = length[ok]
             column.valid[good] = True
-            self.pos[good] = p[ok] + length[ok]
         elif kind == "fixed":
             p, fits = self._fixed(sel, node.size, what)
             column.start[sel[fits]] = p[fits]

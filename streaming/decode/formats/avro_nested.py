@@ -27,6 +27,7 @@ import pyarrow.compute as pc
 from streaming.decode.arrow_values import fit, union_of
 from streaming.decode.formats.binary_cursors import Cursors
 from streaming.decode.python_values import Problem
+from streaming.kernels.buffers import offsets_and_bytes
 
 _PRIMITIVE = {
     "null": pa.null(),
@@ -216,20 +217,6 @@ class NestedReader(Cursors):
             return pa.array(shape.symbols, pa.string()).take(_numbers(np.where(ok, value, 0), ok, pa.int64()))
         return _numbers(value.astype(np.int32) if shape.kind == "int" else value, ok, shape.arrow)
 
-    def _sized(self, sel: np.ndarray, what: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """The start and length of a length-prefixed value at each cursor, and which are whole."""
-        length = self._varint(sel, what)
-        ok = ~self.bad[sel]
-        negative = ok & (length < 0)
-        self._fail(sel, negative, f"{what}: negative length {length[negative][:1]}")
-        ok &= ~negative
-        p = self.pos[sel]
-        over = ok & (p + length > self.end[sel])
-        self._fail(sel, over, f"{what}: a length of {length[over][:1]} bytes runs past the record's end")
-        ok &= ~over
-        self.pos[sel[ok]] = p[ok] + length[ok]
-        return p, length, ok
-
     def _bytes_as(self, shape: Shape, sel: np.ndarray, binary: pa.Array, what: str) -> pa.Array:
         kind = shape.arrow
         if pa.types.is_string(kind):
@@ -257,7 +244,8 @@ class NestedReader(Cursors):
     def _decimals(self, binary: pa.Array, kind: pa.DataType, sel: np.ndarray, what: str) -> pa.Array:
         """Big-endian two's-complement unscaled values: up to 8 bytes in numpy, longer (over 18
         digits) by Python's int."""
-        offsets, data = _offsets_and_data(binary)
+        offsets32, data = offsets_and_bytes(binary)
+        offsets = offsets32.astype(np.int64)
         lengths = np.diff(offsets)
         valid = pc.is_valid(binary).to_numpy(zero_copy_only=False)
         short = valid & (lengths <= 8)
@@ -393,12 +381,3 @@ def _concat(chunks: list[pa.Array], kind: pa.DataType) -> pa.Array:
 
 def _empty_structs(sel: np.ndarray) -> pa.Array:
     return pa.array([{}] * sel.size, pa.struct([]))
-
-
-def _offsets_and_data(binary: pa.Array) -> tuple[np.ndarray, np.ndarray]:
-    buffers = binary.buffers()
-    offsets = np.frombuffer(buffers[1], dtype=np.int32)[binary.offset : binary.offset + len(binary) + 1].astype(
-        np.int64
-    )
-    data = np.frombuffer(buffers[2], dtype=np.uint8) if buffers[2] is not None else np.zeros(0, np.uint8)
-    return offsets, data

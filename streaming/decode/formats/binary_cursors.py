@@ -97,6 +97,20 @@ class Cursors:
             self.pos[sel[fits]] = after[fits]
         return p, fits
 
+    def _sized(self, sel: np.ndarray, what: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The start and length of a length-prefixed value at each cursor, and which are whole."""
+        length = self._varint(sel, what)
+        ok = ~self.bad[sel]
+        negative = ok & (length < 0)
+        self._fail(sel, negative, f"{what}: negative length {length[negative][:1]}")
+        ok &= ~negative
+        p = self.pos[sel]
+        over = ok & (p + length > self.end[sel])
+        self._fail(sel, over, f"{what}: a length of {length[over][:1]} bytes runs past the record's end")
+        ok &= ~over
+        self.pos[sel[ok]] = p[ok] + length[ok]
+        return p, length, ok
+
     def _binary(self, start: np.ndarray, length: np.ndarray, valid: np.ndarray) -> pa.Array:
         offsets = np.zeros(len(start) + 1, dtype=np.int64)
         np.cumsum(length, out=offsets[1:])
