@@ -48,6 +48,7 @@ from streaming.maintenance.commits import MaintenanceGaveUp, Progress, no_progre
 from streaming.maintenance.maintain import MaintenanceReport, data_manifest_count, maintain
 from streaming.maintenance.plan import MaintenancePolicy, parse_steps
 from streaming.table.catalog import open_catalog
+from streaming.table.turns import CommitTurns, no_turn
 
 if TYPE_CHECKING:
     from streaming.job.processor import BatchReport
@@ -116,7 +117,12 @@ class MaintenanceRunner:
     and counted."""
 
     def __init__(
-        self, settings: Settings, table_name: str, metrics: MaintenanceMetrics | None = None, raise_errors: bool = False
+        self,
+        settings: Settings,
+        table_name: str,
+        metrics: MaintenanceMetrics | None = None,
+        raise_errors: bool = False,
+        turns: CommitTurns | None = None,
     ):
         if settings.maintenance_mode not in MAINTENANCE_MODES:
             raise ValueError(f"maintenance_mode: {settings.maintenance_mode!r} is not one of {list(MAINTENANCE_MODES)}")
@@ -126,6 +132,8 @@ class MaintenanceRunner:
         self.steps = parse_steps(settings.maintenance_steps)
         self.metrics = metrics
         self.raise_errors = raise_errors
+        # Shared with the service's ingest committer: their commits take turns.
+        self.turns = turns
         self._table: Table | None = None
         # The first run comes one interval (or count) after start: a service restarted in a loop
         # does not maintain at every start.
@@ -159,7 +167,8 @@ class MaintenanceRunner:
     def _execute(self, steps: tuple[str, ...], dry_run: bool, progress: Progress) -> RunResult:
         try:
             table = self.table()
-            report = maintain(table, self.policy, steps, dry_run=dry_run, progress=progress)
+            turn = self.turns.turn if self.turns is not None else no_turn
+            report = maintain(table, self.policy, steps, dry_run=dry_run, progress=progress, turn=turn)
         except MaintenanceGaveUp as exc:
             log.warning("maintenance gave up", extra={"summary": {"table": self.table_name, "error": str(exc)}})
             if self.raise_errors:
@@ -228,7 +237,7 @@ class MaintenanceRunner:
     def start(self) -> None:
         """Maintain on a thread of this process ("background") or in a child process ("beside")."""
         if self.settings.maintenance_mode == "beside":
-            self._child = MaintenanceChild(self.settings, self.table_name)
+            self._child = MaintenanceChild(self.settings, self.table_name, self.turns)
         self._thread = threading.Thread(target=self._loop, name="maintenance", daemon=True)
         self._thread.start()
 
@@ -262,8 +271,8 @@ class MaintenanceChild:
     """The child process of "beside": started at once, it waits for runs (a tuple of steps over a
     pipe) and answers each with its RunResult."""
 
-    def __init__(self, settings: Settings, table_name: str):
-        self.settings, self.table_name = settings, table_name
+    def __init__(self, settings: Settings, table_name: str, turns: CommitTurns | None = None):
+        self.settings, self.table_name, self.turns = settings, table_name, turns
         self._lock = threading.Lock()
         self._spawn()
 
@@ -272,7 +281,7 @@ class MaintenanceChild:
         self._conn, child_conn = context.Pipe()
         self.process = context.Process(
             target=child_main,
-            args=(self.settings, self.table_name, child_conn),
+            args=(self.settings, self.table_name, child_conn, self.turns),
             name="geoingest-maintenance",
             daemon=True,
         )
@@ -289,6 +298,8 @@ class MaintenanceChild:
                     extra={"summary": {"exitcode": self.process.exitcode}},
                 )
                 self._conn.close()
+                if self.turns is not None:
+                    self.turns.renew()  # the child may have died holding the turn
                 self._spawn()
             try:
                 self._conn.send(steps)
@@ -318,7 +329,7 @@ class MaintenanceChild:
         self._conn.close()
 
 
-def child_main(settings: Settings, table_name: str, conn: Connection) -> None:
+def child_main(settings: Settings, table_name: str, conn: Connection, turns: CommitTurns | None = None) -> None:
     """The maintenance process: lower priority, Arrow on one thread, at most
     maintenance_cpu_percent of one core, stops on SIGTERM or SIGINT or when the service is gone."""
     from app.logs import configure_logging
@@ -343,7 +354,7 @@ def child_main(settings: Settings, table_name: str, conn: Connection) -> None:
             raise Abandoned(step)
         budget.pace()
 
-    runner = MaintenanceRunner(settings, table_name)
+    runner = MaintenanceRunner(settings, table_name, turns=turns)
     runner.cpu_clock = time.process_time  # Arrow's and the IO threads' too
     parent = os.getppid()
     while not stopping.is_set():

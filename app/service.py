@@ -31,6 +31,7 @@ from streaming.source.admin import ensure_topic, partitions_of
 from streaming.source.python_source import LatestOffsets, caught_up
 from streaming.table.catalog import create_rejects_table, load_contract_table, open_catalog
 from streaming.table.commit import resume_offsets
+from streaming.table.turns import CommitTurns
 from streaming.write.dead_letter import DeadLetterConfig
 
 log = logging.getLogger("geoingest.service")
@@ -121,8 +122,12 @@ def run(
     totals = RunTotals()
     metrics = IngestMetrics(registry or CollectorRegistry(), contract.table, settings.topic)
     maintenance = None
+    # Beside ingest, maintenance commits take turns with the batches' (streaming/table/turns.py).
+    turns = CommitTurns() if settings.maintenance_mode in ("beside", "background") else None
     if settings.maintenance_mode != "off":
-        maintenance = MaintenanceRunner(settings, contract.table, MaintenanceMetrics(metrics.registry, contract.table))
+        maintenance = MaintenanceRunner(
+            settings, contract.table, MaintenanceMetrics(metrics.registry, contract.table), turns=turns
+        )
         observers = (*observers, maintenance.after_batch)
     health = Health(max_silence_s=settings.ready_max_silence_s, max_stall_s=settings.live_max_stall_s)
     latest_offsets: LatestOffsets | None = None
@@ -161,6 +166,7 @@ def run(
             contract,
             config,
             observers=(totals.observe, metrics.observe_batch, health.observe_batch, *observers),
+            turns=turns,
         )
         health.batch_started = lambda: processor.running_since
         metrics.watch_health(health)

@@ -39,6 +39,7 @@ from streaming.table.commit import (
     Offsets,
     WriterIdReusedError,
 )
+from streaming.table.turns import CommitTurns
 from streaming.write.data_files import (
     DataFileRecord,
     parquet_write_options,
@@ -102,6 +103,7 @@ class BatchProcessor:
         contract: Contract,
         config: JobConfig,
         observers: tuple[Callable[[BatchReport], None], ...] = (),
+        turns: CommitTurns | None = None,
     ):
         if config.clustering not in CLUSTERING_MODES:
             raise ValueError(f"clustering: {config.clustering!r} is not one of {list(CLUSTERING_MODES)}")
@@ -116,7 +118,7 @@ class BatchProcessor:
         self.table = table
         self.config = config
         self.observers = observers
-        self.committer = Committer(table)
+        self.committer = Committer(table, turn=turns.turn) if turns is not None else Committer(table)
         # Rejects are committed to their own table (setting rejects_table) before the batch's data.
         self.rejects_table = table.catalog.load_table(config.rejects_table) if config.rejects_table else None
         self.rejects_committer = Committer(self.rejects_table) if self.rejects_table is not None else None

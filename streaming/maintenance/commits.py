@@ -17,6 +17,7 @@ from pyiceberg.table import Table, Transaction
 
 from streaming.maintenance.lease import MaintenanceLease
 from streaming.table.commit import WRITERS, RetryPolicy, writer_histories_json
+from streaming.table.turns import no_turn
 
 log = logging.getLogger("geoingest.maintenance")
 
@@ -54,6 +55,8 @@ class Retrier:
     sleep: Callable[[float], None] = time.sleep
     rng: random.Random = field(default_factory=random.Random)
     lease: MaintenanceLease | None = None
+    # Each attempt in its turn among the service's writers (streaming/table/turns.py).
+    turn: Callable[[str], AbstractContextManager[None]] = no_turn
 
     def transaction(self, view: Table) -> AbstractContextManager[Transaction]:
         """A transaction on `view` committed when its block ends (fenced by the lease, if any)."""
@@ -64,7 +67,8 @@ class Retrier:
         conflicts = 0
         while True:
             try:
-                return attempt(), conflicts
+                with self.turn(what):
+                    return attempt(), conflicts
             except (CommitFailedException, ValidationException) as exc:
                 conflicts += 1
                 policy = RetryPolicy.from_table_properties(self.table.properties)

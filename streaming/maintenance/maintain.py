@@ -44,7 +44,7 @@ import logging
 import time
 import uuid
 from collections.abc import Callable, Iterable
-from contextlib import nullcontext
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import cast
 
@@ -86,6 +86,7 @@ from streaming.table.commit import (
     WRITERS,
     single_attempt_view,
 )
+from streaming.table.turns import no_turn
 
 log = logging.getLogger("geoingest.maintenance")
 
@@ -470,19 +471,21 @@ def maintain(
     now_ms: int | None = None,
     sleep: Callable[[float], None] = time.sleep,
     holder: str | None = None,
+    turn: Callable[[str], AbstractContextManager[None]] = no_turn,
 ) -> MaintenanceReport:
     """Run the chosen steps in order: retention, compact (then merge manifests), expire, delete orphans, holding
     the table's maintenance lease (streaming/maintenance/lease.py), kept alive while the steps run, every commit
     fenced by it. When another maintainer holds it, nothing runs, and when another takes it over, nothing more
     is committed: the report says so in `skipped`. A dry run changes nothing and takes no lease. An orphan age
-    below the table's commit window is refused (ValueError) before anything is done."""
+    below the table's commit window is refused (ValueError) before anything is done. Each commit
+    attempt waits for its `turn` among the service's writers (streaming/table/turns.py)."""
     steps = tuple(steps)
     unknown = [s for s in steps if s not in STEPS]
     if unknown:
         raise ValueError(f"maintenance steps {unknown}: expected some of {', '.join(STEPS)}")
     started = time.monotonic()
     lease = MaintenanceLease(table, policy.lease_s, holder, sleep=sleep)
-    retrier = Retrier(table, sleep=sleep, lease=lease)
+    retrier = Retrier(table, sleep=sleep, lease=lease, turn=turn)
     retention = compaction = manifests = expiry = orphans = None
     skipped = None
     try:

@@ -21,6 +21,7 @@ import logging
 import random
 import time
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 
 import requests
@@ -41,6 +42,7 @@ from sqlalchemy.exc import InterfaceError, OperationalError
 from streaming.contract import Column
 from streaming.table.catalog import unpartitioned_spec_id
 from streaming.table.row_delta import RowDelta, SpecAwareAppend
+from streaming.table.turns import no_turn
 from streaming.write.data_files import EQUALITY_DELETES, DataFileRecord
 from streaming.write.evolution import AddedMember, add_columns
 
@@ -401,6 +403,8 @@ class Committer:
     table: Table
     sleep: Callable[[float], None] = time.sleep
     rng: random.Random = field(default_factory=random.Random)
+    # Each attempt in its turn among the service's writers (streaming/table/turns.py).
+    turn: Callable[[str], AbstractContextManager[None]] = no_turn
 
     def refuse_if_reused(self, batch: BatchCommit) -> None:
         """Raise WriterIdReusedError when the table holds the batch's identity over other offsets.
@@ -422,28 +426,11 @@ class Committer:
             attempt += 1
             elapsed_ms = (time.monotonic() - started) * 1000
             try:
-                self.table.refresh()
-                policy = RetryPolicy.from_table_properties(self.table.properties)
-                recorded = recorded_batch(self.table, batch.writer_id, batch.batch_id)
-                if recorded is not None:
-                    if not recorded.is_replay_of(batch.offsets):
-                        raise WriterIdReusedError(".".join(self.table.name()), batch, recorded)
-                    # After an attempt whose outcome was unknown, the snapshot may be our own.
-                    if recorded.own:
-                        ours = attempt > 1 and _added_files(self.table, recorded.snapshot) == {
-                            f.path for f in (*batch.files, *batch.delete_files)
-                        }
-                    else:
-                        # Known only from a carried history (the batch's snapshot has expired): its
-                        # files cannot be compared, and keeping ours is the side that loses nothing.
-                        ours = attempt > 1
-                    status = "committed" if ours else "skipped_replay"
-                    snapshot_id = recorded.snapshot.snapshot_id
-                    return CommitOutcome(status, snapshot_id, attempt, conflicts, time.monotonic() - started)
-                snapshot_id = self._append(batch)
-                return CommitOutcome("committed", snapshot_id, attempt, conflicts, time.monotonic() - started)
+                with self.turn(f"batch {batch.batch_id}"):
+                    return self._attempt(batch, attempt, conflicts, started)
             except CommitFailedException as exc:
                 conflicts += 1
+                policy = RetryPolicy.from_table_properties(self.table.properties)
                 if conflicts > policy.num_retries or elapsed_ms > policy.total_timeout_ms:
                     raise self._exhausted(batch, attempt, conflicts, elapsed_ms, exc, unavailable > 0) from exc
                 self.sleep(policy.wait_ms(conflicts, self.rng) / 1000)
@@ -460,6 +447,28 @@ class Committer:
                     extra={"batch": {"batch_id": batch.batch_id, "attempt": attempt, "error": str(exc)[:300]}},
                 )
                 self.sleep(policy.wait_ms(unavailable, self.rng) / 1000)
+
+    def _attempt(self, batch: BatchCommit, attempt: int, conflicts: int, started: float) -> CommitOutcome:
+        """One attempt: the replay check on a fresh table, then the append."""
+        self.table.refresh()
+        recorded = recorded_batch(self.table, batch.writer_id, batch.batch_id)
+        if recorded is not None:
+            if not recorded.is_replay_of(batch.offsets):
+                raise WriterIdReusedError(".".join(self.table.name()), batch, recorded)
+            # After an attempt whose outcome was unknown, the snapshot may be our own.
+            if recorded.own:
+                ours = attempt > 1 and _added_files(self.table, recorded.snapshot) == {
+                    f.path for f in (*batch.files, *batch.delete_files)
+                }
+            else:
+                # Known only from a carried history (the batch's snapshot has expired): its
+                # files cannot be compared, and keeping ours is the side that loses nothing.
+                ours = attempt > 1
+            status = "committed" if ours else "skipped_replay"
+            snapshot_id = recorded.snapshot.snapshot_id
+            return CommitOutcome(status, snapshot_id, attempt, conflicts, time.monotonic() - started)
+        snapshot_id = self._append(batch)
+        return CommitOutcome("committed", snapshot_id, attempt, conflicts, time.monotonic() - started)
 
     def _exhausted(
         self,

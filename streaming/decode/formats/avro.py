@@ -66,9 +66,8 @@ import shapely
 
 from streaming.contract import Contract
 from streaming.decode.columns import _cast_or_reject
-from streaming.decode.formats.avro_nested import NestedReader, RecursiveSchema, Shape, shape_of
+from streaming.decode.formats.avro_nested import NestedReader, RecursiveSchema, Shape, ShapeCursors, shape_of
 from streaming.decode.formats.base import Decoded, InputFormat
-from streaming.decode.formats.binary_cursors import Cursors
 from streaming.decode.formats.wkb import EWKB_SRID_FLAG, read_wkb
 from streaming.decode.python_values import to_arrow
 from streaming.decode.rejects import Reason, Rejects
@@ -117,7 +116,7 @@ _COLUMNAR_LOGICAL = ("", "timestamp-millis", "timestamp-micros")
 class Node:
     """One type of a compiled schema."""
 
-    kind: str  # a primitive name, "record", "enum", "fixed" or "union"
+    kind: str  # a primitive name, "record", "enum", "fixed", "union" or "nested" (an array or map)
     name: str = ""  # the column a leaf fills ("a.b" for field b of record field a)
     fields: list[Node] = field(default_factory=list)  # record: its fields' types, in order
     branches: list[Node] = field(default_factory=list)  # union
@@ -128,6 +127,7 @@ class Node:
     # io.debezium.time.Date) and a decimal's scale.
     connect_name: str = ""
     scale: int | None = None
+    shape: Shape | None = None  # "nested": what the nested reader reads
 
 
 @dataclass
@@ -137,9 +137,10 @@ class Plan:
     leaves: dict[str, Node]  # column name -> its leaf node
 
 
-def compile_schema(schema_id: int, text: str, references: Sequence[str] = ()) -> Plan:
+def compile_schema(schema_id: int, text: str, references: Sequence[str] = (), nested: bool = False) -> Plan:
     """A reading plan of an Avro schema (JSON text), the types it names from the schemas it refers
-    to (`references`, each after those it uses); raises UnsupportedSchema."""
+    to (`references`, each after those it uses); raises UnsupportedSchema. An array or map field
+    is a leaf read whole by the nested reader's steps if `nested`, else raises BeyondColumnar."""
     try:
         raw = json.loads(text)
         referred = [json.loads(r) for r in references]
@@ -147,23 +148,30 @@ def compile_schema(schema_id: int, text: str, references: Sequence[str] = ()) ->
         raise UnsupportedSchema(f"schema id {schema_id} is not Avro schema JSON: {exc}") from None
     named: dict[str, Any] = {}
     for schema in referred:
-        _compile(schema, "", named, {}, None)
+        _compile(schema, "", named, {}, None, nested)
     leaves: dict[str, Node] = {}
-    root = _compile(raw, "", named, leaves, None)
+    root = _compile(raw, "", named, leaves, None, nested)
     if root.kind != "record":
         raise UnsupportedSchema(f"schema id {schema_id} is a {root.kind}, not a record")
     return Plan(schema_id, root, leaves)
 
 
-def _compile(raw: Any, name: str, named: dict[str, Any], leaves: dict[str, Node], namespace: str | None) -> Node:
+def _compile(
+    raw: Any, name: str, named: dict[str, Any], leaves: dict[str, Node], namespace: str | None, nested: bool
+) -> Node:
     if isinstance(raw, list):
-        branches = [_compile(b, name, named, {}, namespace) for b in raw]
+        branches = [_compile(b, name, named, {}, namespace, nested) for b in raw]
         others = [b for b in branches if b.kind != "null"]
         if len(others) > 1:
-            raise BeyondColumnar(f"field {name!r}: a union of several non-null types")
+            if not nested:
+                raise BeyondColumnar(f"field {name!r}: a union of several non-null types")
+            leaves[name] = _nested_leaf(raw, name, named, "union of several non-null types")
+            return leaves[name]
         if others and others[0].kind in ("record",):
             # The branch's own leaves are those of the field.
-            branches = [_compile(b, name, named, leaves, namespace) if b != "null" else Node("null") for b in raw]
+            branches = [
+                _compile(b, name, named, leaves, namespace, nested) if b != "null" else Node("null") for b in raw
+            ]
         elif others:
             leaves[name] = others[0]
         return Node("union", name, branches=branches)
@@ -177,12 +185,12 @@ def _compile(raw: Any, name: str, named: dict[str, Any], leaves: dict[str, Node]
         target = named.get(full, named.get(raw))
         if target is None:
             raise UnsupportedSchema(f"field {name!r}: unknown type name {raw!r}")
-        return _compile(target, name, named, leaves, namespace)
+        return _compile(target, name, named, leaves, namespace, nested)
     if not isinstance(raw, dict) or "type" not in raw:
         raise UnsupportedSchema(f"field {name!r}: {str(raw)[:80]!r} is not an Avro type")
     kind = raw["type"]
     if isinstance(kind, dict | list):
-        return _compile(kind, name, named, leaves, namespace)
+        return _compile(kind, name, named, leaves, namespace, nested)
     space = raw.get("namespace", namespace)
     if kind in ("record", "error", "enum", "fixed") and "name" in raw:
         type_name = raw["name"] if "." in raw["name"] or space is None else f"{space}.{raw['name']}"
@@ -196,7 +204,7 @@ def _compile(raw: Any, name: str, named: dict[str, Any], leaves: dict[str, Node]
         return Node(
             "record",
             name,
-            fields=[_compile(f["type"], f"{prefix}{f['name']}", named, leaves, space) for f in fields],
+            fields=[_compile(f["type"], f"{prefix}{f['name']}", named, leaves, space, nested) for f in fields],
         )
     if kind == "enum":
         node = Node("enum", name, symbols=[str(s) for s in raw.get("symbols", [])])
@@ -213,7 +221,9 @@ def _compile(raw: Any, name: str, named: dict[str, Any], leaves: dict[str, Node]
             scale=int(scale) if isinstance(scale, int | str) and str(scale).isdigit() else None,
         )
     elif kind in ("array", "map"):
-        raise BeyondColumnar(f"field {name!r}: an Avro {kind}")
+        if not nested:
+            raise BeyondColumnar(f"field {name!r}: an Avro {kind}")
+        node = _nested_leaf(raw, name, named, kind)
     else:
         raise UnsupportedSchema(f"field {name!r}: unknown Avro type {kind!r}")
     if node.kind != "null":
@@ -221,12 +231,24 @@ def _compile(raw: Any, name: str, named: dict[str, Any], leaves: dict[str, Node]
     return node
 
 
+def _nested_leaf(raw: Any, name: str, named: dict[str, Any], what: str) -> Node:
+    """A field the nested reader's steps read whole (an array, a map, a union of several types)."""
+    try:
+        return Node("nested", name, shape=shape_of(raw, named))
+    except RecursiveSchema:
+        raise BeyondColumnar(f"field {name!r}: an Avro {what} of a type that holds itself") from None
+    except (KeyError, TypeError, ValueError) as exc:
+        raise UnsupportedSchema(f"field {name!r}: an Avro {what} of no type read here ({exc})") from None
+
+
 class _Column:
-    """A leaf's values for every record of a group: numbers, or (start, length) of byte strings."""
+    """A leaf's values for every record of a group: numbers, (start, length) of byte strings, or
+    the arrays an array or map field was read into (with the records each holds)."""
 
     def __init__(self, node: Node, n: int):
         self.node = node
         self.valid = np.zeros(n, dtype=bool)
+        self.pieces: list[tuple[np.ndarray, pa.Array]] = []
         if node.kind in ("bytes", "string", "fixed"):
             self.start = np.zeros(n, dtype=np.int64)
             self.length = np.zeros(n, dtype=np.int64)
@@ -234,7 +256,7 @@ class _Column:
             self.values: np.ndarray = np.zeros(n, dtype=_NUMPY.get(node.kind, np.int64))
 
 
-class RecordReader(Cursors):
+class RecordReader(ShapeCursors):
     """Reads the records of one schema, all at once: `data` holds them at [pos[i], end[i])."""
 
     def __init__(self, plan: Plan, data: np.ndarray, pos: np.ndarray, end: np.ndarray):
@@ -266,7 +288,11 @@ class RecordReader(Cursors):
                 self._read(child, sel[live & (branch == b)])
             return
         column = self.columns[node.name]
-        if kind in ("int", "long", "enum"):
+        if kind == "nested":
+            assert node.shape is not None
+            column.pieces.append((sel, self._shaped(node.shape, sel, what)))
+            column.valid[sel] = True
+        elif kind in ("int", "long", "enum"):
             value = self._varint(sel, what)
             ok = ~self.bad[sel]
             if kind == "int":
@@ -311,6 +337,8 @@ class RecordReader(Cursors):
         column = self.columns[name]
         node = column.node
         valid = column.valid & ~self.bad
+        if node.kind == "nested":
+            return _assembled(column.pieces, valid, node)
         if node.kind in ("bytes", "string", "fixed"):
             binary = self._binary(column.start, np.where(valid, column.length, 0), valid)
             if node.kind != "string":
@@ -337,6 +365,19 @@ class RecordReader(Cursors):
         return pa.array(out, pa.string())
 
 
+def _assembled(pieces: list[tuple[np.ndarray, pa.Array]], valid: np.ndarray, node: Node) -> pa.Array:
+    """One value per record from the arrays read for some records each (a union's branch reads
+    a field for the records that took it), null where a record has none."""
+    assert node.shape is not None
+    if not pieces:
+        return pa.nulls(len(valid), node.shape.arrow)
+    held = np.concatenate([records for records, _ in pieces])
+    at = np.full(len(valid), -1, dtype=np.int64)
+    at[held] = np.arange(held.size)
+    values = pa.concat_arrays([values for _, values in pieces])
+    return values.take(pa.array(np.maximum(at, 0), mask=~valid | (at < 0)))
+
+
 # -- the general reader: fastavro, record by record ----------------------------------------------
 @dataclass
 class GeneralPlan(Plan):
@@ -353,10 +394,11 @@ def compile_avro(
     """The plan of a writer schema: the columnar reader's when it reads the schema and every field
     in `wanted` (the contract's `properties.<field>` sources, and their column types) is one of its
     leaves, of no logical type it reads as its underlying type into a column of the type the logical
-    type stands for; else the general reader's (if `general`, else raises BeyondColumnar). Raises
-    UnsupportedSchema for what is no Avro record schema at all."""
+    type stands for; else the general reader's. Without `general` (a Debezium envelope), always the
+    columnar reader's, its arrays and maps read whole as leaves. Raises UnsupportedSchema for what
+    is no Avro record schema at all."""
     try:
-        plan = compile_schema(schema_id, text, references)
+        plan = compile_schema(schema_id, text, references, nested=not general)
     except BeyondColumnar:
         if not general:
             raise

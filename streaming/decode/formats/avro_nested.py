@@ -136,49 +136,24 @@ class NestedSchema(Protocol):
     paths: frozenset[str]
 
 
-class NestedReader(Cursors):
-    """Reads the records of one schema (its `shape`), all at once: the same faces as the other
-    readers to the format (`read`, `bad`, `detail`, `columns`, `arrow`, `property`)."""
+class ShapeCursors(Cursors):
+    """Cursors that read a value of any shape for a selection of records at once (`_shaped`): the
+    nested reader's whole records, and the arrays and maps inside the flat reader's records
+    (streaming/decode/formats/avro.py, a Debezium envelope's array columns)."""
 
-    def __init__(self, plan: NestedSchema, data: np.ndarray, pos: np.ndarray, end: np.ndarray):
-        super().__init__(data, pos, end)
-        self.plan = plan
-        self.columns = plan.paths
-        self.records: pa.Array = pa.nulls(len(pos), plan.shape.arrow)
-
-    def read(self) -> None:
-        records = self._read(self.plan.shape, np.arange(len(self.pos)), "record")
-        self._nothing_left()
-        everyone = np.arange(len(records))
-        self.records = records.take(pa.array(everyone, mask=self.bad)) if self.bad.any() else records
-
-    def arrow(self, name: str) -> pa.Array:
-        """The field at path `name` (`record.field`) in its Avro type's Arrow type."""
-        value = self.records
-        for step in name.split("."):
-            if not pa.types.is_struct(value.type) or value.type.get_field_index(step) < 0:
-                return pa.nulls(len(self.records))
-            value = pc.struct_field(value, step)
-        return value
-
-    def property(self, name: str, target: pa.DataType) -> tuple[pa.Array, list[Problem]]:
-        """A field as a column of `target`, and the records whose value does not fit it."""
-        return fit(self.arrow(name), target, f"properties.{name}")
-
-    # -- reading -----------------------------------------------------------------------------------
-    def _read(self, shape: Shape, sel: np.ndarray, what: str) -> pa.Array:
+    def _shaped(self, shape: Shape, sel: np.ndarray, what: str) -> pa.Array:
         """The values at cursors `sel` (null where a record does not match)."""
         live = np.flatnonzero(~self.bad[sel])
         if live.size == sel.size:
-            return self._read_live(shape, sel, what)
-        return _spread(self._read_live(shape, sel[live], what), live, sel.size)
+            return self._shape_live(shape, sel, what)
+        return _spread(self._shape_live(shape, sel[live], what), live, sel.size)
 
-    def _read_live(self, shape: Shape, sel: np.ndarray, what: str) -> pa.Array:
+    def _shape_live(self, shape: Shape, sel: np.ndarray, what: str) -> pa.Array:
         kind = shape.kind
         if kind == "null":
             return pa.nulls(sel.size)
         if kind == "record":
-            children = [self._read(child, sel, _member(what, name)) for name, child in shape.fields]
+            children = [self._shaped(child, sel, _member(what, name)) for name, child in shape.fields]
             return pa.StructArray.from_arrays(children, fields=list(shape.arrow)) if children else _empty_structs(sel)
         if kind == "union":
             return self._union(shape, sel, what)
@@ -292,7 +267,7 @@ class NestedReader(Cursors):
         arrays = []
         for b, branch_shape in others:
             held = np.flatnonzero(ok & (branch == b))
-            values = self._read(branch_shape, sel[held], what)
+            values = self._shaped(branch_shape, sel[held], what)
             arrays.append(_spread(values, held, sel.size))
         if not arrays:
             return pa.nulls(sel.size)
@@ -327,8 +302,8 @@ class NestedReader(Cursors):
                 if not at.size:
                     break
                 if is_map:
-                    keys.append(self._read(_STRING, sel[at], f"{what} (a key)"))
-                chunks.append(self._read(items, sel[at], f"{what}[]"))
+                    keys.append(self._shaped(_STRING, sel[at], f"{what} (a key)"))
+                chunks.append(self._shaped(items, sel[at], f"{what}[]"))
                 owners.append(at)
                 counts[at] += 1
             active = active[(count > 0) & ~self.bad[sel[active]]]
@@ -345,6 +320,36 @@ class NestedReader(Cursors):
             map_keys = _concat(keys, pa.string()).take(pa.array(order))
             return pa.MapArray.from_arrays(pa.array(offsets), map_keys, values, type=shape.arrow, mask=mask)
         return pa.ListArray.from_arrays(pa.array(offsets), values, type=shape.arrow, mask=mask)
+
+
+class NestedReader(ShapeCursors):
+    """Reads the records of one schema (its `shape`), all at once: the same faces as the other
+    readers to the format (`read`, `bad`, `detail`, `columns`, `arrow`, `property`)."""
+
+    def __init__(self, plan: NestedSchema, data: np.ndarray, pos: np.ndarray, end: np.ndarray):
+        super().__init__(data, pos, end)
+        self.plan = plan
+        self.columns = plan.paths
+        self.records: pa.Array = pa.nulls(len(pos), plan.shape.arrow)
+
+    def read(self) -> None:
+        records = self._shaped(self.plan.shape, np.arange(len(self.pos)), "record")
+        self._nothing_left()
+        everyone = np.arange(len(records))
+        self.records = records.take(pa.array(everyone, mask=self.bad)) if self.bad.any() else records
+
+    def arrow(self, name: str) -> pa.Array:
+        """The field at path `name` (`record.field`) in its Avro type's Arrow type."""
+        value = self.records
+        for step in name.split("."):
+            if not pa.types.is_struct(value.type) or value.type.get_field_index(step) < 0:
+                return pa.nulls(len(self.records))
+            value = pc.struct_field(value, step)
+        return value
+
+    def property(self, name: str, target: pa.DataType) -> tuple[pa.Array, list[Problem]]:
+        """A field as a column of `target`, and the records whose value does not fit it."""
+        return fit(self.arrow(name), target, f"properties.{name}")
 
 
 _STRING = Shape("string", pa.string())

@@ -11,7 +11,8 @@ read at once, and the leaves they give (`op`, `source.lsn`, `after.<column>`,
 `after.<geometry>.wkb` ...) go through the same rules as the JSON converter's events; a column
 whose Connect type the converter notes (`connect.name`: a Decimal with its scale, a Date, a
 MicroTimestamp, a Json ...) is converted to its contract type as the JSON converter's are
-(streaming/decode/formats/debezium_values.py). Avro arrays are not read (the schema is refused). A column added
+(streaming/decode/formats/debezium_values.py). An array column (`text[]`, `int[]` ...) is an Avro
+array, read whole for all events by the nested reader's steps into its list column. A column added
 with ALTER TABLE comes as a new version of the value schema, a new id: its `after` fields that no
 contract column reads are what schema evolution sees. A tombstone's key is an Avro record of the
 primary key's columns, in the wire format too.
@@ -26,6 +27,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from streaming.decode.arrow_values import fit
 from streaming.decode.columns import _cast_or_reject
 from streaming.decode.formats.avro import (
     _EVOLVED_KIND,
@@ -147,10 +149,13 @@ class AvroEvents:
                 node = plan.leaves.get(path)
                 if node is None or (side == "before" and name not in self.fmt.before_columns):
                     continue
-                wire = avro_wire(node.kind, node.connect_name, node.scale)
-                if not (wire.name or pa.types.is_decimal(target)) or wire_read_type(wire, target) is None:
-                    continue
-                value, problems = to_column(read(path), wire, target, path, np.arange(len(rows)))
+                if node.kind == "nested":  # an array column: its items' types are Avro's own
+                    value, problems = fit(read(path), target, path)
+                else:
+                    wire = avro_wire(node.kind, node.connect_name, node.scale)
+                    if not (wire.name or pa.types.is_decimal(target)) or wire_read_type(wire, target) is None:
+                        continue
+                    value, problems = to_column(read(path), wire, target, path, np.arange(len(rows)))
                 for local, detail in problems:
                     if side == "after" or ops[local] == "d":
                         out.rejects.add(rows[[local]], Reason.PROPERTY_TYPE_MISMATCH, detail)

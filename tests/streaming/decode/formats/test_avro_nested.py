@@ -19,8 +19,18 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from streaming.contract import parse_contract
+from streaming.decode.arrow_values import fit
 from streaming.decode.decoder import REJECT_DETAIL, REJECT_REASON, Decoder
-from streaming.decode.formats.avro import AvroFormat, GeneralPlan, GeneralReader, NestedPlan, compile_avro, general_plan
+from streaming.decode.formats.avro import (
+    AvroFormat,
+    GeneralPlan,
+    GeneralReader,
+    NestedPlan,
+    RecordReader,
+    compile_avro,
+    compile_schema,
+    general_plan,
+)
 from streaming.decode.formats.avro_nested import NestedReader
 from streaming.kernels.buffers import offsets_and_bytes
 from tests.streaming.decode.formats.test_avro import POINT_SCHEMA, avro_bytes, contract, record, wire
@@ -432,6 +442,34 @@ def test_the_columnar_reader_reads_every_generated_schema_as_fastavro_does(data)
         assert ours.type == theirs.type
         assert [p for p, _ in our_problems] == [p for p, _ in their_problems]
         assert [m.split(":")[0] for _, m in our_problems] == [m.split(":")[0] for _, m in their_problems]
+        assert ours.to_pylist() == theirs.to_pylist()
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(st.data())
+def test_the_flat_reader_reads_arrays_maps_and_wide_unions_whole_as_fastavro_does(data):
+    """A Debezium envelope's reading: the flat reader, whose array, map and wide union fields are
+    leaves read by the nested reader's steps."""
+    kinds = data.draw(st.lists(avro_types(), min_size=1, max_size=3), label="field types")
+    schema = _named("record", fields=[{"name": f"x{i}", "type": k} for i, k in enumerate(kinds)])
+    records = data.draw(st.lists(avro_values(schema), min_size=1, max_size=6), label="records")
+    bodies = [avro_bytes(schema, r) for r in records]
+    cut = data.draw(st.lists(st.integers(0, len(bodies) - 1), max_size=2, unique=True), label="truncated")
+    bodies = [b[: len(b) // 2] if i in cut and len(b) > 1 else b for i, b in enumerate(bodies)]
+    _, general = both_readers(schema, bodies)
+    plan = compile_schema(1, json.dumps(schema), nested=True)
+    offsets, bytes_ = offsets_and_bytes(pa.array(bodies, pa.binary()))
+    flat = RecordReader(plan, bytes_, offsets[:-1].astype(np.int64), offsets[1:].astype(np.int64))
+    flat.read()
+    assert list(flat.bad) == list(general.bad)
+    for i, kind in enumerate(kinds):
+        leaf = plan.leaves.get(f"x{i}")
+        if leaf is None or leaf.kind != "nested":
+            continue
+        target = column_type(kind)
+        ours, our_problems = fit(flat.arrow(f"x{i}"), target, f"properties.x{i}")
+        theirs, their_problems = general.property(f"x{i}", target)
+        assert [p for p, _ in our_problems] == [p for p, _ in their_problems]
         assert ours.to_pylist() == theirs.to_pylist()
 
 

@@ -1,5 +1,5 @@
 """Debezium change events of typed PostgreSQL columns (numeric(12,2), date, timestamp, timestamptz,
-uuid, jsonb) through an Avro converter: the Connect types the converter notes in the Avro schema
+uuid, text[], int[], jsonb) through an Avro converter: the Connect types the converter notes in the Avro schema
 (`connect.name`, a Decimal's bytes with its scale) fill the contract's typed and nested columns as
 the JSON converter's events do (tests/streaming/decode/formats/test_debezium_types.py). The schema
 is registered in the real registry (Apicurio, tests/conftest.py), the records written by fastavro."""
@@ -41,8 +41,9 @@ def connect(avro_type: str, name: str) -> dict:
 
 def envelope(prefix: str) -> dict:
     """The value schema of a table (id, name, price numeric(14,2), day date, seen timestamp, seen_tz
-    timestamptz, ref uuid, doc jsonb, attrs jsonb, amount numeric(12,2), geom) as Apicurio's Avro
-    converter writes Debezium's Connect schema."""
+    timestamptz, ref uuid, tags text[], counts int[], doc jsonb, attrs jsonb, amount numeric(12,2),
+    geom) as Apicurio's Avro converter writes Debezium's Connect schema: an array column an Avro
+    array of optional items."""
     columns = {
         "name": "string",
         # numeric(14,2) at the source, wider than the contract's decimal(12, 2)
@@ -55,6 +56,8 @@ def envelope(prefix: str) -> dict:
         "seen": connect("long", "io.debezium.time.MicroTimestamp"),
         "seen_tz": connect("string", "io.debezium.time.ZonedTimestamp"),
         "ref": connect("string", "io.debezium.data.Uuid"),
+        "tags": {"type": "array", "items": optional("string")},
+        "counts": {"type": "array", "items": optional("int")},
         "doc": connect("string", "io.debezium.data.Json"),
         "attrs": connect("string", "io.debezium.data.Json"),
         "amount": DECIMAL_12_2,
@@ -90,6 +93,8 @@ def typed_row(i: int, **changes) -> dict:
         "seen": 1_700_000_000_123_456,
         "seen_tz": "2024-03-01T10:20:30.123456Z",
         "ref": str(REF),
+        "tags": ["a", None, "ß"],
+        "counts": [1, -2, 2_147_483_647],
         "doc": '{"a": 7, "b": ["x", "y"]}',
         "attrs": '{"a": 7}',
         "amount": Decimal("-0.07"),
@@ -104,7 +109,7 @@ def test_typed_columns_through_the_avro_converter_read_as_the_json_events(schema
     schema_id = register(schema_registry.url, f"{prefix}.public.places-value", schema)
     records = [
         change("c", typed_row(1)),
-        change("u", typed_row(2, price=Decimal("-9999999999.99"), doc=None, ref=None)),
+        change("u", typed_row(2, price=Decimal("-9999999999.99"), doc=None, ref=None, tags=None, counts=[])),
         change("c", typed_row(3, price=Decimal("123456789012.34"))),  # 14 digits: no decimal(12, 2)
         change("c", typed_row(4, doc='{"a": "seven"}')),
         change("d", before=typed_row(5, doc="not json")),
@@ -119,6 +124,8 @@ def test_typed_columns_through_the_avro_converter_read_as_the_json_events(schema
     assert first["seen"] == datetime.datetime(2023, 11, 14, 22, 13, 20, 123456)
     assert first["seen_tz"] == datetime.datetime(2024, 3, 1, 10, 20, 30, 123456, tzinfo=UTC)
     assert uuid.UUID(bytes=first["ref"]) == REF
+    assert (first["tags"], first["counts"]) == (["a", None, "ß"], [1, -2, 2_147_483_647])
+    assert (rows[1]["tags"], rows[1]["counts"]) == (None, [])
     assert first["doc"] == {"a": 7, "b": ["x", "y"]} and json.loads(first["doc_text"]) == {"a": 7}
     assert (rows[1]["price"], rows[1]["doc"], rows[1]["ref"]) == (Decimal("-9999999999.99"), None, None)
     assert rows[4]["id"] == 5

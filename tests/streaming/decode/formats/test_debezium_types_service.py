@@ -1,6 +1,7 @@
 """A PostGIS table with numeric(12,2), date, timestamp, timestamptz, uuid, text[], int[] and jsonb
 columns mirrored live through the real Debezium connector (its defaults: decimal.handling.mode
-precise, the JSON converter with schemas) into an Iceberg table of decimal, date, timestamp,
+precise; the JSON converter with schemas, or Apicurio's Avro converter through the registry, whose
+arrays are Avro arrays) into an Iceberg table of decimal, date, timestamp,
 timestamptz, uuid, list and struct columns (and a jsonb kept as its text): after a snapshot,
 inserts, updates of every typed value and deletes, the table read back by pyiceberg and by DuckDB
 equals what PostgreSQL holds, row for row (pyiceberg's scan refuses the equality deletes upserts
@@ -136,8 +137,9 @@ def iceberg_rows(table) -> dict[int, tuple]:
     return {r["id"]: comparable([r[n] for n in names], r["geometry"]) for r in read}
 
 
+@pytest.mark.parametrize("converter", ["json", "avro"])
 def test_a_postgis_table_of_typed_columns_is_mirrored_equal_row_for_row(
-    kafka, postgis: PostgresServer, kafka_connect: LocalKafkaConnect, tmp_path: Path
+    kafka, postgis: PostgresServer, kafka_connect: LocalKafkaConnect, request, tmp_path: Path, converter: str
 ) -> None:
     rng = np.random.default_rng(12)
     with connect_db(postgis) as conn, conn.cursor() as cur:
@@ -150,7 +152,14 @@ def test_a_postgis_table_of_typed_columns_is_mirrored_equal_row_for_row(
         write_rows(cur, [values_of(rng, i, 0) for i in range(SNAPSHOT_ROWS)])
     # The connector's own defaults for numerics (precise); the local worker's settings otherwise.
     prefix = f"dbztyped{uuid.uuid4().hex[:8]}"
-    config = debezium_postgres_config(source_of(postgis), ["public.typed_places"], prefix, f"slot_{prefix}")
+    registry = request.getfixturevalue("schema_registry") if converter == "avro" else None
+    config = debezium_postgres_config(
+        source_of(postgis),
+        ["public.typed_places"],
+        prefix,
+        f"slot_{prefix}",
+        avro_registry=registry.base_url if registry else "",
+    )
     del config["decimal.handling.mode"]
     kafka_connect.start({f"pg-{prefix}": config})
     topic = f"{prefix}.public.typed_places"
@@ -160,6 +169,8 @@ def test_a_postgis_table_of_typed_columns_is_mirrored_equal_row_for_row(
     contract_file.write_text(json.dumps(raw))
     contract = parse_contract(raw)
     env = service_env(kafka.bootstrap, topic, tmp_path, GEOINGEST_MAX_OFFSETS_PER_TRIGGER="150")
+    if registry is not None:
+        env["GEOINGEST_SCHEMA_REGISTRY__URL"] = registry.url
     create_table(catalog_of(env), contract)
     table = catalog_of(env).load_table(contract.table)
     logs = tmp_path / "logs"
