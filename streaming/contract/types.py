@@ -271,10 +271,23 @@ def type_spelling(kind: IcebergType) -> Any:
     return str(kind)
 
 
+def promotes(wider: IcebergType, kind: IcebergType) -> bool:
+    """Whether Iceberg's rules let a column of `kind` become `wider` (int to long, float to double,
+    a decimal's precision up at the same scale)."""
+    if isinstance(kind, IntegerType):
+        return isinstance(wider, LongType)
+    if isinstance(kind, FloatType):
+        return isinstance(wider, DoubleType)
+    if isinstance(kind, DecimalType) and isinstance(wider, DecimalType):
+        return wider.scale == kind.scale and wider.precision > kind.precision
+    return False
+
+
 def grown_from(grown: IcebergType, kind: IcebergType) -> bool:
-    """Whether `grown` is `kind` with optional struct members added (at ingest, as the values
-    held them), at any depth: a table's column that a contract without those members still fits."""
-    if grown == kind:
+    """Whether `grown` is `kind` with optional struct members added or a primitive widened by
+    Iceberg's rules (at ingest, as the values held them), at any depth: a table's column that a
+    contract without those changes still fits."""
+    if grown == kind or promotes(grown, kind):
         return True
     if not isinstance(grown, StructType) or not isinstance(kind, StructType):
         return False

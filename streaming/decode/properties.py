@@ -10,6 +10,7 @@ Points beside Polygons); such a block is read document by document with json.loa
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
@@ -76,6 +77,11 @@ def merged_kind(earlier: str, later: str) -> str:
         return later
     if {earlier, later} == {"long", "double"}:
         return "double"
+    if {earlier, later} in ({"int", "long"}, {"float", "double"}):
+        return "long" if "long" in (earlier, later) else "double"  # writer schemas that widened a field
+    wider = _wider_decimal(earlier, later)
+    if wider is not None:
+        return wider
     first, second = spelling_of(earlier), spelling_of(later)
     if isinstance(first, dict) and isinstance(second, dict) and first["type"] == second["type"]:
         if first["type"] == "list":
@@ -90,6 +96,17 @@ def merged_kind(earlier: str, later: str) -> str:
             {"type": "struct", "fields": [{"name": n, "type": spelling_of(k)} for n, k in members.items()]}
         )
     return earlier
+
+
+_DECIMAL = re.compile(r"decimal\((\d+),\s*(\d+)\)")
+
+
+def _wider_decimal(earlier: str, later: str) -> str | None:
+    """Of two decimals of one scale, the one of more digits."""
+    a, b = _DECIMAL.fullmatch(earlier), _DECIMAL.fullmatch(later)
+    if a is None or b is None or a.group(2) != b.group(2):
+        return None
+    return earlier if int(a.group(1)) >= int(b.group(1)) else later
 
 
 def _text(spelling: Any) -> str:

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 import pyarrow as pa
 from pyiceberg.table import Table
-from pyiceberg.types import StructType
+from pyiceberg.types import DecimalType, FloatType, IntegerType, StructType
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.pandas.types import from_arrow_schema
 
@@ -172,7 +172,7 @@ class BatchProcessor:
         timings: dict[str, float] = {}
         plan = self._plan_columns(batch, timings)
         table_columns = self.contract
-        if plan.added or plan.members:
+        if plan:
             self.contract = plan.applied(table_columns)
         try:
             self._write_and_commit(batch, batch_id, started, timings, plan)
@@ -195,11 +195,20 @@ class BatchProcessor:
             for src in c.sources
             if src.startswith("properties.")
         }
+        # A registry topic's writer schemas declare their fields' types: a column may widen to one.
+        declared = frozenset(
+            src.removeprefix("properties.")
+            for c in self.contract.all_columns
+            if registry is not None and isinstance(c.iceberg_type, IntegerType | FloatType | DecimalType)
+            for src in c.sources
+            if src.startswith("properties.")
+        )
         scan = PropertyScan(
             mapped_names(self.contract) - structs,
             registry,
             self.config.decode.schema_registry,
             debezium_contract=debezium,
+            declared=declared,
         )
         source, read_and_scan = self.layout.records(batch, scan)
         rows = source.coalesce(self.parallelism).mapInArrow(read_and_scan, self._spark_scan_schema).collect()
@@ -247,6 +256,7 @@ class BatchProcessor:
             equality_ids=tuple(equality_field_ids(self.contract)) if delete_files else (),
             added_columns=plan.added,
             added_members=plan.members,
+            widened_columns=plan.widened,
         )
         reject_files = tuple(results.reject_files)
         if reject_files:

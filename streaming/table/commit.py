@@ -37,6 +37,7 @@ from pyiceberg.table import Table, Transaction
 from pyiceberg.table.metadata import TableMetadata
 from pyiceberg.table.snapshots import Snapshot
 from pyiceberg.typedef import Record
+from pyiceberg.types import IcebergType
 from sqlalchemy.exc import InterfaceError, OperationalError
 
 from streaming.contract import Column
@@ -92,6 +93,8 @@ class BatchCommit:
     added_columns: tuple[Column, ...] = ()
     # Members the batch's files hold in struct columns that the table may not have yet, likewise.
     added_members: tuple[AddedMember, ...] = ()
+    # Columns the batch's files hold at a wider type than the table may have yet, likewise.
+    widened_columns: tuple[tuple[str, IcebergType], ...] = ()
 
     @property
     def rows(self) -> int:
@@ -491,8 +494,15 @@ class Committer:
     def _append(self, batch: BatchCommit) -> int:
         view = single_attempt_view(self.table)
         with view.transaction() as tx:
-            if batch.added_columns or batch.added_members:
-                add_columns(tx, view.schema(), view.metadata.last_column_id, batch.added_columns, batch.added_members)
+            if batch.added_columns or batch.added_members or batch.widened_columns:
+                add_columns(
+                    tx,
+                    view.schema(),
+                    view.metadata.last_column_id,
+                    batch.added_columns,
+                    batch.added_members,
+                    batch.widened_columns,
+                )
             if batch.delete_files:
                 # Unpartitioned deletes: a key's new version may land in another partition than its
                 # old one (another day, another cell), and a partitioned delete reaches its own only.

@@ -5,7 +5,11 @@ driver turns the names no column maps into new optional columns (`plan_new_colum
 become structs of their members, arrays lists of their elements. The members a struct column's
 values hold and its type lacks become new optional members of it, nested structs too. Each gets
 the id the table assigns next, in the order Iceberg assigns them; the batch's files are then
-written with them, and the committer adds them in the same commit as the files. A writer that finds the table's schema moved
+written with them, and the committer adds them in the same commit as the files. A registry
+topic's writer schema that declares a mapped field wider than its column (an Avro long for an int
+column, a double for a float, a decimal of more digits at the same scale) widens the column by
+Iceberg's rules (`ColumnPlan.widened`), in the same way; a change the rules forbid is no
+widening: its values that do not fit are dead letters (`property_type_mismatch`). A writer that finds the table's schema moved
 meanwhile (another writer added columns) checks that its columns are the ones added; if not, its
 files do not fit the table and the batch is written again on the new schema (`SchemaMoved`).
 """
@@ -25,7 +29,7 @@ from pyiceberg.table import Transaction
 from pyiceberg.types import IcebergType, NestedField, StructType
 
 from streaming.contract import Column, Contract
-from streaming.contract.types import assign_ids, nested_fields, parse_type, placeholders
+from streaming.contract.types import assign_ids, nested_fields, parse_type, placeholders, primitive_type, promotes
 from streaming.decode.columns import property_types
 from streaming.decode.decoder import first_significant_byte
 from streaming.decode.formats.avro import AvroFormat
@@ -72,16 +76,23 @@ class ColumnPlan:
     # property name -> why no column takes it
     ignored: dict[str, str] = field(default_factory=dict)
     members: tuple[AddedMember, ...] = ()
+    # (column, its wider type): columns a writer schema's declared type widens
+    widened: tuple[tuple[str, IcebergType], ...] = ()
 
     def applied(self, contract: Contract) -> Contract:
-        """The contract the batch's files are written under: its columns, the added ones, and its
-        struct columns with the added members."""
+        """The contract the batch's files are written under: its columns, the added ones, its
+        struct columns with the added members and its widened columns."""
         contract = contract.with_added_columns(contract.added_columns + self.added)
         types = {c.name: c.iceberg_type for c in contract.all_columns}
         for member in self.members:
             column, *inside = member.path
             types[column] = _with_member(types[column], tuple(inside), member)
-        return contract.with_column_types({m.path[0]: types[m.path[0]] for m in self.members})
+        changed = {m.path[0]: types[m.path[0]] for m in self.members}
+        return contract.with_column_types({**changed, **dict(self.widened)})
+
+    def __bool__(self) -> bool:
+        """Whether the batch changes the table's schema."""
+        return bool(self.added or self.members or self.widened)
 
 
 def _with_member(kind: IcebergType, path: tuple[str, ...], member: AddedMember) -> IcebergType:
@@ -119,10 +130,16 @@ def plan_new_columns(contract: Contract, seen: dict[str, PropertySeen], last_col
 
     added: list[Column] = []
     ignored: dict[str, str] = {}
+    widened: dict[str, IcebergType] = {}
     in_order = sorted(seen.items(), key=lambda item: item[1].first)
     for name, property_seen in in_order:
         if name in by_property:
-            continue  # a column reads it; its struct may gain members, below
+            # A column reads it: a writer schema may declare it wider; a struct may gain members, below.
+            reader = by_property[name]
+            declared = primitive_type(property_seen.type)
+            if policy.mode == "add-columns" and declared is not None and promotes(declared, reader.iceberg_type):
+                widened[reader.name] = declared
+            continue
         if policy.mode != "add-columns":
             ignored[name] = "schema_evolution is off"
         elif name in taken:
@@ -147,7 +164,7 @@ def plan_new_columns(contract: Contract, seen: dict[str, PropertySeen], last_col
             struct = column.iceberg_type if column is not None else None
             if column is not None and isinstance(struct, StructType) and isinstance(spelling, dict):
                 members += _missing_members(struct, spelling, (column.name,), next_id)
-    return ColumnPlan(tuple(added), ignored, tuple(members))
+    return ColumnPlan(tuple(added), ignored, tuple(members), tuple(widened.items()))
 
 
 def _missing_members(
@@ -175,13 +192,23 @@ def add_columns(
     last_column_id: int,
     columns: tuple[Column, ...],
     members: tuple[AddedMember, ...] = (),
+    widened: tuple[tuple[str, IcebergType], ...] = (),
 ) -> None:
-    """Stage the columns and struct members of a batch on a transaction of the table whose current
-    schema is `schema`.
+    """Stage the columns, struct members and widened columns of a batch on a transaction of the
+    table whose current schema is `schema`.
 
     One the table already has (another writer added it meanwhile) must have the id and type the
     batch's files give it; a missing one is added, and must get the id the files use: Iceberg
-    numbers what is added in order, each column or member before what it holds."""
+    numbers what is added in order, each column or member before what it holds. A widened column
+    the table has at that type already (another writer widened it) is left as it is."""
+    widen: list[tuple[str, IcebergType]] = []
+    for name, kind in widened:
+        existing_type = schema.find_field(name).field_type
+        if existing_type == kind:
+            continue
+        if not promotes(kind, existing_type):
+            raise SchemaMoved(f"column {name!r}: the table has it as {existing_type}, this batch wrote it as {kind}")
+        widen.append((name, kind))
     missing: list[tuple[tuple[str, ...], int, IcebergType, int]] = []
     wanted: list[tuple[tuple[str, ...], int, IcebergType, int]] = [
         ((c.name,), c.id, c.iceberg_type, 1 + sum(1 for _ in nested_fields(c.iceberg_type))) for c in columns
@@ -205,10 +232,12 @@ def add_columns(
                 f"column {'.'.join(path)!r}: this batch wrote it as id {field_id}, but the table's next id is {expected}"
             )
         expected += ids
-    if missing:
+    if missing or widen:
         with tx.update_schema() as update:
             for path, _, kind, _ in missing:
                 update.add_column(path if len(path) > 1 else path[0], kind)
+            for name, kind in widen:
+                update.update_column(name, field_type=kind)
 
 
 @dataclass(frozen=True)
@@ -223,6 +252,8 @@ class PropertyScan:
     registry: RegistrySettings = RegistrySettings()
     # A contract of Debezium change events: the members of each event's row ('after') are its properties.
     debezium_contract: Contract | None = None
+    # Mapped registry fields whose declared type is scanned too: their columns may widen to it.
+    declared: frozenset[str] = frozenset()
 
     def __call__(self, batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         seen: dict[str, PropertySeen] = {}
@@ -242,7 +273,8 @@ class PropertyScan:
             if avro is not None:
                 rows = np.flatnonzero(first == 0)
                 if rows.size:
-                    merge_seen(seen, avro.unmapped_fields(values, rows, self.mapped, record_order(batch, rows)))
+                    order = record_order(batch, rows)
+                    merge_seen(seen, avro.unmapped_fields(values, rows, self.mapped, order, self.declared))
                 continue
             if debezium is not None:
                 # Its events with the JSON converter, or an Avro one (the wire format's zero byte).

@@ -127,6 +127,7 @@ class Node:
     # io.debezium.time.Date) and a decimal's scale.
     connect_name: str = ""
     scale: int | None = None
+    precision: int | None = None  # a decimal's
     shape: Shape | None = None  # "nested": what the nested reader reads
 
 
@@ -218,7 +219,8 @@ def _compile(
             name,
             logical=str(raw.get("logicalType", "")),
             connect_name=str(raw.get("connect.name", "")),
-            scale=int(scale) if isinstance(scale, int | str) and str(scale).isdigit() else None,
+            scale=_digits(scale),
+            precision=_digits(raw.get("precision")),
         )
     elif kind in ("array", "map"):
         if not nested:
@@ -229,6 +231,10 @@ def _compile(
     if node.kind != "null":
         leaves[name] = node
     return node
+
+
+def _digits(value: Any) -> int | None:
+    return int(value) if isinstance(value, int | str) and str(value).isdigit() else None
 
 
 def _nested_leaf(raw: Any, name: str, named: dict[str, Any], what: str) -> Node:
@@ -480,7 +486,13 @@ def _general_fields(raw: Any, name: str, named: dict[str, Any], leaves: dict[str
     elif name:
         logical = raw.get("logicalType", "") if isinstance(raw, dict) else ""
         # A logical type's value is no Python int, float or str here: schema evolution adds no column of it.
-        leaves[name] = Node(f"{kind} ({logical})" if logical else str(kind), name, logical=str(logical))
+        leaves[name] = Node(
+            f"{kind} ({logical})" if logical else str(kind),
+            name,
+            logical=str(logical),
+            scale=_digits(raw.get("scale")) if logical else None,
+            precision=_digits(raw.get("precision")) if logical else None,
+        )
 
 
 _READ_FAULTS = (EOFError, ValueError, IndexError, KeyError, TypeError, OverflowError, struct.error)
@@ -567,6 +579,17 @@ def _wire(values: pa.Array, rows: np.ndarray) -> tuple[pa.Array, np.ndarray, np.
     return taken, data, offsets, ids, short
 
 
+def declared_kind(node: Node, integer_widths: bool = True) -> str | None:
+    """The type a writer schema declares for a leaf, as a column type is spelt, where a column of a
+    narrower type could be widened to it (int, long, float, double, decimal(P, S)); integers only
+    where the schema's kinds tell int from long (`integer_widths`)."""
+    if node.kind in ("float", "double") or (integer_widths and node.kind in ("int", "long")):
+        return node.kind if node.logical in ("", "pb:double", "pb:float") else None
+    if node.logical == "decimal" and node.precision is not None:
+        return f"decimal({node.precision}, {node.scale or 0})"
+    return None
+
+
 # The column type of an Avro leaf, as schema evolution names them (streaming/decode/properties.py).
 _EVOLVED_KIND = {
     "boolean": "boolean",
@@ -602,6 +625,8 @@ class AvroFormat(InputFormat):
     registry_encoded: ClassVar[bool] = True
     # The registry's name of the schemas it reads (streaming/decode/formats/protobuf.py reads "PROTOBUF").
     schema_type: ClassVar[str] = "AVRO"
+    # Whether its leaves' kinds tell a 32-bit integer from a 64-bit one (Protobuf's read both as long).
+    integer_widths: ClassVar[bool] = True
 
     def __init__(self, contract: Contract, max_nesting: int, property_types: dict[str, pa.DataType]):
         super().__init__(contract, max_nesting, property_types)
@@ -785,13 +810,19 @@ class AvroFormat(InputFormat):
             out.properties[name] = scatter_into(out.properties[name], cast, rows)
 
     def unmapped_fields(
-        self, values: pa.Array, rows: np.ndarray, mapped: frozenset[str], order: tuple[np.ndarray, ...]
+        self,
+        values: pa.Array,
+        rows: np.ndarray,
+        mapped: frozenset[str],
+        order: tuple[np.ndarray, ...],
+        declared: frozenset[str] = frozenset(),
     ) -> dict[str, Any]:
         """The record fields no column maps, of the schemas these values name (schema evolution's
-        scan: a field a new schema version adds becomes a column under `add-columns`). A field
-        counts every record of a schema that has it; its first record is the group's first in
-        Kafka order. Records whose schema is unknown or unsupported name none (the decoder
-        rejects them)."""
+        scan: a field a new schema version adds becomes a column under `add-columns`), and of the
+        mapped fields in `declared`, the type their writer schema declares (a column may widen to
+        it). A field counts every record of a schema that has it; its first record is the group's
+        first in Kafka order. Records whose schema is unknown or unsupported name none (the
+        decoder rejects them)."""
         # Here, not at the top: streaming.decode.properties imports the formats package.
         from streaming.decode.properties import NESTED, PropertySeen, merge_seen
 
@@ -809,8 +840,13 @@ class AvroFormat(InputFormat):
             k = local[np.lexsort((offsets[local], partitions[local], timestamps[local]))[0]]
             first = (int(timestamps[k]), int(partitions[k]), int(offsets[k]))
             for name, node in plan.leaves.items():
-                if name in mapped or name in own:
+                if name in own or (name in mapped and name not in declared):
                     continue
-                found = PropertySeen(_EVOLVED_KIND.get(node.kind, NESTED), int(local.size), first)
+                kind = (
+                    declared_kind(node, self.integer_widths) if name in mapped else _EVOLVED_KIND.get(node.kind, NESTED)
+                )
+                if kind is None:
+                    continue
+                found = PropertySeen(kind, int(local.size), first)
                 merge_seen(seen, {name: found})
         return seen

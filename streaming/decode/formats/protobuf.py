@@ -467,6 +467,8 @@ class ProtobufFormat(AvroFormat):
     names: ClassVar[tuple[str, ...]] = ("protobuf",)
     described: ClassVar[str] = "a Protobuf message in the Confluent wire format"
     schema_type: ClassVar[str] = "PROTOBUF"
+    # int32 and int64 fields are both read as long: a writer schema's int64 widens no int column.
+    integer_widths: ClassVar[bool] = False
 
     def compile(self, registered: RegisteredSchema) -> Plan:
         """The columnar reader's plan when it reads the schema, the file has one message (the

@@ -15,11 +15,12 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pytest
+from pyiceberg.types import DecimalType
 
 from app.service import run
 from app.settings import load_settings
 from streaming.contract import Column, parse_contract
-from streaming.decode.properties import PropertySeen, unmapped_properties
+from streaming.decode.properties import PropertySeen, merged_kind, unmapped_properties
 from streaming.maintenance.maintain import maintain
 from streaming.maintenance.plan import MaintenancePolicy
 from streaming.read.predicate import Predicate
@@ -297,3 +298,71 @@ def test_a_list_led_by_nulls_is_seen_with_its_element_type():
             '{"type":"struct","fields":[{"name":"l","type":{"type":"list","element":"double"}}]}', 1, (10, 0, 1)
         ),
     }
+
+
+def test_declared_wider_types_widen_their_columns_by_icebergs_rules_in_the_commit(catalog) -> None:
+    """What a registry topic's writer schema declares for mapped fields: int to long, float to
+    double and a decimal's precision up widen their columns; narrower or other types change
+    nothing; a table that another writer changed otherwise refuses the batch (SchemaMoved)."""
+    raw = {**EVOLVING}
+    raw["columns"] = [
+        *DEMO["columns"],
+        {"id": 9, "name": "count", "type": "int", "from": ["properties.count"]},
+        {"id": 10, "name": "reading", "type": "float", "from": ["properties.reading"]},
+        {"id": 11, "name": "price", "type": "decimal(6, 2)", "from": ["properties.price"]},
+    ]
+    raw["geometry"], raw["bbox"] = {**DEMO["geometry"], "id": 12}, {**DEMO["bbox"], "id": 13}
+    contract = parse_contract(raw)
+    table, _ = create_table(catalog, contract)
+    declared = {
+        "count": "long",
+        "reading": "double",
+        "price": "decimal(9, 2)",
+        "speed": "float",  # narrower than its double column
+        "population": "int",
+        "name": "long",  # a string column: no rule widens it
+    }
+    seen = {name: PropertySeen(kind, 1, (i, 0, 0)) for i, (name, kind) in enumerate(declared.items())}
+    plan = plan_new_columns(contract, seen, table.metadata.last_column_id)
+    assert {name: str(kind) for name, kind in plan.widened} == {
+        "count": "long",
+        "reading": "double",
+        "price": "decimal(9, 2)",
+    }
+    assert plan and not plan.added and not plan.members
+    written = plan.applied(contract).iceberg_schema
+    with table.transaction() as tx:
+        add_columns(tx, table.schema(), table.metadata.last_column_id, (), (), plan.widened)
+    table = catalog.load_table(contract.table)
+    for name in ("count", "reading", "price"):
+        assert table.schema().find_field(name) == written.find_field(name)
+    # The widened table still fits the contract the service started with; the batch again is a no-op.
+    assert table_contract(table, contract).iceberg_schema.find_field("count") == written.find_field("count")
+    with table.transaction() as tx:
+        add_columns(tx, table.schema(), table.metadata.last_column_id, (), (), plan.widened)
+    with pytest.raises(SchemaMoved, match="'price'"):
+        with table.transaction() as tx:
+            add_columns(tx, table.schema(), table.metadata.last_column_id, (), (), (("price", DecimalType(9, 3)),))
+    assert (
+        plan_new_columns(
+            parse_contract({**raw, "schema_evolution": "off"}), seen, table.metadata.last_column_id
+        ).widened
+        == ()
+    )
+
+
+@pytest.mark.parametrize(
+    ("earlier", "later", "merged"),
+    [
+        ("int", "long", "long"),
+        ("long", "int", "long"),
+        ("float", "double", "double"),
+        ("decimal(6, 2)", "decimal(9, 2)", "decimal(9, 2)"),
+        ("decimal(9, 2)", "decimal(6, 2)", "decimal(9, 2)"),
+        ("decimal(6, 2)", "decimal(9, 3)", "decimal(6, 2)"),  # another scale: no rule, the earlier kept
+        ("long", "double", "double"),
+        ("string", "long", "string"),
+    ],
+)
+def test_two_schemas_declaring_a_field_merge_to_the_type_both_fit(earlier, later, merged):
+    assert merged_kind(earlier, later) == merged

@@ -5,6 +5,8 @@ a column of the table. Every record lands in the table or in the dead-letter top
 
 from __future__ import annotations
 
+from decimal import Decimal
+
 import pytest
 import shapely
 
@@ -108,3 +110,91 @@ def test_an_unreachable_registry_stops_the_service_naming_it(kafka, spark, topic
     table = open_catalog(settings.catalog_name, settings.catalog).load_table(contract.table)
     assert table.current_snapshot() is None
     assert dead_letters(kafka.bootstrap, settings.dead_letter_topic) == {}
+
+
+def _widening_schema(count: object, reading: str, price_digits: int) -> dict:
+    price = {"type": "bytes", "logicalType": "decimal", "precision": price_digits, "scale": 2}
+    return {
+        "type": "record",
+        "name": "Meter",
+        "fields": [
+            {"name": "id", "type": "string"},
+            {"name": "lon", "type": "double"},
+            {"name": "lat", "type": "double"},
+            {"name": "count", "type": count},
+            {"name": "reading", "type": reading},
+            {"name": "price", "type": price},
+        ],
+    }
+
+
+def test_writer_schemas_that_widen_a_field_widen_its_column_and_one_iceberg_forbids_is_a_dead_letter(
+    kafka, spark, topic, schema_registry, tmp_path
+):
+    """Avro's own promotions through the registry: a field int then long, float then double, a
+    decimal(6, 2) then decimal(9, 2). The columns widen in the commit of the first batch that holds
+    the wider values (old rows read as they were); a later schema that makes the count a string
+    (which no Iceberg rule allows) leaves the column as it is, and its records are dead letters: a
+    text is no number, whatever it spells."""
+    narrow = register(schema_registry.url, f"{topic}-value", _widening_schema("int", "float", 6))
+    wide = register(schema_registry.url, f"{topic}-value", _widening_schema("long", "double", 9))
+    text = register(schema_registry.url, f"{topic}-other-value", _widening_schema("string", "double", 9))
+    records, expected = [], {}
+    for i in range(300):
+        key = f"m-{i}"
+        if i < 100:
+            value = {"id": key, "lon": 1.0, "lat": 2.0, "count": i, "reading": 0.5 + i, "price": Decimal(i) / 4}
+            schema_id, schema = narrow, _widening_schema("int", "float", 6)
+        elif i < 250:
+            value = {
+                "id": key,
+                "lon": 1.0,
+                "lat": 2.0,
+                "count": 2**40 + i,
+                "reading": 0.1 + i,
+                "price": Decimal("1234567.89") - i,
+            }
+            schema_id, schema = wide, _widening_schema("long", "double", 9)
+        else:
+            count = str(i) if i % 2 else "n/a"
+            value = {"id": key, "lon": 1.0, "lat": 2.0, "count": count, "reading": 0.1 + i, "price": Decimal(i)}
+            schema_id, schema = text, _widening_schema("string", "double", 9)
+        records.append((key.encode(), wire(schema_id, avro_bytes(schema, value)), []))
+        expected[key] = value
+    assert produce_records(kafka.bootstrap, topic, records) == len(records)
+
+    raw = {
+        **CONTRACT,
+        "table": "fleet.meters",
+        "columns": [
+            *CONTRACT["columns"][:1],
+            {"id": 2, "name": "count", "type": "int", "from": ["properties.count"]},
+            {"id": 3, "name": "event_time", "type": "timestamptz", "required": True, "from": ["kafka.timestamp"]},
+            {"id": 4, "name": "reading", "type": "float", "from": ["properties.reading"]},
+            {"id": 5, "name": "price", "type": "decimal(6, 2)", "from": ["properties.price"]},
+        ],
+        "geometry": {**CONTRACT["geometry"], "id": 6},
+        "bbox": {"id": 7, "name": "bbox"},
+    }
+    settings = local_settings(
+        kafka, topic, tmp_path, max_offsets_per_trigger=60, schema_registry={"url": schema_registry.url}
+    )
+    contract = parse_contract(raw)
+    create_table(open_catalog(settings.catalog_name, settings.catalog), contract)
+    totals = run(settings, contract, until_idle=True, spark=spark)
+    assert totals.commits == {"committed": totals.batches} and totals.batches >= 5
+
+    table = open_catalog(settings.catalog_name, settings.catalog).load_table(contract.table)
+    types = {f.name: str(f.field_type) for f in table.schema().fields}
+    assert (types["count"], types["reading"], types["price"]) == ("long", "double", "decimal(9, 2)")
+    rows = {r["event_id"]: r for r in table.scan().to_arrow().to_pylist()}
+    dead = dead_letters(kafka.bootstrap, settings.dead_letter_topic)
+    assert {d.key for d in dead.values()} == {f"m-{i}".encode() for i in range(250, 300)}
+    assert {d.reason for d in dead.values()} == {"property_type_mismatch"}
+    assert len(rows) + len(dead) == len(records)
+    for key, row in rows.items():
+        sent = expected[key]
+        assert row["count"] == int(sent["count"]), key
+        assert row["price"] == sent["price"], key
+        # A float's value as the narrow schema sent it (a float32), a double's as sent.
+        assert row["reading"] == pytest.approx(sent["reading"], rel=1e-6 if int(key[2:]) < 100 else 1e-15), key
