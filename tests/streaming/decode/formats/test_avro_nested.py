@@ -424,15 +424,21 @@ def both_readers(schema: dict, bodies: list[bytes]) -> tuple[NestedReader, Gener
     return nested, general
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
-@given(st.data())
-def test_the_columnar_reader_reads_every_generated_schema_as_fastavro_does(data):
+def generated_records(data: st.DataObject) -> tuple[list[Any], dict, list[bytes]]:
+    """A record schema of 1 to 3 generated field types, and 1 to 6 records of it, some cut short."""
     kinds = data.draw(st.lists(avro_types(), min_size=1, max_size=3), label="field types")
     schema = _named("record", fields=[{"name": f"x{i}", "type": k} for i, k in enumerate(kinds)])
     records = data.draw(st.lists(avro_values(schema), min_size=1, max_size=6), label="records")
     bodies = [avro_bytes(schema, r) for r in records]
     cut = data.draw(st.lists(st.integers(0, len(bodies) - 1), max_size=2, unique=True), label="truncated")
     bodies = [b[: len(b) // 2] if i in cut and len(b) > 1 else b for i, b in enumerate(bodies)]
+    return kinds, schema, bodies
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(st.data())
+def test_the_columnar_reader_reads_every_generated_schema_as_fastavro_does(data):
+    kinds, schema, bodies = generated_records(data)
     nested, general = both_readers(schema, bodies)
     assert list(nested.bad) == list(general.bad)
     for i, kind in enumerate(kinds):
@@ -450,12 +456,7 @@ def test_the_columnar_reader_reads_every_generated_schema_as_fastavro_does(data)
 def test_the_flat_reader_reads_arrays_maps_and_wide_unions_whole_as_fastavro_does(data):
     """A Debezium envelope's reading: the flat reader, whose array, map and wide union fields are
     leaves read by the nested reader's steps."""
-    kinds = data.draw(st.lists(avro_types(), min_size=1, max_size=3), label="field types")
-    schema = _named("record", fields=[{"name": f"x{i}", "type": k} for i, k in enumerate(kinds)])
-    records = data.draw(st.lists(avro_values(schema), min_size=1, max_size=6), label="records")
-    bodies = [avro_bytes(schema, r) for r in records]
-    cut = data.draw(st.lists(st.integers(0, len(bodies) - 1), max_size=2, unique=True), label="truncated")
-    bodies = [b[: len(b) // 2] if i in cut and len(b) > 1 else b for i, b in enumerate(bodies)]
+    kinds, schema, bodies = generated_records(data)
     _, general = both_readers(schema, bodies)
     plan = compile_schema(1, json.dumps(schema), nested=True)
     offsets, bytes_ = offsets_and_bytes(pa.array(bodies, pa.binary()))
