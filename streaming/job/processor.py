@@ -254,9 +254,7 @@ class BatchProcessor:
             rejected=sum(rejected.values()),
             delete_files=delete_files,
             equality_ids=tuple(equality_field_ids(self.contract)) if delete_files else (),
-            added_columns=plan.added,
-            added_members=plan.members,
-            widened_columns=plan.widened,
+            schema_change=plan,
         )
         reject_files = tuple(results.reject_files)
         if reject_files:

@@ -37,15 +37,13 @@ from pyiceberg.table import Table, Transaction
 from pyiceberg.table.metadata import TableMetadata
 from pyiceberg.table.snapshots import Snapshot
 from pyiceberg.typedef import Record
-from pyiceberg.types import IcebergType
 from sqlalchemy.exc import InterfaceError, OperationalError
 
-from streaming.contract import Column
 from streaming.table.catalog import unpartitioned_spec_id
 from streaming.table.row_delta import RowDelta, SpecAwareAppend
 from streaming.table.turns import no_turn
 from streaming.write.data_files import EQUALITY_DELETES, DataFileRecord
-from streaming.write.evolution import AddedMember, add_columns
+from streaming.write.evolution import ColumnPlan, add_columns
 
 log = logging.getLogger("geoingest.commit")
 
@@ -88,13 +86,9 @@ class BatchCommit:
     # Upsert tables: equality delete files of the keys the batch replaces or deletes, on these field ids
     delete_files: tuple[DataFileRecord, ...] = ()
     equality_ids: tuple[int, ...] = ()
-    # Columns the batch's files hold that the table may not have yet (schema evolution): added in
-    # the same commit as the files.
-    added_columns: tuple[Column, ...] = ()
-    # Members the batch's files hold in struct columns that the table may not have yet, likewise.
-    added_members: tuple[AddedMember, ...] = ()
-    # Columns the batch's files hold at a wider type than the table may have yet, likewise.
-    widened_columns: tuple[tuple[str, IcebergType], ...] = ()
+    # Columns, struct members and wider types the batch's files hold that the table may not have
+    # yet (schema evolution): made the table's in the same commit as the files.
+    schema_change: ColumnPlan = field(default_factory=ColumnPlan)
 
     @property
     def rows(self) -> int:
@@ -494,15 +488,8 @@ class Committer:
     def _append(self, batch: BatchCommit) -> int:
         view = single_attempt_view(self.table)
         with view.transaction() as tx:
-            if batch.added_columns or batch.added_members or batch.widened_columns:
-                add_columns(
-                    tx,
-                    view.schema(),
-                    view.metadata.last_column_id,
-                    batch.added_columns,
-                    batch.added_members,
-                    batch.widened_columns,
-                )
+            if batch.schema_change:
+                add_columns(tx, view.schema(), view.metadata.last_column_id, batch.schema_change)
             if batch.delete_files:
                 # Unpartitioned deletes: a key's new version may land in another partition than its
                 # old one (another day, another cell), and a partitioned delete reaches its own only.

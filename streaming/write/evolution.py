@@ -186,23 +186,16 @@ def _missing_members(
     return missing
 
 
-def add_columns(
-    tx: Transaction,
-    schema: Schema,
-    last_column_id: int,
-    columns: tuple[Column, ...],
-    members: tuple[AddedMember, ...] = (),
-    widened: tuple[tuple[str, IcebergType], ...] = (),
-) -> None:
-    """Stage the columns, struct members and widened columns of a batch on a transaction of the
-    table whose current schema is `schema`.
+def add_columns(tx: Transaction, schema: Schema, last_column_id: int, change: ColumnPlan) -> None:
+    """Stage the columns, struct members and widened columns of a batch (`change`) on a
+    transaction of the table whose current schema is `schema`.
 
     One the table already has (another writer added it meanwhile) must have the id and type the
     batch's files give it; a missing one is added, and must get the id the files use: Iceberg
     numbers what is added in order, each column or member before what it holds. A widened column
     the table has at that type already (another writer widened it) is left as it is."""
     widen: list[tuple[str, IcebergType]] = []
-    for name, kind in widened:
+    for name, kind in change.widened:
         existing_type = schema.find_field(name).field_type
         if existing_type == kind:
             continue
@@ -211,9 +204,9 @@ def add_columns(
         widen.append((name, kind))
     missing: list[tuple[tuple[str, ...], int, IcebergType, int]] = []
     wanted: list[tuple[tuple[str, ...], int, IcebergType, int]] = [
-        ((c.name,), c.id, c.iceberg_type, 1 + sum(1 for _ in nested_fields(c.iceberg_type))) for c in columns
+        ((c.name,), c.id, c.iceberg_type, 1 + sum(1 for _ in nested_fields(c.iceberg_type))) for c in change.added
     ]
-    wanted += [(m.path, m.field_id, m.type, m.ids) for m in members]
+    wanted += [(m.path, m.field_id, m.type, m.ids) for m in change.members]
     for path, field_id, kind, ids in wanted:
         try:
             existing = schema.find_field(".".join(path))

@@ -66,7 +66,14 @@ import shapely
 
 from streaming.contract import Contract
 from streaming.decode.columns import _cast_or_reject
-from streaming.decode.formats.avro_nested import NestedReader, RecursiveSchema, Shape, ShapeCursors, shape_of
+from streaming.decode.formats.avro_nested import (
+    PRIMITIVE_ARROW,
+    NestedReader,
+    RecursiveSchema,
+    Shape,
+    ShapeCursors,
+    shape_of,
+)
 from streaming.decode.formats.base import Decoded, InputFormat
 from streaming.decode.formats.wkb import EWKB_SRID_FLAG, read_wkb
 from streaming.decode.python_values import to_arrow
@@ -83,17 +90,7 @@ from streaming.kernels.buffers import NONE, offsets_and_bytes, scatter_into
 WIRE_HEADER = 5  # magic byte 0x00 + 4-byte schema id
 _PRIMITIVES = ("null", "boolean", "int", "long", "float", "double", "bytes", "string")
 _NUMPY = {"int": np.int64, "long": np.int64, "float": np.float64, "double": np.float64, "boolean": np.bool_}
-_ARROW = {
-    "boolean": pa.bool_(),
-    "int": pa.int32(),
-    "long": pa.int64(),
-    "float": pa.float32(),
-    "double": pa.float64(),
-    "bytes": pa.binary(),
-    "fixed": pa.binary(),
-    "string": pa.string(),
-    "enum": pa.string(),
-}
+_ARROW = {**PRIMITIVE_ARROW, "fixed": pa.binary(), "enum": pa.string()}
 _LOGICAL = {"timestamp-millis": pa.timestamp("ms", tz="UTC"), "timestamp-micros": pa.timestamp("us", tz="UTC")}
 
 

@@ -29,7 +29,8 @@ from streaming.decode.formats.binary_cursors import Cursors
 from streaming.decode.python_values import Problem
 from streaming.kernels.buffers import offsets_and_bytes
 
-_PRIMITIVE = {
+# Each Avro primitive as the Arrow type it is read as (the flat reader takes them too).
+PRIMITIVE_ARROW = {
     "null": pa.null(),
     "boolean": pa.bool_(),
     "int": pa.int32(),
@@ -69,8 +70,8 @@ def shape_of(parsed: Any, named: dict[str, Any]) -> Shape:
 
 def _shape(raw: Any, named: dict[str, Any], inside: tuple[str, ...]) -> Shape:
     if isinstance(raw, str):
-        if raw in _PRIMITIVE:
-            return Shape(raw, _PRIMITIVE[raw], min_bytes=_PRIMITIVE_BYTES.get(raw, 1))
+        if raw in PRIMITIVE_ARROW:
+            return Shape(raw, PRIMITIVE_ARROW[raw], min_bytes=_PRIMITIVE_BYTES.get(raw, 1))
         if raw in inside:
             raise RecursiveSchema(raw)
         return _shape(named[raw], named, inside)
@@ -103,10 +104,12 @@ def _shape(raw: Any, named: dict[str, Any], inside: tuple[str, ...]) -> Shape:
         size = int(raw["size"])
         arrow = _decimal(raw) if logical == "decimal" else pa.binary(size)
         return Shape("fixed", arrow, size=size, logical=logical, min_bytes=size)
-    arrow = _LOGICAL.get((kind, logical), _PRIMITIVE[kind])
+    arrow = _LOGICAL.get((kind, logical), PRIMITIVE_ARROW[kind])
     if (kind, logical) == ("bytes", "decimal"):
         arrow = _decimal(raw)
-    return Shape(kind, arrow, logical=logical if arrow != _PRIMITIVE[kind] else "", min_bytes=_PRIMITIVE_BYTES[kind])
+    return Shape(
+        kind, arrow, logical=logical if arrow != PRIMITIVE_ARROW[kind] else "", min_bytes=_PRIMITIVE_BYTES[kind]
+    )
 
 
 _PRIMITIVE_BYTES = {"null": 0, "boolean": 1, "int": 1, "long": 1, "float": 4, "double": 8, "bytes": 1, "string": 1}

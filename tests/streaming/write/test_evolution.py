@@ -27,7 +27,7 @@ from streaming.read.predicate import Predicate
 from streaming.read.query import query
 from streaming.table.catalog import create_table, open_catalog, table_contract
 from streaming.table.commit import BatchCommit, Committer
-from streaming.write.evolution import SchemaMoved, add_columns, plan_new_columns
+from streaming.write.evolution import ColumnPlan, SchemaMoved, add_columns, plan_new_columns
 from tests.conftest import CACHE_DIR, duckdb_connection, produce_records
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -97,12 +97,16 @@ def test_two_writers_adding_the_same_column_at_once_both_commit_and_a_clash_is_r
     lanes = Column(15, "lanes", "long", False, ("properties.lanes",))
     # Both planned "lanes" as id 15 on the same schema; the second commits on top of the first.
     for writer, table in (("a", first), ("b", second)):
-        outcome = Committer(table).commit(BatchCommit(writer, 0, {"t": {0: (0, 9)}}, (), added_columns=(lanes,)))
+        outcome = Committer(table).commit(
+            BatchCommit(writer, 0, {"t": {0: (0, 9)}}, (), schema_change=ColumnPlan((lanes,)))
+        )
         assert outcome.status == "committed"
     # The third planned id 15 for another name: its files would give the table's id 15 two meanings.
     with pytest.raises(SchemaMoved, match="'width'.*id 15.*next id is 16"):
         Committer(third).commit(
-            BatchCommit("c", 0, {"t": {0: (0, 9)}}, (), added_columns=(Column(15, "width", "long", False, ()),))
+            BatchCommit(
+                "c", 0, {"t": {0: (0, 9)}}, (), schema_change=ColumnPlan((Column(15, "width", "long", False, ()),))
+            )
         )
     table = open_catalog("a", props).load_table(contract.table)
     assert [(f.field_id, f.name) for f in table.schema().fields][-1] == (15, "lanes")
@@ -275,7 +279,7 @@ def test_nested_columns_and_members_take_the_ids_iceberg_gives_them_in_the_commi
     grown = plan.applied(contract)
     files_schema = grown.iceberg_schema
     with table.transaction() as tx:
-        add_columns(tx, table.schema(), last, plan.added, plan.members)
+        add_columns(tx, table.schema(), last, plan)
     table = catalog.load_table(contract.table)
     assert table.schema().find_field("trip") == files_schema.find_field("trip")
     assert table.schema().find_field("driver") == files_schema.find_field("driver")
@@ -332,17 +336,18 @@ def test_declared_wider_types_widen_their_columns_by_icebergs_rules_in_the_commi
     assert plan and not plan.added and not plan.members
     written = plan.applied(contract).iceberg_schema
     with table.transaction() as tx:
-        add_columns(tx, table.schema(), table.metadata.last_column_id, (), (), plan.widened)
+        add_columns(tx, table.schema(), table.metadata.last_column_id, plan)
     table = catalog.load_table(contract.table)
     for name in ("count", "reading", "price"):
         assert table.schema().find_field(name) == written.find_field(name)
     # The widened table still fits the contract the service started with; the batch again is a no-op.
     assert table_contract(table, contract).iceberg_schema.find_field("count") == written.find_field("count")
     with table.transaction() as tx:
-        add_columns(tx, table.schema(), table.metadata.last_column_id, (), (), plan.widened)
+        add_columns(tx, table.schema(), table.metadata.last_column_id, plan)
     with pytest.raises(SchemaMoved, match="'price'"):
         with table.transaction() as tx:
-            add_columns(tx, table.schema(), table.metadata.last_column_id, (), (), (("price", DecimalType(9, 3)),))
+            clash = ColumnPlan(widened=(("price", DecimalType(9, 3)),))
+            add_columns(tx, table.schema(), table.metadata.last_column_id, clash)
     assert (
         plan_new_columns(
             parse_contract({**raw, "schema_evolution": "off"}), seen, table.metadata.last_column_id
