@@ -10,7 +10,6 @@ Points beside Polygons); such a block is read document by document with json.loa
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
@@ -21,6 +20,7 @@ import pyarrow.compute as pc
 import pyarrow.json as pa_json
 
 from streaming.contract import Contract
+from streaming.contract.types import primitive_type, promotes
 from streaming.decode.formats.geojson_geometry import ndjson
 from streaming.kernels.buffers import lists_whole
 
@@ -77,11 +77,13 @@ def merged_kind(earlier: str, later: str) -> str:
         return later
     if {earlier, later} == {"long", "double"}:
         return "double"
-    if {earlier, later} in ({"int", "long"}, {"float", "double"}):
-        return "long" if "long" in (earlier, later) else "double"  # writer schemas that widened a field
-    wider = _wider_decimal(earlier, later)
-    if wider is not None:
-        return wider
+    # Writer schemas that widened a field by Iceberg's rules (int then long, a decimal's digits up).
+    first_type, second_type = primitive_type(earlier), primitive_type(later)
+    if first_type is not None and second_type is not None:
+        if promotes(second_type, first_type):
+            return later
+        if promotes(first_type, second_type):
+            return earlier
     first, second = spelling_of(earlier), spelling_of(later)
     if isinstance(first, dict) and isinstance(second, dict) and first["type"] == second["type"]:
         if first["type"] == "list":
@@ -96,17 +98,6 @@ def merged_kind(earlier: str, later: str) -> str:
             {"type": "struct", "fields": [{"name": n, "type": spelling_of(k)} for n, k in members.items()]}
         )
     return earlier
-
-
-_DECIMAL = re.compile(r"decimal\((\d+),\s*(\d+)\)")
-
-
-def _wider_decimal(earlier: str, later: str) -> str | None:
-    """Of two decimals of one scale, the one of more digits."""
-    a, b = _DECIMAL.fullmatch(earlier), _DECIMAL.fullmatch(later)
-    if a is None or b is None or a.group(2) != b.group(2):
-        return None
-    return earlier if int(a.group(1)) >= int(b.group(1)) else later
 
 
 def _text(spelling: Any) -> str:
