@@ -144,6 +144,10 @@ class Contract:
     retention_s: int | None = None
     # The raster column of a table of rasters (format "stac"); None for tables of geometries.
     raster: RasterSpec | None = None
+    # The ids of bbox.xmin .. bbox.ymax once a column is retyped (`with_column_types`): Iceberg
+    # gave them when the table was created, and a struct column that gains members later must not
+    # move them. None: numbered from the columns, as a new table numbers them.
+    bbox_ids: tuple[int, ...] | None = None
 
     @property
     def all_columns(self) -> tuple[Column, ...]:
@@ -163,7 +167,12 @@ class Contract:
                 for c in columns
             )
 
-        return replace(self, columns=retyped(self.columns), added_columns=retyped(self.added_columns))
+        return replace(
+            self,
+            columns=retyped(self.columns),
+            added_columns=retyped(self.added_columns),
+            bbox_ids=tuple(self.bbox_field_ids.values()),
+        )
 
     @property
     def namespace(self) -> str:
@@ -173,6 +182,8 @@ class Contract:
     def bbox_field_ids(self) -> dict[str, int]:
         """Ids of bbox.xmin .. bbox.ymax: Iceberg numbers nested fields after all top-level ones,
         the columns' before the bbox's."""
+        if self.bbox_ids is not None:
+            return dict(zip(BBOX_FIELDS, self.bbox_ids, strict=True))
         first = (
             sum(1 for c in self.columns for _ in nested_fields(c.iceberg_type))
             + self.bbox_id

@@ -284,11 +284,23 @@ def promotes(wider: IcebergType, kind: IcebergType) -> bool:
 
 
 def grown_from(grown: IcebergType, kind: IcebergType) -> bool:
-    """Whether `grown` is `kind` with optional struct members added or a primitive widened by
-    Iceberg's rules (at ingest, as the values held them), at any depth: a table's column that a
+    """Whether `grown` is `kind` with optional struct members added (in a list's element and a
+    map's value too) or a primitive widened by Iceberg's rules (at ingest, as the values held
+    them), at any depth: a table's column that a
     contract without those changes still fits."""
     if grown == kind or promotes(grown, kind):
         return True
+    if isinstance(grown, ListType) and isinstance(kind, ListType):
+        return (grown.element_id, grown.element_required) == (kind.element_id, kind.element_required) and grown_from(
+            grown.element_type, kind.element_type
+        )
+    if isinstance(grown, MapType) and isinstance(kind, MapType):
+        return (grown.key_id, grown.key_type, grown.value_id, grown.value_required) == (
+            kind.key_id,
+            kind.key_type,
+            kind.value_id,
+            kind.value_required,
+        ) and grown_from(grown.value_type, kind.value_type)
     if not isinstance(grown, StructType) or not isinstance(kind, StructType):
         return False
     by_id = {f.field_id: f for f in grown.fields}

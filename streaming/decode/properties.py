@@ -88,11 +88,16 @@ def merged_kind(earlier: str, later: str) -> str:
     if isinstance(first, dict) and isinstance(second, dict) and first["type"] == second["type"]:
         if first["type"] == "list":
             return nested_kind(
-                {"type": "list", "element": spelling_of(merged_kind(_text(first["element"]), _text(second["element"])))}
+                {
+                    "type": "list",
+                    "element": spelling_of(
+                        merged_kind(kind_of_spelling(first["element"]), kind_of_spelling(second["element"]))
+                    ),
+                }
             )
-        members = {f["name"]: _text(f["type"]) for f in first["fields"]}
+        members = {f["name"]: kind_of_spelling(f["type"]) for f in first["fields"]}
         for field in second["fields"]:
-            kind = _text(field["type"])
+            kind = kind_of_spelling(field["type"])
             members[field["name"]] = merged_kind(members[field["name"]], kind) if field["name"] in members else kind
         return nested_kind(
             {"type": "struct", "fields": [{"name": n, "type": spelling_of(k)} for n, k in members.items()]}
@@ -100,7 +105,8 @@ def merged_kind(earlier: str, later: str) -> str:
     return earlier
 
 
-def _text(spelling: Any) -> str:
+def kind_of_spelling(spelling: Any) -> str:
+    """The PropertySeen type of a type as the contract spells it (spelling_of's inverse)."""
     return nested_kind(spelling) if isinstance(spelling, dict) else spelling
 
 

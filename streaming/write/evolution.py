@@ -16,17 +16,19 @@ files do not fit the table and the batch is written again on the new schema (`Sc
 
 from __future__ import annotations
 
+import functools
 import itertools
 import re
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 from pyiceberg.schema import Schema
 from pyiceberg.table import Transaction
-from pyiceberg.types import IcebergType, NestedField, StructType
+from pyiceberg.types import IcebergType, ListType, MapType, NestedField, StructType
 
 from streaming.contract import Column, Contract
 from streaming.contract.types import assign_ids, nested_fields, parse_type, placeholders, primitive_type, promotes
@@ -35,7 +37,16 @@ from streaming.decode.decoder import first_significant_byte
 from streaming.decode.formats.avro import AvroFormat
 from streaming.decode.formats.debezium import DebeziumFormat
 from streaming.decode.formats.protobuf import ProtobufFormat
-from streaming.decode.properties import NESTED, PropertySeen, merge_seen, record_order, spelling_of, unmapped_properties
+from streaming.decode.properties import (
+    NESTED,
+    PropertySeen,
+    kind_of_spelling,
+    merge_seen,
+    merged_kind,
+    record_order,
+    spelling_of,
+    unmapped_properties,
+)
 from streaming.decode.schema_registry import RegistrySettings
 
 PROPERTY_SCAN_SCHEMA = pa.schema(
@@ -96,6 +107,15 @@ class ColumnPlan:
 
 
 def _with_member(kind: IcebergType, path: tuple[str, ...], member: AddedMember) -> IcebergType:
+    """`kind` with `member` added at `path` (inside it: member names, `element`, `value`)."""
+    if isinstance(kind, ListType):
+        assert path[0] == "element", path
+        element = _with_member(kind.element_type, path[1:], member)
+        return ListType(kind.element_id, element, element_required=kind.element_required)
+    if isinstance(kind, MapType):
+        assert path[0] == "value", path
+        value = _with_member(kind.value_type, path[1:], member)
+        return MapType(kind.key_id, kind.key_type, kind.value_id, value, value_required=kind.value_required)
     assert isinstance(kind, StructType), kind  # plan_new_columns adds members to structs only
     if len(path) == 1:
         return StructType(*kind.fields, NestedField(member.field_id, path[0], member.type, required=False))
@@ -161,17 +181,30 @@ def plan_new_columns(contract: Contract, seen: dict[str, PropertySeen], last_col
         for name, property_seen in in_order:
             column = by_property.get(name)
             spelling = spelling_of(property_seen.type)
-            struct = column.iceberg_type if column is not None else None
-            if column is not None and isinstance(struct, StructType) and isinstance(spelling, dict):
-                members += _missing_members(struct, spelling, (column.name,), next_id)
+            if column is not None:
+                members += _missing_members(column.iceberg_type, spelling, (column.name,), next_id)
     return ColumnPlan(tuple(added), ignored, tuple(members), tuple(widened.items()))
 
 
 def _missing_members(
-    kind: StructType, seen: dict, path: tuple[str, ...], next_id: Callable[[], int]
+    kind: IcebergType, seen: Any, path: tuple[str, ...], next_id: Callable[[], int]
 ) -> list[AddedMember]:
-    """The members the values hold (`seen`, as the contract spells a type) that the struct lacks."""
-    if seen.get("type") != "struct":
+    """The members the values hold (`seen`, as the contract spells a type) that the structs of
+    `kind` lack: its own members, a list's element's, a map's value's (the member's path then
+    goes through `element` or `value`, as Iceberg names them)."""
+    if not isinstance(seen, dict):
+        return []  # a primitive value: a type mismatch if anything, not a change of the column
+    if isinstance(kind, ListType):
+        if seen.get("type") != "list":
+            return []
+        return _missing_members(kind.element_type, seen["element"], (*path, "element"), next_id)
+    if isinstance(kind, MapType):
+        # A JSON object read into a map: each of its keys holds a value, whose members all count.
+        if seen.get("type") != "struct" or not seen["fields"]:
+            return []
+        values = functools.reduce(merged_kind, (kind_of_spelling(f["type"]) for f in seen["fields"]))
+        return _missing_members(kind.value_type, spelling_of(values), (*path, "value"), next_id)
+    if not isinstance(kind, StructType) or seen.get("type") != "struct":
         return []  # another kind of value: rejected as a type mismatch, not a change of the column
     have = {f.name: f.field_type for f in kind.fields}
     missing = []
@@ -181,8 +214,8 @@ def _missing_members(
             field_id = next_id()
             member_type = assign_ids(parse_type(spelling, ".".join((*path, name)), placeholders()), next_id)
             missing.append(AddedMember((*path, name), field_id, member_type))
-        elif isinstance(inner := have[name], StructType) and isinstance(spelling, dict):
-            missing += _missing_members(inner, spelling, (*path, name), next_id)
+        else:
+            missing += _missing_members(have[name], spelling, (*path, name), next_id)
     return missing
 
 

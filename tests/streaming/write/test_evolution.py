@@ -281,10 +281,75 @@ def test_nested_columns_and_members_take_the_ids_iceberg_gives_them_in_the_commi
     with table.transaction() as tx:
         add_columns(tx, table.schema(), last, plan)
     table = catalog.load_table(contract.table)
-    assert table.schema().find_field("trip") == files_schema.find_field("trip")
-    assert table.schema().find_field("driver") == files_schema.find_field("driver")
-    # The table's grown struct still fits the contract the service was started with.
-    assert table_contract(table, contract).iceberg_schema.find_field("driver") == files_schema.find_field("driver")
+    # The batch's files and the service restarted on the grown table use the table's ids for every
+    # field: the bbox's too, which a grown struct column once moved (its bounds then filed under the
+    # ids of other fields, and spatial pruning skipped files it should have read).
+    assert files_schema == table.schema()
+    assert table_contract(table, contract).iceberg_schema == table.schema()
+
+
+def test_members_join_the_structs_inside_a_lists_elements_and_a_maps_values(catalog) -> None:
+    """A list of structs gains members in its element, a map of structs in its value (every key's
+    value counts): each with the id Iceberg gives it, at its path through `element` and `value`."""
+    raw = {**EVOLVING}
+    raw["columns"] = [
+        *DEMO["columns"],
+        {
+            "id": 9,
+            "name": "legs",
+            "type": {"type": "list", "element": {"type": "struct", "fields": [{"name": "km", "type": "double"}]}},
+            "from": ["properties.legs"],
+        },
+        {
+            "id": 10,
+            "name": "stops",
+            "type": {
+                "type": "map",
+                "key": "string",
+                "value": {"type": "struct", "fields": [{"name": "eta", "type": "long"}]},
+            },
+            "from": ["properties.stops"],
+        },
+    ]
+    raw["geometry"], raw["bbox"] = {**DEMO["geometry"], "id": 11}, {**DEMO["bbox"], "id": 12}
+    table, _ = create_table(catalog, parse_contract(raw))
+    contract = table_contract(table, parse_contract(raw))  # with the ids the table gave, as the service plans
+    element = {"type": "struct", "fields": [{"name": "km", "type": "double"}, {"name": "mode", "type": "string"}]}
+    at_a = {"type": "struct", "fields": [{"name": "eta", "type": "long"}, {"name": "gate", "type": "string"}]}
+    at_b = {
+        "type": "struct",
+        "fields": [
+            {"name": "eta", "type": "long"},
+            {"name": "dock", "type": {"type": "struct", "fields": [{"name": "n", "type": "long"}]}},
+        ],
+    }
+    seen = {
+        "legs": PropertySeen(json.dumps({"type": "list", "element": element}), 3, (1, 0, 0)),
+        "stops": PropertySeen(
+            json.dumps({"type": "struct", "fields": [{"name": "a", "type": at_a}, {"name": "b", "type": at_b}]}),
+            2,
+            (2, 0, 0),
+        ),
+    }
+    last = table.metadata.last_column_id
+    plan = plan_new_columns(contract, seen, last)
+    assert not plan.added
+    assert [(m.path, m.field_id) for m in plan.members] == [
+        (("legs", "element", "mode"), last + 1),
+        (("stops", "value", "gate"), last + 2),
+        (("stops", "value", "dock"), last + 3),  # and dock.n takes last + 4
+    ]
+    grown = plan.applied(contract).iceberg_schema
+    km = contract.iceberg_schema.find_field("legs.element.km").field_id
+    assert (
+        str(grown.find_type("legs.element")) == f"struct<{km}: km: optional double, {last + 1}: mode: optional string>"
+    )
+    assert str(grown.find_type("stops.value.dock")) == f"struct<{last + 4}: n: optional long>"
+    with table.transaction() as tx:
+        add_columns(tx, table.schema(), last, plan)
+    table = catalog.load_table(contract.table)
+    assert grown == table.schema() and table.metadata.last_column_id == last + 4
+    assert table_contract(table, parse_contract(raw)).iceberg_schema == table.schema()
 
 
 def test_a_list_led_by_nulls_is_seen_with_its_element_type():
