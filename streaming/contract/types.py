@@ -313,6 +313,44 @@ def grown_from(grown: IcebergType, kind: IcebergType) -> bool:
     return all(not f.required for f in by_id.values())
 
 
+def spelling_of_arrow(t: pa.DataType) -> Any:
+    """The contract's spelling of the column type that holds values of Arrow type `t`, as schema
+    evolution gives a new column (whole numbers as `long`, fractions as `double`, as for JSON);
+    None for a type no column holds (a union of several types, a null)."""
+    if pa.types.is_struct(t):
+        members = [(f.name, spelling_of_arrow(f.type)) for f in t]
+        if not members or any(kind is None or name.startswith("union.branch.") for name, kind in members):
+            return None
+        return {"type": "struct", "fields": [{"name": name, "type": kind} for name, kind in members]}
+    if pa.types.is_map(t):
+        value = spelling_of_arrow(t.item_type)
+        return None if value is None else {"type": "map", "key": "string", "value": value}
+    if pa.types.is_list(t) or pa.types.is_large_list(t):
+        element = spelling_of_arrow(t.value_type)
+        return None if element is None else {"type": "list", "element": element}
+    if pa.types.is_decimal(t):
+        return f"decimal({t.precision}, {t.scale})"
+    if pa.types.is_fixed_size_binary(t):
+        return f"fixed[{t.byte_width}]"
+    if pa.types.is_timestamp(t):
+        return "timestamptz" if t.tz is not None else "timestamp"
+    for test, spelling in _ARROW_SPELLINGS:
+        if test(t):
+            return spelling
+    return None
+
+
+_ARROW_SPELLINGS = (
+    (pa.types.is_boolean, "boolean"),
+    (pa.types.is_integer, "long"),
+    (pa.types.is_floating, "double"),
+    (lambda t: pa.types.is_string(t) or pa.types.is_large_string(t), "string"),
+    (lambda t: pa.types.is_binary(t) or pa.types.is_large_binary(t), "binary"),
+    (pa.types.is_date, "date"),
+    (pa.types.is_time, "time"),
+)
+
+
 # -- the Arrow side -----------------------------------------------------------------------------------
 def _regular_type(t: pa.DataType) -> pa.DataType:
     if pa.types.is_large_string(t):

@@ -70,7 +70,7 @@ def merged_kind(earlier: str, later: str) -> str:
     """The type values of both kinds fit, the earlier's where they differ otherwise (a value of
     the other kind is then rejected as a type mismatch): whole numbers beside fractions are
     doubles (JSON has one kind of number); a struct takes the members of both, a list the
-    elements of both; an unknown (NESTED) kind takes the other's."""
+    elements of both, a map the values of both; an unknown (NESTED) kind takes the other's."""
     if earlier == later or later == NESTED:
         return earlier
     if earlier == NESTED:
@@ -87,14 +87,11 @@ def merged_kind(earlier: str, later: str) -> str:
     first, second = spelling_of(earlier), spelling_of(later)
     if isinstance(first, dict) and isinstance(second, dict) and first["type"] == second["type"]:
         if first["type"] == "list":
-            return nested_kind(
-                {
-                    "type": "list",
-                    "element": spelling_of(
-                        merged_kind(kind_of_spelling(first["element"]), kind_of_spelling(second["element"]))
-                    ),
-                }
-            )
+            element = merged_kind(kind_of_spelling(first["element"]), kind_of_spelling(second["element"]))
+            return nested_kind({"type": "list", "element": spelling_of(element)})
+        if first["type"] == "map":  # a writer schema's map (JSON objects are seen as structs)
+            value = merged_kind(kind_of_spelling(first["value"]), kind_of_spelling(second["value"]))
+            return nested_kind({**first, "value": spelling_of(value)})
         members = {f["name"]: kind_of_spelling(f["type"]) for f in first["fields"]}
         for field in second["fields"]:
             kind = kind_of_spelling(field["type"])

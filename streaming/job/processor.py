@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 import pyarrow as pa
 from pyiceberg.table import Table
-from pyiceberg.types import DecimalType, FloatType, IntegerType, StructType
+from pyiceberg.types import DecimalType, FloatType, IntegerType, ListType, MapType, StructType
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.pandas.types import from_arrow_schema
 
@@ -187,11 +187,11 @@ class BatchProcessor:
         step = time.monotonic()
         registry = self.contract if self.contract.registry is not None else None
         debezium = self.contract if self.contract.debezium is not None else None
-        # A struct column's property is scanned too: the members its values hold may be new.
-        structs = {
+        # A nested column's property is scanned too: the members its structs' values hold may be new.
+        nested = {
             src.removeprefix("properties.")
             for c in self.contract.all_columns
-            if isinstance(c.iceberg_type, StructType)
+            if isinstance(c.iceberg_type, StructType | ListType | MapType)
             for src in c.sources
             if src.startswith("properties.")
         }
@@ -204,7 +204,7 @@ class BatchProcessor:
             if src.startswith("properties.")
         )
         scan = PropertyScan(
-            mapped_names(self.contract) - structs,
+            mapped_names(self.contract) - nested,
             registry,
             self.config.decode.schema_registry,
             debezium_contract=debezium,

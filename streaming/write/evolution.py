@@ -165,7 +165,10 @@ def plan_new_columns(contract: Contract, seen: dict[str, PropertySeen], last_col
         elif name in taken:
             ignored[name] = "a column of that name reads another source"
         elif property_seen.type == NESTED:
-            ignored[name] = "its values are empty objects or arrays, or hold only nulls: no type can be told"
+            ignored[name] = (
+                "no column type can be told: its values are empty objects or arrays or only nulls, "
+                "or its schema's type is a union of several types"
+            )
         elif not re.fullmatch(policy.name_pattern, name):
             ignored[name] = f"the name does not match schema_evolution.name_pattern {policy.name_pattern!r}"
         elif len(added) >= policy.max_new_columns_per_batch:
@@ -199,6 +202,8 @@ def _missing_members(
             return []
         return _missing_members(kind.element_type, seen["element"], (*path, "element"), next_id)
     if isinstance(kind, MapType):
+        if seen.get("type") == "map":  # a writer schema's map
+            return _missing_members(kind.value_type, seen["value"], (*path, "value"), next_id)
         # A JSON object read into a map: each of its keys holds a value, whose members all count.
         if seen.get("type") != "struct" or not seen["fields"]:
             return []

@@ -65,6 +65,7 @@ import pyarrow.compute as pc
 import shapely
 
 from streaming.contract import Contract
+from streaming.contract.types import spelling_of_arrow
 from streaming.decode.columns import _cast_or_reject
 from streaming.decode.formats.avro_nested import (
     PRIMITIVE_ARROW,
@@ -458,6 +459,26 @@ def general_plan(schema_id: int, text: str, references: Sequence[str] = ()) -> G
     return NestedPlan(schema_id, Node("record"), leaves, parsed=parsed, paths=frozenset(paths), shape=shape)
 
 
+def nested_field_kinds(schema_id: int, text: str, references: Sequence[str] = ()) -> dict[str, str]:
+    """The type of each field of a writer schema's record that is a record, an array or a map
+    (optional or not), as schema evolution spells a struct, list or map column (PropertySeen's
+    kind); NESTED for one no column type holds (a union of several types inside). Empty for a
+    schema of no shape the nested reader knows (a recursive one)."""
+    # Here, not at the top: streaming.decode.properties imports the formats package.
+    from streaming.decode.properties import NESTED, kind_of_spelling
+
+    try:
+        whole = general_plan(schema_id, text, references)
+    except UnsupportedSchema:
+        return {}
+    kinds = {}
+    for name, shape in whole.shape.fields if isinstance(whole, NestedPlan) else ():
+        if pa.types.is_nested(shape.arrow):
+            spelling = spelling_of_arrow(shape.arrow)
+            kinds[name] = NESTED if spelling is None else kind_of_spelling(spelling)
+    return kinds
+
+
 def _general_fields(raw: Any, name: str, named: dict[str, Any], leaves: dict[str, Node], paths: set[str]) -> None:
     """The field paths of a parsed schema (a record's fields `record.field`, an optional record's too)."""
     if isinstance(raw, str):
@@ -630,6 +651,7 @@ class AvroFormat(InputFormat):
         self._client: SchemaRegistryClient | None = None
         self._settings = RegistrySettings()
         self._plans: dict[int, Plan | UnsupportedSchema] = {}
+        self._nested_kinds: dict[int, dict[str, str]] = {}
 
     def use_registry(self, settings: RegistrySettings) -> None:
         self._settings = settings
@@ -644,20 +666,27 @@ class AvroFormat(InputFormat):
         """The compiled schema of an id; raises UnknownSchemaId, UnsupportedSchema, RegistryUnavailable."""
         cached = self._plans.get(schema_id)
         if cached is None:
-            registered = self.client.schema(schema_id)
-            if registered.schema_type != self.schema_type:
-                cached = UnsupportedSchema(
-                    f"schema id {schema_id} is of type {registered.schema_type}, not {self.schema_type}"
-                )
-            else:
-                try:
-                    cached = self.compile(registered)
-                except UnsupportedSchema as exc:
-                    cached = exc
-            self._plans[schema_id] = cached
+            cached = self.learn(self.client.schema(schema_id))
         if isinstance(cached, UnsupportedSchema):
             raise cached
         return cached
+
+    def learn(self, registered: RegisteredSchema) -> Plan | UnsupportedSchema:
+        """Compile a registered schema, kept for the records that name its id: its plan, or why
+        none, and the types schema evolution sees in it."""
+        plan: Plan | UnsupportedSchema
+        if registered.schema_type != self.schema_type:
+            plan = UnsupportedSchema(
+                f"schema id {registered.id} is of type {registered.schema_type}, not {self.schema_type}"
+            )
+        else:
+            try:
+                plan = self.compile(registered)
+            except UnsupportedSchema as exc:
+                plan = exc
+            self._nested_kinds[registered.id] = self.nested_kinds(registered)
+        self._plans[registered.id] = plan
+        return plan
 
     @property
     def reads_every_schema(self) -> bool:
@@ -670,6 +699,10 @@ class AvroFormat(InputFormat):
         return compile_avro(
             registered.id, registered.text, registered.references, self.property_types, self.reads_every_schema
         )
+
+    def nested_kinds(self, registered: RegisteredSchema) -> dict[str, str]:
+        """Schema evolution's types of the record's nested fields (`nested_field_kinds`)."""
+        return nested_field_kinds(registered.id, registered.text, registered.references)
 
     def reader(self, plan: Plan, data: np.ndarray, start: np.ndarray, end: np.ndarray) -> AnyReader:
         if isinstance(plan, NestedPlan):
@@ -836,8 +869,12 @@ class AvroFormat(InputFormat):
                 continue
             k = local[np.lexsort((offsets[local], partitions[local], timestamps[local]))[0]]
             first = (int(timestamps[k]), int(partitions[k]), int(offsets[k]))
+            nested = self._nested_kinds.get(int(schema_id), {})
+            for name, nested_kind in nested.items():
+                if name not in own and name not in mapped:
+                    merge_seen(seen, {name: PropertySeen(nested_kind, int(local.size), first)})
             for name, node in plan.leaves.items():
-                if name in own or (name in mapped and name not in declared):
+                if name in own or (name in mapped and name not in declared) or name.split(".", 1)[0] in nested:
                     continue
                 kind = (
                     declared_kind(node, self.integer_widths) if name in mapped else _EVOLVED_KIND.get(node.kind, NESTED)

@@ -470,6 +470,11 @@ class ProtobufFormat(AvroFormat):
     # int32 and int64 fields are both read as long: a writer schema's int64 widens no int column.
     integer_widths: ClassVar[bool] = False
 
+    def nested_kinds(self, registered: RegisteredSchema) -> dict[str, str]:
+        # A message's nested fields become no columns by schema evolution yet: their types are
+        # left to the contract.
+        return {}
+
     def compile(self, registered: RegisteredSchema) -> Plan:
         """The columnar reader's plan when it reads the schema, the file has one message (the
         columnar reader reads the first only; the records may name any) and no string column reads

@@ -217,19 +217,30 @@ def test_a_producer_that_adds_nested_members_mid_stream_grows_the_table_and_old_
     """Under `add-columns`: an object property becomes a struct column, an array a list column; a
     member a struct's values gain mid-stream (nested too) becomes a member of the column, which the
     rows written before read as null; a value of another type is a reject naming its path."""
-    raw = contract_of([{"type": "struct", "fields": [{"name": "id", "type": "long", "required": True}]}], "geojson")
+    stop = {"type": "struct", "fields": [{"name": "eta", "type": "long"}]}
+    raw = contract_of(
+        [
+            {"type": "struct", "fields": [{"name": "id", "type": "long", "required": True}]},
+            {"type": "map", "key": "string", "value": stop},
+        ],
+        "geojson",
+    )
     raw["schema_evolution"] = "add-columns"
     contract = parse_contract(raw)
 
-    def feature(i: int, c0: dict, **more) -> bytes:
+    def feature(i: int, c0: dict, c1: dict | None = None, **more) -> bytes:
         doc = {"type": "Feature", "id": f"e{i}", "geometry": {"type": "Point", "coordinates": [i % 90, 1.0]}}
-        return json.dumps({**doc, "properties": {"c0": c0, **more}}).encode()
+        return json.dumps({**doc, "properties": {"c0": c0, "c1": c1, **more}}).encode()
 
-    first = [feature(i, {"id": i}, trip={"legs": [{"km": 1.5}], "fare": 3}, tags=["a", "b"]) for i in range(60)]
+    first = [
+        feature(i, {"id": i}, {"a": {"eta": i}}, trip={"legs": [{"km": 1.5}], "fare": 3}, tags=["a", "b"])
+        for i in range(60)
+    ]
     later = [
         feature(
             i,
             {"id": i, "rating": 4.5, "car": {"plate": f"P{i}"}},
+            {"a": {"eta": i}, "b": {"eta": 1, "gate": "G"}},  # a member of the map's values
             trip={"fare": 4, "paid": True, "legs": [{"km": 2.5, "mode": "rail"}]},
             tags=[],
         )
@@ -252,12 +263,13 @@ def test_a_producer_that_adds_nested_members_mid_stream_grows_the_table_and_old_
     schema = table.schema()
     kinds = {
         path: re.sub(r"\d+: |optional |required ", "", str(schema.find_type(path)))
-        for path in ("c0.id", "c0.rating", "c0.car.plate", "trip.legs", "trip.fare", "trip.paid", "tags")
+        for path in ("c0.id", "c0.rating", "c0.car.plate", "c1", "trip.legs", "trip.fare", "trip.paid", "tags")
     }
     assert kinds == {
         "c0.id": "long",
         "c0.rating": "double",
         "c0.car.plate": "string",
+        "c1": "map<string, struct<eta: long, gate: string>>",
         "trip.legs": "list<struct<km: double, mode: string>>",  # a member of the list's element
         "trip.fare": "long",
         "trip.paid": "boolean",
@@ -271,7 +283,7 @@ def test_a_producer_that_adds_nested_members_mid_stream_grows_the_table_and_old_
     rows = {
         r[0]: r[1:]
         for r in con.execute(
-            f"SELECT event_id, c0, trip, tags, bbox FROM iceberg_scan('{table.metadata_location}')"
+            f"SELECT event_id, c0, trip, tags, bbox, c1 FROM iceberg_scan('{table.metadata_location}')"
         ).fetchall()
     }
     assert len(rows) == 120
@@ -289,6 +301,8 @@ def test_a_producer_that_adds_nested_members_mid_stream_grows_the_table_and_old_
     # struct column once moved the bbox's field ids in the files, and a window query missed them.
     for i in (1, 61, 119):
         assert rows[f"e{i}"][3] == {"xmin": i % 90, "ymin": 1.0, "xmax": i % 90, "ymax": 1.0}
+    assert rows["e1"][4] == {"a": {"eta": 1, "gate": None}}
+    assert rows["e61"][4] == {"a": {"eta": 61, "gate": None}, "b": {"eta": 1, "gate": "G"}}
     window = query(table, Predicate("intersects", shapely.box(59.5, 0, 89.5, 2))).table
     assert sorted(window.column("event_id").to_pylist()) == sorted(f"e{i}" for i in range(120) if i % 90 >= 60)
 

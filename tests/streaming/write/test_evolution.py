@@ -274,7 +274,7 @@ def test_nested_columns_and_members_take_the_ids_iceberg_gives_them_in_the_commi
         f"struct<{last + 2}: legs: optional list<struct<{last + 5}: km: optional double>>, {last + 3}: paid: optional boolean>"
     )
     assert [(m.path, m.field_id) for m in plan.members] == [(("driver", "car"), last + 6)]
-    assert "no type can be told" in plan.ignored["empty"]
+    assert "no column type can be told" in plan.ignored["empty"]
 
     grown = plan.applied(contract)
     files_schema = grown.iceberg_schema

@@ -32,6 +32,7 @@ from streaming.decode.formats.avro import (
     general_plan,
 )
 from streaming.decode.formats.avro_nested import NestedReader
+from streaming.decode.schema_registry import RegisteredSchema
 from streaming.kernels.buffers import offsets_and_bytes
 from tests.streaming.decode.formats.test_avro import POINT_SCHEMA, avro_bytes, contract, record, wire
 from tests.streaming.decode.test_decoder import kafka_batch
@@ -279,6 +280,90 @@ def test_schema_evolution_sees_the_fields_of_a_schema_the_general_reader_reads()
     seen = fmt.unmapped_fields(values, rows, frozenset({"x", "id"}), order)
     # A new string field becomes a string column; a date is no type schema evolution makes.
     assert {name: s.type for name, s in seen.items()} == {"note": "string", "day": NESTED}
+
+
+def test_schema_evolution_types_a_writer_schemas_new_records_arrays_and_maps_whole():
+    """A new record field is a struct column of its fields (not one column per leaf), an array a
+    list, a map a map, optional or not, logical types as what they stand for; a mapped struct
+    column's field is scanned whole, so the members a new schema gives it are seen; a union of
+    several types inside a field is no type a column holds."""
+    from streaming.decode.properties import NESTED, spelling_of
+
+    reading = {
+        "type": "record",
+        "name": "Reading",
+        "fields": [
+            {"name": "at", "type": {"type": "long", "logicalType": "timestamp-micros"}},
+            {"name": "value", "type": ["null", "float"]},
+        ],
+    }
+    schema = schema_with(
+        {"type": "record", "name": "Meta", "fields": [{"name": "a", "type": "long"}, {"name": "b", "type": "string"}]}
+    )
+    schema["fields"] += [
+        {
+            "name": "driver",
+            "type": [
+                "null",
+                {
+                    "type": "record",
+                    "name": "Driver",
+                    "fields": [
+                        {"name": "id", "type": "int"},
+                        {"name": "since", "type": {"type": "int", "logicalType": "date"}},
+                        {
+                            "name": "fare",
+                            "type": {"type": "bytes", "logicalType": "decimal", "precision": 8, "scale": 2},
+                        },
+                    ],
+                },
+            ],
+        },
+        {"name": "readings", "type": {"type": "array", "items": reading}},
+        {"name": "extras", "type": ["null", {"type": "map", "values": "double"}]},
+        {"name": "either", "type": {"type": "array", "items": ["int", "string"]}},
+        {"name": "note", "type": ["null", "string"]},
+    ]
+    decoder = decoder_for(schema, {"type": "struct", "fields": [{"name": "a", "type": "long"}]})
+    (fmt,) = decoder._formats
+    fmt.learn(RegisteredSchema(1, "AVRO", json.dumps(schema)))
+    value = {
+        "id": "a",
+        "lon": 1.0,
+        "lat": 2.0,
+        "x": {"a": 1, "b": "m"},
+        "driver": None,
+        "readings": [],
+        "extras": None,
+        "either": [1],
+        "note": None,
+    }
+    rows = np.arange(1)
+    order = (np.zeros(1, dtype=np.int64), np.zeros(1, dtype=np.int64), np.zeros(1, dtype=np.int64))
+    # The service leaves nested columns out of the mapped names: their members may be new.
+    seen = fmt.unmapped_fields(pa.array([wire(1, avro_bytes(schema, value))]), rows, frozenset({"id"}), order)
+    kinds = {name: spelling_of(s.type) for name, s in seen.items()}
+    assert kinds == {
+        "x": {"type": "struct", "fields": [{"name": "a", "type": "long"}, {"name": "b", "type": "string"}]},
+        "driver": {
+            "type": "struct",
+            "fields": [
+                {"name": "id", "type": "long"},
+                {"name": "since", "type": "date"},
+                {"name": "fare", "type": "decimal(8, 2)"},
+            ],
+        },
+        "readings": {
+            "type": "list",
+            "element": {
+                "type": "struct",
+                "fields": [{"name": "at", "type": "timestamptz"}, {"name": "value", "type": "double"}],
+            },
+        },
+        "extras": {"type": "map", "key": "string", "value": "double"},
+        "either": NESTED,
+        "note": "string",
+    }
 
 
 # -- the nested columnar reader against fastavro, on generated schemas ---------------------------

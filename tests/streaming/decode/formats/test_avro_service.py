@@ -5,6 +5,7 @@ a column of the table. Every record lands in the table or in the dead-letter top
 
 from __future__ import annotations
 
+import re
 from decimal import Decimal
 
 import pytest
@@ -36,12 +37,33 @@ CONTRACT = {
 }
 
 
+# The second version adds a string, an optional record and an array of records.
+_LEG = {
+    "type": "record",
+    "name": "Leg",
+    "fields": [{"name": "km", "type": "double"}, {"name": "mode", "type": "string"}],
+}
+_DRIVER = {
+    "type": "record",
+    "name": "Driver",
+    "fields": [{"name": "id", "type": "long"}, {"name": "shift", "type": "string"}],
+}
+V2_NESTED = {
+    **V2,
+    "fields": [
+        *V2["fields"],
+        {"name": "driver", "type": ["null", _DRIVER], "default": None},
+        {"name": "legs", "type": {"type": "array", "items": _LEG}, "default": []},
+    ],
+}
+
+
 def test_avro_records_through_the_registry_with_a_schema_change_midstream(
     kafka, spark, topic, schema_registry, tmp_path
 ):
     v1 = register(schema_registry.url, f"{topic}-value", V1)
-    v2 = register(schema_registry.url, f"{topic}-value", V2)
-    expected: dict[str, tuple[float, float, float | None, str | None]] = {}
+    v2 = register(schema_registry.url, f"{topic}-value", V2_NESTED)
+    expected: dict[str, tuple[float, float, float | None, str | None, dict | None, list | None]] = {}
     records = []
     for i in range(600):
         lon, lat = -170 + i * 0.5 + 1e-9 * i, -80 + (i % 300) * 0.5
@@ -49,11 +71,14 @@ def test_avro_records_through_the_registry_with_a_schema_change_midstream(
         key = f"p-{i}"
         if i < 300:
             value = wire(v1, avro_bytes(V1, {"id": key, "lon": lon, "lat": lat, "speed": speed}))
-            expected[key] = (lon, lat, speed, None)
-        else:  # the schema change: the producer's records now carry the new field
+            expected[key] = (lon, lat, speed, None, None, None)
+        else:  # the schema change: the producer's records now carry the new fields
             note = None if i % 5 == 0 else f"note {i}"
-            value = wire(v2, avro_bytes(V2, {"id": key, "lon": lon, "lat": lat, "speed": speed, "note": note}))
-            expected[key] = (lon, lat, speed, note)
+            driver = None if i % 3 == 0 else {"id": i, "shift": "night"}
+            legs = [{"km": k + 0.5, "mode": "rail"} for k in range(i % 4)]
+            fields = {"id": key, "lon": lon, "lat": lat, "speed": speed, "note": note, "driver": driver, "legs": legs}
+            value = wire(v2, avro_bytes(V2_NESTED, fields))
+            expected[key] = (lon, lat, speed, note, driver, legs)
         records.append((key.encode(), value, []))
     malformed = {
         b"bad-unknown-id": (
@@ -61,7 +86,13 @@ def test_avro_records_through_the_registry_with_a_schema_change_midstream(
             "unknown_schema_id",
         ),
         b"bad-truncated": (
-            wire(v2, avro_bytes(V2, {"id": "y", "lon": 1.0, "lat": 2.0, "speed": 3.0, "note": "z"})[:-3]),
+            wire(
+                v2,
+                avro_bytes(
+                    V2_NESTED,
+                    {"id": "y", "lon": 1.0, "lat": 2.0, "speed": 3.0, "note": "z", "driver": None, "legs": []},
+                )[:-3],
+            ),
             "schema_mismatch",
         ),
         b"bad-header": (b"\x00\x00\x01", "bad_wire_format"),
@@ -83,14 +114,21 @@ def test_avro_records_through_the_registry_with_a_schema_change_midstream(
     assert totals.commits == {"committed": totals.batches}
 
     table = open_catalog(settings.catalog_name, settings.catalog).load_table(contract.table)
-    assert "note" in table.schema().column_names  # added by schema evolution, midway
-    rows = table.scan(selected_fields=("event_id", "speed", "note", "geometry")).to_arrow().to_pylist()
+    # Added by schema evolution, midway: a record field as a struct column, an array of records as a list.
+    added = {f.name: re.sub(r"\d+: |optional |required ", "", str(f.field_type)) for f in table.schema().fields[-3:]}
+    assert added == {
+        "note": "string",
+        "driver": "struct<id: long, shift: string>",
+        "legs": "list<struct<km: double, mode: string>>",
+    }
+    fields = ("event_id", "speed", "note", "driver", "legs", "geometry")
+    rows = table.scan(selected_fields=fields).to_arrow().to_pylist()
     assert sorted(r["event_id"] for r in rows) == sorted(expected)
     for row in rows:
-        lon, lat, speed, note = expected[row["event_id"]]
+        lon, lat, speed, note, driver, legs = expected[row["event_id"]]
         point = shapely.from_wkb(row["geometry"])
         assert (point.x, point.y) == (lon, lat), row["event_id"]  # lossless
-        assert (row["speed"], row["note"]) == (speed, note), row["event_id"]
+        assert (row["speed"], row["note"], row["driver"], row["legs"]) == (speed, note, driver, legs), row["event_id"]
 
     dead = dead_letters(kafka.bootstrap, settings.dead_letter_topic)
     assert {d.key: d.reason for d in dead.values()} == {key: reason for key, (_, reason) in malformed.items()}
