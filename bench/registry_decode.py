@@ -39,7 +39,8 @@ from cities import city_points  # noqa: E402
 
 from streaming.contract import parse_contract  # noqa: E402
 from streaming.decode.decoder import REJECT_REASON, Decoder  # noqa: E402
-from streaming.decode.formats.avro import AvroFormat, compile_schema  # noqa: E402
+from streaming.decode.formats.avro import AvroFormat  # noqa: E402
+from streaming.decode.formats.avro_schema import compile_schema  # noqa: E402
 from streaming.decode.formats.protobuf import ProtobufFormat, compile_proto  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"

@@ -29,16 +29,8 @@ import pyarrow.compute as pc
 
 from streaming.decode.arrow_values import fit
 from streaming.decode.columns import _cast_or_reject
-from streaming.decode.formats.avro import (
-    _EVOLVED_KIND,
-    WIRE_HEADER,
-    AvroFormat,
-    Node,
-    Plan,
-    RecordReader,
-    UnsupportedSchema,
-    _wire,
-)
+from streaming.decode.formats.avro import WIRE_HEADER, AvroFormat, RecordReader, wire_parts
+from streaming.decode.formats.avro_schema import EVOLVED_KIND, Node, Plan, UnsupportedSchema
 from streaming.decode.formats.base import Decoded
 from streaming.decode.formats.debezium_values import avro_wire, to_column, wire_read_type
 from streaming.decode.properties import NESTED, PropertySeen, merge_seen
@@ -102,7 +94,7 @@ class AvroEvents:
         """Per schema id: its plan, its values (positions in `rows`), the bytes and where each of
         its records starts and ends; short values and unknown or unsupported ids are rejected on
         the way."""
-        _, data, offsets, ids, short = _wire(values, rows)
+        _, data, offsets, ids, short = wire_parts(values, rows)
         rejects.add(rows[short], Reason.BAD_WIRE_FORMAT, f"{what}{_SHORT}")
         for schema_id in np.unique(ids[~short]):
             local = np.flatnonzero(~short & (ids == schema_id))
@@ -200,7 +192,7 @@ class AvroEvents:
                 column, _, inner = path.removeprefix("after.").partition(".")
                 if not path.startswith("after.") or column in taken:
                     continue
-                kind = NESTED if inner else _EVOLVED_KIND.get(node.kind, NESTED)
+                kind = NESTED if inner else EVOLVED_KIND.get(node.kind, NESTED)
                 found[column] = PropertySeen(kind, int(local.size), first)
             merge_seen(seen, found)
         return seen

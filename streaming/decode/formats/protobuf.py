@@ -56,15 +56,8 @@ from google.protobuf import (
 from google.protobuf.descriptor import Descriptor, FieldDescriptor
 from google.protobuf.message import DecodeError
 
-from streaming.decode.formats.avro import (
-    AvroFormat,
-    GeneralPlan,
-    GeneralReader,
-    Node,
-    Plan,
-    RecordReader,
-    UnsupportedSchema,
-)
+from streaming.decode.formats.avro import AvroFormat, GeneralReader, RecordReader
+from streaming.decode.formats.avro_schema import GeneralPlan, Node, Plan, UnsupportedSchema
 from streaming.decode.formats.proto_text import ProtoSyntaxError, parse_proto
 from streaming.decode.python_values import NamedNumber
 from streaming.decode.schema_registry import RegisteredSchema

@@ -16,11 +16,10 @@ import shapely
 
 from streaming.contract import ContractError, parse_contract
 from streaming.decode.decoder import REJECT_DETAIL, REJECT_REASON, Decoder
-from streaming.decode.formats.avro import (
-    AvroFormat,
+from streaming.decode.formats.avro import AvroFormat, RecordReader
+from streaming.decode.formats.avro_schema import (
     BeyondColumnar,
     GeneralPlan,
-    RecordReader,
     UnsupportedSchema,
     compile_avro,
     compile_schema,

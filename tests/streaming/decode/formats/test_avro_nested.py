@@ -21,17 +21,9 @@ from hypothesis import strategies as st
 from streaming.contract import parse_contract
 from streaming.decode.arrow_values import fit
 from streaming.decode.decoder import REJECT_DETAIL, REJECT_REASON, Decoder
-from streaming.decode.formats.avro import (
-    AvroFormat,
-    GeneralPlan,
-    GeneralReader,
-    NestedPlan,
-    RecordReader,
-    compile_avro,
-    compile_schema,
-    general_plan,
-)
+from streaming.decode.formats.avro import AvroFormat, GeneralReader, RecordReader
 from streaming.decode.formats.avro_nested import NestedReader
+from streaming.decode.formats.avro_schema import GeneralPlan, NestedPlan, compile_avro, compile_schema, general_plan
 from streaming.decode.schema_registry import RegisteredSchema
 from streaming.kernels.buffers import offsets_and_bytes
 from tests.streaming.decode.formats.test_avro import POINT_SCHEMA, avro_bytes, contract, record, wire

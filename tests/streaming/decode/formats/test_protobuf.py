@@ -12,7 +12,7 @@ from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 
 from streaming.contract import ContractError, parse_contract
 from streaming.decode.decoder import REJECT_DETAIL, REJECT_REASON, Decoder
-from streaming.decode.formats.avro import UnsupportedSchema
+from streaming.decode.formats.avro_schema import UnsupportedSchema
 from streaming.decode.formats.protobuf import (
     GeneralProtoPlan,
     ProtobufFormat,

@@ -13,7 +13,7 @@ from google.protobuf import descriptor_pb2, message_factory
 
 from streaming.contract import parse_contract
 from streaming.decode.decoder import REJECT_DETAIL, REJECT_REASON, Decoder
-from streaming.decode.formats.avro import UnsupportedSchema
+from streaming.decode.formats.avro_schema import UnsupportedSchema
 from streaming.decode.formats.proto_text import parse_proto
 from streaming.decode.formats.protobuf import GeneralProtoPlan, ProtobufFormat, ProtoPlan, general_proto_plan
 from streaming.decode.schema_registry import RegisteredSchema
