@@ -308,6 +308,64 @@ def general_proto_plan(schema_id: int, text: str) -> GeneralProtoPlan:
     return GeneralProtoPlan(schema_id, Node("record"), leaves, paths=frozenset(paths), messages=messages)
 
 
+def proto_field_kinds(message: Descriptor) -> dict[str, str]:
+    """The type of each field of a message that is a message (not a well-known type), repeated
+    or a map, as schema evolution spells a struct, list or map column (PropertySeen's kind), as
+    the general reader's values fill it; NESTED for one no column type holds (Any, Struct, a
+    message that holds itself)."""
+    # Here, not at the top: streaming.decode.properties imports the formats package.
+    from streaming.decode.properties import NESTED, kind_of_spelling
+
+    kinds = {}
+    for fd in message.fields:
+        plain = fd.type != FieldDescriptor.TYPE_MESSAGE or fd.message_type.full_name.startswith("google.protobuf.")
+        if plain and not _is_repeated(fd):
+            continue
+        spelling = _field_spelling(fd, ())
+        kinds[fd.name] = NESTED if spelling is None else kind_of_spelling(spelling)
+    return kinds
+
+
+_SCALAR_SPELLING = {
+    FieldDescriptor.TYPE_DOUBLE: "double",
+    FieldDescriptor.TYPE_FLOAT: "double",
+    FieldDescriptor.TYPE_BOOL: "boolean",
+    FieldDescriptor.TYPE_STRING: "string",
+    FieldDescriptor.TYPE_BYTES: "binary",
+    FieldDescriptor.TYPE_ENUM: "string",
+}
+
+
+def _field_spelling(fd: FieldDescriptor, inside: tuple[str, ...]) -> Any:
+    if _is_repeated(fd) and fd.message_type is not None and fd.message_type.GetOptions().map_entry:
+        key = _value_spelling(fd.message_type.fields_by_name["key"], inside)
+        value = _value_spelling(fd.message_type.fields_by_name["value"], inside)
+        return None if key is None or value is None else {"type": "map", "key": key, "value": value}
+    element = _value_spelling(fd, inside)
+    if _is_repeated(fd):
+        return None if element is None else {"type": "list", "element": element}
+    return element
+
+
+def _value_spelling(fd: FieldDescriptor, inside: tuple[str, ...]) -> Any:
+    """One value of the field (an element of a repeated one) as a column type is spelt."""
+    if fd.type != FieldDescriptor.TYPE_MESSAGE:
+        return _SCALAR_SPELLING.get(fd.type, "long")  # every integer type
+    full_name = fd.message_type.full_name
+    if full_name == "google.protobuf.Timestamp":
+        return "timestamptz"
+    if full_name == "google.protobuf.Duration":
+        return "long"  # microseconds
+    if full_name in _WRAPPERS:
+        return _value_spelling(fd.message_type.fields_by_name["value"], inside)
+    if full_name.startswith("google.protobuf.") or full_name in inside:
+        return None
+    members = [(f.name, _field_spelling(f, (*inside, full_name))) for f in fd.message_type.fields]
+    if not members or any(kind is None for _, kind in members):
+        return None
+    return {"type": "struct", "fields": [{"name": name, "type": kind} for name, kind in members]}
+
+
 def _is_repeated(fd: FieldDescriptor) -> bool:
     return bool(fd.is_repeated)
 
@@ -464,9 +522,12 @@ class ProtobufFormat(AvroFormat):
     integer_widths: ClassVar[bool] = False
 
     def nested_kinds(self, registered: RegisteredSchema) -> dict[str, str]:
-        # A message's nested fields become no columns by schema evolution yet: their types are
-        # left to the contract.
-        return {}
+        """Schema evolution's types of the first message's nested fields (`proto_field_kinds`)."""
+        try:
+            plan = general_proto_plan(registered.id, registered.text)
+        except UnsupportedSchema:
+            return {}
+        return proto_field_kinds(plan.messages[0])
 
     def compile(self, registered: RegisteredSchema) -> Plan:
         """The columnar reader's plan when it reads the schema, the file has one message (the

@@ -216,3 +216,39 @@ def test_two_versions_of_a_message_each_read_with_their_own_fields():
     )
     assert out.column(REJECT_REASON).to_pylist() == [None, None]
     assert out.column("tags").to_pylist() == [None, ["a", "b"]]
+
+
+def test_schema_evolution_types_a_messages_nested_repeated_and_map_fields_as_the_general_reader_fills_them():
+    from streaming.decode.formats.protobuf import proto_field_kinds
+    from streaming.decode.properties import NESTED, spelling_of
+
+    tree = general_proto_plan(
+        22,
+        """
+syntax = "proto3";
+import "google/protobuf/any.proto";
+import "google/protobuf/timestamp.proto";
+message Node { string name = 1; repeated Node children = 2; }
+message Holder { Node root = 1; google.protobuf.Any extra = 2; repeated google.protobuf.Timestamp at = 3; }
+""",
+    )
+    position = {
+        "type": "struct",
+        "fields": [
+            {"name": "lon", "type": "double"},
+            {"name": "lat", "type": "double"},
+            {"name": "altitude", "type": "double"},
+        ],
+    }
+    reading = {"type": "struct", "fields": [{"name": "sensor", "type": "string"}, {"name": "value", "type": "double"}]}
+    kinds = {name: spelling_of(kind) for name, kind in proto_field_kinds(PLAN.messages[0]).items()}
+    # Scalars, well-known types and wrappers are the flat leaves' (not listed here).
+    assert kinds == {
+        "position": position,
+        "readings": {"type": "list", "element": reading},
+        "counters": {"type": "map", "key": "string", "value": "long"},
+        "tags": {"type": "list", "element": "string"},
+    }
+    # A message that holds itself is no type a column holds; a repeated Timestamp is (a single Any
+    # is a flat leaf, as a single Timestamp is).
+    assert proto_field_kinds(tree.messages[1]) == {"root": NESTED, "at": '{"type":"list","element":"timestamptz"}'}
