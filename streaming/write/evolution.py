@@ -167,7 +167,7 @@ def plan_new_columns(contract: Contract, seen: dict[str, PropertySeen], last_col
         elif property_seen.type == NESTED:
             ignored[name] = (
                 "no column type can be told: its values are empty objects or arrays or only nulls, "
-                "or its schema's type is a union of several types"
+                "or its schema's type holds a union of several types or itself"
             )
         elif not re.fullmatch(policy.name_pattern, name):
             ignored[name] = f"the name does not match schema_evolution.name_pattern {policy.name_pattern!r}"
