@@ -352,6 +352,19 @@ _ARROW_SPELLINGS = (
 
 
 # -- the Arrow side -----------------------------------------------------------------------------------
+def arrow_type_holds(kind: pa.DataType, test: Callable[[pa.DataType], bool]) -> bool:
+    """Whether `kind`, or a type anywhere inside it (a member, an element, a map's value), passes `test`."""
+    if test(kind):
+        return True
+    if pa.types.is_struct(kind):
+        return any(arrow_type_holds(f.type, test) for f in kind)
+    if pa.types.is_list(kind) or pa.types.is_large_list(kind):
+        return arrow_type_holds(kind.value_type, test)
+    if pa.types.is_map(kind):
+        return arrow_type_holds(kind.item_type, test)
+    return False
+
+
 def _regular_type(t: pa.DataType) -> pa.DataType:
     if pa.types.is_large_string(t):
         return pa.string()

@@ -19,6 +19,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from streaming.contract.types import arrow_type_holds
 from streaming.decode.json_values import is_uuid
 from streaming.decode.python_values import Problem, _required_left_null, to_arrow
 from streaming.kernels.buffers import from_zero_offsets, offsets_with_nulls
@@ -75,15 +76,7 @@ def _python(value: Any, kind: pa.DataType) -> Any:
 
 
 def _holds_union(kind: pa.DataType) -> bool:
-    if is_union(kind):
-        return True
-    if pa.types.is_struct(kind):
-        return any(_holds_union(f.type) for f in kind)
-    if pa.types.is_list(kind) or pa.types.is_large_list(kind):
-        return _holds_union(kind.value_type)
-    if pa.types.is_map(kind):
-        return _holds_union(kind.item_type)
-    return False
+    return arrow_type_holds(kind, is_union)
 
 
 def _cast(read: pa.Array, kind: pa.DataType) -> pa.Array:

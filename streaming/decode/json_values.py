@@ -23,6 +23,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.json as pa_json
 
+from streaming.contract.types import arrow_type_holds
 from streaming.decode.rejects import shown
 from streaming.kernels.buffers import from_zero_offsets, offsets_with_nulls
 from streaming.kernels.text_encodings import hex_decode
@@ -81,15 +82,7 @@ def has_map(kind: pa.DataType) -> bool:
 
 def holds_decimal(kind: pa.DataType) -> bool:
     """Whether a decimal is anywhere in `kind`: its JSON numbers are read from their text."""
-    if pa.types.is_decimal(kind):
-        return True
-    if pa.types.is_struct(kind):
-        return any(holds_decimal(f.type) for f in kind)
-    if pa.types.is_list(kind) or pa.types.is_large_list(kind):
-        return holds_decimal(kind.value_type)
-    if pa.types.is_map(kind):
-        return holds_decimal(kind.item_type)
-    return False
+    return arrow_type_holds(kind, pa.types.is_decimal)
 
 
 def needs_conversion(kind: pa.DataType) -> bool:

@@ -203,23 +203,12 @@ class RecordReader(ShapeCursors):
             try:
                 return binary.cast(pa.string())
             except pa.ArrowInvalid:
-                return self._strings_or_reject(binary, node)
+                return self._strings_or_fail(binary, np.arange(len(binary)), f"field {node.name!r}")
         if node.kind == "enum":
             symbols = pa.array(node.symbols, pa.string())
             return symbols.take(pa.array(np.where(valid, column.values, 0), mask=~valid))
         arrow_type = _LOGICAL.get(node.logical, _ARROW[node.kind])
         return pa.array(column.values, mask=~valid).cast(arrow_type)
-
-    def _strings_or_reject(self, binary: pa.Array, node: Node) -> pa.Array:
-        """Rare: a string field holds bytes that are not UTF-8; those records are rejected."""
-        out: list[str | None] = []
-        for i, value in enumerate(binary.to_pylist()):
-            try:
-                out.append(None if value is None else value.decode("utf-8"))
-            except UnicodeDecodeError as exc:
-                self._fail(np.array([i]), np.array([True]), f"field {node.name!r}: not UTF-8 ({exc.reason})")
-                out.append(None)
-        return pa.array(out, pa.string())
 
 
 def _assembled(pieces: list[tuple[np.ndarray, pa.Array]], valid: np.ndarray, node: Node) -> pa.Array:
