@@ -16,7 +16,7 @@ from app.service import run
 from streaming.contract import parse_contract
 from streaming.table.catalog import create_table, open_catalog
 from tests.app.local.test_schema_registry import V1, V2, register
-from tests.conftest import local_settings, produce_records
+from tests.conftest import duckdb_connection, local_settings, produce_records
 from tests.streaming.decode.formats.test_avro import avro_bytes, wire
 from tests.streaming.decode.test_dead_letter_corpus import dead_letters
 
@@ -128,7 +128,11 @@ def test_avro_records_through_the_registry_with_a_schema_change_midstream(
         lon, lat, speed, note, driver, legs = expected[row["event_id"]]
         point = shapely.from_wkb(row["geometry"])
         assert (point.x, point.y) == (lon, lat), row["event_id"]  # lossless
-        assert (row["speed"], row["note"], row["driver"], row["legs"]) == (speed, note, driver, legs), row["event_id"]
+        assert (row["speed"], row["note"], row["driver"]) == (speed, note, driver), row["event_id"]
+        # pyiceberg reads some null lists of structs as empty (apache/iceberg-python#3833): DuckDB below.
+        assert row["legs"] == (legs or []), row["event_id"]
+    found = duckdb_connection().execute(f"SELECT event_id, legs FROM iceberg_scan('{table.metadata_location}')")
+    assert {event_id: legs for event_id, legs in found.fetchall()} == {key: e[5] for key, e in expected.items()}
 
     dead = dead_letters(kafka.bootstrap, settings.dead_letter_topic)
     assert {d.key: d.reason for d in dead.values()} == {key: reason for key, (_, reason) in malformed.items()}
