@@ -123,9 +123,22 @@ def _required_left_null(array: pa.Array) -> bool:
         items = array.items
         return (not kind.item_field.nullable and items.null_count > 0) or _required_left_null(items)
     if pa.types.is_list(kind) or pa.types.is_large_list(kind):
-        elements = array.flatten()
+        elements = _elements(array)
         return (not kind.value_field.nullable and elements.null_count > 0) or _required_left_null(elements)
     return False
+
+
+def _elements(lists: pa.Array) -> pa.Array:
+    """The elements of a list array's lists. pyarrow's flatten builds an empty result it cannot
+    build for an extension type inside (a list of structs of UUIDs whose lists are all empty or
+    null: "cannot construct builder for type extension<arrow.uuid>"); the values between the
+    first and last offsets are then those elements (none)."""
+    try:
+        return lists.flatten()
+    except pa.ArrowNotImplementedError:
+        offsets = lists.offsets
+        start, end = offsets[0].as_py(), offsets[-1].as_py()
+        return lists.values.slice(start, end - start)
 
 
 def _one_by_one(values: Sequence[Any], kind: pa.DataType, path: str) -> tuple[pa.Array, list[Problem]]:

@@ -49,6 +49,8 @@ class RegisteredSchema:
     text: str
     # The schemas it refers to by name (schema references), each after the ones it refers to.
     references: tuple[str, ...] = ()
+    # The name each of them is referred to by: a .proto file's import path, an Avro type's full name.
+    reference_names: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -118,17 +120,23 @@ class SchemaRegistryClient:
                 f"schema registry at {self.settings.url}: GET /schemas/ids/{schema_id} answered "
                 f"{str(body)[:200]!r}, which is not a schema"
             )
-        references = tuple(self._references(body, schema_id, set()))
-        found = RegisteredSchema(schema_id, str(body.get("schemaType") or "AVRO").upper(), body["schema"], references)
+        referred = self._references(body, schema_id, set())
+        found = RegisteredSchema(
+            schema_id,
+            str(body.get("schemaType") or "AVRO").upper(),
+            body["schema"],
+            tuple(text for _, text in referred),
+            tuple(name for name, _ in referred),
+        )
         with self._lock:
             self._schemas[schema_id] = found
         return found
 
-    def _references(self, body: dict, schema_id: int, seen: set[tuple[str, str]]) -> list[str]:
-        """The texts of the schemas `body` refers to (`references`: subject and version each), the
-        ones they refer to first. A reference the registry does not have is left out: the schema
-        then names a type it does not define, which the compiler reports."""
-        texts: list[str] = []
+    def _references(self, body: dict, schema_id: int, seen: set[tuple[str, str]]) -> list[tuple[str, str]]:
+        """The name and text of each schema `body` refers to (`references`: name, subject and
+        version each), the ones they refer to first. A reference the registry does not have is left
+        out: the schema then names a type it does not define, which the compiler reports."""
+        texts: list[tuple[str, str]] = []
         for reference in body.get("references") or ():
             if not isinstance(reference, dict):
                 continue
@@ -143,7 +151,7 @@ class SchemaRegistryClient:
                 continue
             if isinstance(referred, dict) and isinstance(referred.get("schema"), str):
                 texts += self._references(referred, schema_id, seen)
-                texts.append(referred["schema"])
+                texts.append((str(reference.get("name", "")), referred["schema"]))
         return texts
 
     def _get(self, path: str, schema_id: int | None) -> object:

@@ -26,8 +26,10 @@ Two readers, chosen per writer schema id (and the contract's columns), never per
   cut to microseconds), Duration (-> long microseconds), the wrappers (Int64Value, StringValue, ...:
   their value, null when absent), and any message of the file the message indexes name. A schema
   with an enum field that a string column reads goes here too (the columnar reader reads numbers).
-  Imports other than the well-known types' files (schema references to other .proto files) are not
-  read: such schemas reject their records with `schema_not_supported`, as do groups and `extend`.
+  A file may import the well-known types' files and the .proto files the registry holds as its
+  schema references (each reference's name is the import path; fetched with the schema, the files
+  they import first); an import that is neither rejects the schema's records with
+  `schema_not_supported`, as do groups and `extend`.
 
 A value that does not fit its column rejects its record with `property_type_mismatch`, naming the
 nested path (`properties.readings[1].value: expected int, got 0.5`).
@@ -37,6 +39,7 @@ from __future__ import annotations
 
 import datetime
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -283,17 +286,31 @@ class GeneralProtoPlan(GeneralPlan):
     messages: list[Descriptor] = field(default_factory=list)
 
 
-def general_proto_plan(schema_id: int, text: str) -> GeneralProtoPlan:
-    """The general reader's plan of a .proto file; raises UnsupportedSchema."""
+def general_proto_plan(schema_id: int, text: str, references: Sequence[tuple[str, str]] = ()) -> GeneralProtoPlan:
+    """The general reader's plan of a .proto file and the files it imports that the registry holds
+    as its schema references (`references`: import path and text each, imported ones first);
+    raises UnsupportedSchema."""
     pool = descriptor_pool.DescriptorPool()
     for module in _WELL_KNOWN:
         pool.AddSerializedFile(module.DESCRIPTOR.serialized_pb)
+    known = {module.DESCRIPTOR.name for module in _WELL_KNOWN}
     try:
+        for path, referred in references:
+            if path not in known:
+                imported = parse_proto(referred, name=path)
+                missing = [d for d in imported.dependency if d not in known]
+                if missing:
+                    raise UnsupportedSchema(
+                        f"schema id {schema_id}: {path} imports {missing}, which it has no reference to"
+                    )
+                pool.Add(imported)
+                known.add(path)
         fdp = parse_proto(text, name=f"registry-schema-{schema_id}.proto")
-        known = {module.DESCRIPTOR.name for module in _WELL_KNOWN}
         other = [d for d in fdp.dependency if d not in known]
         if other:
-            raise UnsupportedSchema(f"schema id {schema_id} imports {other}: only the well-known types are read")
+            raise UnsupportedSchema(
+                f"schema id {schema_id} imports {other}: neither a well-known type's file nor a schema reference"
+            )
         described = pool.Add(fdp)
     except (ProtoSyntaxError, TypeError, ValueError) as exc:
         raise UnsupportedSchema(
@@ -512,6 +529,12 @@ def _message_indexes(body: bytes) -> tuple[tuple[int, ...], int]:
     return tuple(indexes), at
 
 
+def _references(registered: RegisteredSchema) -> list[tuple[str, str]]:
+    """(import path, text) of each file the schema refers to; a reference of no name matches no import."""
+    names = registered.reference_names or ("",) * len(registered.references)
+    return list(zip(names, registered.references, strict=True))
+
+
 class ProtobufFormat(AvroFormat):
     """Protobuf in the Confluent wire format, read with the schema the registry holds for its id."""
 
@@ -524,7 +547,7 @@ class ProtobufFormat(AvroFormat):
     def nested_kinds(self, registered: RegisteredSchema) -> dict[str, str]:
         """Schema evolution's types of the first message's nested fields (`proto_field_kinds`)."""
         try:
-            plan = general_proto_plan(registered.id, registered.text)
+            plan = general_proto_plan(registered.id, registered.text, _references(registered))
         except UnsupportedSchema:
             return {}
         return proto_field_kinds(plan.messages[0])
@@ -538,16 +561,16 @@ class ProtobufFormat(AvroFormat):
         except UnsupportedSchema:
             if not self.reads_every_schema:
                 raise
-            return general_proto_plan(registered.id, registered.text)
+            return general_proto_plan(registered.id, registered.text, _references(registered))
         if not self.reads_every_schema:
             return plan
         if any(name in plan.enums and not pa.types.is_integer(kind) for name, kind in self.property_types.items()):
-            return general_proto_plan(registered.id, registered.text)
+            return general_proto_plan(registered.id, registered.text, _references(registered))
         try:
             several = len(parse_proto(registered.text).message_type) > 1
         except ProtoSyntaxError:
             several = False  # the columnar reader reads it: keep to it
-        return general_proto_plan(registered.id, registered.text) if several else plan
+        return general_proto_plan(registered.id, registered.text, _references(registered)) if several else plan
 
     def reader(self, plan: Plan, data: np.ndarray, start: np.ndarray, end: np.ndarray) -> RecordReader | GeneralReader:
         if isinstance(plan, GeneralProtoPlan):

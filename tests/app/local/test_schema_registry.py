@@ -6,6 +6,7 @@ id names, a new optional field mid-stream included."""
 from __future__ import annotations
 
 import json
+import urllib.parse
 import urllib.request
 
 import pytest
@@ -40,12 +41,15 @@ V1 = {
 V2 = {**V1, "fields": [*V1["fields"], {"name": "note", "type": ["null", "string"], "default": None}]}
 
 
-def register(registry_url: str, subject: str, schema: dict | str, schema_type: str = "AVRO") -> int:
+def register(
+    registry_url: str, subject: str, schema: dict | str, schema_type: str = "AVRO", references: list | None = None
+) -> int:
     """Registers a schema under a subject through the ccompat API; returns its id."""
     text = schema if isinstance(schema, str) else json.dumps(schema)
+    body = {"schema": text, "schemaType": schema_type, **({"references": references} if references else {})}
     request = urllib.request.Request(
-        f"{registry_url}/subjects/{subject}/versions",
-        data=json.dumps({"schema": text, "schemaType": schema_type}).encode(),
+        f"{registry_url}/subjects/{urllib.parse.quote(subject, safe='')}/versions",
+        data=json.dumps(body).encode(),
         headers={"Content-Type": "application/vnd.schemaregistry.v1+json"},
         method="POST",
     )
@@ -123,6 +127,39 @@ def test_protobuf_messages_decode_with_the_schema_the_registry_holds(schema_regi
     assert [r[REJECT_REASON] for r in out] == [None, "schema_not_supported"]
     assert (out[0]["event_id"], out[0]["speed"]) == ("a", 1.5)
     assert "is of type AVRO, not PROTOBUF" in out[1][REJECT_DETAIL]
+
+
+def test_a_protobuf_schema_whose_imports_are_schema_references_decodes_with_them(
+    schema_registry: LocalSchemaRegistry,
+):
+    """What a Protobuf serializer registers for a file that imports others: each imported file under
+    a subject of its own, and the schema with references naming them by their import paths."""
+    from google.protobuf import message_factory
+
+    from streaming.decode.formats.protobuf import general_proto_plan
+    from tests.streaming.decode.formats.test_protobuf_nested import POSITION_PROTO, TRIP_PROTO, UNITS_PROTO
+
+    for path, text in (("geo/position.proto", POSITION_PROTO), ("geo/units.proto", UNITS_PROTO)):
+        register(schema_registry.url, path, text, "PROTOBUF")
+    references = [{"name": path, "subject": path, "version": 1} for path in ("geo/position.proto", "geo/units.proto")]
+    schema_id = register(schema_registry.url, "trips-value", TRIP_PROTO, "PROTOBUF", references)
+    registered = SchemaRegistryClient(RegistrySettings(url=schema_registry.url)).schema(schema_id)
+    assert registered.reference_names == ("geo/position.proto", "geo/units.proto")
+    assert registered.references == (POSITION_PROTO, UNITS_PROTO)
+
+    raw = {
+        **contract(
+            {"lon_field": "position.lon", "lat_field": "position.lat"},
+            [{"id": 4, "name": "unit", "type": "string", "from": ["properties.unit"]}],
+        ),
+        "formats": ["protobuf"],
+    }
+    decoder = Decoder(parse_contract(raw), DecodeOptions(schema_registry=RegistrySettings(url=schema_registry.url)))
+    plan = general_proto_plan(schema_id, TRIP_PROTO, list(zip(registered.reference_names, registered.references)))
+    trip = message_factory.GetMessageClass(plan.messages[0])(id="t1", unit=1)
+    trip.position.lon, trip.position.lat = 13.4, 52.5
+    [row] = decoder.decode(kafka_batch([wire(schema_id, b"\x00" + trip.SerializeToString())])).to_pylist()
+    assert (row[REJECT_REASON], row["event_id"], row["unit"]) == (None, "t1", "KM")
 
 
 def test_an_unreachable_registry_stops_the_batch_naming_it():

@@ -68,3 +68,16 @@ def test_uuids_decimals_and_fixed_bytes():
     tags = pa.array([b"abcd"], pa.binary(4))
     assert fit(tags, pa.binary(), "f")[0].to_pylist() == [b"abcd"]
     assert [i for i, _ in fit(tags, pa.binary(3), "f")[1]] == [0]
+
+
+def test_lists_of_structs_of_uuids_that_are_all_null_or_empty_fit():
+    """pyarrow cannot flatten such lists (no builder for the UUID extension type); a record whose
+    optional array of records holding a UUID was null or empty crashed the decoder."""
+    member = pa.struct([pa.field("id", pa.uuid())])
+    no_structs = pa.StructArray.from_arrays(
+        [pa.ExtensionArray.from_storage(pa.uuid(), pa.array([], pa.binary(16)))], fields=list(member)
+    )
+    for mask in ([True, True], [False, True]):  # all null; an empty list and a null
+        read = pa.ListArray.from_arrays(pa.array([0, 0, 0], pa.int32()), no_structs, mask=pa.array(mask))
+        out, problems = fit(read, pa.list_(member), "properties.stops")
+        assert problems == [] and out.to_pylist() == [None if m else [] for m in mask]

@@ -185,6 +185,43 @@ def test_the_proto_text_reads_as_protoc_would_describe_it():
     assert [e.name for e in message.enum_type[0].value] == ["IDLE", "MOVING"]
 
 
+POSITION_PROTO = 'syntax = "proto3"; package geo; message Position { double lon = 1; double lat = 2; }'
+UNITS_PROTO = 'syntax = "proto3"; package geo; enum Unit { UNIT_UNSPECIFIED = 0; KM = 1; }'
+TRIP_PROTO = """
+syntax = "proto3";
+package fleet;
+import "geo/position.proto";
+import "geo/units.proto";
+import "google/protobuf/timestamp.proto";
+message Trip { string id = 1; geo.Position position = 2; geo.Unit unit = 3; google.protobuf.Timestamp at = 4; }
+"""
+
+
+def test_a_schema_that_imports_files_held_as_its_schema_references_is_read_with_them():
+    raw = {
+        **contract(
+            {"lon_field": "position.lon", "lat_field": "position.lat"},
+            [{"id": 4, "name": "unit", "type": "string", "from": ["properties.unit"]}],
+        ),
+        "formats": ["protobuf"],
+    }
+    decoder = Decoder(parse_contract(raw))
+    (fmt,) = decoder._formats
+    # As the registry client gives them: the imported files first, each named by its import path.
+    registered = RegisteredSchema(
+        31, "PROTOBUF", TRIP_PROTO, (UNITS_PROTO, POSITION_PROTO), ("geo/units.proto", "geo/position.proto")
+    )
+    plan = fmt.learn(registered)
+    trip = message_factory.GetMessageClass(plan.messages[0])(id="t1", unit=1)
+    trip.position.lon, trip.position.lat = 13.4, 52.5
+    [row] = decoder.decode(kafka_batch([wire(31, b"\x00" + trip.SerializeToString())])).to_pylist()
+    assert (row[REJECT_REASON], row["unit"], row["event_id"]) == (None, "KM", "t1")
+    # An import no reference names (or one named otherwise) is no schema the runtime builds.
+    for names in (("geo/units.proto", "position.proto"), ()):
+        with pytest.raises(UnsupportedSchema, match="geo/position.proto"):
+            general_proto_plan(32, TRIP_PROTO, list(zip(names, (UNITS_PROTO, POSITION_PROTO), strict=False)))
+
+
 def test_schemas_the_runtime_cannot_build_are_not_supported():
     with pytest.raises(UnsupportedSchema, match="imports"):
         general_proto_plan(1, 'syntax = "proto3"; import "other.proto"; message M { other.T t = 1; }')
