@@ -373,7 +373,7 @@ class AvroFormat(InputFormat):
                 plan = self.compile(registered)
             except UnsupportedSchema as exc:
                 plan = exc
-            self._nested_kinds[registered.id] = self.nested_kinds(registered)
+            self._nested_kinds[registered.id] = self.nested_kinds(registered, plan)
         self._plans[registered.id] = plan
         return plan
 
@@ -389,9 +389,12 @@ class AvroFormat(InputFormat):
             registered.id, registered.text, registered.references, self.property_types, self.reads_every_schema
         )
 
-    def nested_kinds(self, registered: RegisteredSchema) -> dict[str, str]:
-        """Schema evolution's types of the record's nested fields (`nested_field_kinds`)."""
-        return nested_field_kinds(registered.id, registered.text, registered.references)
+    def nested_kinds(self, registered: RegisteredSchema, plan: Plan | UnsupportedSchema) -> dict[str, str]:
+        """Schema evolution's types of the record's nested fields (`nested_field_kinds`), from the
+        plan just compiled when the nested reader's, so the schema is not parsed again."""
+        return nested_field_kinds(
+            registered.id, registered.text, registered.references, plan if isinstance(plan, NestedPlan) else None
+        )
 
     def reader(self, plan: Plan, data: np.ndarray, start: np.ndarray, end: np.ndarray) -> AnyReader:
         if isinstance(plan, NestedPlan):

@@ -244,18 +244,22 @@ def general_plan(schema_id: int, text: str, references: Sequence[str] = ()) -> G
     return NestedPlan(schema_id, Node("record"), leaves, parsed=parsed, paths=frozenset(paths), shape=shape)
 
 
-def nested_field_kinds(schema_id: int, text: str, references: Sequence[str] = ()) -> dict[str, str]:
+def nested_field_kinds(
+    schema_id: int, text: str, references: Sequence[str] = (), whole: GeneralPlan | None = None
+) -> dict[str, str]:
     """The type of each field of a writer schema's record that is a record, an array or a map
     (optional or not), as schema evolution spells a struct, list or map column (PropertySeen's
     kind); NESTED for one no column type holds (a union of several types inside). Empty for a
-    schema of no shape the nested reader knows (a recursive one)."""
+    schema of no shape the nested reader knows (a recursive one). `whole`: the schema's general
+    plan when one is at hand."""
     # Here, not at the top: streaming.decode.properties imports the formats package.
     from streaming.decode.properties import NESTED, kind_of_spelling
 
-    try:
-        whole = general_plan(schema_id, text, references)
-    except UnsupportedSchema:
-        return {}
+    if whole is None:
+        try:
+            whole = general_plan(schema_id, text, references)
+        except UnsupportedSchema:
+            return {}
     kinds = {}
     for name, shape in whole.shape.fields if isinstance(whole, NestedPlan) else ():
         if pa.types.is_nested(shape.arrow):

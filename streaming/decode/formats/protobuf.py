@@ -544,12 +544,14 @@ class ProtobufFormat(AvroFormat):
     # int32 and int64 fields are both read as long: a writer schema's int64 widens no int column.
     integer_widths: ClassVar[bool] = False
 
-    def nested_kinds(self, registered: RegisteredSchema) -> dict[str, str]:
-        """Schema evolution's types of the first message's nested fields (`proto_field_kinds`)."""
-        try:
-            plan = general_proto_plan(registered.id, registered.text, _references(registered))
-        except UnsupportedSchema:
-            return {}
+    def nested_kinds(self, registered: RegisteredSchema, plan: Plan | UnsupportedSchema) -> dict[str, str]:
+        """Schema evolution's types of the first message's nested fields (`proto_field_kinds`),
+        from the general reader's plan when it was just built, so the descriptors are not built again."""
+        if not isinstance(plan, GeneralProtoPlan):
+            try:
+                plan = general_proto_plan(registered.id, registered.text, _references(registered))
+            except UnsupportedSchema:
+                return {}
         return proto_field_kinds(plan.messages[0])
 
     def compile(self, registered: RegisteredSchema) -> Plan:
