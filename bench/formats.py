@@ -28,6 +28,12 @@ same doubles; each record carries an id and two other columns (kind, speed) wher
                         (records with an enum and a timestamp), a map, a decimal, a date, a time, a
                         UUID, fixed bytes, a union of two numbers; every field a column of its own
                         type (the nested reader, streaming/decode/formats/avro_nested.py)
+  protobuf nested event the same event as a Protobuf message (a Position message, 10 repeated
+                        Readings with an enum and a Timestamp, a map, a Duration, a Timestamp, a
+                        oneof, an optional field; the nested reader, .../protobuf_nested.py)
+  protobuf nested event (general)
+                        the same, its enum `state` into an int column: the general reader (the
+                        protobuf runtime, message by message), for reference
 
 Each figure is the best of --repeats runs. Prints a table and writes bench/results/formats.json and .md.
 """
@@ -147,6 +153,8 @@ def cases(n: int) -> dict[str, tuple[Contract, list[bytes]]]:
         "debezium points (avro)": (DEBEZIUM, debezium_avro_events(points)),
         "avro points (flat)": flat_avro_case(xs, ys),
         "avro nested event": nested_avro_case(xs, ys),
+        "protobuf nested event": nested_protobuf_case(xs, ys),
+        "protobuf nested event (general)": nested_protobuf_case(xs, ys, state_as_number=True),
     }
 
 
@@ -164,13 +172,14 @@ FLAT_AVRO = {
 }
 
 
-def registry_contract(columns: list[tuple[str, object]], lon: str, lat: str) -> Contract:
-    """A table of an Avro topic: `vehicle` and a column per (name, type), each from the field of its name."""
+def registry_contract(columns: list[tuple[str, object]], lon: str, lat: str, encoding: str = "avro") -> Contract:
+    """A table of an Avro (or Protobuf) topic: `vehicle` and a column per (name, type), each from
+    the field of its name."""
     n = len(columns)
     return parse_contract(
         {
-            "table": "bench.avro",
-            "formats": ["avro"],
+            "table": f"bench.{encoding}",
+            "formats": [encoding],
             "registry": {"lon_field": lon, "lat_field": lat},
             "columns": [
                 {"id": 1, "name": "vehicle", "type": "string", "required": True, "from": ["properties.vehicle"]},
@@ -216,6 +225,7 @@ _READING = {
     ],
 }
 _FILLERS = [("long", "long"), ("string", "string"), ("boolean", "boolean"), ("double", "double")] * 4
+_PROTO_FILLER = {"long": "int64", "string": "string", "boolean": "bool", "double": "double"}
 NESTED_AVRO = {
     "type": "record",
     "name": "TelemetryEvent",
@@ -320,6 +330,99 @@ def nested_avro_case(xs: list[float], ys: list[float]) -> tuple[Contract, list[b
         }
 
     return c, avro_values(NESTED_AVRO_ID, NESTED_AVRO, (record(i, a, b) for i, (a, b) in enumerate(zip(xs, ys))))
+
+
+NESTED_PROTO_ID = 10
+NESTED_PROTO = f"""
+syntax = "proto3";
+package bench;
+import "google/protobuf/timestamp.proto";
+import "google/protobuf/duration.proto";
+
+message TelemetryEvent {{
+  message Position {{ double lon = 1; double lat = 2; optional float altitude = 3; }}
+  enum State {{ IDLE = 0; MOVING = 1; }}
+  string vehicle = 1;
+  Position position = 2;
+  repeated Reading readings = 3;
+  map<string, string> tags = 4;
+  int64 fare_cents = 5;
+  int32 day = 6;
+  google.protobuf.Duration shift_start = 7;
+  google.protobuf.Timestamp seen = 8;
+  string session = 9;
+  fixed32 checksum = 10;
+  State state = 11;
+  oneof measure {{ int64 measure_count = 12; double measure_value = 13; }}
+  optional double speed = 14;
+  float heading = 15;
+  {" ".join(f"{_PROTO_FILLER[kind]} {kind}_{i} = {16 + i};" for i, (kind, _) in enumerate(_FILLERS))}
+}}
+
+message Reading {{
+  enum Unit {{ CELSIUS = 0; PERCENT = 1; KPA = 2; }}
+  string sensor = 1;
+  double value = 2;
+  Unit unit = 3;
+  google.protobuf.Timestamp at = 4;
+}}
+"""
+NESTED_PROTO_COLUMNS: list[tuple[str, object]] = [
+    column
+    for column in NESTED_COLUMNS
+    if column[0] not in ("fare", "day", "shift_start", "session", "checksum", "measure")
+] + [
+    ("fare_cents", "long"),
+    ("day", "int"),
+    ("shift_start", "long"),
+    ("session", "string"),
+    ("checksum", "long"),
+    ("measure_count", "long"),
+    ("measure_value", "double"),
+]
+
+
+def nested_protobuf_case(
+    xs: list[float], ys: list[float], state_as_number: bool = False
+) -> tuple[Contract, list[bytes]]:
+    """The nested event of the Avro case as Protobuf writes it: the runtime's own encoder, the
+    schema put in the registry client's cache (the nested columnar reader, protobuf_nested.py);
+    with `state_as_number`, the enum `state` into an int column, which the general reader reads
+    (the protobuf runtime, message by message)."""
+    from google.protobuf import message_factory
+
+    from streaming.decode.formats.protobuf import general_proto_plan
+
+    CACHED[NESTED_PROTO_ID] = RegisteredSchema(NESTED_PROTO_ID, "PROTOBUF", NESTED_PROTO)
+    columns = [(name, "int" if name == "state" and state_as_number else kind) for name, kind in NESTED_PROTO_COLUMNS]
+    c = registry_contract(columns, "position.lon", "position.lat", "protobuf")
+    event = message_factory.GetMessageClass(general_proto_plan(NESTED_PROTO_ID, NESTED_PROTO).messages[0])
+    header = b"\x00" + NESTED_PROTO_ID.to_bytes(4, "big") + b"\x00"
+    filler = {"long": 2**40 + 7, "string": "a value of some length", "boolean": True, "double": 0.125}
+    out = []
+    for i, (a, b) in enumerate(zip(xs, ys)):
+        m = event(
+            vehicle=f"e{i}", fare_cents=i % 100_000, day=20089 + i % 365, session=f"00000000-0000-0000-0000-{i:012d}"
+        )
+        m.position.lon, m.position.lat = a, b
+        if i % 4:
+            m.position.altitude = 120.5
+        for k in range(10):
+            r = m.readings.add(sensor=f"s{k}", value=i * 0.01 + k, unit=2)
+            r.at.seconds = 1_740_787_200 + i
+        m.tags["route"], m.tags["driver"] = f"r{i % 9}", f"d{i % 4}"
+        m.shift_start.seconds = (i % 24) * 3600 + (i % 60) * 60
+        m.seen.seconds = 1_740_787_200 + i
+        m.checksum, m.state = i % 2**32, i % 2
+        if i % 2:
+            m.measure_count = i
+        else:
+            m.measure_value = i + 0.5
+        m.speed, m.heading = float(i % 120), 90.0
+        for k, (kind, _) in enumerate(_FILLERS):
+            setattr(m, f"{kind}_{k}", filler[kind])
+        out.append(header + m.SerializeToString())
+    return c, out
 
 
 DEBEZIUM = parse_contract(

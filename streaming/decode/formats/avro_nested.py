@@ -133,10 +133,19 @@ def _decimal(raw: dict[str, Any]) -> pa.DataType:
     return pa.decimal128(precision, scale) if precision <= 38 else pa.decimal256(precision, scale)
 
 
+class ArrowShaped(Protocol):
+    @property
+    def arrow(self) -> pa.DataType: ...
+
+
 class NestedSchema(Protocol):
+    """A plan a nested columnar reader reads (an Avro schema's `Shape`, a Protobuf message's)."""
+
     schema_id: int
-    shape: Shape
     paths: frozenset[str]
+
+    @property
+    def shape(self) -> ArrowShaped: ...
 
 
 class ShapeCursors(Cursors):
@@ -336,6 +345,7 @@ class NestedReader(ShapeCursors):
         self.records: pa.Array = pa.nulls(len(pos), plan.shape.arrow)
 
     def read(self) -> None:
+        assert isinstance(self.plan.shape, Shape), "a Protobuf plan's reader reads it (protobuf_nested.py)"
         records = self._shaped(self.plan.shape, np.arange(len(self.pos)), "record")
         self._nothing_left()
         everyone = np.arange(len(records))

@@ -9,27 +9,31 @@ together with numpy: every record's next field tag at once, then the value of ea
 for the records that have it, until every record is read. Fields come in any order; the last value
 of a field wins, as Protobuf says; a field the schema does not name is skipped by its wire type.
 
-Two readers, chosen per writer schema id (and the contract's columns), never per record:
+Three readers, chosen per writer schema id (and the contract's columns), never per record:
 
-- The columnar reader above reads a file of one message, its scalar fields (double,
+- The flat columnar reader above reads a file of one message, its scalar fields (double,
   float, int32, int64, uint32, uint64, sint32, sint64, fixed32, fixed64, sfixed32, sfixed64, bool,
   string, bytes, enums as their numbers), `optional` and `oneof` fields (null when absent; a plain
   proto3 field absent is its default: 0, false, "").
-- Every other schema is read by the general reader (GeneralProtoReader): the .proto text becomes
-  the runtime's FileDescriptorProto (streaming/decode/formats/proto_text.py), the runtime builds the
-  message class and parses each message, which is walked to Python values and converted to each
-  column's type by streaming/decode/python_values.py, record by record. It takes nested messages
-  (-> struct; a message field absent is null), repeated fields (-> list; absent: empty), maps
-  (-> map, in key order), enums (-> a string column takes the value's name, an integer column its
-  number; a number the enum does not name is its digits as a name), oneof members (each a field of
-  its own, null unless it is the one set), google.protobuf.Timestamp (-> timestamptz, nanoseconds
-  cut to microseconds), Duration (-> long microseconds), the wrappers (Int64Value, StringValue, ...:
-  their value, null when absent), and any message of the file the message indexes name. A schema
-  with an enum field that a string column reads goes here too (the columnar reader reads numbers).
-  A file may import the well-known types' files and the .proto files the registry holds as its
-  schema references (each reference's name is the import path; fetched with the schema, the files
-  they import first); an import that is neither rejects the schema's records with
-  `schema_not_supported`, as do groups and `extend`.
+- The nested columnar reader (streaming/decode/formats/protobuf_nested.py) reads the first message
+  of any other file, the same way, a level at a time: nested messages (-> struct; a message field
+  absent is null), repeated fields packed or not (-> list; absent: empty), maps (-> map, in key
+  order), enums (-> the value's name; a number the enum does not name is its digits), oneof
+  members (each a field of its own, null unless it is the one set), google.protobuf.Timestamp
+  (-> timestamptz, nanoseconds cut to microseconds), Duration (-> long microseconds), the wrappers
+  (Int64Value, StringValue, ...: their value, null when absent). Records of the file's other
+  messages (named by their message indexes) it hands to the general reader.
+- The general reader (GeneralProtoReader) reads the rest: a message type that holds itself, Any
+  and Struct, and a schema with an enum field that an integer column reads (it takes the number).
+  The .proto text becomes the runtime's FileDescriptorProto (streaming/decode/formats/proto_text.py),
+  the runtime builds the message class and parses each message, which is walked to Python values
+  (the same values the nested reader gives) and converted to each column's type by
+  streaming/decode/python_values.py, record by record.
+
+A file may import the well-known types' files and the .proto files the registry holds as its schema
+references (each reference's name is the import path; fetched with the schema, the files they import
+first); an import that is neither rejects the schema's records with `schema_not_supported`, as do
+groups and `extend`.
 
 A value that does not fit its column rejects its record with `property_type_mismatch`, naming the
 nested path (`properties.readings[1].value: expected int, got 0.5`).
@@ -38,6 +42,7 @@ nested path (`properties.readings[1].value: expected int, got 0.5`).
 from __future__ import annotations
 
 import datetime
+import functools
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -59,9 +64,21 @@ from google.protobuf import (
 from google.protobuf.descriptor import Descriptor, FieldDescriptor
 from google.protobuf.message import DecodeError
 
-from streaming.decode.formats.avro import AvroFormat, GeneralReader, RecordReader
+from streaming.decode.formats.avro import AnyReader, AvroFormat, GeneralReader, RecordReader
 from streaming.decode.formats.avro_schema import GeneralPlan, Node, Plan, UnsupportedSchema
 from streaming.decode.formats.proto_text import ProtoSyntaxError, parse_proto
+from streaming.decode.formats.protobuf_nested import (
+    WIRE_TYPE,
+    WRAPPERS,
+    MessageShape,
+    NestedProtoReader,
+    fixed_scalars,
+    length_delimited,
+    message_shape,
+    next_fields,
+    reads_enum_as_number,
+    skip_field,
+)
 from streaming.decode.python_values import NamedNumber
 from streaming.decode.schema_registry import RegisteredSchema
 
@@ -82,17 +99,6 @@ _SCALARS = {
     "bool": ("boolean", "varint"),
     "string": ("string", "len"),
     "bytes": ("bytes", "len"),
-}
-_WIRE_TYPE = {
-    "varint": 0,
-    "zigzag": 0,
-    "fixed64": 1,
-    "sfixed64": 1,
-    "double": 1,
-    "len": 2,
-    "fixed32": 5,
-    "sfixed32": 5,
-    "float": 5,
 }
 _FIELD = re.compile(
     r"^(optional\s+|repeated\s+|required\s+)?([A-Za-z_][\w.<>, ]*?)\s+([A-Za-z_]\w*)\s*=\s*(\d+)\s*(\[.*\])?$"
@@ -166,29 +172,18 @@ class ProtoReader(RecordReader):
         everyone = np.arange(len(self.pos))
         self._message_indexes(everyone)
         present = {name: np.zeros(len(self.pos), dtype=bool) for name in self.plan.leaves}
-        while True:
-            sel = np.flatnonzero(~self.bad & (self.pos < self.end))
-            if sel.size == 0:
-                break
-            tag = self._varint(sel, "field tag", zigzag=False)
-            ok = ~self.bad[sel]
-            number, wire = tag >> 3, tag & 7
-            zero = ok & (number < 1)
-            self._fail(sel, zero, "field number 0")
-            ok &= ~zero
-            keys = number * 8 + wire
-            for key in np.unique(keys[ok]):
-                rows = sel[ok & (keys == key)]
-                node = self.plan.numbers.get(int(key >> 3))
+        while (fields := next_fields(self)) is not None:
+            for key, rows in fields:
+                node = self.plan.numbers.get(key >> 3)
                 if node is None:
-                    self._skip(rows, int(key & 7), int(key >> 3))
+                    skip_field(self, rows, key & 7, f"field {key >> 3} (not in the schema)")
                     continue
                 encoding = node.logical.removeprefix("pb:")
-                if int(key & 7) != _WIRE_TYPE[encoding]:
+                if key & 7 != WIRE_TYPE[encoding]:
                     self._fail(
                         rows,
                         np.ones(rows.size, dtype=bool),
-                        f"field {node.name!r}: wire type {int(key & 7)}, its type is written as {_WIRE_TYPE[encoding]}",
+                        f"field {node.name!r}: wire type {key & 7}, its type is written as {WIRE_TYPE[encoding]}",
                     )
                     continue
                 self._value(node, encoding, rows)
@@ -209,23 +204,6 @@ class ProtoReader(RecordReader):
         wrong = ok & ((count < 0) | (count > 1))
         self._fail(sel, wrong, "a nested message type; not supported")
 
-    def _skip(self, rows: np.ndarray, wire: int, number: int) -> None:
-        what = f"field {number} (not in the schema)"
-        if wire == 0:
-            self._varint(rows, what, zigzag=False)
-        elif wire in (1, 5):
-            self._fixed(rows, 8 if wire == 1 else 4, what)
-        elif wire == 2:
-            length = self._varint(rows, what, zigzag=False)
-            live = ~self.bad[rows]
-            p = self.pos[rows]
-            over = live & ((length < 0) | (p + length > self.end[rows]))
-            self._fail(rows, over, f"{what}: a length of {length[over][:1]} bytes runs past the record's end")
-            fine = live & ~over
-            self.pos[rows[fine]] = p[fine] + length[fine]
-        else:
-            self._fail(rows, np.ones(rows.size, dtype=bool), f"{what}: wire type {wire} (groups) is not supported")
-
     def _value(self, node: Node, encoding: str, rows: np.ndarray) -> None:
         column = self.columns[node.name]
         what = f"field {node.name!r}"
@@ -235,38 +213,18 @@ class ProtoReader(RecordReader):
             column.values[rows[ok]] = value[ok] != 0 if node.kind == "boolean" else value[ok]
             column.valid[rows[ok]] = True
         elif encoding == "len":
-            length = self._varint(rows, what, zigzag=False)
-            ok = ~self.bad[rows]
-            p = self.pos[rows]
-            over = ok & ((length < 0) | (p + length > self.end[rows]))
-            self._fail(rows, over, f"{what}: a length of {length[over][:1]} bytes runs past the record's end")
-            ok &= ~over
-            column.start[rows[ok]] = p[ok]
+            start, length, ok = length_delimited(self, rows, what)
+            column.start[rows[ok]] = start[ok]
             column.length[rows[ok]] = length[ok]
             column.valid[rows[ok]] = True
-            self.pos[rows[ok]] = p[ok] + length[ok]
         else:
-            size = 8 if encoding in ("double", "fixed64", "sfixed64") else 4
-            p, fits = self._fixed(rows, size, what)
-            raw = np.ascontiguousarray(self.data[p[fits, None] + np.arange(size)])
-            dtype = {
-                "double": "<f8",
-                "float": "<f4",
-                "fixed64": "<u8",
-                "sfixed64": "<i8",
-                "fixed32": "<u4",
-                "sfixed32": "<i4",
-            }[encoding]
-            column.values[rows[fits]] = raw.view(dtype).ravel()
+            values, fits = fixed_scalars(self, encoding, rows, what)
+            column.values[rows[fits]] = values[fits]
             column.valid[rows[fits]] = True
 
 
 # -- the general reader: the protobuf runtime, message by message ----------------------------------
 _WELL_KNOWN = (timestamp_pb2, duration_pb2, wrappers_pb2, any_pb2, empty_pb2, struct_pb2, field_mask_pb2)
-_WRAPPERS = {
-    f"google.protobuf.{name}Value"
-    for name in ("Double", "Float", "Int64", "UInt64", "Int32", "UInt32", "Bool", "String", "Bytes")
-}
 _EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.UTC)
 _KIND_OF = {
     FieldDescriptor.TYPE_DOUBLE: "double",
@@ -284,6 +242,14 @@ class GeneralProtoPlan(GeneralPlan):
     """A .proto schema read by the protobuf runtime: its top-level message descriptors, in order."""
 
     messages: list[Descriptor] = field(default_factory=list)
+
+
+@dataclass
+class NestedProtoPlan(GeneralProtoPlan):
+    """A schema the nested columnar reader reads (streaming/decode/formats/protobuf_nested.py): the
+    shape of its file's first message, beside the descriptors the general reader's plan holds."""
+
+    shape: MessageShape = field(default_factory=lambda: MessageShape("", [], pa.struct([])))
 
 
 def general_proto_plan(schema_id: int, text: str, references: Sequence[tuple[str, str]] = ()) -> GeneralProtoPlan:
@@ -373,7 +339,7 @@ def _value_spelling(fd: FieldDescriptor, inside: tuple[str, ...]) -> Any:
         return "timestamptz"
     if full_name == "google.protobuf.Duration":
         return "long"  # microseconds
-    if full_name in _WRAPPERS:
+    if full_name in WRAPPERS:
         return _value_spelling(fd.message_type.fields_by_name["value"], inside)
     if full_name.startswith("google.protobuf.") or full_name in inside:
         return None
@@ -394,7 +360,7 @@ def _proto_fields(message: Descriptor, prefix: str, leaves: dict[str, Node], pat
         plain_message = fd.type == FieldDescriptor.TYPE_MESSAGE and not _is_repeated(fd)
         if (
             plain_message
-            and fd.message_type.full_name not in _WRAPPERS
+            and fd.message_type.full_name not in WRAPPERS
             and not fd.message_type.full_name.startswith("google.protobuf.")
         ):
             _proto_fields(fd.message_type, f"{name}.", leaves, paths)
@@ -462,7 +428,7 @@ def _converter(fd: FieldDescriptor) -> Any:
         return lambda t: _EPOCH + datetime.timedelta(seconds=t.seconds, microseconds=t.nanos // 1000)
     if full_name == "google.protobuf.Duration":
         return lambda d: d.seconds * 1_000_000 + int(d.nanos / 1000)  # nanos share the seconds' sign
-    if full_name in _WRAPPERS:
+    if full_name in WRAPPERS:
         return lambda w: w.value
     return message_values
 
@@ -529,6 +495,14 @@ def _message_indexes(body: bytes) -> tuple[tuple[int, ...], int]:
     return tuple(indexes), at
 
 
+def _message_names(text: str) -> list[str]:
+    """The top-level messages of a .proto file (none read: one, as the flat reader reads it)."""
+    try:
+        return [m.name for m in parse_proto(text).message_type]
+    except ProtoSyntaxError:
+        return []
+
+
 def _references(registered: RegisteredSchema) -> list[tuple[str, str]]:
     """(import path, text) of each file the schema refers to; a reference of no name matches no import."""
     names = registered.reference_names or ("",) * len(registered.references)
@@ -555,26 +529,39 @@ class ProtobufFormat(AvroFormat):
         return proto_field_kinds(plan.messages[0])
 
     def compile(self, registered: RegisteredSchema) -> Plan:
-        """The columnar reader's plan when it reads the schema, the file has one message (the
-        columnar reader reads the first only; the records may name any) and no string column reads
-        an enum field (it reads enums as numbers); else the general reader's."""
+        """The flat columnar reader's plan when it reads the schema, the file has one message (it
+        reads the first only; the records may name any) and no string column reads an enum field
+        (it reads enums as numbers); else the nested columnar reader's when it reads the first
+        message (records of the file's other messages it hands to the general reader) and no
+        column takes an enum as a number; else the general reader's."""
         try:
             plan = compile_proto(registered.id, registered.text)
         except UnsupportedSchema:
             if not self.reads_every_schema:
                 raise
-            return general_proto_plan(registered.id, registered.text, _references(registered))
+            return self._nested_or_general(registered)
         if not self.reads_every_schema:
             return plan
         if any(name in plan.enums and not pa.types.is_integer(kind) for name, kind in self.property_types.items()):
-            return general_proto_plan(registered.id, registered.text, _references(registered))
-        try:
-            several = len(parse_proto(registered.text).message_type) > 1
-        except ProtoSyntaxError:
-            several = False  # the columnar reader reads it: keep to it
-        return general_proto_plan(registered.id, registered.text, _references(registered)) if several else plan
+            return self._nested_or_general(registered)
+        return plan if len(_message_names(registered.text)) <= 1 else self._nested_or_general(registered)
 
-    def reader(self, plan: Plan, data: np.ndarray, start: np.ndarray, end: np.ndarray) -> RecordReader | GeneralReader:
+    def _nested_or_general(self, registered: RegisteredSchema) -> GeneralProtoPlan:
+        general = general_proto_plan(registered.id, registered.text, _references(registered))
+        try:
+            shape = message_shape(general.messages[0])
+        except UnsupportedSchema:
+            return general  # a message that holds itself, a group, Any or Struct
+        if any(reads_enum_as_number(shape, name, kind) for name, kind in self.property_types.items()):
+            return general
+        return NestedProtoPlan(
+            general.schema_id, general.root, general.leaves, general.parsed, general.paths, general.messages, shape
+        )
+
+    def reader(self, plan: Plan, data: np.ndarray, start: np.ndarray, end: np.ndarray) -> AnyReader:
+        if isinstance(plan, NestedProtoPlan):
+            general = functools.partial(GeneralProtoReader, plan)
+            return NestedProtoReader(plan, data, start, end, others=general)
         if isinstance(plan, GeneralProtoPlan):
             return GeneralProtoReader(plan, data, start, end)
         return ProtoReader(plan, data, start, end)
