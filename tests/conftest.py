@@ -8,6 +8,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import settings as hypothesis_settings
 from kafka import KafkaAdminClient, KafkaProducer
 from kafka.admin import NewTopic
 
@@ -15,6 +16,11 @@ from app.local.broker import LocalBroker, free_port
 from app.local.schema_registry import LocalSchemaRegistry
 from app.settings import load_settings
 from streaming.table.catalog import open_catalog
+
+# Property tests draw new examples on every run, except under .ci/run (HYPOTHESIS_PROFILE=ci): a
+# landing is judged on the same examples every time, and `make fuzz` is where inputs are explored.
+hypothesis_settings.register_profile("ci", derandomize=True, database=None, print_blob=True)
+hypothesis_settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
 
 # Jars (Kafka broker, Spark's Kafka connector) are shared with dev work and the demo.
 CACHE_DIR = Path(load_settings(env=dict(os.environ)).cache_dir)
