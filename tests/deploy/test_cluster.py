@@ -17,7 +17,7 @@ import time
 import urllib.parse
 import urllib.request
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -227,19 +227,8 @@ def test_local_mode_ingests_survives_a_pod_kill_an_upgrade_and_an_eviction(clust
 
     # The driver frozen (SIGSTOP to the container's first process, the driver) while events come:
     # /healthz stops answering, the kubelet restarts the container, and the stream lands whole.
-    fourth = events(7000, 2000)
-    producer = threading.Thread(target=lambda: produce_records(bridge_broker.bootstrap, topic, fourth))
-    producer.start()
-    (status,) = evicted_to["status"]["containerStatuses"]
-    cluster.ctr("tasks", "kill", "--signal", "SIGSTOP", status["containerID"].split("://", 1)[1], timeout=60)
+    restarted = freeze_while_producing(cluster, evicted_to, selector, bridge_broker, topic, events(7000, 2000))
     frozen_at = time.monotonic()
-    producer.join()
-
-    def restarted() -> bool:
-        (pod,) = [p for p in pods(cluster, selector) if p["metadata"]["name"] == evicted_to["metadata"]["name"]]
-        (now,) = pod["status"]["containerStatuses"]
-        return now["restartCount"] > status["restartCount"] and now.get("ready") is True
-
     wait_until(restarted, 300, "container restarted by its liveness probe and ready")
     print(f"driver frozen to its container restarted and ready: {time.monotonic() - frozen_at:.1f} s")
     wait_until(lambda: table_rows(podman, volume) >= 9000, 300, "9000 rows in the table")
@@ -248,6 +237,34 @@ def test_local_mode_ingests_survives_a_pod_kill_an_upgrade_and_an_eviction(clust
     dead = count_records(bridge_broker.bootstrap, f"{topic}.dlq")
     assert (rows, dead) == (9000, 10), f"table rows {rows} + dead letters {dead} != 9010 produced (9000 + 10 bad)"
     helm.run("uninstall", RELEASE, "--namespace", NAMESPACE, "--wait", timeout=300)
+
+
+def freeze_while_producing(
+    cluster: Cluster, pod: dict, selector: str, broker: LocalBroker, topic: str, records: list
+) -> Callable[[], bool]:
+    """SIGSTOP to the first process of the pod's container (the driver), sent through containerd
+    while `records` are produced; returns the check that the kubelet restarted it and it is ready."""
+    producer = threading.Thread(target=lambda: produce_records(broker.bootstrap, topic, records))
+    producer.start()
+    (before,) = pod["status"]["containerStatuses"]
+    cluster.ctr("tasks", "kill", "--signal", "SIGSTOP", before["containerID"].split("://", 1)[1], timeout=60)
+    producer.join()
+
+    def restarted() -> bool:
+        (now_pod,) = [p for p in pods(cluster, selector) if p["metadata"]["name"] == pod["metadata"]["name"]]
+        (now,) = now_pod["status"]["containerStatuses"]
+        return now["restartCount"] > before["restartCount"] and now.get("ready") is True
+
+    return restarted
+
+
+def landed_exactly(rows: Callable[[], int], broker: LocalBroker, topic: str, good: int, bad: int) -> None:
+    """Waits for `good` rows in the table, then (anything doubled would have landed by then)
+    checks the rows and the dead letters are exactly what was produced."""
+    wait_until(lambda: rows() >= good, 420, f"{good} rows in the table")
+    time.sleep(5)
+    found, dead = rows(), count_records(broker.bootstrap, f"{topic}.dlq")
+    assert (found, dead) == (good, bad), f"table rows {found} + dead letters {dead} != {good + bad} produced"
 
 
 def wait_until(check, timeout_s: float, what: str) -> None:
@@ -324,6 +341,8 @@ def test_kubernetes_mode_executor_pods_land_a_stream_through_a_driver_kill_and_m
         "--set", "spark.kubernetes.executor.requestCores=250m,spark.kubernetes.executor.limitCores=null",
         "--set", "spark.kubernetes.executor.memory=1g,spark.kubernetes.executor.memoryOverhead=512m",
         "--set", "resources.requests.cpu=250m,resources.requests.memory=1Gi,resources.limits.memory=3Gi",
+        "--set", "livenessProbe.periodSeconds=5,livenessProbe.failureThreshold=4",
+        "--set", "livenessProbe.terminationGracePeriodSeconds=5",
         "--wait", "--timeout", "10m", timeout=660,
     )  # fmt: skip
     driver = ready_pod(cluster, f"app.kubernetes.io/instance={release},geoingest.io/spark-mode", 60)
@@ -338,11 +357,7 @@ def test_kubernetes_mode_executor_pods_land_a_stream_through_a_driver_kill_and_m
     bad = [(f"bad{i}".encode(), b"not an event", []) for i in range(10)]
     assert produce_records(bridge_broker.bootstrap, topic, good + bad) == 3010
     table = lambda: load_catalog("check", **rest.catalog_properties()).load_table("demo.events")  # noqa: E731
-    wait_until(lambda: table().scan().count() >= 3000, 420, "3000 rows in the table")
-    time.sleep(5)
-    rows = table().scan().count()
-    dead = count_records(bridge_broker.bootstrap, f"{topic}.dlq")
-    assert (rows, dead) == (3000, 10), f"table rows {rows} + dead letters {dead} != 3010 produced (3000 + 10 bad)"
+    landed_exactly(lambda: table().scan().count(), bridge_broker, topic, 3000, 10)
     assert metric(driver["status"]["podIP"], "geoingest_events_consumed_total") == 3010
 
     # The driver's ServiceAccount may manage pods and no more: no Secrets, nothing cluster-wide.
@@ -378,13 +393,32 @@ def test_kubernetes_mode_executor_pods_land_a_stream_through_a_driver_kill_and_m
     cluster.api("DELETE", f"/api/v1/namespaces/{namespace}/pods/{name}", {"gracePeriodSeconds": 0})
     producer.join()
     killed_at = time.monotonic()
-    ready_pod(cluster, f"app.kubernetes.io/instance={release},geoingest.io/spark-mode", 600, not_named=name)
+    selector = f"app.kubernetes.io/instance={release},geoingest.io/spark-mode"
+    driver = ready_pod(cluster, selector, 600, not_named=name)
     print(f"driver killed to replacement ready (kubernetes mode): {time.monotonic() - killed_at:.1f} s")
-    wait_until(lambda: table().scan().count() >= 5000, 420, "5000 rows in the table")
-    time.sleep(5)
-    rows = table().scan().count()
-    dead = count_records(bridge_broker.bootstrap, f"{topic}.dlq")
-    assert (rows, dead) == (5000, 10), f"table rows {rows} + dead letters {dead} != 5010 produced (5000 + 10 bad)"
+    landed_exactly(lambda: table().scan().count(), bridge_broker, topic, 5000, 10)
+
+    # The driver frozen while events come: its liveness probe fails, the kubelet restarts the
+    # container in the same pod, the restarted driver starts executors of its own, and the frozen
+    # driver's executors stop running once its process is gone.
+    frozen_app = running_executor_apps(cluster, namespace)
+    assert len(frozen_app) == 1, frozen_app
+    restarted = freeze_while_producing(cluster, driver, selector, bridge_broker, topic, events(5000, 2000))
+    frozen_at = time.monotonic()
+    wait_until(restarted, 300, "driver container restarted by its liveness probe and ready (kubernetes mode)")
+    print(f"driver frozen to its container restarted and ready (kubernetes mode): {time.monotonic() - frozen_at:.1f} s")
+    landed_exactly(lambda: table().scan().count(), bridge_broker, topic, 7000, 10)
+    keys = set(table().scan(selected_fields=("event_id",)).to_arrow().column("event_id").to_pylist())
+    assert keys == {f"e{i}" for i in range(7000)}
+    wait_until(
+        lambda: (
+            len(apps := running_executor_apps(cluster, namespace)) == 1
+            and apps != frozen_app
+            and sum(apps.values()) == 2
+        ),
+        300,
+        f"2 running executors of the restarted driver alone (the frozen driver's were {frozen_app})",
+    )
 
     # The maintenance CronJob, run once now (as `kubectl create job --from=cronjob/...` does): it
     # takes the table's lease (a new generation) and releases it.
@@ -412,7 +446,18 @@ def test_kubernetes_mode_executor_pods_land_a_stream_through_a_driver_kill_and_m
     assert report["table"] == "demo.events" and not report["skipped"], report
     after = lease_state(table())
     assert after.generation >= before + 2 and after.holder is None, (before, after)
-    assert table().scan().count() == 5000
+    assert table().scan().count() == 7000
+
+
+def running_executor_apps(cluster: Cluster, namespace: str) -> dict[str, int]:
+    """The running executor pods of each Spark application (its spark-app-selector label)."""
+    found = cluster.api("GET", f"/api/v1/namespaces/{namespace}/pods?labelSelector=spark-role%3Dexecutor")["items"]
+    apps: dict[str, int] = {}
+    for pod in found:
+        if pod["status"].get("phase") == "Running":
+            app = pod["metadata"]["labels"].get("spark-app-selector", "")
+            apps[app] = apps.get(app, 0) + 1
+    return apps
 
 
 def job_finished(cluster: Cluster, namespace: str, name: str) -> bool:
