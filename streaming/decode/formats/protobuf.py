@@ -452,7 +452,7 @@ class GeneralProtoReader(GeneralReader):
                 message = self._class(indexes)()
                 message.ParseFromString(body[at:])
                 self.records[i] = message_values(message)
-            except (DecodeError, IndexError, ValueError, RuntimeWarning) as exc:
+            except (DecodeError, IndexError, ValueError, OverflowError, RuntimeWarning) as exc:
                 self.bad[i] = True
                 self.detail[i] = str(exc) or type(exc).__name__
 

@@ -84,6 +84,8 @@ _FIXED_DTYPE = {
     "sfixed32": "<i4",
 }
 _EMPTY = np.zeros(0, dtype=np.int64)
+# The seconds a Timestamp (0001-01-01 to 9999-12-31) and a Duration (about 10,000 years) may hold.
+_SECONDS = {"timestamp": (-62_135_596_800, 253_402_300_799), "duration": (-315_576_000_000, 315_576_000_000)}
 
 
 @dataclass
@@ -568,6 +570,15 @@ def _messages(
     messages = read_messages(value.message, inner)
     for i in np.flatnonzero(inner.bad):
         _fail_row(cursors, int(owners[i]), f"{what}: {inner.detail[i]}")
+    if value.kind in ("timestamp", "duration"):
+        seconds = messages.field(0).to_numpy(zero_copy_only=False)
+        nanos = messages.field(1).to_numpy(zero_copy_only=False)
+        low, high = _SECONDS[value.kind]
+        wrong = (seconds < low) | (seconds > high) | (np.abs(nanos) > 999_999_999)
+        for i in np.flatnonzero(wrong):
+            _fail_row(
+                cursors, int(owners[i]), f"{what}: a {value.kind} of {seconds[i]} s and {nanos[i]} ns is out of range"
+            )
     return messages
 
 

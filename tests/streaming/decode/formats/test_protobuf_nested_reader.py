@@ -323,3 +323,15 @@ def test_an_enum_read_into_an_integer_column_goes_to_the_general_reader():
     registered = RegisteredSchema(8, "PROTOBUF", text)
     assert not isinstance(as_numbers.compile(registered), NestedProtoPlan)
     assert isinstance(as_names.compile(registered), NestedProtoPlan)
+
+
+def test_a_timestamp_past_year_9999_is_refused_by_both_readers():
+    bodies = []
+    for seconds in (253_402_300_799, 253_402_300_800, 10**15, -62_135_596_801):
+        message = TOP()
+        message.at.seconds = seconds
+        bodies.append(message.SerializeToString())
+    nested, general = readers(CORNERS, bodies)
+    assert nested.bad.tolist() == general.bad.tolist() == [False, True, True, True]
+    assert nested.records[0].as_py()["at"] == datetime.datetime(9999, 12, 31, 23, 59, 59, tzinfo=datetime.UTC)
+    assert nested.detail[2] == "field 'at': a timestamp of 1000000000000000 s and 0 ns is out of range"
