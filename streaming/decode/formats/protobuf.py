@@ -68,16 +68,18 @@ from streaming.decode.formats.avro import AnyReader, AvroFormat, GeneralReader, 
 from streaming.decode.formats.avro_schema import GeneralPlan, Node, Plan, UnsupportedSchema
 from streaming.decode.formats.proto_text import ProtoSyntaxError, parse_proto
 from streaming.decode.formats.protobuf_nested import (
-    WIRE_TYPE,
-    WRAPPERS,
-    MessageShape,
     NestedProtoReader,
     fixed_scalars,
     length_delimited,
-    message_shape,
     next_fields,
-    reads_enum_as_number,
     skip_field,
+)
+from streaming.decode.formats.protobuf_shape import (
+    WIRE_TYPE,
+    WRAPPERS,
+    MessageShape,
+    message_shape,
+    reads_enum_as_number,
 )
 from streaming.decode.python_values import NamedNumber
 from streaming.decode.schema_registry import RegisteredSchema

@@ -1,7 +1,9 @@
-"""Protobuf schemas the columnar reader does not read (nested messages, repeated fields, maps, the
-well-known types, enums read as names): the general reader (the protobuf runtime, with the message
-classes built from the registry's .proto text) fills the contract's nested and typed columns; a
-value that does not fit its column is rejected naming its nested path."""
+"""Protobuf schemas the flat reader does not read (nested messages, repeated fields, maps, the
+well-known types, enums read as names) through the decoder: the nested reader, or for an enum read
+as a number the general reader (the protobuf runtime, with the message classes built from the
+registry's .proto text), fills the contract's nested and typed columns; a value that does not fit
+its column is rejected naming its nested path. tests/streaming/decode/formats/
+test_protobuf_nested_reader.py holds the nested reader to the runtime, record for record."""
 
 from __future__ import annotations
 
