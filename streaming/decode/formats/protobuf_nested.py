@@ -62,12 +62,6 @@ class ProtoCursors(Cursors):
         inner.detail = np.full(len(pos), None, dtype=object)
         return inner
 
-    def skip(self, rows: np.ndarray, wire: int, what: str) -> None:
-        skip_field(self, rows, wire, what)
-
-    def region(self, rows: np.ndarray, what: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        return length_delimited(self, rows, what)
-
     def scalars(self, encoding: str, rows: np.ndarray, what: str) -> tuple[np.ndarray, np.ndarray]:
         """A scalar at each cursor, as its raw number (int64, or the float's or fixed value's own
         dtype), and which were read."""
@@ -146,7 +140,7 @@ def read_messages(shape: MessageShape, cursors: ProtoCursors) -> pa.StructArray:
         for key, rows in fields:
             known = shape.by_number.get(key >> 3)
             if known is None:
-                cursors.skip(rows, key & 7, f"field {key >> 3} (not in the schema)")
+                skip_field(cursors, rows, key & 7, f"field {key >> 3} (not in the schema)")
                 continue
             _take(known, key & 7, rows, cursors, found[known.number], passes)
         passes += 1
@@ -199,7 +193,7 @@ def _take(f: Field, wire: int, rows: np.ndarray, cursors: ProtoCursors, into: _C
     if into.last_pass is not None:
         into.last_pass[rows] = passes
     if expected == 2 or packed:
-        start, length, ok = cursors.region(rows, what)
+        start, length, ok = length_delimited(cursors, rows, what)
         into.starts.append(start[ok])
         into.lengths.append(length[ok])
         into.owners.append(rows[ok])
