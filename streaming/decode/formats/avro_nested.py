@@ -158,7 +158,7 @@ class ShapeCursors(Cursors):
         live = np.flatnonzero(~self.bad[sel])
         if live.size == sel.size:
             return self._shape_live(shape, sel, what)
-        return _spread(self._shape_live(shape, sel[live], what), live, sel.size)
+        return spread(self._shape_live(shape, sel[live], what), live, sel.size)
 
     def _shape_live(self, shape: Shape, sel: np.ndarray, what: str) -> pa.Array:
         kind = shape.kind
@@ -280,7 +280,7 @@ class ShapeCursors(Cursors):
         for b, branch_shape in others:
             held = np.flatnonzero(ok & (branch == b))
             values = self._shaped(branch_shape, sel[held], what)
-            arrays.append(_spread(values, held, sel.size))
+            arrays.append(spread(values, held, sel.size))
         if not arrays:
             return pa.nulls(sel.size)
         if len(arrays) == 1:
@@ -382,14 +382,14 @@ def _member(what: str, name: str) -> str:
     return f"field {name!r}" if what == "record" else f"{what}.{name}"
 
 
-def _spread(values: pa.Array, held: np.ndarray, n: int) -> pa.Array:
-    """A length-n array with values[i] at held[i], null elsewhere."""
+def spread(values: pa.Array, held: np.ndarray, n: int) -> pa.Array:
+    """A length-n array with values[i] at held[i] (distinct rows, in any order), null elsewhere."""
+    if held.size == n and not (np.diff(held) < 0).any():
+        return values
     positions = np.zeros(n, dtype=np.int64)
     positions[held] = np.arange(held.size)
     absent = np.ones(n, dtype=bool)
     absent[held] = False
-    if held.size == n:
-        return values
     return values.take(pa.array(positions, mask=absent)) if len(values) else pa.nulls(n, values.type)
 
 

@@ -28,7 +28,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from streaming.decode.formats.avro_nested import NestedReader, NestedSchema
+from streaming.decode.formats.avro_nested import NestedReader, NestedSchema, spread
 from streaming.decode.formats.binary_cursors import Cursors
 from streaming.decode.formats.protobuf_shape import MAP, REPEATED, SINGLE, WIRE_TYPE, Field, MessageShape, Value
 from streaming.decode.python_values import Problem
@@ -261,10 +261,8 @@ def _assemble(f: Field, into: _Collected, cursors: ProtoCursors, n: int) -> pa.A
                 np.concatenate([lengths, np.zeros_like(absent)]),
             )
         inner, held = _one_part_each(cursors, owners, starts, lengths)
-        present = np.zeros(n, dtype=bool)
-        present[held] = True
         messages = _messages(value, inner, held, cursors, f"field {f.name!r}")
-        return _as_value(value, messages, present, held)
+        return _as_value(value, messages, held, n)
     items, owners = _items(f, into, cursors)
     order = np.argsort(owners, kind="stable")
     items, owners = items.take(pa.array(order)), owners[order]
@@ -292,7 +290,7 @@ def _items(f: Field, into: _Collected, cursors: ProtoCursors) -> tuple[pa.Array,
         if value.kind in ("scalar", "enum"):
             return _bytes_array(cursors, value.arrow, starts, lengths, np.ones(owners.size, bool), owners, what), owners
         messages = _messages(value, ProtoCursors.over(cursors, starts, starts + lengths), owners, cursors, what)
-        return _as_value(value, messages, np.ones(owners.size, dtype=bool), np.arange(owners.size)), owners
+        return _as_value(value, messages, np.arange(owners.size), owners.size), owners
     parts_values: list[np.ndarray] = []
     parts_owners: list[np.ndarray] = []
     for items, owners, starts, lengths, packed in zip(
@@ -382,8 +380,7 @@ def _messages(
     for i in np.flatnonzero(inner.bad):
         _fail_row(cursors, int(owners[i]), f"{what}: {inner.detail[i]}")
     if value.kind in ("timestamp", "duration"):
-        seconds = messages.field(0).to_numpy(zero_copy_only=False)
-        nanos = messages.field(1).to_numpy(zero_copy_only=False)
+        seconds, nanos = _seconds_and_nanos(messages)
         low, high = _SECONDS[value.kind]
         wrong = (seconds < low) | (seconds > high) | (np.abs(nanos) > 999_999_999)
         for i in np.flatnonzero(wrong):
@@ -393,26 +390,23 @@ def _messages(
     return messages
 
 
-def _as_value(value: Value, messages: pa.StructArray, present: np.ndarray, held: np.ndarray) -> pa.Array:
+def _seconds_and_nanos(messages: pa.StructArray) -> tuple[np.ndarray, np.ndarray]:
+    """A Timestamp's or a Duration's two fields, as int64."""
+    return tuple(messages.field(i).to_numpy(zero_copy_only=False).astype(np.int64) for i in (0, 1))
+
+
+def _as_value(value: Value, messages: pa.StructArray, held: np.ndarray, n: int) -> pa.Array:
     """Messages (message i that of record held[i]) as the value they stand for (a well-known
-    type's), spread over the records: null where `present` is not set."""
-    if value.kind == "timestamp":
-        seconds = messages.field(0).to_numpy(zero_copy_only=False).astype(np.int64)
-        nanos = messages.field(1).to_numpy(zero_copy_only=False).astype(np.int64)
-        out: pa.Array = pa.array(seconds * 1_000_000 + nanos // 1000, pa.int64()).cast(value.arrow)
-    elif value.kind == "duration":
-        seconds = messages.field(0).to_numpy(zero_copy_only=False).astype(np.int64)
-        nanos = messages.field(1).to_numpy(zero_copy_only=False).astype(np.int64)
-        out = pa.array(seconds * 1_000_000 + np.trunc(nanos / 1000).astype(np.int64), pa.int64())
+    type's), spread over the n records: null where a record holds none."""
+    if value.kind in ("timestamp", "duration"):
+        seconds, nanos = _seconds_and_nanos(messages)
+        micros = nanos // 1000 if value.kind == "timestamp" else np.trunc(nanos / 1000).astype(np.int64)
+        out: pa.Array = pa.array(seconds * 1_000_000 + micros, pa.int64()).cast(value.arrow)
     elif value.kind == "wrapper":
         out = messages.field(0)
     else:
         out = messages
-    if present.all() and np.array_equal(held, np.arange(present.size)):
-        return out
-    positions = np.zeros(present.size, dtype=np.int64)
-    positions[held] = np.arange(held.size)
-    return out.take(pa.array(positions, mask=~present)) if len(out) else pa.nulls(present.size, value.arrow)
+    return spread(out, held, n)
 
 
 def _scalar_array(value: Value, raw: np.ndarray, valid: np.ndarray) -> pa.Array:
