@@ -78,12 +78,14 @@ def test_beside_is_the_default_and_runs_in_a_niced_child_process_on_the_commit_c
     rewritten = registry.get_sample_value("geoingest_maintenance_files_rewritten_total", {"table": "demo.events"})
     assert rewritten == 60
     assert lease_state(table).holder is None, "the lease released"
-    # The run's CPU is the child's, and it slept enough to stay within its share of a core over the
-    # time the service waited for it (the steps' own total leaves out loading the table in the child).
+    # The run's CPU is the child's, and it stayed within its share of a core over the time the service
+    # waited for it (the steps' own total leaves out loading the table in the child). Whether it had to
+    # sleep for that depends on the machine: on a busy one its low priority alone holds it back, so
+    # the sleeping is counted (at least 0) and checked on its own clock in the test above.
     sample = lambda name, **labels: registry.get_sample_value(name, {"table": "demo.events", **labels})  # noqa: E731
     cpu = sample("geoingest_maintenance_cpu_seconds_total")
     paced = sample("geoingest_maintenance_paced_seconds_total")
-    assert cpu > 0.05 and paced > 0
+    assert cpu > 0.05 and paced is not None and paced >= 0
     assert cpu <= settings.maintenance_cpu_percent / 100 * elapsed + 0.05
 
 
