@@ -119,7 +119,7 @@ def _parser() -> argparse.ArgumentParser:
     table.set_defaults(handler=_table)
 
     run = commands.add_parser("run", help="run the ingest service")
-    run.add_argument("--contract", required=True, help="table contract (JSON)")
+    run.add_argument("--contract", help="table contract (JSON); without it, the settings' routes (docs/routing.md)")
     run.add_argument("--until-idle", action="store_true", help="drain what the topic holds, then exit")
     run.add_argument(
         "--resume-from-table",
@@ -132,6 +132,12 @@ def _parser() -> argparse.ArgumentParser:
         help="create the contract's table first if it is missing (as `table create` does); the image's default",
     )
     run.set_defaults(handler=_run)
+
+    status = commands.add_parser(
+        "status", help="the service's tables: each one's topic, last commit and lag (JSON lines)"
+    )
+    status.add_argument("--contract", help="table contract (JSON); without it, the tables the settings' routes name")
+    status.set_defaults(handler=_status)
 
     query = commands.add_parser("query", help="features that intersect, lie within or contain a geometry")
     query.add_argument("--table", required=True)
@@ -353,6 +359,8 @@ def _run(args, settings: Settings) -> int:
     from streaming.contract import load_contract
 
     configure_logging()
+    if settings.routes or not args.contract:
+        return _run_routes(args, settings)
     if args.create_table:
         from streaming.table.catalog import create_table, open_catalog
 
@@ -363,6 +371,25 @@ def _run(args, settings: Settings) -> int:
     totals = run(
         settings, load_contract(args.contract), until_idle=args.until_idle, resume_from_table=args.resume_from_table
     )
+    _print_totals(totals)
+    return 0
+
+
+def _run_routes(args, settings: Settings) -> int:
+    """The settings' routes, each routed table created from its route's contract when missing."""
+    from app.routing import run_routes
+
+    if args.contract:
+        raise ValueError("run: --contract names one table, and the settings route topics to tables; give one of them")
+    if not settings.routes:
+        raise ValueError("run needs --contract, or routes in the settings (docs/routing.md)")
+    if args.resume_from_table:
+        raise ValueError("run: --resume-from-table reads one table's offsets; run each routed table with --contract")
+    _print_totals(run_routes(settings, until_idle=args.until_idle))
+    return 0
+
+
+def _print_totals(totals) -> None:
     print(
         json.dumps(
             {
@@ -375,6 +402,21 @@ def _run(args, settings: Settings) -> int:
             }
         )
     )
+
+
+def _status(args, settings: Settings) -> int:
+    """One JSON line per table: its topic, whether it exists, its last commit and its lag."""
+    from app.routing import routed_tables, table_status
+    from streaming.contract import load_contract
+
+    if args.contract:
+        tables = {settings.topic: load_contract(args.contract).table}
+    elif settings.routes:
+        tables = routed_tables(settings)
+    else:
+        raise ValueError("status needs --contract, or routes in the settings (docs/routing.md)")
+    for row in table_status(settings, tables):
+        print(json.dumps(row))
     return 0
 
 

@@ -10,11 +10,13 @@ import json
 import statistics
 import threading
 import time
+import weakref
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any, TypeVar
 
 import numpy as np
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -33,6 +35,18 @@ _EVENT_FRESHNESS = (0.1, 0.25, 0.5, 0.75, 1, 1.5, 2, 3, 5, 10, 30, 60, 300, 900,
 _ROWS = (1_000, 10_000, 50_000, 100_000, 250_000, 500_000, 1_000_000, 2_500_000, 5_000_000)
 _RETRIES = (0, 1, 2, 3, 5, 8, 13)
 COMMIT_OUTCOMES = ("committed", "skipped_replay", "failed")
+# The families declared on each registry, by name: a service writing many tables declares each once
+# and every table's metrics are its labelled children.
+_FAMILIES: weakref.WeakKeyDictionary[CollectorRegistry, dict[str, Any]] = weakref.WeakKeyDictionary()
+_Family = TypeVar("_Family")
+
+
+def _declared(kind: Callable[..., _Family], name: str, documentation: str, labels, registry, **more) -> _Family:
+    """The registry's family of that name, declared by the first table that asks for it."""
+    families = _FAMILIES.setdefault(registry, {})
+    if name not in families:
+        families[name] = kind(name, documentation, labels, registry=registry, **more)
+    return families[name]
 
 
 class IngestMetrics:
@@ -42,85 +56,102 @@ class IngestMetrics:
         self.topic = topic
         t = ("table",)
         tt = ("topic", "table")
-        self.events_consumed = Counter("geoingest_events_consumed", "Kafka records consumed", tt, registry=registry)
-        self.events_committed = Counter(
-            "geoingest_events_committed", "Rows committed to the table", tt, registry=registry
+        self.events_consumed = _declared(
+            Counter, "geoingest_events_consumed", "Kafka records consumed", tt, registry=registry
         )
-        self.events_rejected = Counter(
-            "geoingest_events_rejected", "Records rejected, by reason code", (*tt, "reason"), registry=registry
+        self.events_committed = _declared(
+            Counter, "geoingest_events_committed", "Rows committed to the table", tt, registry=registry
         )
-        self.batches = Counter("geoingest_batches", "Micro-batches processed", t, registry=registry)
-        self.batch_duration = Histogram(
-            "geoingest_batch_duration_seconds", "Micro-batch wall time", t, buckets=_SECONDS, registry=registry
+        self.events_rejected = _declared(
+            Counter, "geoingest_events_rejected", "Records rejected, by reason code", (*tt, "reason"), registry=registry
         )
-        self.files_written = Counter("geoingest_files_written", "Data files written", t, registry=registry)
-        self.bytes_written = Counter("geoingest_bytes_written", "Bytes of data files written", t, registry=registry)
-        self.rows_per_file = Histogram(
-            "geoingest_rows_per_file", "Rows in each data file written", t, buckets=_ROWS, registry=registry
+        self.batches = _declared(Counter, "geoingest_batches", "Micro-batches processed", t, registry=registry)
+        self.batch_duration = _declared(
+            Histogram,
+            "geoingest_batch_duration_seconds",
+            "Micro-batch wall time",
+            t,
+            buckets=_SECONDS,
+            registry=registry,
         )
-        self.commits = Counter(
+        self.files_written = _declared(Counter, "geoingest_files_written", "Data files written", t, registry=registry)
+        self.bytes_written = _declared(
+            Counter, "geoingest_bytes_written", "Bytes of data files written", t, registry=registry
+        )
+        self.rows_per_file = _declared(
+            Histogram, "geoingest_rows_per_file", "Rows in each data file written", t, buckets=_ROWS, registry=registry
+        )
+        self.commits = _declared(
+            Counter,
             "geoingest_commits",
             "Commits by outcome (committed, skipped_replay, failed)",
             (*t, "outcome"),
             registry=registry,
         )
-        self.commit_conflicts = Counter(
-            "geoingest_commit_conflicts", "Commit attempts refused as conflicts", t, registry=registry
+        self.commit_conflicts = _declared(
+            Counter, "geoingest_commit_conflicts", "Commit attempts refused as conflicts", t, registry=registry
         )
-        self.commit_retries = Histogram(
-            "geoingest_commit_retries", "Retries a commit needed", t, buckets=_RETRIES, registry=registry
+        self.commit_retries = _declared(
+            Histogram, "geoingest_commit_retries", "Retries a commit needed", t, buckets=_RETRIES, registry=registry
         )
-        self.commit_duration = Histogram(
+        self.commit_duration = _declared(
+            Histogram,
             "geoingest_commit_duration_seconds",
             "Commit wall time, retries included",
             t,
             buckets=_SECONDS,
             registry=registry,
         )
-        self.last_snapshot_id = Gauge(
-            "geoingest_last_snapshot_id", "Id of the last snapshot committed", t, registry=registry
+        self.last_snapshot_id = _declared(
+            Gauge, "geoingest_last_snapshot_id", "Id of the last snapshot committed", t, registry=registry
         )
-        self.last_commit_timestamp = Gauge(
-            "geoingest_last_commit_timestamp_seconds", "Unix time of the last commit", t, registry=registry
+        self.last_commit_timestamp = _declared(
+            Gauge, "geoingest_last_commit_timestamp_seconds", "Unix time of the last commit", t, registry=registry
         )
-        self.freshness = Histogram(
+        self.freshness = _declared(
+            Histogram,
             "geoingest_freshness_seconds",
             "Event timestamp to commit, per topic-partition of a batch (oldest event)",
             t,
             buckets=_FRESHNESS,
             registry=registry,
         )
-        self.kafka_lag = Gauge(
+        self.kafka_lag = _declared(
+            Gauge,
             "geoingest_kafka_lag",
             "Offsets behind the latest, per topic-partition",
             ("topic", "partition", "table"),
             registry=registry,
         )
-        self.last_progress = Gauge(
+        self.last_progress = _declared(
+            Gauge,
             "geoingest_last_progress_timestamp_seconds",
             "Unix time of the last batch or idle poll of the streaming query",
             t,
             registry=registry,
         )
-        self.event_freshness = EventFreshness(table, _EVENT_FRESHNESS)
-        registry.register(self.event_freshness)
-        self.properties_ignored = Gauge(
+        self.event_freshness = _declared(EventFreshness, EventFreshness.NAME, "", (), registry)
+        self.event_freshness.watch(table)
+        self.properties_ignored = _declared(
+            Gauge,
             "geoingest_properties_ignored",
             "Property names no column maps in the last batch (schema_evolution off: in the decoders' sample "
             "of each batch; add-columns: those it could not add)",
             t,
             registry=registry,
         )
-        self.columns_added = Counter(
-            "geoingest_columns_added", "Columns added to the table by schema evolution", t, registry=registry
+        self.columns_added = _declared(
+            Counter, "geoingest_columns_added", "Columns added to the table by schema evolution", t, registry=registry
         )
-        self.batch_running = Gauge(
+        self.batch_running = _declared(
+            Gauge,
             "geoingest_batch_running_seconds",
             "How long the batch in progress has run (0 between batches)",
             t,
             registry=registry,
         )
-        self.batch_expected = Gauge(
+        self.batch_expected = _declared(
+            Gauge,
             "geoingest_batch_expected_seconds",
             "How long a batch may run before /readyz calls it slow",
             t,
@@ -183,7 +214,7 @@ class IngestMetrics:
         self.last_commit_timestamp.labels(table).set(now)
         for oldest_ms in report.oldest_event_ms.values():
             self.freshness.labels(table).observe(max(0.0, now - oldest_ms / 1000))
-        self.event_freshness.observe(*ages_at(now, list(report.event_times)))
+        self.event_freshness.observe(table, *ages_at(now, list(report.event_times)))
         self.last_progress.labels(table).set(now)
 
     def observe_failed_commit(self) -> None:
@@ -211,33 +242,41 @@ class IngestMetrics:
 
 class EventFreshness(Collector):
     """geoingest_event_freshness_seconds: every committed event's age (Kafka timestamp to the
-    commit that made it visible). A histogram of its own, since a batch observes its events by
-    the bin (streaming/write/freshness.py), many at once, which prometheus_client's Histogram cannot."""
+    commit that made it visible), per table. A histogram of its own, since a batch observes its
+    events by the bin (streaming/write/freshness.py), many at once, which prometheus_client's
+    Histogram cannot."""
 
     NAME = "geoingest_event_freshness_seconds"
 
-    def __init__(self, table: str, buckets: tuple[float, ...]):
-        self.table = table
-        self.buckets = np.array(buckets, dtype=np.float64)
-        self._counts = np.zeros(len(buckets) + 1, dtype=np.int64)  # the last one: +Inf
-        self._sum = 0.0
+    def __init__(self, name: str, documentation: str, labels: tuple[str, ...], registry: CollectorRegistry):
+        self.buckets = np.array(_EVENT_FRESHNESS, dtype=np.float64)
+        # table -> counts per bucket (the last one: +Inf), and the sum of the ages
+        self._tables: dict[str, tuple[np.ndarray, list[float]]] = {}
         self._lock = threading.Lock()
+        registry.register(self)
 
-    def observe(self, ages_s: np.ndarray, counts: np.ndarray) -> None:
-        where = np.searchsorted(self.buckets, ages_s, side="left")  # le: an age on an edge is in it
+    def watch(self, table: str) -> None:
+        """The table's series, at 0 until its first commit."""
         with self._lock:
-            np.add.at(self._counts, where, counts)
-            self._sum += float(np.dot(ages_s, counts))
+            self._tables.setdefault(table, (np.zeros(len(self.buckets) + 1, dtype=np.int64), [0.0]))
+
+    def observe(self, table: str, ages_s: np.ndarray, counts: np.ndarray) -> None:
+        where = np.searchsorted(self.buckets, ages_s, side="left")  # le: an age on an edge is in it
+        self.watch(table)
+        with self._lock:
+            bucket_counts, total = self._tables[table]
+            np.add.at(bucket_counts, where, counts)
+            total[0] += float(np.dot(ages_s, counts))
 
     def collect(self):
-        with self._lock:
-            cumulative = np.cumsum(self._counts).tolist()
-            total = self._sum
         family = HistogramMetricFamily(
             self.NAME, "Age of every committed event at the commit that made it visible", labels=["table"]
         )
         edges = [repr(float(b)) for b in self.buckets] + ["+Inf"]
-        family.add_metric([self.table], buckets=list(zip(edges, cumulative)), sum_value=total)
+        with self._lock:
+            for table, (bucket_counts, total) in sorted(self._tables.items()):
+                cumulative = np.cumsum(bucket_counts).tolist()
+                family.add_metric([table], buckets=list(zip(edges, cumulative)), sum_value=total[0])
         yield family
 
 
@@ -251,103 +290,120 @@ class MaintenanceMetrics:
         self.registry = registry
         self.table = table
         t = ("table",)
-        self.runs = Counter(
+        self.runs = _declared(
+            Counter,
             "geoingest_maintenance_runs",
             "Maintenance runs by outcome (completed, skipped: another maintainer held the table's lease, "
             "gave_up: a commit lost every retry to concurrent commits, failed)",
             (*t, "outcome"),
             registry=registry,
         )
-        self.duration = Histogram(
+        self.duration = _declared(
+            Histogram,
             "geoingest_maintenance_duration_seconds",
             "Maintenance wall time, by step",
             (*t, "step"),
             buckets=_SECONDS,
             registry=registry,
         )
-        self.files_rewritten = Counter(
-            "geoingest_maintenance_files_rewritten", "Small data files compacted away", t, registry=registry
+        self.files_rewritten = _declared(
+            Counter, "geoingest_maintenance_files_rewritten", "Small data files compacted away", t, registry=registry
         )
-        self.bytes_rewritten = Counter(
-            "geoingest_maintenance_bytes_rewritten", "Bytes of data files compacted away", t, registry=registry
+        self.bytes_rewritten = _declared(
+            Counter, "geoingest_maintenance_bytes_rewritten", "Bytes of data files compacted away", t, registry=registry
         )
-        self.files_written = Counter(
-            "geoingest_maintenance_files_written", "Data files written by compaction", t, registry=registry
+        self.files_written = _declared(
+            Counter, "geoingest_maintenance_files_written", "Data files written by compaction", t, registry=registry
         )
-        self.bytes_written = Counter(
-            "geoingest_maintenance_bytes_written", "Bytes of data files written by compaction", t, registry=registry
+        self.bytes_written = _declared(
+            Counter,
+            "geoingest_maintenance_bytes_written",
+            "Bytes of data files written by compaction",
+            t,
+            registry=registry,
         )
-        self.conflicts = Counter(
+        self.conflicts = _declared(
+            Counter,
             "geoingest_maintenance_conflicts",
             "Maintenance commits refused as conflicts (then retried on a fresh table)",
             t,
             registry=registry,
         )
-        self.bins_abandoned = Counter(
+        self.bins_abandoned = _declared(
+            Counter,
             "geoingest_maintenance_bins_abandoned",
             "Compaction bins given up because their files were replaced meanwhile",
             t,
             registry=registry,
         )
-        self.snapshots_expired = Counter(
-            "geoingest_maintenance_snapshots_expired", "Snapshots expired", t, registry=registry
+        self.snapshots_expired = _declared(
+            Counter, "geoingest_maintenance_snapshots_expired", "Snapshots expired", t, registry=registry
         )
-        self.files_deleted = Counter(
+        self.files_deleted = _declared(
+            Counter,
             "geoingest_maintenance_files_deleted",
             "Files deleted: only referenced by expired snapshots (expired), or by nothing (orphan)",
             (*t, "reason"),
             registry=registry,
         )
         # Retention (streaming/maintenance/retention.py): what left the table as past the horizon.
-        self.retention_partitions = Counter(
+        self.retention_partitions = _declared(
+            Counter,
             "geoingest_retention_partitions_dropped",
             "Partitions dropped whole by retention (a metadata-only delete)",
             t,
             registry=registry,
         )
-        self.retention_files = Counter(
-            "geoingest_retention_files_dropped", "Data files dropped by retention", t, registry=registry
+        self.retention_files = _declared(
+            Counter, "geoingest_retention_files_dropped", "Data files dropped by retention", t, registry=registry
         )
-        self.retention_rows = Counter(
-            "geoingest_retention_rows_dropped", "Rows dropped by retention", t, registry=registry
+        self.retention_rows = _declared(
+            Counter, "geoingest_retention_rows_dropped", "Rows dropped by retention", t, registry=registry
         )
-        self.retention_bytes = Counter(
+        self.retention_bytes = _declared(
+            Counter,
             "geoingest_retention_bytes_dropped",
             "Bytes of data files dropped by retention (freed once the snapshots before the drop expire)",
             t,
             registry=registry,
         )
-        self.retention_horizon = Gauge(
+        self.retention_horizon = _declared(
+            Gauge,
             "geoingest_retention_horizon_timestamp_seconds",
             "Unix time before which rows are dropped, at the last maintenance run with a retention",
             t,
             registry=registry,
         )
-        self.cpu = Counter(
+        self.cpu = _declared(
+            Counter,
             "geoingest_maintenance_cpu_seconds",
             "CPU time maintenance runs took (in maintenance_mode beside: the child process's, every thread)",
             t,
             registry=registry,
         )
-        self.paced = Counter(
+        self.paced = _declared(
+            Counter,
             "geoingest_maintenance_paced_seconds",
             "Time maintenance runs slept to stay within maintenance_cpu_percent of one core",
             t,
             registry=registry,
         )
-        self.data_manifests = Gauge(
+        self.data_manifests = _declared(
+            Gauge,
             "geoingest_table_data_manifests",
             "Data manifests of the current snapshot, after the last maintenance run",
             t,
             registry=registry,
         )
-        self.snapshots = Gauge(
+        self.snapshots = _declared(
+            Gauge,
             "geoingest_table_snapshots",
             "Snapshots in the table metadata, after the last maintenance run",
             t,
             registry=registry,
         )
-        self.last_run = Gauge(
+        self.last_run = _declared(
+            Gauge,
             "geoingest_maintenance_last_run_timestamp_seconds",
             "Unix time of the last completed maintenance run",
             t,
@@ -498,7 +554,35 @@ class Health:
         return True, "ok"
 
 
-def serve(registry: CollectorRegistry, health: Health, port: int, host: str = "0.0.0.0") -> ThreadingHTTPServer:
+@dataclass
+class TablesHealth:
+    """/readyz and /healthz of a service over its tables: each table's Health, the first one that
+    fails named in the answer. A service with no table yet (routes whose topics do not exist yet)
+    is alive, and ready once `ready_without_tables` says so."""
+
+    tables: dict[str, Health] = field(default_factory=dict)
+    ready_without_tables: bool = False
+
+    def ready(self) -> tuple[bool, str]:
+        return self._all("ready", "no table yet")
+
+    def alive(self) -> tuple[bool, str]:
+        return self._all("alive", "")
+
+    def _all(self, check: str, without: str) -> tuple[bool, str]:
+        tables = dict(self.tables)
+        if not tables:
+            return (True, "ok") if check == "alive" or self.ready_without_tables else (False, without)
+        for name, health in sorted(tables.items()):
+            ok, why = getattr(health, check)()
+            if not ok:
+                return False, why if len(tables) == 1 else f"table {name}: {why}"
+        return True, "ok"
+
+
+def serve(
+    registry: CollectorRegistry, health: Health | TablesHealth, port: int, host: str = "0.0.0.0"
+) -> ThreadingHTTPServer:
     """/metrics, /healthz and /readyz on a daemon thread; returns the server (shutdown() stops it)."""
 
     class Handler(BaseHTTPRequestHandler):

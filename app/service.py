@@ -9,15 +9,16 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from prometheus_client import CollectorRegistry
 from pyiceberg.table import Table
 from pyspark.sql import SparkSession
-from pyspark.sql.streaming import StreamingQueryListener
+from pyspark.sql.streaming import StreamingQuery, StreamingQueryListener
 
 from app.logs import configure_logging  # noqa: F401 - the CLI and the demo take it from here
 from app.maintenance import MAINTENANCE_MODES, MaintenanceRunner  # noqa: F401 - the CLI takes them from here
-from app.metrics import Health, IngestMetrics, MaintenanceMetrics, serve
+from app.metrics import Health, IngestMetrics, MaintenanceMetrics, TablesHealth, serve
 from app.settings import Settings
 from app.spark import spark_session
 from streaming.contract import Contract
@@ -102,6 +103,128 @@ def start_spark(settings: Settings) -> SparkSession:
     return spark_session(settings.spark_master, settings.cache_dir, settings.driver_memory, settings.spark)
 
 
+@dataclass
+class Lane:
+    """One table the service writes from one topic: the table, its streaming query, its metrics,
+    health and maintenance. A service runs one lane (the run's contract), or one per routed table
+    (app/routing.py), each on its own: its checkpoint, its writer id, its commits."""
+
+    settings: Settings  # the service's, `topic` the lane's
+    contract: Contract
+    table: Table
+    config: JobConfig
+    processor: BatchProcessor
+    metrics: IngestMetrics
+    health: Health
+    maintenance: MaintenanceRunner | None
+    latest_offsets: LatestOffsets | None = None
+    query: StreamingQuery | None = None
+    seen_progress: Any = None
+
+    @property
+    def name(self) -> str:
+        return self.contract.table
+
+    def start(self, spark: SparkSession, until_idle: bool) -> None:
+        self.query = start_query(
+            spark, self.processor, until_idle=until_idle, trigger_interval=self.settings.trigger_interval
+        )
+        self.health.query_active = True
+        self.health.last_progress = time.time()
+
+    def watch(self) -> None:
+        """Health and lag from the query's last progress (the watch loop calls it every second)."""
+        self.health.loop_beat = time.time()
+        progress = None if self.query is None else self.query.lastProgress
+        if not progress or progress.get("timestamp") == self.seen_progress:
+            return
+        self.seen_progress = progress.get("timestamp")
+        self.health.last_progress = time.time()
+        try:
+            self.health.records_waiting = self.metrics.observe_progress(
+                progress, None if self.latest_offsets is None else self.latest_offsets.get() or {}
+            )
+        except (ValueError, TypeError, KeyError) as exc:  # a metric is not worth the service
+            log.warning("unreadable query progress", extra={"summary": {"table": self.name, "error": str(exc)}})
+
+    def failure(self) -> str | None:
+        """Why the lane's query stopped, in one line, when it stopped on an error."""
+        if self.processor.fatal_error is not None:
+            return self.processor.fatal_error
+        error = None if self.query is None else self.query.exception()
+        return None if error is None else f"the streaming query failed: {error}"
+
+    def close(self) -> None:
+        self.health.query_active = False
+        if self.latest_offsets is not None:
+            self.latest_offsets.stop()
+        if self.maintenance is not None:
+            self.maintenance.stop()
+
+
+def open_lane(
+    settings: Settings,
+    contract: Contract,
+    table: Table,
+    spark: SparkSession,
+    registry: CollectorRegistry,
+    observers: tuple[Callable[[BatchReport], None], ...] = (),
+    resume_from_table: bool = False,
+) -> Lane:
+    """The lane of a table, its query not started yet: its maintenance started, its dead-letter topic made."""
+    metrics = IngestMetrics(registry, contract.table, settings.topic)
+    health = Health(max_silence_s=settings.ready_max_silence_s, max_stall_s=settings.live_max_stall_s)
+    # Beside ingest, maintenance commits take turns with the batches' (streaming/table/turns.py).
+    turns = CommitTurns() if settings.maintenance_mode in ("beside", "background") else None
+    maintenance = None
+    if settings.maintenance_mode != "off":
+        maintenance = MaintenanceRunner(
+            settings, contract.table, MaintenanceMetrics(registry, contract.table), turns=turns
+        )
+        observers = (*observers, maintenance.after_batch)
+    try:
+        if maintenance is not None and settings.maintenance_mode in ("beside", "background"):
+            maintenance.start()
+        config = job_config(settings, contract, table)
+        if config.dead_letter is not None:
+            ensure_topic(
+                settings.bootstrap_servers,
+                config.dead_letter.topic,
+                settings.kafka,
+                topic_config=config.dead_letter.topic_config(),
+            )
+        if resume_from_table:
+            config = _resume_from_table(config, table, settings)
+        log.info(
+            "starting",
+            extra={
+                "settings": {
+                    **settings.shown(),
+                    "table": contract.table,
+                    "writer_id": config.writer_id,
+                }
+            },
+        )
+        processor = BatchProcessor(
+            spark,
+            table,
+            contract,
+            config,
+            observers=(metrics.observe_batch, health.observe_batch, *observers),
+            turns=turns,
+        )
+    except BaseException:
+        if maintenance is not None:
+            maintenance.stop()
+        raise
+    health.batch_started = lambda: processor.running_since
+    metrics.watch_health(health)
+    latest_offsets = None
+    if processor.layout.ranges_source is not None:
+        latest_offsets = LatestOffsets(processor.layout.ranges_source)
+    return Lane(settings, contract, table, config, processor, metrics, health, maintenance, latest_offsets)
+
+
 def run(
     settings: Settings,
     contract: Contract,
@@ -120,77 +243,42 @@ def run(
     catalog = open_catalog(settings.catalog_name, settings.catalog)
     table = load_contract_table(catalog, contract)
     totals = RunTotals()
-    metrics = IngestMetrics(registry or CollectorRegistry(), contract.table, settings.topic)
-    maintenance = None
-    # Beside ingest, maintenance commits take turns with the batches' (streaming/table/turns.py).
-    turns = CommitTurns() if settings.maintenance_mode in ("beside", "background") else None
-    if settings.maintenance_mode != "off":
-        maintenance = MaintenanceRunner(
-            settings, contract.table, MaintenanceMetrics(metrics.registry, contract.table), turns=turns
-        )
-        observers = (*observers, maintenance.after_batch)
-    health = Health(max_silence_s=settings.ready_max_silence_s, max_stall_s=settings.live_max_stall_s)
-    latest_offsets: LatestOffsets | None = None
-    server = serve(metrics.registry, health, settings.metrics_port) if settings.metrics_port else None
+    registry = registry or CollectorRegistry()
+    health = TablesHealth()
+    server = serve(registry, health, settings.metrics_port) if settings.metrics_port else None
     progress_log: ProgressLog | None = None
+    lane: Lane | None = None
     if settings.rejects_table:
         create_rejects_table(catalog, settings.rejects_table)
     try:
-        if maintenance is not None and settings.maintenance_mode in ("beside", "background"):
-            maintenance.start()
         spark = spark or start_spark(settings)
-        config = job_config(settings, contract, table)
-        if config.dead_letter is not None:
-            ensure_topic(
-                settings.bootstrap_servers,
-                config.dead_letter.topic,
-                settings.kafka,
-                topic_config=config.dead_letter.topic_config(),
-            )
-        if resume_from_table:
-            config = _resume_from_table(config, table, settings)
-        log.info(
-            "starting",
-            extra={
-                "settings": {
-                    **settings.shown(),
-                    "table": contract.table,
-                    "writer_id": config.writer_id,
-                    "until_idle": until_idle,
-                }
-            },
-        )
-        processor = BatchProcessor(
-            spark,
-            table,
-            contract,
-            config,
-            observers=(totals.observe, metrics.observe_batch, health.observe_batch, *observers),
-            turns=turns,
-        )
-        health.batch_started = lambda: processor.running_since
-        metrics.watch_health(health)
-        if processor.layout.ranges_source is not None:
-            latest_offsets = LatestOffsets(processor.layout.ranges_source)
+        lane = open_lane(settings, contract, table, spark, registry, (totals.observe, *observers), resume_from_table)
+        health.tables[lane.name] = lane.health
         progress_log = ProgressLog()
         spark.streams.addListener(progress_log)
-        query = start_query(spark, processor, until_idle=until_idle, trigger_interval=settings.trigger_interval)
-        _supervise(
-            query,
-            processor,
-            metrics,
-            health,
-            stop_on_signal=not until_idle,
-            stop_when_caught_up=until_idle and config.source == "python",
-            latest_offsets=latest_offsets,
-        )
+        lane.start(spark, until_idle)
+        stop_requested = stop_on_signal() if not until_idle else threading.Event()
+        stop_when_caught_up = until_idle and lane.config.source == "python"
+        query = lane.query
+        assert query is not None
+        while query.isActive:
+            lane.watch()
+            if stop_requested.is_set() or (stop_when_caught_up and caught_up(query)):
+                stop_after_current_batch(query)
+                break
+            try:
+                query.awaitTermination(1)
+            except Exception:  # noqa: BLE001 - the query stopped on an error, which is reported below in one line
+                break
+        lane.health.query_active = False
+        failure = lane.failure()
+        if failure is not None:
+            raise RuntimeError(failure)
     finally:
         if progress_log is not None and spark is not None:
             spark.streams.removeListener(progress_log)
-        if latest_offsets is not None:
-            latest_offsets.stop()
-        if maintenance is not None:
-            maintenance.stop()
+        if lane is not None:
+            lane.close()
         if server is not None:
             server.shutdown()
             server.server_close()
@@ -240,20 +328,10 @@ def _resume_from_table(config: JobConfig, table, settings: Settings) -> JobConfi
     return dataclasses.replace(config, starting_offsets=starting)
 
 
-def _supervise(
-    query,
-    processor: BatchProcessor,
-    metrics: IngestMetrics,
-    health: Health,
-    stop_on_signal: bool,
-    stop_when_caught_up: bool = False,
-    latest_offsets: LatestOffsets | None = None,
-) -> None:
-    """Wait for the query, feeding health and lag from its progress; stop it cleanly on a signal,
-    or with stop_when_caught_up once it has read up to its source's ending offsets."""
-
+def stop_on_signal() -> threading.Event:
+    """An event set by SIGTERM or SIGINT (handled on the main thread only)."""
     stop_requested = threading.Event()
-    if stop_on_signal and threading.current_thread() is threading.main_thread():
+    if threading.current_thread() is threading.main_thread():
 
         def request_stop(signum, _frame):
             log.info("stop requested", extra={"summary": {"signal": signal.Signals(signum).name}})
@@ -261,37 +339,10 @@ def _supervise(
 
         signal.signal(signal.SIGTERM, request_stop)
         signal.signal(signal.SIGINT, request_stop)
-
-    health.query_active = True
-    health.last_progress = time.time()
-    seen_progress = None
-    while query.isActive:
-        health.loop_beat = time.time()
-        if stop_requested.is_set() or (stop_when_caught_up and caught_up(query)):
-            _stop_after_current_batch(query)
-            break
-        progress = query.lastProgress
-        if progress and progress.get("timestamp") != seen_progress:
-            seen_progress = progress.get("timestamp")
-            health.last_progress = time.time()
-            try:
-                health.records_waiting = metrics.observe_progress(
-                    progress, None if latest_offsets is None else latest_offsets.get() or {}
-                )
-            except (ValueError, TypeError, KeyError) as exc:  # a metric is not worth the service
-                log.warning("unreadable query progress", extra={"summary": {"error": str(exc)}})
-        try:
-            query.awaitTermination(1.0)
-        except Exception:  # noqa: BLE001 - the query stopped on an error, which is reported below in one line
-            break
-    health.query_active = False
-    if processor.fatal_error is not None:
-        raise RuntimeError(processor.fatal_error)
-    if query.exception() is not None:
-        raise RuntimeError(f"the streaming query failed: {query.exception()}")
+    return stop_requested
 
 
-def _stop_after_current_batch(query) -> None:
+def stop_after_current_batch(query) -> None:
     # A batch in progress finishes its commit; stopping between batches loses nothing, since
     # offsets are only recorded once a batch is done.
     while query.isActive and query.status.get("isTriggerActive"):

@@ -70,6 +70,12 @@ class Settings:
     # `password`, masked when shown), the CA file of an https registry (`ca_file`), `timeout_s`.
     # GEOINGEST_SCHEMA_REGISTRY__URL=https://... (docs/registry.md).
     schema_registry: dict[str, str] = field(default_factory=dict)
+    # Topics and records routed to tables, each route a table of keys (TOML [[routes]]; in the
+    # environment GEOINGEST_ROUTES, a JSON list): streaming/job/routes.py says which, docs/routing.md
+    # how a service runs them. Empty: the one topic `topic` into the table of the run's contract.
+    routes: tuple[dict[str, Any], ...] = ()
+    # How often a service with pattern routes looks for new topics, in seconds.
+    routes_refresh_s: int = 30
     # Where the records are read: "spark-kafka", Spark's Kafka source (a JVM consumer), or
     # "python", whose tasks read their offset ranges with librdkafka (docs/sources.md).
     source: str = "spark-kafka"
@@ -248,6 +254,13 @@ def load_settings(
     if unknown:
         raise SettingsError(f"unknown settings: {sorted(unknown)}")
     typed = {name: _coerce(name, value, fields[name]) for name, value in values.items()}
+    if typed.get("routes"):
+        from streaming.job.routes import RouteError, parse_routes
+
+        try:
+            parse_routes(typed["routes"])
+        except RouteError as exc:
+            raise SettingsError(str(exc)) from None
     for name in ("catalog", "kafka", "spark"):
         for map_key in typed.get(name, {}):
             _check_case(name, map_key, origins.get((name, map_key), "the settings"))
@@ -409,12 +422,26 @@ def _json_map(key: str, raw: str) -> dict[str, str]:
     return {str(k): str(v) for k, v in value.items()}
 
 
+def _list_of_maps(name: str, value: Any) -> tuple[dict[str, Any], ...]:
+    """A list of tables of keys: TOML's [[name]] entries, or a JSON list in one variable."""
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError as exc:
+            raise SettingsError(f"{ENV_PREFIX}{name.upper()}: expected a JSON list of objects ({exc})") from None
+    if not isinstance(value, list | tuple) or not all(isinstance(entry, dict) for entry in value):
+        raise SettingsError(f"{name}: expected a list of tables of key = value, got {value!r}")
+    return tuple({str(k): v for k, v in entry.items()} for entry in value)
+
+
 def _default(f: dataclasses.Field) -> Any:
     return f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
 
 
 def _coerce(name: str, value: Any, f: dataclasses.Field) -> Any:
     kind = type(_default(f))
+    if kind is tuple:
+        return _list_of_maps(name, value)
     if kind is dict:
         if not isinstance(value, dict):
             raise SettingsError(f"{name}: expected a table of key = value, got {value!r}")

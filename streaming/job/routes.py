@@ -26,9 +26,6 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-# The dead-letter reasons of a record a field route cannot place.
-NO_ROUTE = "no_route"
-
 FIELD_KINDS = ("header", "key")
 _KEYS = frozenset({"name", "topic", "topic_pattern", "field", "table", "contract"})
 # A part of a table name: what every catalog and engine takes without quoting, and never a path.

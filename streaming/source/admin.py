@@ -205,3 +205,30 @@ def partitions_of(bootstrap_servers: str, topic: str, kafka_options: dict[str, s
     if not partitions:
         raise LookupError(f"topic {topic!r} has no partitions at {bootstrap_servers} (does it exist?)")
     return sorted(partitions)
+
+
+def list_topics(bootstrap_servers: str, kafka_options: dict[str, str]) -> set[str]:
+    """The topics the broker holds (its internal ones, such as __consumer_offsets, left out)."""
+    consumer = KafkaConsumer(bootstrap_servers=bootstrap_servers, **client_config(kafka_options, KafkaConsumer))
+    try:
+        return {topic for topic in consumer.topics() if not topic.startswith("__")}
+    finally:
+        consumer.close()
+
+
+def offset_bounds(
+    bootstrap_servers: str, topics: list[str], kafka_options: dict[str, str]
+) -> dict[str, dict[int, tuple[int, int]]]:
+    """Per topic and partition, the first offset the broker still holds and the next one it will write."""
+    from kafka import TopicPartition
+
+    consumer = KafkaConsumer(bootstrap_servers=bootstrap_servers, **client_config(kafka_options, KafkaConsumer))
+    try:
+        partitions = [TopicPartition(t, p) for t in topics for p in sorted(consumer.partitions_for_topic(t) or ())]
+        first, end = consumer.beginning_offsets(partitions), consumer.end_offsets(partitions)
+    finally:
+        consumer.close()
+    bounds: dict[str, dict[int, tuple[int, int]]] = {}
+    for tp in partitions:
+        bounds.setdefault(tp.topic, {})[tp.partition] = (first[tp], end[tp])
+    return bounds

@@ -323,7 +323,8 @@ def test_settings_are_what_the_service_reads(render, case: str, tmp_path):
     assert {k: v for k, v in settings.catalog.items() if k in catalog} == catalog
     mounts = {m["mountPath"]: m["name"] for m in main_container(docs)["volumeMounts"]}
     assert env["GEOINGEST_CHECKPOINT_LOCATION"] == settings.checkpoint_location
-    assert main_container(docs)["args"] == ["--contract", "/etc/geoingest/contract.json"]
+    routed = bool(values.get("routes"))
+    assert main_container(docs)["args"] == ([] if routed else ["--contract", "/etc/geoingest/contract.json"])
     assert "/etc/geoingest" in mounts and "/data" in mounts
     if not values["checkpoint"]["uri"]:
         volumes = {v["name"]: v for v in deployment(docs)["spec"]["template"]["spec"]["volumes"]}
@@ -346,6 +347,37 @@ def test_contract_is_one_the_service_loads(render, case: str, tmp_path):
         assert contract.table == inline["table"]
     else:
         assert contract_json.strip() == (ROOT / "schemas" / "demo_events.json").read_text().strip()
+
+
+def test_routes_reach_the_service_with_contracts_it_loads(render, tmp_path):
+    """A release of several routes: the settings hold them as the service parses them, each route's
+    contract is a file of the config map the service loads, and the service, not an init container,
+    creates their tables."""
+    from app.routing import load_templates
+    from streaming.job.routes import parse_routes
+
+    docs = render("routes-values.yaml")
+    values = values_of("routes-values.yaml")
+    settings, _ = settings_of(docs, tmp_path)
+    routes = parse_routes(settings.routes)
+    assert [r.name for r in routes] == [r["name"] for r in values["routes"]]
+    data = config_map(docs)["data"]
+    for i, route in enumerate(routes):
+        assert route.contract == f"/etc/geoingest/route-{i}.json"
+        (tmp_path / f"route-{i}.json").write_text(data[f"route-{i}.json"])
+    local = parse_routes(
+        [{**raw, "contract": str(tmp_path / f"route-{i}.json")} for i, raw in enumerate(settings.routes)]
+    )
+    templates = load_templates(local)
+    assert templates["fleet"] == load_contract(ROOT / "schemas" / "demo_events.json"), "no contract: the chart's"
+    assert templates["audit"].table == "ops.audit" and [c.name for c in templates["audit"].columns] == [
+        "event_id",
+        "actor",
+    ]
+    fleet = routes.route_of("fleet.paris.positions")
+    assert fleet is not None and fleet.table_for_topic("fleet.paris.positions") == "fleet.positions_paris"
+    assert "initContainers" not in deployment(docs)["spec"]["template"]["spec"]
+    assert main_container(docs)["args"] == []
 
 
 def test_chart_demo_contract_is_the_projects():
@@ -410,7 +442,7 @@ def test_secrets_come_in_by_reference(render, case: str, tmp_path):
             assert "value" not in entry, f"{name} carries its value in the pod spec"
     # The init container that creates the table sees the same credentials.
     init = deployment(docs)["spec"]["template"]["spec"].get("initContainers", [])
-    if values["createTable"]["enabled"]:
+    if values["createTable"]["enabled"] and not values.get("routes"):
         assert env_of(init[0]).keys() >= secret_env
     # And the names mean what they should to the service and to pyiceberg.
     settings, _ = settings_of(docs, tmp_path)

@@ -276,6 +276,16 @@ service reads them.
 {{- end }}
 {{- end }}
 {{- end }}
+{{- range $i, $route := .Values.routes }}
+
+[[routes]]
+{{- range $key := list "name" "topic" "topic_pattern" "table" }}
+{{- if hasKey $route $key }}
+{{ $key }} = {{ toJson (get $route $key) }}
+{{- end }}
+{{- end }}
+contract = {{ printf "%s/route-%d.json" (include "geoingest.configDir" $) $i | toJson }}
+{{- end }}
 {{- end }}
 
 {{/*

@@ -884,14 +884,14 @@ RECOVERED_BATCH_PROGRESS = {
 def test_a_restarted_service_survives_the_progress_of_a_recovered_batch():
     """pyspark 4.0 renders the null latestOffset of such a batch as the string 'None'
     (SourceProgress.fromJObject does str(None)). app.metrics._offsets used to json.loads it and the
-    JSONDecodeError escaped app.service._supervise: the restarted service exited 2 right after the
+    JSONDecodeError escaped the service's watch loop: the restarted service exited 2 right after the
     replayed batch, and since Spark had already planned the next batch, every restart did the same,
     one batch each (seen in the chaos runs). Fixed in app/metrics.py and app/service.py."""
     from prometheus_client import CollectorRegistry
     from pyspark.sql.streaming.listener import StreamingQueryProgress
 
     from app.metrics import Health, IngestMetrics
-    from app.service import _supervise
+    from app.service import Lane
 
     progress = StreamingQueryProgress.fromJson(RECOVERED_BATCH_PROGRESS)
     assert progress["sources"][0]["latestOffset"] == "None", "what pyspark hands the service"
@@ -918,7 +918,12 @@ def test_a_restarted_service_survives_the_progress_of_a_recovered_batch():
         fatal_error = None
 
     metrics = IngestMetrics(CollectorRegistry(), CONTRACT.table, "t")
-    _supervise(RecoveredQuery(), QuietProcessor(), metrics, Health(max_silence_s=60), stop_on_signal=False)
+    query = RecoveredQuery()
+    # Only what the watch loop reads: the query's progress, the processor's error, metrics and health.
+    lane = Lane(None, CONTRACT, None, None, QuietProcessor(), metrics, Health(max_silence_s=60), None, query=query)  # type: ignore[arg-type]
+    while query.isActive:
+        lane.watch()
+    assert lane.failure() is None
     assert metrics.registry.get_sample_value("geoingest_last_progress_timestamp_seconds", {"table": CONTRACT.table}) > 0
 
 

@@ -1,0 +1,282 @@
+"""One service, many tables: routed topics each land in their own table, created from the route's
+contract; a topic created while the service runs gets its table; a table that fails leaves the
+others going. Real broker, real Spark, real SQLite catalog."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+from kafka import KafkaAdminClient, KafkaConsumer
+from kafka.admin import NewTopic
+from prometheus_client import CollectorRegistry
+from pyiceberg.exceptions import NoSuchNamespaceError
+
+from app.routing import RoutingError, routed_tables, run_routes, table_status
+from app.settings import SettingsError, load_settings
+from streaming.table.catalog import open_catalog
+from tests.conftest import local_settings, produce_records
+
+pytestmark = pytest.mark.integration
+
+CONTRACT_PATH = str(Path(__file__).resolve().parents[2] / "schemas" / "demo_events.json")
+
+
+def feature(event_id: str, x: float, y: float) -> bytes:
+    return json.dumps(
+        {"type": "Feature", "id": event_id, "properties": {"kind": "ping"}, "geometry": {"type": "Point", "coordinates": [x, y]}}
+    ).encode()  # fmt: skip
+
+
+def events(prefix: str, n: int):
+    return [
+        (f"{prefix}{i}".encode(), feature(f"{prefix}{i}", (i % 300) * 0.1, (i % 170) * 0.1 - 8), []) for i in range(n)
+    ]
+
+
+def create_topics(bootstrap: str, *names: str, partitions: int = 2) -> None:
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap)
+    try:
+        admin.create_topics([NewTopic(name, num_partitions=partitions, replication_factor=1) for name in names])
+    finally:
+        admin.close()
+
+
+def ids_of(settings, table: str) -> list[str]:
+    loaded = open_catalog(settings.catalog_name, settings.catalog).load_table(table)
+    return sorted(loaded.scan(selected_fields=("event_id",)).to_arrow().column("event_id").to_pylist())
+
+
+def tables_of(settings, namespace: str) -> list[str]:
+    catalog = open_catalog(settings.catalog_name, settings.catalog)
+    try:
+        return sorted(".".join(identifier) for identifier in catalog.list_tables(namespace))
+    except NoSuchNamespaceError:
+        return []
+
+
+def dead_letters(bootstrap: str, topic: str) -> int:
+    consumer = KafkaConsumer(topic, bootstrap_servers=bootstrap, auto_offset_reset="earliest", consumer_timeout_ms=5000)
+    try:
+        return sum(1 for _ in consumer)
+    finally:
+        consumer.close()
+
+
+def routed_settings(kafka, tmp_path: Path, prefix: str, **more):
+    routes = [
+        {
+            "name": "fleet",
+            "topic_pattern": rf"{prefix}\.(?<city>[a-z]+)\.positions",
+            "table": f"{prefix}.positions_{{city}}",
+            "contract": CONTRACT_PATH,
+        },
+        {"name": "audit", "topic": f"{prefix}-audit", "table": f"{prefix}.audit", "contract": CONTRACT_PATH},
+    ]
+    return local_settings(kafka, "unused", tmp_path, routes=routes, maintenance_mode="off", **more)
+
+
+def test_routed_topics_each_land_once_in_their_own_table_created_from_the_template(kafka, spark, tmp_path):
+    prefix = f"r{uuid.uuid4().hex[:8]}"
+    cities = ("paris", "lyon", "nice")
+    topics = [f"{prefix}.{city}.positions" for city in cities]
+    unrouted = f"{prefix}.paris.stops"
+    create_topics(kafka.bootstrap, *topics, f"{prefix}-audit", unrouted)
+    for i, topic in enumerate(topics):
+        assert produce_records(kafka.bootstrap, topic, events(f"{topic}-", 300 + 100 * i)) == 300 + 100 * i
+    bad = [(b"bad", b"{not json", [])] * 3
+    assert produce_records(kafka.bootstrap, f"{prefix}-audit", events("audit-", 50) + bad) == 53
+    assert produce_records(kafka.bootstrap, unrouted, events("stop-", 20)) == 20
+    settings = routed_settings(kafka, tmp_path, prefix)
+    registry = CollectorRegistry()
+
+    totals = run_routes(settings, until_idle=True, spark=spark, registry=registry)
+
+    assert tables_of(settings, prefix) == sorted(
+        [f"{prefix}.audit", *(f"{prefix}.positions_{city}" for city in cities)]
+    ), "a table per routed topic, none for the unrouted one or the dead letters"
+    for i, (city, topic) in enumerate(zip(cities, topics, strict=True)):
+        assert ids_of(settings, f"{prefix}.positions_{city}") == sorted(f"{topic}-{j}" for j in range(300 + 100 * i))
+    assert ids_of(settings, f"{prefix}.audit") == sorted(f"audit-{j}" for j in range(50))
+    assert dead_letters(kafka.bootstrap, f"{prefix}-audit.dlq") == 3, "each topic's dead letters beside it"
+    assert totals.consumed == 300 + 400 + 500 + 53 and totals.committed_rows == 1250
+    for city, n in zip(cities, (300, 400, 500), strict=True):
+        committed = registry.get_sample_value(
+            "geoingest_events_committed_total",
+            {"topic": f"{prefix}.{city}.positions", "table": f"{prefix}.positions_{city}"},
+        )
+        assert committed == n, "each table's metrics under its own labels, on the one registry"
+
+    # Run again with more events: the dead-letter topic now exists and matches no table, each table
+    # goes on from its own checkpoint, and a table is never written twice.
+    assert produce_records(kafka.bootstrap, topics[0], events("more-", 40)) == 40
+    status = {row["table"]: row for row in table_status(settings, routed_tables(settings))}
+    assert sorted(status) == tables_of(settings, prefix), "every routed table, no dead letters, no unrouted topic"
+    assert status[f"{prefix}.positions_paris"]["lag"] == 40 and status[f"{prefix}.positions_lyon"]["lag"] == 0
+    assert status[f"{prefix}.audit"]["lag"] == 0, "its rejected records are done too: dead letters"
+    assert all(row["exists"] and row["last_commit"] for row in status.values())
+    run_routes(settings, until_idle=True, spark=spark)
+    assert tables_of(settings, prefix) == sorted([f"{prefix}.audit", *(f"{prefix}.positions_{c}" for c in cities)])
+    assert ids_of(settings, f"{prefix}.positions_paris") == sorted(
+        [*(f"{topics[0]}-{j}" for j in range(300)), *(f"more-{j}" for j in range(40))]
+    )
+    assert ids_of(settings, f"{prefix}.positions_lyon") == sorted(f"{topics[1]}-{j}" for j in range(400))
+
+
+def test_a_topic_created_while_the_service_runs_lands_in_its_new_table(kafka, spark, tmp_path):
+    prefix = f"r{uuid.uuid4().hex[:8]}"
+    first = f"{prefix}.paris.positions"
+    create_topics(kafka.bootstrap, first)
+    assert produce_records(kafka.bootstrap, first, events("p-", 100)) == 100
+    settings = routed_settings(kafka, tmp_path, prefix, routes_refresh_s=2, trigger_interval="1 second")
+    stop = threading.Event()
+    failure: list[BaseException] = []
+
+    def service() -> None:
+        try:
+            run_routes(settings, until_idle=False, spark=spark, stop=stop)
+        except BaseException as exc:  # noqa: BLE001 - reported by the test below
+            failure.append(exc)
+
+    thread = threading.Thread(target=service, daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not failure:
+            if (
+                f"{prefix}.positions_paris" in tables_of(settings, prefix)
+                and len(ids_of(settings, f"{prefix}.positions_paris")) == 100
+            ):
+                break
+            time.sleep(1)
+        assert not failure and len(ids_of(settings, f"{prefix}.positions_paris")) == 100
+
+        created = time.monotonic()
+        second = f"{prefix}.lyon.positions"
+        create_topics(kafka.bootstrap, second)
+        assert produce_records(kafka.bootstrap, second, events("l-", 70)) == 70
+        landed = None
+        while time.monotonic() < created + 120 and not failure:
+            if (
+                f"{prefix}.positions_lyon" in tables_of(settings, prefix)
+                and len(ids_of(settings, f"{prefix}.positions_lyon")) == 70
+            ):
+                landed = time.monotonic() - created
+                break
+            time.sleep(0.5)
+        assert not failure
+        assert landed is not None, "the new topic's events never landed"
+        # Bounded by the topic listing's period, the new query's start and its first batch.
+        assert landed < 60, f"the new topic landed after {landed:.0f} s"
+        assert ids_of(settings, f"{prefix}.positions_lyon") == sorted(f"l-{j}" for j in range(70))
+        assert len(ids_of(settings, f"{prefix}.positions_paris")) == 100
+    finally:
+        stop.set()
+        thread.join(120)
+    assert not thread.is_alive() and not failure, failure
+
+
+def test_a_table_that_cannot_be_written_fails_alone_and_is_named(kafka, spark, tmp_path):
+    prefix = f"r{uuid.uuid4().hex[:8]}"
+    good, broken = f"{prefix}.paris.positions", f"{prefix}.lyon.positions"
+    create_topics(kafka.bootstrap, good, broken)
+    assert produce_records(kafka.bootstrap, good, events("g-", 80)) == 80
+    assert produce_records(kafka.bootstrap, broken, events("b-", 80)) == 80
+    settings = routed_settings(kafka, tmp_path, prefix)
+    # The table of one topic exists with another schema: its route's contract does not match it.
+    catalog = open_catalog(settings.catalog_name, settings.catalog)
+    catalog.create_namespace(prefix)
+    import pyarrow as pa
+
+    catalog.create_table(f"{prefix}.positions_lyon", schema=pa.schema([("other", pa.string())]))
+
+    with pytest.raises(RoutingError) as caught:
+        run_routes(settings, until_idle=True, spark=spark)
+    message = str(caught.value)
+    assert "\n" not in message and f"{broken}:" in message and good not in message
+    assert len(ids_of(settings, f"{prefix}.positions_paris")) == 80, "the other table landed its events"
+
+
+def test_routes_a_user_mistyped_stop_the_service_at_start_in_one_line(kafka, tmp_path):
+    with pytest.raises(SettingsError, match=r"routes\[1\]: 'contract' .* is missing"):
+        local_settings(
+            kafka,
+            "t",
+            tmp_path,
+            routes=[{"topic": "a", "table": "a.b", "contract": "c"}, {"topic": "b", "table": "a.c"}],
+        )
+    settings = local_settings(
+        kafka, "t", tmp_path, routes=[{"topic": "a", "table": "a.b", "contract": "/nowhere.json"}]
+    )
+    with pytest.raises(RoutingError, match=r"route routes\[0\]: /nowhere.json: no such contract file"):
+        run_routes(settings, until_idle=True)
+
+
+def test_kill_9_at_commit_time_leaves_every_routed_table_with_each_event_once(kafka, tmp_path):
+    """The service of three routed tables killed (-9, the whole process group) while one table's
+    batch is committed to Iceberg and not yet to its checkpoint, the other tables anywhere in their
+    own batches; then run again until idle. Each table holds its topic's events, each once."""
+    from tests.streaming.job.test_chaos import GEOINGEST, service_env
+
+    prefix = f"r{uuid.uuid4().hex[:8]}"
+    cities = ("paris", "lyon", "nice")
+    topics = [f"{prefix}.{city}.positions" for city in cities]
+    create_topics(kafka.bootstrap, *topics)
+    for topic in topics:
+        assert produce_records(kafka.bootstrap, topic, events(f"{topic}-", 3000)) == 3000
+    routes = [
+        {
+            "topic_pattern": rf"{prefix}\.(?<city>[a-z]+)\.positions",
+            "table": f"{prefix}.positions_{{city}}",
+            "contract": CONTRACT_PATH,
+        }
+    ]
+    hold = tmp_path / "held"
+    env = service_env(
+        kafka.bootstrap,
+        "unused",
+        tmp_path,
+        GEOINGEST_ROUTES=json.dumps(routes),
+        GEOINGEST_MAX_OFFSETS_PER_TRIGGER="700",
+        GEOINGEST_MAINTENANCE_MODE="off",
+    )
+    with open(tmp_path / "first.stderr", "wb") as err:
+        first = subprocess.Popen(
+            [str(GEOINGEST), "run"],
+            env={**env, "GEOINGEST_HOLD_AFTER_COMMIT_FILE": str(hold)},
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+            start_new_session=True,
+        )
+    try:
+        deadline = time.monotonic() + 300
+        while not hold.exists() and first.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert hold.exists(), (tmp_path / "first.stderr").read_text(errors="replace")[-3000:]
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(first.pid, signal.SIGKILL)
+        first.wait(60)
+
+    rerun = subprocess.run(
+        [str(GEOINGEST), "run", "--until-idle"], env=env, capture_output=True, text=True, timeout=600
+    )
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    settings = load_settings(env=env)
+    for topic, city in zip(topics, cities, strict=True):
+        landed = ids_of(settings, f"{prefix}.positions_{city}")
+        assert landed == sorted(f"{topic}-{j}" for j in range(3000)), f"{city}: {len(landed)} rows"
+    status = subprocess.run([str(GEOINGEST), "status"], env=env, capture_output=True, text=True, timeout=120)
+    assert status.returncode == 0, status.stderr[-2000:]
+    rows = [json.loads(line) for line in status.stdout.splitlines()]
+    assert [(r["table"], r["topic"], r["lag"]) for r in rows] == [
+        (f"{prefix}.positions_{city}", topic, 0) for city, topic in sorted(zip(cities, topics, strict=True))
+    ]
