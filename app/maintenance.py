@@ -123,6 +123,7 @@ class MaintenanceRunner:
         metrics: MaintenanceMetrics | None = None,
         raise_errors: bool = False,
         turns: CommitTurns | None = None,
+        shared_child: MaintenanceChild | None = None,
     ):
         if settings.maintenance_mode not in MAINTENANCE_MODES:
             raise ValueError(f"maintenance_mode: {settings.maintenance_mode!r} is not one of {list(MAINTENANCE_MODES)}")
@@ -143,6 +144,9 @@ class MaintenanceRunner:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._child: MaintenanceChild | None = None
+        # "beside" in a service of many tables: one child process runs every table's maintenance,
+        # which the service, not this runner, stops.
+        self._shared_child = shared_child
         # A run's CPU: its thread's in the service's process, the whole process in the child's.
         self.cpu_clock: Callable[[], float] = time.thread_time
 
@@ -236,8 +240,11 @@ class MaintenanceRunner:
 
     def start(self) -> None:
         """Maintain on a thread of this process ("background") or in a child process ("beside")."""
-        if self.settings.maintenance_mode == "beside":
-            self._child = MaintenanceChild(self.settings, self.table_name, self.turns)
+        if self.settings.maintenance_mode == "beside" and self._shared_child is not None:
+            self._shared_child.add_table(self.table_name, self.turns)
+            self._child = self._shared_child
+        elif self.settings.maintenance_mode == "beside":
+            self._child = MaintenanceChild(self.settings, {self.table_name: self.turns})
         self._thread = threading.Thread(target=self._loop, name="maintenance", daemon=True)
         self._thread.start()
 
@@ -253,7 +260,7 @@ class MaintenanceRunner:
                     continue
                 self._last_run = time.monotonic()
                 self._commits_since_run = 0
-                result = self._child.run(steps, self._stop)
+                result = self._child.run(self.table_name, steps, self._stop)
                 if result is not None:
                     self.record(result)
 
@@ -261,48 +268,64 @@ class MaintenanceRunner:
         # A run cut short by the process's exit loses nothing: its files become orphans.
         self._stop.set()
         self._wake.set()
-        if self._child is not None:
+        if self._child is not None and self._child is not self._shared_child:
             self._child.stop(timeout_s)
         if self._thread is not None:
             self._thread.join(timeout_s)
 
 
 class MaintenanceChild:
-    """The child process of "beside": started at once, it waits for runs (a tuple of steps over a
-    pipe) and answers each with its RunResult."""
+    """The child process of "beside": started at once, it waits for runs (a table and a tuple of
+    steps over a pipe) and answers each with its RunResult. One child serves one table, or every
+    table of a service of many (`add_table`): their runs take turns in it."""
 
-    def __init__(self, settings: Settings, table_name: str, turns: CommitTurns | None = None):
-        self.settings, self.table_name, self.turns = settings, table_name, turns
+    def __init__(self, settings: Settings, turns_by_table: dict[str, CommitTurns | None]):
+        self.settings = settings
+        self.turns_by_table = dict(turns_by_table)
         self._lock = threading.Lock()
+        self._tables_added = False
         self._spawn()
+
+    def add_table(self, table_name: str, turns: CommitTurns | None) -> None:
+        """A table whose runs this child takes too: a commit-turn lock reaches a child only as it
+        starts, so the child starts again before its next run (it waits between runs)."""
+        with self._lock:
+            if table_name not in self.turns_by_table or self.turns_by_table[table_name] is not turns:
+                self.turns_by_table[table_name] = turns  # a table's lane started again has new turns
+                self._tables_added = True
 
     def _spawn(self) -> None:
         context = multiprocessing.get_context("spawn")  # no copy of the driver's threads and JVM gateway
         self._conn, child_conn = context.Pipe()
         self.process = context.Process(
             target=child_main,
-            args=(self.settings, self.table_name, child_conn, self.turns),
+            args=(self.settings, self.turns_by_table, child_conn),
             name="geoingest-maintenance",
             daemon=True,
         )
         self.process.start()
         child_conn.close()
 
-    def run(self, steps: tuple[str, ...], stop: threading.Event) -> RunResult | None:
+    def run(self, table_name: str, steps: tuple[str, ...], stop: threading.Event) -> RunResult | None:
         """Hand one run to the child and wait for its answer; None when the service stops first or
         the child is gone (a new one is started for the next run)."""
         with self._lock:
-            if not self.process.is_alive():
+            if self._tables_added and self.process.is_alive():
+                self._stop_process(60.0)
+                self._spawn()
+            elif not self.process.is_alive():
                 log.error(
                     "the maintenance process is gone; starting a new one",
                     extra={"summary": {"exitcode": self.process.exitcode}},
                 )
                 self._conn.close()
-                if self.turns is not None:
-                    self.turns.renew()  # the child may have died holding the turn
+                for turns in self.turns_by_table.values():
+                    if turns is not None:
+                        turns.renew()  # the child may have died holding the turn
                 self._spawn()
+            self._tables_added = False
             try:
-                self._conn.send(steps)
+                self._conn.send((table_name, steps))
                 while not stop.is_set():
                     if self._conn.poll(0.2):
                         return self._conn.recv()
@@ -319,6 +342,9 @@ class MaintenanceChild:
 
     def stop(self, timeout_s: float) -> None:
         """SIGTERM: the child abandons its run at the next file, releases the lease and exits."""
+        self._stop_process(timeout_s)
+
+    def _stop_process(self, timeout_s: float) -> None:
         if self.process.is_alive() and self.process.pid is not None:
             os.kill(self.process.pid, signal.SIGTERM)
         self.process.join(timeout_s)
@@ -329,7 +355,7 @@ class MaintenanceChild:
         self._conn.close()
 
 
-def child_main(settings: Settings, table_name: str, conn: Connection, turns: CommitTurns | None = None) -> None:
+def child_main(settings: Settings, turns_by_table: dict[str, CommitTurns | None], conn: Connection) -> None:
     """The maintenance process: lower priority, Arrow on one thread, at most
     maintenance_cpu_percent of one core, stops on SIGTERM or SIGINT or when the service is gone."""
     from app.logs import configure_logging
@@ -354,8 +380,7 @@ def child_main(settings: Settings, table_name: str, conn: Connection, turns: Com
             raise Abandoned(step)
         budget.pace()
 
-    runner = MaintenanceRunner(settings, table_name, turns=turns)
-    runner.cpu_clock = time.process_time  # Arrow's and the IO threads' too
+    runners: dict[str, MaintenanceRunner] = {}
     parent = os.getppid()
     while not stopping.is_set():
         try:
@@ -363,11 +388,14 @@ def child_main(settings: Settings, table_name: str, conn: Connection, turns: Com
                 if os.getppid() != parent:
                     return  # the service died without a word (kill -9)
                 continue
-            steps = conn.recv()
+            table_name, steps = conn.recv()
         except (EOFError, OSError):
             return
+        if table_name not in runners:
+            runners[table_name] = MaintenanceRunner(settings, table_name, turns=turns_by_table.get(table_name))
+            runners[table_name].cpu_clock = time.process_time  # Arrow's and the IO threads' too
         budget.start()
-        result = runner.execute(steps, progress=paced)
+        result = runners[table_name].execute(steps, progress=paced)
         budget.pace()  # the run's share is kept before the next one starts
         try:
             conn.send(replace(result, paced_s=round(budget.slept, 3)))

@@ -22,6 +22,7 @@ from datetime import UTC, datetime
 from prometheus_client import CollectorRegistry
 from pyspark.sql import SparkSession
 
+from app.maintenance import MaintenanceChild
 from app.metrics import TablesHealth, serve
 from app.service import (
     Lane,
@@ -81,6 +82,8 @@ class RoutedService:
         self.failed: dict[str, _Failed] = {}  # by topic
         self.finished: set[str] = set()  # topics drained (until_idle)
         self._told: set[str] = set()  # topics already logged as unroutable
+        # "beside": one maintenance process for every table (a process each would cost ~200 MB a table)
+        self.maintenance_child = MaintenanceChild(settings, {}) if settings.maintenance_mode == "beside" else None
 
     def discover(self) -> None:
         """Lanes for the routed topics that have none; a topic no route can take is logged once."""
@@ -105,7 +108,15 @@ class RoutedService:
         contract = dataclasses.replace(self.templates[route.name], table=name)
         create_table(self.catalog, contract)
         table = self.catalog.load_table(name)
-        lane = open_lane(self._lane_settings(topic), contract, table, self.spark, self.registry, self.observers)
+        lane = open_lane(
+            self._lane_settings(topic),
+            contract,
+            table,
+            self.spark,
+            self.registry,
+            self.observers,
+            maintenance_child=self.maintenance_child,
+        )
         self.lanes[topic] = lane
         self.health.tables[name] = lane.health
         lane.start(self.spark, self.until_idle)
@@ -170,6 +181,8 @@ class RoutedService:
     def close(self) -> None:
         for lane in self.lanes.values():
             lane.close()
+        if self.maintenance_child is not None:
+            self.maintenance_child.stop(60.0)
 
 
 def run_routes(

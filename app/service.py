@@ -17,7 +17,11 @@ from pyspark.sql import SparkSession
 from pyspark.sql.streaming import StreamingQuery, StreamingQueryListener
 
 from app.logs import configure_logging  # noqa: F401 - the CLI and the demo take it from here
-from app.maintenance import MAINTENANCE_MODES, MaintenanceRunner  # noqa: F401 - the CLI takes them from here
+from app.maintenance import (  # noqa: F401 - the CLI takes MAINTENANCE_MODES from here
+    MAINTENANCE_MODES,
+    MaintenanceChild,
+    MaintenanceRunner,
+)
 from app.metrics import Health, IngestMetrics, MaintenanceMetrics, TablesHealth, serve
 from app.settings import Settings
 from app.spark import spark_session
@@ -170,8 +174,10 @@ def open_lane(
     registry: CollectorRegistry,
     observers: tuple[Callable[[BatchReport], None], ...] = (),
     resume_from_table: bool = False,
+    maintenance_child: MaintenanceChild | None = None,
 ) -> Lane:
-    """The lane of a table, its query not started yet: its maintenance started, its dead-letter topic made."""
+    """The lane of a table, its query not started yet: its maintenance started (in `maintenance_child`,
+    shared by the lanes of a service of many tables, when given), its dead-letter topic made."""
     metrics = IngestMetrics(registry, contract.table, settings.topic)
     health = Health(max_silence_s=settings.ready_max_silence_s, max_stall_s=settings.live_max_stall_s)
     # Beside ingest, maintenance commits take turns with the batches' (streaming/table/turns.py).
@@ -179,7 +185,11 @@ def open_lane(
     maintenance = None
     if settings.maintenance_mode != "off":
         maintenance = MaintenanceRunner(
-            settings, contract.table, MaintenanceMetrics(registry, contract.table), turns=turns
+            settings,
+            contract.table,
+            MaintenanceMetrics(registry, contract.table),
+            turns=turns,
+            shared_child=maintenance_child,
         )
         observers = (*observers, maintenance.after_batch)
     try:

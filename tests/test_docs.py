@@ -335,7 +335,7 @@ Broken: [no file](missing.md), [no heading](other.md#nowhere), [no heading here]
 
 ```
 geoingest query --table T --bbox 1,2,3,4 --format count
-.venv/bin/geoingest run --until-idle
+.venv/bin/geoingest run --until-idle --contrat x.json
 GEOINGEST_X=1 geoingest table describe --table T --limit 3
 make demo
 make bench-all
@@ -373,7 +373,7 @@ def test_the_checks_find_what_is_broken(tmp_path: Path) -> None:
         "link '#nowhere': page.md has no heading #nowhere",
         "`geoingest table maintain --compactt`: table: no option --compactt",
         "`geoingest tables describe`: no command 'tables'",
-        "`.venv/bin/geoingest run --until-idle`: geoingest run: error: the following arguments are required: --contract",
+        "`.venv/bin/geoingest run --until-idle --contrat x.json`: geoingest: error: unrecognized arguments: --contrat x.json",
         "`GEOINGEST_X=1 geoingest table describe --table T --limit 3`: geoingest: error: unrecognized arguments: --limit 3",
         "`make tset`: no such target in the Makefile",
         "`make bench-all`: no such target in the Makefile",

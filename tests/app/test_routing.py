@@ -5,6 +5,7 @@ others going. Real broker, real Spark, real SQLite catalog."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import signal
@@ -280,3 +281,55 @@ def test_kill_9_at_commit_time_leaves_every_routed_table_with_each_event_once(ka
     assert [(r["table"], r["topic"], r["lag"]) for r in rows] == [
         (f"{prefix}.positions_{city}", topic, 0) for city, topic in sorted(zip(cities, topics, strict=True))
     ]
+
+
+def test_the_routed_tables_are_maintained_beside_the_stream_by_one_process(kafka, spark, tmp_path):
+    import multiprocessing
+
+    prefix = f"r{uuid.uuid4().hex[:8]}"
+    cities = ("paris", "lyon", "nice")
+    topics = [f"{prefix}.{city}.positions" for city in cities]
+    create_topics(kafka.bootstrap, *topics)
+    for topic in topics:
+        assert produce_records(kafka.bootstrap, topic, events(f"{topic}-", 600)) == 600
+    settings = dataclasses.replace(
+        routed_settings(kafka, tmp_path, prefix, trigger_interval="1 second", max_offsets_per_trigger=100),
+        maintenance_mode="beside",
+        maintenance_interval_commits=2,
+        maintenance_min_gap_s=0,
+        maintenance_min_file_age_s=0,
+    )
+    registry = CollectorRegistry()
+    stop = threading.Event()
+    failure: list[BaseException] = []
+    at_once: list[int] = []  # maintenance processes alive at each look
+
+    def completed(city: str) -> float:
+        value = registry.get_sample_value(
+            "geoingest_maintenance_runs_total", {"table": f"{prefix}.positions_{city}", "outcome": "completed"}
+        )
+        return value or 0.0
+
+    def service() -> None:
+        try:
+            run_routes(settings, until_idle=False, spark=spark, registry=registry, stop=stop)
+        except BaseException as exc:  # noqa: BLE001 - reported by the test below
+            failure.append(exc)
+
+    thread = threading.Thread(target=service, daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline and not failure and not all(completed(c) >= 1 for c in cities):
+            at_once.append(sum(1 for p in multiprocessing.active_children() if p.name == "geoingest-maintenance"))
+            time.sleep(0.5)
+        assert not failure and all(completed(c) >= 1 for c in cities), {c: completed(c) for c in cities}
+    finally:
+        stop.set()
+        thread.join(120)
+    assert not failure, failure
+    # One process for the three tables (started again, between runs, when a table joins).
+    assert max(at_once) == 1, f"maintenance processes alive at once: {max(at_once)}"
+    assert not [p for p in multiprocessing.active_children() if p.name == "geoingest-maintenance"], "stopped"
+    for city, topic in zip(cities, topics, strict=True):
+        assert ids_of(settings, f"{prefix}.positions_{city}") == sorted(f"{topic}-{j}" for j in range(600))
