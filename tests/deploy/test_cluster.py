@@ -133,15 +133,15 @@ def metric(pod_ip: str, name: str, port: int = 9108) -> float:
     return sum(float(v) for v in re.findall(rf"^{name}{{[^}}]*}} (\S+)$", text, re.MULTILINE))
 
 
-def table_rows(podman: Podman, volume: Path) -> int:
-    """The rows of demo.events, read with the image's own CLI on the pod's volume."""
+def table_rows(podman: Podman, volume: Path, table: str = "demo.events") -> int:
+    """The rows of a table (demo.events), read with the image's own CLI on the pod's volume."""
     out = podman.run(
         "run", "--rm", "--network=none", "--read-only", "--tmpfs=/tmp", "--tmpfs=/scratch:mode=1777",
         f"--volume={volume}:/data",
         "-e", "GEOINGEST_CATALOG__URI=sqlite:////data/catalog.db",
         "-e", "GEOINGEST_CATALOG__WAREHOUSE=file:///data/warehouse",
         "--entrypoint=geoingest", DEFAULT_TAG,
-        "query", "--table", "demo.events", "--bbox=-180,-90,180,90", "--format", "count",
+        "query", "--table", table, "--bbox=-180,-90,180,90", "--format", "count",
     ).stdout  # fmt: skip
     return int(json.loads(out)["count"])
 
@@ -463,3 +463,62 @@ def running_executor_apps(cluster: Cluster, namespace: str) -> dict[str, int]:
 def job_finished(cluster: Cluster, namespace: str, name: str) -> bool:
     status = cluster.api("GET", f"/apis/batch/v1/namespaces/{namespace}/jobs/{name}")["status"]
     return bool(status.get("succeeded") or status.get("failed"))
+
+
+def test_one_release_routes_topics_into_their_own_tables(cluster, helm, bridge_broker, podman):
+    """ci/routes-values.yaml: a pattern route (a table per city, made from the chart's contract) and
+    a topic route with a contract of its own, in one release. A city's topic created while the pod
+    runs gets its table; every table holds its topic's events, once, through a pod kill."""
+    release = "routed"
+    volume = cluster.add_volume("geoingest-data-routes")
+    selector = f"app.kubernetes.io/instance={release},geoingest.io/spark-mode"
+    admin = KafkaAdminClient(bootstrap_servers=bridge_broker.bootstrap)
+    try:
+        admin.create_topics(
+            [NewTopic(t, num_partitions=2, replication_factor=1) for t in ("fleet.paris.positions", "audit-log")]
+        )
+    finally:
+        admin.close()
+    bad = [(f"bad{i}".encode(), b"not an event", []) for i in range(5)]
+    assert produce_records(bridge_broker.bootstrap, "fleet.paris.positions", events(0, 1500)) == 1500
+    assert produce_records(bridge_broker.bootstrap, "audit-log", events(0, 500) + bad) == 505
+    helm.run(
+        "install", release, str(CHART), "--namespace", NAMESPACE,
+        "--values", str(CHART / "ci" / "routes-values.yaml"),
+        "--set", f"image.repository={REPOSITORY},image.tag={TAG}",
+        "--set", f"config.bootstrap_servers={bridge_broker.bootstrap}",
+        "--set", "config.trigger_interval=1 second,config.driver_memory=1g,config.routes_refresh_s=5",
+        "--set", "resources.requests.cpu=250m",
+        "--wait", "--timeout", "10m", timeout=660,
+    )  # fmt: skip
+    pod = ready_pod(cluster, selector, 60)
+    wait_until(lambda: table_rows(podman, volume, "fleet.positions_paris") >= 1500, 300, "paris's 1500 rows")
+
+    # A city's topic made while the service runs, then the pod killed while events come.
+    admin = KafkaAdminClient(bootstrap_servers=bridge_broker.bootstrap)
+    try:
+        admin.create_topics([NewTopic("fleet.lyon.positions", num_partitions=2, replication_factor=1)])
+    finally:
+        admin.close()
+    assert produce_records(bridge_broker.bootstrap, "fleet.lyon.positions", events(0, 1000)) == 1000
+    wait_until(lambda: table_rows(podman, volume, "fleet.positions_lyon") >= 1000, 300, "lyon's new table")
+    producer = threading.Thread(
+        target=lambda: produce_records(bridge_broker.bootstrap, "fleet.paris.positions", events(1500, 2000))
+    )
+    producer.start()
+    time.sleep(1)
+    name = pod["metadata"]["name"]
+    cluster.api("DELETE", f"/api/v1/namespaces/{NAMESPACE}/pods/{name}", {"gracePeriodSeconds": 0})
+    producer.join()
+    ready_pod(cluster, selector, 600, not_named=name)
+    wait_until(lambda: table_rows(podman, volume, "fleet.positions_paris") >= 3500, 300, "paris's 3500 rows")
+    time.sleep(5)  # anything doubled would land by now
+    rows = {t: table_rows(podman, volume, t) for t in ("fleet.positions_paris", "fleet.positions_lyon", "ops.audit")}
+    assert rows == {"fleet.positions_paris": 3500, "fleet.positions_lyon": 1000, "ops.audit": 500}, rows
+    assert count_records(bridge_broker.bootstrap, "audit-log.dlq") == 5
+
+    tested = helm.run("test", release, "--namespace", NAMESPACE, "--logs", "--timeout", "5m", timeout=330)
+    assert "routes: 3 routed tables" in tested.stdout and "catalog: table ops.audit loaded" in tested.stdout, (
+        tested.stdout
+    )
+    helm.run("uninstall", release, "--namespace", NAMESPACE, "--wait", timeout=300)
