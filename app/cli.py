@@ -119,7 +119,12 @@ def _parser() -> argparse.ArgumentParser:
     table.set_defaults(handler=_table)
 
     run = commands.add_parser("run", help="run the ingest service")
-    run.add_argument("--contract", help="table contract (JSON); without it, the settings' routes (docs/routing.md)")
+    run.add_argument("--contract", help="table contract (JSON)")
+    run.add_argument(
+        "--routes",
+        action="store_true",
+        help="the tables the settings' routes name, not one contract's (docs/routing.md)",
+    )
     run.add_argument("--until-idle", action="store_true", help="drain what the topic holds, then exit")
     run.add_argument(
         "--resume-from-table",
@@ -359,8 +364,10 @@ def _run(args, settings: Settings) -> int:
     from streaming.contract import load_contract
 
     configure_logging()
-    if settings.routes or not args.contract:
+    if args.routes or not args.contract:
         return _run_routes(args, settings)
+    if settings.routes:
+        raise ValueError("run: the settings have routes; run them with --routes, or drop them to run --contract")
     if args.create_table:
         from streaming.table.catalog import create_table, open_catalog
 
@@ -380,9 +387,9 @@ def _run_routes(args, settings: Settings) -> int:
     from app.routing import run_routes
 
     if args.contract:
-        raise ValueError("run: --contract names one table, and the settings route topics to tables; give one of them")
+        raise ValueError("run: --contract names one table and --routes the settings' routes; give one of them")
     if not settings.routes:
-        raise ValueError("run needs --contract, or routes in the settings (docs/routing.md)")
+        raise ValueError("run needs --contract, or --routes with routes in the settings (docs/routing.md)")
     if args.resume_from_table:
         raise ValueError("run: --resume-from-table reads one table's offsets; run each routed table with --contract")
     _print_totals(run_routes(settings, until_idle=args.until_idle))

@@ -251,7 +251,7 @@ def test_kill_9_at_commit_time_leaves_every_routed_table_with_each_event_once(ka
     )
     with open(tmp_path / "first.stderr", "wb") as err:
         first = subprocess.Popen(
-            [str(GEOINGEST), "run"],
+            [str(GEOINGEST), "run", "--routes"],
             env={**env, "GEOINGEST_HOLD_AFTER_COMMIT_FILE": str(hold)},
             stdout=subprocess.DEVNULL,
             stderr=err,
@@ -268,7 +268,7 @@ def test_kill_9_at_commit_time_leaves_every_routed_table_with_each_event_once(ka
         first.wait(60)
 
     rerun = subprocess.run(
-        [str(GEOINGEST), "run", "--until-idle"], env=env, capture_output=True, text=True, timeout=600
+        [str(GEOINGEST), "run", "--routes", "--until-idle"], env=env, capture_output=True, text=True, timeout=600
     )
     assert rerun.returncode == 0, rerun.stderr[-3000:]
     settings = load_settings(env=env)
@@ -333,3 +333,17 @@ def test_the_routed_tables_are_maintained_beside_the_stream_by_one_process(kafka
     assert not [p for p in multiprocessing.active_children() if p.name == "geoingest-maintenance"], "stopped"
     for city, topic in zip(cities, topics, strict=True):
         assert ids_of(settings, f"{prefix}.positions_{city}") == sorted(f"{topic}-{j}" for j in range(600))
+
+
+def test_run_says_in_one_line_which_of_contract_and_routes_to_give(monkeypatch, capsys):
+    from app.cli import main
+
+    monkeypatch.setenv("GEOINGEST_ROUTES", json.dumps([{"topic": "a", "table": "a.b", "contract": CONTRACT_PATH}]))
+    assert main(["run", "--contract", CONTRACT_PATH]) == 2
+    assert "the settings have routes; run them with --routes" in capsys.readouterr().err
+    assert main(["run", "--routes", "--contract", CONTRACT_PATH]) == 2
+    assert "give one of them" in capsys.readouterr().err
+    monkeypatch.delenv("GEOINGEST_ROUTES")
+    assert main(["run", "--routes"]) == 2
+    err = capsys.readouterr().err
+    assert "run needs --contract, or --routes with routes in the settings" in err and err.count("\n") == 1
