@@ -95,6 +95,7 @@ bench: setup
 	PYTHONPATH=$(CURDIR) $(PY) bench/duckdb_pruning.py
 	PYTHONPATH=$(CURDIR) $(PY) bench/upsert.py
 	PYTHONPATH=$(CURDIR) $(PY) bench/partitioning.py
+	PYTHONPATH=$(CURDIR) $(PY) bench/routing.py --tables 50 --events 400000 --rate 10000 --seconds 40 --trigger "10 seconds"
 	PYTHONPATH=$(CURDIR) $(PY) bench/freshness.py --seconds 45 --warmup 15
 	PYTHONPATH=$(CURDIR) $(PY) bench/freshness.py --seconds 45 --warmup 15 --rates 20000,100000 --triggers "0 seconds" --slow-record --results freshness_slow_record
 	PYTHONPATH=$(CURDIR) $(PY) bench/freshness.py --seconds 180 --warmup 20 --rates 100000 --triggers "0 seconds" --results freshness_100k_180s
