@@ -22,6 +22,7 @@ from datetime import UTC, datetime
 from prometheus_client import CollectorRegistry
 from pyspark.sql import SparkSession
 
+from app.errors import one_line
 from app.maintenance import MaintenanceChild
 from app.metrics import TablesHealth, serve
 from app.service import (
@@ -66,6 +67,7 @@ class RoutedService:
     def __init__(
         self,
         settings: Settings,
+        routes: Routes,
         templates: dict[str, Contract],
         spark: SparkSession,
         registry: CollectorRegistry,
@@ -75,7 +77,7 @@ class RoutedService:
     ):
         self.settings, self.spark, self.registry, self.health = settings, spark, registry, health
         self.observers, self.until_idle = observers, until_idle
-        self.routes: Routes = parse_routes(settings.routes)
+        self.routes = routes
         self.templates = templates
         self.catalog = open_catalog(settings.catalog_name, settings.catalog)
         self.lanes: dict[str, Lane] = {}  # by topic
@@ -88,17 +90,24 @@ class RoutedService:
     def discover(self) -> None:
         """Lanes for the routed topics that have none; a topic no route can take is logged once."""
         topics = list_topics(self.settings.bootstrap_servers, dict(self.settings.kafka))
-        for topic in sorted(topics - dead_letter_topics(self.settings, topics)):
-            if topic in self.lanes or topic in self.failed or topic in self.finished:
-                continue
-            try:
-                route = self.routes.route_of(topic)
-                if route is not None:
-                    self._open(topic, route)
-            except RouteError as exc:
-                self._tell(topic, str(exc))
-            except Exception as exc:  # noqa: BLE001 - this table fails (and is tried again), the others go on
-                self._fail(topic, route, f"{type(exc).__name__}: {exc}".splitlines()[0])
+        routed, unroutable = topic_routes(self.routes, self.settings, topics)
+        for topic, why in unroutable.items():
+            self._tell(topic, why)
+        for topic, route in routed.items():
+            if topic not in self.lanes and topic not in self.failed and topic not in self.finished:
+                self._start(topic, route)
+
+    def _start(self, topic: str, route: Route) -> None:
+        """The topic's lane opened and its query started; a table that cannot start fails (and is
+        tried again), one whose name the route cannot make is left alone."""
+        try:
+            self._open(topic, route)
+        except RouteError as exc:
+            self._tell(topic, str(exc))
+        except Exception as exc:  # noqa: BLE001 - this table fails, the others go on
+            self._fail(topic, route, one_line(exc))
+        else:
+            self.failed.pop(topic, None)
 
     def _open(self, topic: str, route: Route) -> None:
         name = route.table_for_topic(topic)
@@ -150,9 +159,9 @@ class RoutedService:
             self._fail(topic, self.routes.route_of(topic), failure)
         if not self.until_idle:
             for topic, failed in list(self.failed.items()):
-                if time.monotonic() >= failed.retry_at:
-                    del self.failed[topic]
-                    self._retry(topic, failed)
+                route = self.routes.route_of(topic)
+                if route is not None and time.monotonic() >= failed.retry_at:
+                    self._start(topic, route)
 
     def _fail(self, topic: str, route: Route | None, error: str) -> None:
         """The topic's table failed: logged in one line, started again after a pause that doubles."""
@@ -162,15 +171,6 @@ class RoutedService:
         self.failed[topic] = _Failed(error, failures, time.monotonic() + pause)
         where = {"topic": topic, "route": None if route is None else route.name}
         log.error("table failed", extra={"summary": {**where, "error": error, "retry_in_s": pause}})
-
-    def _retry(self, topic: str, failed: _Failed) -> None:
-        route = self.routes.route_of(topic)
-        try:
-            if route is not None:
-                self._open(topic, route)
-        except Exception as exc:  # noqa: BLE001 - the table stays failed, the others go on
-            self.failed[topic] = failed
-            self._fail(topic, route, f"{type(exc).__name__}: {exc}".splitlines()[0])
 
     def stop(self) -> None:
         """Each lane's query after the batch it runs."""
@@ -197,7 +197,8 @@ def run_routes(
     return (an error naming every table that failed); otherwise run until SIGTERM or SIGINT (or
     `stop`), new topics picked up every routes_refresh_s, then stop every lane after the batch in
     progress."""
-    templates = load_templates(parse_routes(settings.routes))
+    routes = parse_routes(settings.routes)
+    templates = load_templates(routes)
     totals = RunTotals()
     registry = registry or CollectorRegistry()
     health = TablesHealth(ready_without_tables=True)
@@ -210,7 +211,9 @@ def run_routes(
         spark = spark or start_spark(settings)
         progress_log = ProgressLog()
         spark.streams.addListener(progress_log)
-        service = RoutedService(settings, templates, spark, registry, health, (totals.observe, *observers), until_idle)
+        service = RoutedService(
+            settings, routes, templates, spark, registry, health, (totals.observe, *observers), until_idle
+        )
         stop_requested = stop or (stop_on_signal() if not until_idle else threading.Event())
         service.discover()
         next_discovery = time.monotonic() + settings.routes_refresh_s
@@ -222,7 +225,7 @@ def run_routes(
                 try:
                     service.discover()
                 except Exception as exc:  # noqa: BLE001 - the broker away for a while: the lanes go on
-                    log.warning("topics not listed", extra={"summary": {"error": str(exc).splitlines()[0]}})
+                    log.warning("topics not listed", extra={"summary": {"error": one_line(exc)}})
                 next_discovery = time.monotonic() + settings.routes_refresh_s
             time.sleep(1.0)
         service.stop()
@@ -291,19 +294,29 @@ def table_status(settings: Settings, tables: dict[str, str]) -> list[dict]:
 def routed_tables(settings: Settings) -> dict[str, str]:
     """The tables the settings' routes give the broker's topics now: topic -> table (dead-letter
     topics and topics no route can name left out)."""
-    routes = parse_routes(settings.routes)
     topics = list_topics(settings.bootstrap_servers, dict(settings.kafka))
+    routed, _ = topic_routes(parse_routes(settings.routes), settings, topics)
     tables = {}
-    for topic in sorted(topics - dead_letter_topics(settings, topics)):
+    for topic, route in routed.items():
         try:
-            route = routes.route_of(topic)
-            if route is not None and route.field is None:
-                tables[topic] = route.table_for_topic(topic)
+            tables[topic] = route.table_for_topic(topic)
         except RouteError:
             continue
     return tables
 
 
-def dead_letter_topics(settings: Settings, topics: set[str]) -> set[str]:
-    """The topics that are the dead-letter topics of others: never routed as tables of their own."""
-    return {dataclasses.replace(settings, topic=t).dead_letter_topic for t in topics} | {settings.dlq_topic}
+def topic_routes(routes: Routes, settings: Settings, topics: set[str]) -> tuple[dict[str, Route], dict[str, str]]:
+    """The route of each topic a route takes, in name order, and why each topic two routes take is
+    left alone. A dead-letter topic is never routed as a table of its own, whatever its name matches."""
+    dead_letters = {dataclasses.replace(settings, topic=t).dead_letter_topic for t in topics} | {settings.dlq_topic}
+    routed: dict[str, Route] = {}
+    unroutable: dict[str, str] = {}
+    for topic in sorted(topics - dead_letters):
+        try:
+            route = routes.route_of(topic)
+        except RouteError as exc:
+            unroutable[topic] = str(exc)
+            continue
+        if route is not None and route.field is None:
+            routed[topic] = route
+    return routed, unroutable

@@ -20,6 +20,7 @@ import re
 import string
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -60,7 +61,7 @@ class Route:
     topic_pattern: str | None = None  # as written (Java's spelling, which the Kafka source reads)
     field: RecordField | None = None
 
-    @property
+    @cached_property
     def matcher(self) -> re.Pattern[str] | None:
         return None if self.topic_pattern is None else _compile(self.topic_pattern)
 

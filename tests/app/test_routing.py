@@ -13,6 +13,7 @@ import subprocess
 import threading
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -70,6 +71,29 @@ def dead_letters(bootstrap: str, topic: str) -> int:
         return sum(1 for _ in consumer)
     finally:
         consumer.close()
+
+
+@contextlib.contextmanager
+def service_running(settings, spark, registry: CollectorRegistry | None = None) -> Iterator[list[BaseException]]:
+    """The routed service on a thread, as `geoingest run --routes` runs it, stopped after the block
+    (which must end with the service stopped and nothing failed); yields the list its failure lands in."""
+    stop = threading.Event()
+    failure: list[BaseException] = []
+
+    def service() -> None:
+        try:
+            run_routes(settings, until_idle=False, spark=spark, registry=registry, stop=stop)
+        except BaseException as exc:  # noqa: BLE001 - reported by the test
+            failure.append(exc)
+
+    thread = threading.Thread(target=service, daemon=True)
+    thread.start()
+    try:
+        yield failure
+    finally:
+        stop.set()
+        thread.join(120)
+    assert not thread.is_alive() and not failure, failure
 
 
 def routed_settings(kafka, tmp_path: Path, prefix: str, **more):
@@ -138,18 +162,7 @@ def test_a_topic_created_while_the_service_runs_lands_in_its_new_table(kafka, sp
     create_topics(kafka.bootstrap, first)
     assert produce_records(kafka.bootstrap, first, events("p-", 100)) == 100
     settings = routed_settings(kafka, tmp_path, prefix, routes_refresh_s=2, trigger_interval="1 second")
-    stop = threading.Event()
-    failure: list[BaseException] = []
-
-    def service() -> None:
-        try:
-            run_routes(settings, until_idle=False, spark=spark, stop=stop)
-        except BaseException as exc:  # noqa: BLE001 - reported by the test below
-            failure.append(exc)
-
-    thread = threading.Thread(target=service, daemon=True)
-    thread.start()
-    try:
+    with service_running(settings, spark) as failure:
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline and not failure:
             if (
@@ -179,10 +192,6 @@ def test_a_topic_created_while_the_service_runs_lands_in_its_new_table(kafka, sp
         assert landed < 60, f"the new topic landed after {landed:.0f} s"
         assert ids_of(settings, f"{prefix}.positions_lyon") == sorted(f"l-{j}" for j in range(70))
         assert len(ids_of(settings, f"{prefix}.positions_paris")) == 100
-    finally:
-        stop.set()
-        thread.join(120)
-    assert not thread.is_alive() and not failure, failure
 
 
 def test_a_table_that_cannot_be_written_fails_alone_and_is_named(kafka, spark, tmp_path):
@@ -300,8 +309,6 @@ def test_the_routed_tables_are_maintained_beside_the_stream_by_one_process(kafka
         maintenance_min_file_age_s=0,
     )
     registry = CollectorRegistry()
-    stop = threading.Event()
-    failure: list[BaseException] = []
     at_once: list[int] = []  # maintenance processes alive at each look
 
     def completed(city: str) -> float:
@@ -310,24 +317,12 @@ def test_the_routed_tables_are_maintained_beside_the_stream_by_one_process(kafka
         )
         return value or 0.0
 
-    def service() -> None:
-        try:
-            run_routes(settings, until_idle=False, spark=spark, registry=registry, stop=stop)
-        except BaseException as exc:  # noqa: BLE001 - reported by the test below
-            failure.append(exc)
-
-    thread = threading.Thread(target=service, daemon=True)
-    thread.start()
-    try:
+    with service_running(settings, spark, registry) as failure:
         deadline = time.monotonic() + 300
         while time.monotonic() < deadline and not failure and not all(completed(c) >= 1 for c in cities):
             at_once.append(sum(1 for p in multiprocessing.active_children() if p.name == "geoingest-maintenance"))
             time.sleep(0.5)
         assert not failure and all(completed(c) >= 1 for c in cities), {c: completed(c) for c in cities}
-    finally:
-        stop.set()
-        thread.join(120)
-    assert not failure, failure
     # One process for the three tables (started again, between runs, when a table joins).
     assert max(at_once) == 1, f"maintenance processes alive at once: {max(at_once)}"
     assert not [p for p in multiprocessing.active_children() if p.name == "geoingest-maintenance"], "stopped"
