@@ -1,2 +1,3 @@
 """The streaming query that ties the stages: processor.py (BatchProcessor: one micro-batch, decode to commit),
-stream.py (start_query, the Kafka source options), checkpoint.py (the checkpoint and the writer id kept beside it)."""
+stream.py (start_query, the Kafka source options), checkpoint.py (the checkpoint and the writer id kept beside it),
+routes.py (which table each topic, or each record of a shared topic, lands in)."""
