@@ -417,7 +417,7 @@ def _status(args, settings: Settings) -> int:
     from streaming.contract import load_contract
 
     if args.contract:
-        tables = {settings.topic: load_contract(args.contract).table}
+        tables = [(settings.topic, load_contract(args.contract).table)]
     elif settings.routes:
         tables = routed_tables(settings)
     else:

@@ -12,6 +12,7 @@ that fails would hold back, or lose, every other table's batch (docs/routing.md)
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import threading
@@ -35,6 +36,7 @@ from app.service import (
     stop_on_signal,
 )
 from app.settings import Settings
+from app.split_lane import SplitLane
 from streaming.contract import Contract, ContractError, load_contract
 from streaming.job.processor import BatchReport
 from streaming.job.routes import Route, RouteError, Routes, parse_routes
@@ -80,10 +82,14 @@ class RoutedService:
         self.routes = routes
         self.templates = templates
         self.catalog = open_catalog(settings.catalog_name, settings.catalog)
-        self.lanes: dict[str, Lane] = {}  # by topic
+        self.lanes: dict[str, Lane | SplitLane] = {}  # by topic
         self.failed: dict[str, _Failed] = {}  # by topic
         self.finished: set[str] = set()  # topics drained (until_idle)
         self._told: set[str] = set()  # topics already logged as unroutable
+        # table -> the topic that writes it: claimed by its first writer for the service's life, so a
+        # drained or failed lane's table is still its own. Split topics claim from their queries.
+        self.owners: dict[str, str] = {}
+        self._owners_lock = threading.Lock()
         # "beside": one maintenance process for every table (a process each would cost ~200 MB a table)
         self.maintenance_child = MaintenanceChild(settings, {}) if settings.maintenance_mode == "beside" else None
 
@@ -93,6 +99,11 @@ class RoutedService:
         routed, unroutable = topic_routes(self.routes, self.settings, topics)
         for topic, why in unroutable.items():
             self._tell(topic, why)
+        for topic, route in routed.items():
+            # A topic's table is its own before any split topic's record can name it.
+            if route.field is None and topic not in self.owners.values():
+                with contextlib.suppress(RouteError):
+                    self._claim(route.table_for_topic(topic), topic)
         for topic, route in routed.items():
             if topic not in self.lanes and topic not in self.failed and topic not in self.finished:
                 self._start(topic, route)
@@ -110,8 +121,11 @@ class RoutedService:
             self.failed.pop(topic, None)
 
     def _open(self, topic: str, route: Route) -> None:
+        if route.field is not None:
+            self._open_split(topic, route)
+            return
         name = route.table_for_topic(topic)
-        writer = next((t for t, lane in self.lanes.items() if lane.name == name), None)
+        writer = self._claim(name, topic)
         if writer is not None:
             raise RouteError(f"route {route.name}: topic {topic!r} makes table {name}, which topic {writer!r} writes")
         contract = dataclasses.replace(self.templates[route.name], table=name)
@@ -130,6 +144,30 @@ class RoutedService:
         self.health.tables[name] = lane.health
         lane.start(self.spark, self.until_idle)
         log.info("routed", extra={"summary": {"topic": topic, "table": name, "route": route.name}})
+
+    def _open_split(self, topic: str, route: Route) -> None:
+        """A topic whose records the route splits: its query started; its tables open as records name them."""
+        lane = SplitLane(
+            self._lane_settings(topic),
+            route,
+            self.templates[route.name],
+            self.spark,
+            self.registry,
+            self.health,
+            self.observers,
+            self.catalog,
+            lambda name: self._claim(name, topic),
+            self.maintenance_child,
+        )
+        self.lanes[topic] = lane
+        lane.start(self.spark, self.until_idle)
+        log.info("split", extra={"summary": {"topic": topic, "tables": route.table, "route": route.name}})
+
+    def _claim(self, table: str, topic: str) -> str | None:
+        """`table` claimed for `topic`'s lane; the other topic that writes it, if one does."""
+        with self._owners_lock:
+            owner = self.owners.setdefault(table, topic)
+        return None if owner == topic else owner
 
     def _lane_settings(self, topic: str) -> Settings:
         return dataclasses.replace(self.settings, topic=topic)
@@ -155,7 +193,8 @@ class RoutedService:
             if failure is None:
                 self.finished.add(topic)
                 continue
-            self.health.tables.pop(lane.name, None)
+            for name in lane.table_names():
+                self.health.tables.pop(name, None)
             self._fail(topic, self.routes.route_of(topic), failure)
         if not self.until_idle:
             for topic, failed in list(self.failed.items()):
@@ -247,11 +286,6 @@ def load_templates(routes: Routes) -> dict[str, Contract]:
     """Each route's contract, by route name: read once, before anything starts."""
     templates = {}
     for route in routes:
-        if route.field is not None:
-            raise RoutingError(
-                f"route {route.name}: routes by a record's {route.field.spelled} are not followed by the "
-                "service yet; route whole topics (topic, topic_pattern)"
-            )
         try:
             templates[route.name] = load_contract(route.contract)
         except ContractError as exc:
@@ -259,50 +293,67 @@ def load_templates(routes: Routes) -> dict[str, Contract]:
     return templates
 
 
-def table_status(settings: Settings, tables: dict[str, str]) -> list[dict]:
-    """Each table of `tables` (topic -> table): whether it exists, its last commit, and its lag, the
-    records of its topic not yet in it (after the offsets its snapshots record)."""
+def table_status(settings: Settings, tables: list[tuple[str, str]]) -> list[dict]:
+    """Each (topic, table) of `tables`: whether the table exists, its last commit, and its lag: the
+    records of its topic after the last offset any of the topic's tables recorded (a split topic's
+    tables share its lag)."""
     from pyiceberg.exceptions import NoSuchTableError
 
     from streaming.table.commit import recorded_offsets
 
     catalog = open_catalog(settings.catalog_name, settings.catalog)
-    bounds = offset_bounds(settings.bootstrap_servers, sorted(tables), dict(settings.kafka))
+    bounds = offset_bounds(settings.bootstrap_servers, sorted({topic for topic, _ in tables}), dict(settings.kafka))
     rows = []
-    for topic, name in sorted(tables.items(), key=lambda item: item[1]):
-        partitions = bounds.get(topic, {})
+    done: dict[str, dict[int, int]] = {}  # topic -> partition -> the last offset one of its tables recorded
+    for topic, name in sorted(tables, key=lambda pair: pair[1]):
         row: dict = {"table": name, "topic": topic, "exists": True, "last_commit": None, "snapshots": 0}
         try:
             table = catalog.load_table(name)
         except NoSuchTableError:
             row["exists"] = False
-            recorded: dict[int, tuple[int, int]] = {}
         else:
             snapshot = table.current_snapshot()
             row["snapshots"] = len(table.metadata.snapshots)
             if snapshot is not None:
                 row["last_commit"] = datetime.fromtimestamp(snapshot.timestamp_ms / 1000, UTC).isoformat()
-            recorded = recorded_offsets(table).get(topic, {})
-        row["lag"] = sum(
-            end - max(first, recorded[p][1] + 1) if p in recorded else end - first
-            for p, (first, end) in partitions.items()
-        )
+            last = done.setdefault(topic, {})
+            for partition, (_, offset) in recorded_offsets(table).get(topic, {}).items():
+                last[partition] = max(last.get(partition, offset), offset)
         rows.append(row)
+    for row in rows:
+        last = done.get(row["topic"], {})
+        row["lag"] = sum(
+            end - max(first, last[p] + 1) if p in last else end - first
+            for p, (first, end) in bounds.get(row["topic"], {}).items()
+        )
     return rows
 
 
-def routed_tables(settings: Settings) -> dict[str, str]:
-    """The tables the settings' routes give the broker's topics now: topic -> table (dead-letter
-    topics and topics no route can name left out)."""
+def routed_tables(settings: Settings) -> list[tuple[str, str]]:
+    """The tables the settings' routes give the broker's topics now, as (topic, table): a topic's
+    table, or the tables a split topic's records made so far (dead-letter topics and topics no
+    route can name left out)."""
     topics = list_topics(settings.bootstrap_servers, dict(settings.kafka))
     routed, _ = topic_routes(parse_routes(settings.routes), settings, topics)
-    tables = {}
+    tables = []
+    catalog = None
     for topic, route in routed.items():
+        if route.field is not None:
+            catalog = catalog or open_catalog(settings.catalog_name, settings.catalog)
+            tables += [(topic, name) for name in catalog_tables(catalog) if route.makes(name)]
+            continue
         try:
-            tables[topic] = route.table_for_topic(topic)
+            tables.append((topic, route.table_for_topic(topic)))
         except RouteError:
             continue
     return tables
+
+
+def catalog_tables(catalog) -> list[str]:
+    """Every table of the catalog, as namespace.name."""
+    return [
+        ".".join(identifier) for namespace in catalog.list_namespaces() for identifier in catalog.list_tables(namespace)
+    ]
 
 
 def topic_routes(routes: Routes, settings: Settings, topics: set[str]) -> tuple[dict[str, Route], dict[str, str]]:
@@ -317,6 +368,6 @@ def topic_routes(routes: Routes, settings: Settings, topics: set[str]) -> tuple[
         except RouteError as exc:
             unroutable[topic] = str(exc)
             continue
-        if route is not None and route.field is None:
+        if route is not None:
             routed[topic] = route
     return routed, unroutable

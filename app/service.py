@@ -66,12 +66,27 @@ class RunTotals:
             self.commits[report.outcome.status] = self.commits.get(report.outcome.status, 0) + 1
 
 
-def job_config(settings: Settings, contract: Contract, table: Table) -> JobConfig:
+def job_config(settings: Settings, contract: Contract, table: Table, writer_id: str | None = None) -> JobConfig:
+    """The query settings of a table's lane: its checkpoint, its writer id (`writer_id`, the settings',
+    or the one kept in its checkpoint), dead letters spilled beside the table."""
+    checkpoint = settings.checkpoint_for(contract.table)
+    return topic_config(
+        settings,
+        checkpoint,
+        writer_id or settings.writer_id or writer_id_for_checkpoint(checkpoint),
+        dead_letter_config(settings, table.location(), dict(table.io.properties)),
+    )
+
+
+def topic_config(
+    settings: Settings, checkpoint: str, writer_id: str, dead_letter: DeadLetterConfig | None
+) -> JobConfig:
+    """The query settings of a query reading `settings.topic`."""
     return JobConfig(
         bootstrap_servers=settings.bootstrap_servers,
         topic=settings.topic,
-        checkpoint_location=settings.checkpoint_for(contract.table),
-        writer_id=settings.writer_id or writer_id_for_checkpoint(settings.checkpoint_for(contract.table)),
+        checkpoint_location=checkpoint,
+        writer_id=writer_id,
         starting_offsets=settings.starting_offsets,
         max_offsets_per_trigger=settings.max_offsets_per_trigger,
         rows_per_partition=settings.rows_per_partition,
@@ -85,21 +100,23 @@ def job_config(settings: Settings, contract: Contract, table: Table) -> JobConfi
             max_nesting=settings.max_nesting,
             schema_registry=RegistrySettings.from_mapping(settings.schema_registry),
         ),
-        dead_letter=dead_letter_config(settings, table),
+        dead_letter=dead_letter,
         rejects_table=settings.rejects_table,
         hold_after_commit_file=settings.hold_after_commit_file,
         source=settings.source,
     )
 
 
-def dead_letter_config(settings: Settings, table: Table) -> DeadLetterConfig:
+def dead_letter_config(settings: Settings, location: str, io_properties: dict[str, str]) -> DeadLetterConfig:
+    """The dead letters of `settings.topic`, those too large for the topic spilled under
+    `dead_letter_spill_location`, or `location`/dead-letters."""
     return DeadLetterConfig(
         bootstrap_servers=settings.bootstrap_servers,
         topic=settings.dead_letter_topic,
         kafka_options=dict(settings.kafka),
         max_record_bytes=settings.dead_letter_max_record_bytes,
-        spill_location=settings.dead_letter_spill_location or f"{table.location().rstrip('/')}/dead-letters",
-        io_properties=dict(table.io.properties),
+        spill_location=settings.dead_letter_spill_location or f"{location.rstrip('/')}/dead-letters",
+        io_properties=io_properties,
     )
 
 
@@ -143,13 +160,18 @@ class Lane:
         if not progress or progress.get("timestamp") == self.seen_progress:
             return
         self.seen_progress = progress.get("timestamp")
+        self.observe_progress(progress, None if self.latest_offsets is None else self.latest_offsets.get() or {})
+
+    def observe_progress(self, progress: dict, latest_offsets: dict | None) -> None:
+        """A new progress of the query that feeds the lane: the lane's health, and its lag."""
         self.health.last_progress = time.time()
         try:
-            self.health.records_waiting = self.metrics.observe_progress(
-                progress, None if self.latest_offsets is None else self.latest_offsets.get() or {}
-            )
+            self.health.records_waiting = self.metrics.observe_progress(progress, latest_offsets)
         except (ValueError, TypeError, KeyError) as exc:  # a metric is not worth the service
             log.warning("unreadable query progress", extra={"summary": {"table": self.name, "error": str(exc)}})
+
+    def table_names(self) -> tuple[str, ...]:
+        return (self.name,)
 
     def failure(self) -> str | None:
         """Why the lane's query stopped, in one line, when it stopped on an error."""
@@ -175,9 +197,13 @@ def open_lane(
     observers: tuple[Callable[[BatchReport], None], ...] = (),
     resume_from_table: bool = False,
     maintenance_child: MaintenanceChild | None = None,
+    writer_id: str | None = None,
+    records_given: bool = False,
 ) -> Lane:
     """The lane of a table, its query not started yet: its maintenance started (in `maintenance_child`,
-    shared by the lanes of a service of many tables, when given), its dead-letter topic made."""
+    shared by the lanes of a service of many tables, when given), its dead-letter topic made.
+    A table of a split topic (app/routing.py) gets its writer id from the topic's query, and its
+    batches as records (`records_given`)."""
     metrics = IngestMetrics(registry, contract.table, settings.topic)
     health = Health(max_silence_s=settings.ready_max_silence_s, max_stall_s=settings.live_max_stall_s)
     # Beside ingest, maintenance commits take turns with the batches' (streaming/table/turns.py).
@@ -195,7 +221,7 @@ def open_lane(
     try:
         if maintenance is not None and settings.maintenance_mode in ("beside", "background"):
             maintenance.start()
-        config = job_config(settings, contract, table)
+        config = job_config(settings, contract, table, writer_id)
         if config.dead_letter is not None:
             ensure_topic(
                 settings.bootstrap_servers,
@@ -222,6 +248,7 @@ def open_lane(
             config,
             observers=(metrics.observe_batch, health.observe_batch, *observers),
             turns=turns,
+            records_given=records_given,
         )
     except BaseException:
         if maintenance is not None:
@@ -230,7 +257,7 @@ def open_lane(
     health.batch_started = lambda: processor.running_since
     metrics.watch_health(health)
     latest_offsets = None
-    if processor.layout.ranges_source is not None:
+    if processor.layout.ranges_source is not None and not records_given:
         latest_offsets = LatestOffsets(processor.layout.ranges_source)
     return Lane(settings, contract, table, config, processor, metrics, health, maintenance, latest_offsets)
 

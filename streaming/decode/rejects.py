@@ -75,6 +75,9 @@ class Reason(StrEnum):
     # The decoder itself failed on the record (a defect, logged with its cause); the record is
     # dead-lettered rather than stopping the stream behind it.
     DECODE_FAILED = "decode_failed"
+    # A record of a topic split over tables by a field route (docs/routing.md) whose value names no
+    # table the route may write: none at all, not UTF-8 text, an invalid name, another route's table.
+    NO_ROUTE = "no_route"
 
 
 class Rejects:

@@ -80,7 +80,9 @@ TaskFunction = Callable[[Iterable[pa.RecordBatch]], Iterable[pa.RecordBatch]]
 class BatchLayout:
     """The files of a micro-batch, laid out as `config.clustering` says, in `table`'s location."""
 
-    def __init__(self, spark: SparkSession, table: Table, config: JobConfig, parallelism: int):
+    def __init__(
+        self, spark: SparkSession, table: Table, config: JobConfig, parallelism: int, records_given: bool = False
+    ):
         self.spark = spark
         self.table = table
         self.config = config
@@ -89,7 +91,7 @@ class BatchLayout:
         self.result_schema = from_arrow_schema(RESULT_SCHEMA)
         self.ranges_source = (
             SourceSettings.parse(python_source_options(config, parallelism, until_idle=False))
-            if config.source == "python"
+            if config.source == "python" and not records_given
             else None
         )
 

@@ -104,7 +104,10 @@ class BatchProcessor:
         config: JobConfig,
         observers: tuple[Callable[[BatchReport], None], ...] = (),
         turns: CommitTurns | None = None,
+        records_given: bool = False,
     ):
+        """records_given: the batches handed over hold Kafka records whatever the source (a split
+        topic's share, streaming/job/split.py), not the Python source's offset ranges."""
         if config.clustering not in CLUSTERING_MODES:
             raise ValueError(f"clustering: {config.clustering!r} is not one of {list(CLUSTERING_MODES)}")
         if config.source not in SOURCES:
@@ -133,25 +136,27 @@ class BatchProcessor:
         # A StructType, not a DDL string: Spark parses a DDL string in the JVM, once per batch.
         self._spark_scan_schema = from_arrow_schema(PROPERTY_SCAN_SCHEMA)
         self.parallelism = config.parallelism or spark.sparkContext.defaultParallelism
-        self.layout = BatchLayout(spark, table, config, self.parallelism)
+        self.layout = BatchLayout(spark, table, config, self.parallelism, records_given)
         parquet_write_options(table.properties)  # a codec the writers cannot use stops the start, not a batch
         # Why the query stopped, in one line, when the cause is ours (a dead letter that could not
         # be written): Spark would report it as a Python traceback inside its own.
         self.fatal_error: str | None = None
 
-    def __call__(self, batch: DataFrame, batch_id: int) -> None:
+    def __call__(self, batch: DataFrame, batch_id: int, covers: Offsets | None = None) -> None:
+        """covers: the offsets the commit records as done, when the batch is a share of a larger one
+        (a split topic's: its other records went to other tables or were dead letters)."""
         self.running_since = time.time()
         try:
-            self._with_schema_retries(batch, batch_id)
+            self._with_schema_retries(batch, batch_id, covers)
         finally:
             self.running_since = None
 
-    def _with_schema_retries(self, batch: DataFrame, batch_id: int) -> None:
+    def _with_schema_retries(self, batch: DataFrame, batch_id: int, covers: Offsets | None) -> None:
         started = time.monotonic()
         for attempt in range(1, _SCHEMA_ATTEMPTS + 1):
             self._follow_table_schema()
             try:
-                self._ingest_and_commit(batch, batch_id, started)
+                self._ingest_and_commit(batch, batch_id, started, covers)
                 return
             except SchemaMoved as exc:
                 if attempt == _SCHEMA_ATTEMPTS:
@@ -168,14 +173,14 @@ class BatchProcessor:
             self.contract = table_contract(self.table, self._file_contract)
             self._schema_id = self.table.metadata.current_schema_id
 
-    def _ingest_and_commit(self, batch: DataFrame, batch_id: int, started: float) -> None:
+    def _ingest_and_commit(self, batch: DataFrame, batch_id: int, started: float, covers: Offsets | None) -> None:
         timings: dict[str, float] = {}
         plan = self._plan_columns(batch, timings)
         table_columns = self.contract
         if plan:
             self.contract = plan.applied(table_columns)
         try:
-            self._write_and_commit(batch, batch_id, started, timings, plan)
+            self._write_and_commit(batch, batch_id, started, timings, plan, covers)
         finally:
             # The table has the new columns only once the commit made them its own.
             self.contract = table_columns
@@ -217,7 +222,13 @@ class BatchProcessor:
         return plan
 
     def _write_and_commit(
-        self, batch: DataFrame, batch_id: int, started: float, timings: dict[str, float], plan: ColumnPlan
+        self,
+        batch: DataFrame,
+        batch_id: int,
+        started: float,
+        timings: dict[str, float],
+        plan: ColumnPlan,
+        covers: Offsets | None,
     ) -> None:
         try:
             results = self._clustered(batch, batch_id, timings, isolate_decoder=False)
@@ -233,6 +244,8 @@ class BatchProcessor:
             timings = {}
             results = self._clustered(batch, batch_id, timings, isolate_decoder=True)
         offsets, consumed, rejected, oldest = _summarise(results.tallies)
+        if covers is not None:
+            offsets = covers
         if results.unplaced:
             # docs/debezium.md: the connector settings that send every value
             log.warning(
@@ -336,7 +349,7 @@ class BatchProcessor:
                 batch, batch_id, self.contract, self._rejects_files(batch_id), timings, isolate_decoder
             )
         except Exception as exc:
-            self.fatal_error = _dead_letter_failure(exc)
+            self.fatal_error = dead_letter_failure(exc)
             if self.fatal_error is not None:
                 log.error("dead letter failed", extra={"batch": {"batch_id": batch_id, "error": self.fatal_error}})
             raise
@@ -387,7 +400,7 @@ class BatchProcessor:
             observe(report)
 
 
-def _dead_letter_failure(exc: BaseException) -> str | None:
+def dead_letter_failure(exc: BaseException) -> str | None:
     """The one-line reason of a DeadLetterFailed raised in a task, found in Spark's error text."""
     marker = f"{DeadLetterFailed.__name__}: "
     for line in reversed(str(exc).splitlines()):

@@ -87,6 +87,16 @@ class Route:
             raise RouteError(f"route {self.name}: topic {topic!r} makes the table name {name!r}, {_NOT_A_NAME}")
         return name
 
+    def makes(self, table: str) -> bool:
+        """Whether a field route's template makes the table name `table` from some value."""
+        if self.field is None:
+            raise RouteError(f"route {self.name}: it routes whole topics, not records")
+        pieces = [
+            re.escape(text) + ("(.+)" if name is not None else "")
+            for text, name, _, _ in string.Formatter().parse(self.table)
+        ]
+        return re.fullmatch("".join(pieces), table) is not None
+
     def tables_for_values(self, values: pa.Array) -> tuple[np.ndarray, list[str], np.ndarray]:
         """Each record's table by its field's value (`field_values`), worked out once per distinct
         value: an index into the returned names (-1: no table), and the dead-letter detail of each
@@ -133,6 +143,8 @@ def field_values(records: pa.RecordBatch, record_field: RecordField) -> pa.Array
         position = np.full(len(headers), -1, dtype=np.int64)
         position[owner[wanted]] = np.flatnonzero(wanted)  # the last of a repeated header wins
         found = position >= 0
+        if not found.any():  # then there may be no header at all to take from
+            return pa.nulls(len(headers), pa.binary())
         taken = flat.field("value").cast(pa.binary()).take(pa.array(np.where(found, position, 0)))
         raw = pc.if_else(pa.array(found), taken, pa.nulls(len(headers), pa.binary()))
     return raw

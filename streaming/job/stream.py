@@ -3,6 +3,8 @@ options, the micro-batch processor behind foreachBatch, the checkpoint and the t
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
@@ -37,13 +39,26 @@ def kafka_stream(spark: SparkSession, config: JobConfig, until_idle: bool = Fals
 def start_query(
     spark: SparkSession, processor: BatchProcessor, until_idle: bool, trigger_interval: str = "10 seconds"
 ) -> StreamingQuery:
+    return start_stream(spark, processor, processor.config, processor.contract.table, until_idle, trigger_interval)
+
+
+def start_stream(
+    spark: SparkSession,
+    for_each_batch: Callable[[DataFrame, int], None],
+    config: JobConfig,
+    name: str,
+    until_idle: bool,
+    trigger_interval: str = "10 seconds",
+) -> StreamingQuery:
+    """The query reading `config.topic` into `for_each_batch` (a BatchProcessor, or a split topic's
+    RecordSplitter), named geoingest-<name>."""
     writer = (
-        kafka_stream(spark, processor.config, until_idle)
-        .writeStream.foreachBatch(processor)
-        .option("checkpointLocation", processor.config.checkpoint_location)
-        .queryName(f"geoingest-{processor.contract.table}")
+        kafka_stream(spark, config, until_idle)
+        .writeStream.foreachBatch(for_each_batch)
+        .option("checkpointLocation", config.checkpoint_location)
+        .queryName(f"geoingest-{name}")
     )
-    if until_idle and processor.config.source == "python":
+    if until_idle and config.source == "python":
         writer = writer.trigger(processingTime="0 seconds")  # until endingOffsets, then stopped by the service
     elif until_idle:
         writer = writer.trigger(availableNow=True)

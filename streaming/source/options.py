@@ -24,6 +24,8 @@ SOURCE_NAME = "geoingest-kafka"
 
 _COLUMNS_DDL = "key binary, value binary, topic string, partition int, offset long, timestamp timestamp"
 _HEADERS_DDL = "headers array<struct<key:string,value:binary>>"
+# The records of a range as its reader hands them on (includeHeaders=true).
+RECORDS_DDL = f"{_COLUMNS_DDL}, {_HEADERS_DDL}"
 # With rangesOnly=true: one row per offset range, read by the task that processes it
 # (streaming.source.read.ReadingRanges), so that the records reach Python once, never the JVM.
 RANGES_DDL = "topic string, partition int, start_offset long, end_offset long"
@@ -185,7 +187,7 @@ class SourceSettings:
     def spark_schema(self) -> str:
         if self.ranges_only:
             return RANGES_DDL
-        return f"{_COLUMNS_DDL}, {_HEADERS_DDL}" if self.include_headers else _COLUMNS_DDL
+        return RECORDS_DDL if self.include_headers else _COLUMNS_DDL
 
     def consumer_config(self) -> dict[str, str]:
         return {

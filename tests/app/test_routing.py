@@ -156,6 +156,99 @@ def test_routed_topics_each_land_once_in_their_own_table_created_from_the_templa
     assert ids_of(settings, f"{prefix}.positions_lyon") == sorted(f"{topics[1]}-{j}" for j in range(400))
 
 
+KINDS = ("air", "noise", "water", "soil", "light")
+
+
+def kind_events(prefix: str, n: int, kind: str | None):
+    headers = [("kind", kind.encode())] if kind is not None else []
+    return [(f"{prefix}{i}".encode(), feature(f"{prefix}{i}", i * 0.01, 45 + i * 0.01), headers) for i in range(n)]
+
+
+def dead_letter_records(bootstrap: str, topic: str) -> list[dict[str, str]]:
+    consumer = KafkaConsumer(topic, bootstrap_servers=bootstrap, auto_offset_reset="earliest", consumer_timeout_ms=5000)
+    try:
+        return [
+            {k: v.decode() for k, v in m.headers if k.startswith("geoingest.")} | {"key": (m.key or b"").decode()}
+            for m in consumer
+        ]
+    finally:
+        consumer.close()
+
+
+@pytest.mark.parametrize("source", ["spark-kafka", "python"])
+def test_a_field_route_splits_one_topic_over_five_tables_and_dead_letters_what_names_none(
+    kafka, spark, tmp_path, source
+):
+    """One topic, its records' `kind` header naming their table: five tables made from the template,
+    each holding its kind's events once, across batches and a second run; a record without the
+    header, one whose kind makes no table name and one naming another topic's table are dead
+    letters `no_route` that say why."""
+    prefix = f"s{uuid.uuid4().hex[:8]}"
+    readings, taken = f"{prefix}-readings", f"{prefix}-a-taken"
+    create_topics(kafka.bootstrap, readings, taken)
+    counts = dict(zip(KINDS, (500, 300, 200, 120, 80), strict=True))
+    for kind, n in counts.items():  # interleaved in the topic: each batch holds several kinds
+        half = n // 2
+        assert produce_records(kafka.bootstrap, readings, kind_events(f"{kind}-", half, kind)) == half
+    for kind, n in counts.items():
+        rest = kind_events(f"{kind}-", n, kind)[n // 2 :]
+        assert produce_records(kafka.bootstrap, readings, rest) == len(rest)
+    strays = [*kind_events("none-", 2, None), *kind_events("spaced-", 1, "two words"), *kind_events("t-", 1, "taken")]
+    assert produce_records(kafka.bootstrap, readings, strays) == 4
+    assert produce_records(kafka.bootstrap, taken, events("taken-", 30)) == 30
+    routes = [
+        {"name": "taken", "topic": taken, "table": f"{prefix}.taken", "contract": CONTRACT_PATH},
+        {
+            "name": "sensors",
+            "topic": readings,
+            "field": "header:kind",
+            "table": f"{prefix}.{{value}}",
+            "contract": CONTRACT_PATH,
+        },
+    ]
+    settings = local_settings(
+        kafka, "unused", tmp_path, routes=routes, maintenance_mode="off", source=source, max_offsets_per_trigger=400
+    )
+    registry = CollectorRegistry()
+
+    totals = run_routes(settings, until_idle=True, spark=spark, registry=registry)
+
+    assert tables_of(settings, prefix) == sorted([f"{prefix}.taken", *(f"{prefix}.{kind}" for kind in KINDS)])
+    for kind, n in counts.items():
+        assert ids_of(settings, f"{prefix}.{kind}") == sorted(f"{kind}-{i}" for i in range(n)), kind
+    assert ids_of(settings, f"{prefix}.taken") == sorted(f"taken-{i}" for i in range(30))
+    letters = sorted(dead_letter_records(kafka.bootstrap, f"{readings}.dlq"), key=lambda d: d["key"])
+    assert [(d["key"], d["geoingest.reason"]) for d in letters] == [
+        ("none-0", "no_route"),
+        ("none-1", "no_route"),
+        ("spaced-0", "no_route"),
+        ("t-0", "no_route"),
+    ]
+    assert "the record has none" in letters[0]["geoingest.detail"]
+    assert "'two words'" in letters[2]["geoingest.detail"] and "not a table name" in letters[2]["geoingest.detail"]
+    assert f"table {prefix}.taken is written from topic {taken!r}" in letters[3]["geoingest.detail"]
+    assert totals.committed_rows == sum(counts.values()) + 30
+    no_route = {"topic": readings, "table": f"{prefix}.{{value}}", "reason": "no_route"}
+    assert registry.get_sample_value("geoingest_events_rejected_total", no_route) == 4
+    for kind, n in counts.items():
+        labels = {"topic": readings, "table": f"{prefix}.{kind}"}
+        assert registry.get_sample_value("geoingest_events_committed_total", labels) == n
+
+    # More of two kinds and a new sixth: a second run goes on from the topic's checkpoint.
+    more = [*kind_events("air-more-", 25, "air"), *kind_events("dust-", 15, "dust")]
+    assert produce_records(kafka.bootstrap, readings, more) == 40
+    status = {row["table"]: row for row in table_status(settings, routed_tables(settings))}
+    assert sorted(status) == tables_of(settings, prefix), "status lists the tables the split topic made"
+    assert status[f"{prefix}.air"]["topic"] == readings and status[f"{prefix}.air"]["lag"] == 40
+    run_routes(settings, until_idle=True, spark=spark)
+    assert ids_of(settings, f"{prefix}.air") == sorted(
+        [*(f"air-{i}" for i in range(500)), *(f"air-more-{i}" for i in range(25))]
+    )
+    assert ids_of(settings, f"{prefix}.dust") == sorted(f"dust-{i}" for i in range(15))
+    assert ids_of(settings, f"{prefix}.noise") == sorted(f"noise-{i}" for i in range(300))
+    assert len(dead_letter_records(kafka.bootstrap, f"{readings}.dlq")) == 4
+
+
 def test_a_topic_created_while_the_service_runs_lands_in_its_new_table(kafka, spark, tmp_path):
     prefix = f"r{uuid.uuid4().hex[:8]}"
     first = f"{prefix}.paris.positions"

@@ -279,7 +279,7 @@ service reads them.
 {{- range $i, $route := .Values.routes }}
 
 [[routes]]
-{{- range $key := list "name" "topic" "topic_pattern" "table" }}
+{{- range $key := list "name" "topic" "topic_pattern" "field" "table" }}
 {{- if hasKey $route $key }}
 {{ $key }} = {{ toJson (get $route $key) }}
 {{- end }}

@@ -78,6 +78,21 @@ def test_a_field_route_names_each_records_table_by_its_header_or_key():
     ]  # fmt: skip
 
 
+def test_records_without_the_header_or_any_header_name_no_table():
+    route = parse_routes([SENSORS]).routes[0]
+    assert route.field is not None
+    header = pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())]))
+    for headers in (pa.array([None, []], header), pa.array([[{"key": "other", "value": b"x"}], None], header)):
+        records = pa.record_batch({"key": pa.array([b"a", b"b"]), "headers": headers})
+        assert field_values(records, route.field).to_pylist() == [None, None]
+
+
+def test_a_field_route_knows_the_tables_its_template_makes():
+    route = parse_routes([{**SENSORS, "table": "sensors.t_{value}_v1"}]).routes[0]
+    assert route.makes("sensors.t_air_v1") and route.makes("sensors.t_a.b_v1")
+    assert not route.makes("sensors.air") and not route.makes("other.t_air_v1") and not route.makes("sensors.t__v1")
+
+
 def test_a_topic_two_patterns_take_is_refused_naming_both_when_it_comes():
     other = {**FLEET, "name": "everything", "topic_pattern": "fleet\\..*", "table": "fleet.all"}
     routes = parse_routes([FLEET, other])
