@@ -24,7 +24,10 @@ from pyiceberg.exceptions import NoSuchNamespaceError
 
 from app.routing import RoutingError, routed_tables, run_routes, table_status
 from app.settings import SettingsError, load_settings
+from streaming.read.predicate import Predicate
+from streaming.read.query import query
 from streaming.table.catalog import open_catalog
+from streaming.table.commit import BATCH_ID, WRITER_ID
 from tests.conftest import local_settings, produce_records
 
 pytestmark = pytest.mark.integration
@@ -383,6 +386,87 @@ def test_kill_9_at_commit_time_leaves_every_routed_table_with_each_event_once(ka
     assert [(r["table"], r["topic"], r["lag"]) for r in rows] == [
         (f"{prefix}.positions_{city}", topic, 0) for city, topic in sorted(zip(cities, topics, strict=True))
     ]
+
+
+def test_kill_9_at_commit_time_leaves_every_table_of_a_split_upsert_topic_at_its_reference(kafka, tmp_path):
+    """A topic split by its `kind` header over three upsert tables partitioned by day and cell, each
+    key sent twice then some deleted by tombstones; the service killed (-9) when the first table of
+    a batch has committed and the others of that batch not yet, then run again until idle. Each
+    table holds exactly its live keys at their last version: none twice, no deleted key back."""
+    from tests.streaming.job.test_chaos import GEOINGEST, service_env
+
+    prefix = f"s{uuid.uuid4().hex[:8]}"
+    readings = f"{prefix}-readings"
+    create_topics(kafka.bootstrap, readings)
+    kinds = ("air", "noise", "water")
+
+    def version(kind: str, i: int, v: int):
+        event = {"type": "Feature", "id": f"{kind}-{i}", "properties": {"speed": v},
+                 "geometry": {"type": "Point", "coordinates": [i * 0.01 + v, 10.0 + v]}}  # fmt: skip
+        return (f"{kind}-{i}".encode(), json.dumps(event).encode(), [("kind", kind.encode())])
+
+    for v in (1, 2):
+        records = [version(kind, i, v) for i in range(800) for kind in kinds]
+        assert produce_records(kafka.bootstrap, readings, records) == len(records)
+    deleted = {kind: set(range(0, 800, 7)) for kind in kinds}
+    tombstones = [(f"{kind}-{i}".encode(), None, [("kind", kind.encode())]) for kind in kinds for i in deleted[kind]]
+    assert produce_records(kafka.bootstrap, readings, tombstones) == len(tombstones)
+    contract = json.loads(Path(CONTRACT_PATH).read_text())
+    contract.update(mode="upsert", primary_key=["event_id"], partition=["day(event_time)", "geohash(geometry, 1)"])
+    template = tmp_path / "readings.json"
+    template.write_text(json.dumps(contract))
+    routes = [{"topic": readings, "field": "header:kind", "table": f"{prefix}.{{value}}", "contract": str(template)}]
+    hold = tmp_path / "held"
+    env = service_env(
+        kafka.bootstrap,
+        "unused",
+        tmp_path,
+        GEOINGEST_ROUTES=json.dumps(routes),
+        GEOINGEST_MAX_OFFSETS_PER_TRIGGER="900",
+        GEOINGEST_MAINTENANCE_MODE="off",
+    )
+    with open(tmp_path / "first.stderr", "wb") as err:
+        first = subprocess.Popen(
+            [str(GEOINGEST), "run", "--routes"],
+            env={**env, "GEOINGEST_HOLD_AFTER_COMMIT_FILE": str(hold)},
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+            start_new_session=True,
+        )
+    try:
+        deadline = time.monotonic() + 300
+        while not hold.exists() and first.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert hold.exists(), (tmp_path / "first.stderr").read_text(errors="replace")[-3000:]
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(first.pid, signal.SIGKILL)
+        first.wait(60)
+    settings = load_settings(env=env)
+    catalog = open_catalog(settings.catalog_name, settings.catalog)
+    assert tables_of(settings, prefix) == [f"{prefix}.air", f"{prefix}.noise", f"{prefix}.water"]
+    assert catalog.load_table(f"{prefix}.air").current_snapshot() is not None, "killed after the first commit"
+    assert catalog.load_table(f"{prefix}.water").current_snapshot() is None, "and before the batch's last"
+
+    rerun = subprocess.run(
+        [str(GEOINGEST), "run", "--routes", "--until-idle"], env=env, capture_output=True, text=True, timeout=600
+    )
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    for kind in kinds:
+        rows = query(catalog.load_table(f"{prefix}.{kind}"), Predicate.from_bbox((-180.0, -90.0, 180.0, 90.0))).table
+        live = sorted(f"{kind}-{i}" for i in range(800) if i not in deleted[kind])
+        assert sorted(rows.column("event_id").to_pylist()) == live, f"{kind}: {rows.num_rows} rows"
+        assert set(rows.column("speed").to_pylist()) == {2.0}, f"{kind}: each key at its last version"
+        snapshots = catalog.load_table(f"{prefix}.{kind}").metadata.snapshots
+        batches = [
+            (s.summary[WRITER_ID], s.summary[BATCH_ID]) for s in snapshots if s.summary and WRITER_ID in s.summary
+        ]
+        assert len({writer for writer, _ in batches}) == 1, f"{kind}: the rerun wrote as the same writer"
+        assert len(batches) == len(set(batches)) > 1, f"{kind}: no batch committed twice"
+    status = subprocess.run([str(GEOINGEST), "status"], env=env, capture_output=True, text=True, timeout=120)
+    assert status.returncode == 0, status.stderr[-2000:]
+    rows = [json.loads(line) for line in status.stdout.splitlines()]
+    assert [(r["table"], r["topic"], r["lag"]) for r in rows] == [(f"{prefix}.{k}", readings, 0) for k in kinds]
 
 
 def test_the_routed_tables_are_maintained_beside_the_stream_by_one_process(kafka, spark, tmp_path):
