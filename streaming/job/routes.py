@@ -4,8 +4,8 @@ A route takes a topic by its name (`topic`) or by a regular expression over name
 (`topic_pattern`, whose named groups fill the table name: `fleet\\.(?<city>[a-z]+)\\.positions` ->
 `fleet.positions_{city}`), and writes to the table its `table` names, with the contract file
 `contract` as the template of every table it creates. A route with a `field` splits its topic's
-records over tables by a value each record carries, a Kafka header (`header:kind`) or the key
-(`key`), the value naming the table through `{value}`.
+records over tables by a value each record carries, a Kafka header (`header:kind`), the key
+(`key`) or a member of a JSON value (`json:meta.kind`), the value naming the table through `{value}`.
 
 Parsing refuses what can be refused before a record arrives, in one line naming the route: two
 routes claiming one topic name, a pattern that does not compile, a table name that uses a group
@@ -16,6 +16,7 @@ answered when it comes, as a `RouteError` or a reason a record's dead letter car
 
 from __future__ import annotations
 
+import json
 import re
 import string
 from collections.abc import Mapping, Sequence
@@ -27,7 +28,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-FIELD_KINDS = ("header", "key")
+FIELD_KINDS = ("header", "key", "json")
+# A member of a JSON value a route names: Spark's JSON path takes these unquoted.
+_MEMBER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _KEYS = frozenset({"name", "topic", "topic_pattern", "field", "table", "contract"})
 # A part of a table name: what every catalog and engine takes without quoting, and never a path.
 _NAME_PART = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_\-]*")
@@ -45,7 +48,7 @@ class RecordField:
     """Where a field route finds the value that names a record's table."""
 
     kind: str  # one of FIELD_KINDS
-    path: tuple[str, ...] = ()  # the header's name, or the JSON value's members from the top
+    path: tuple[str, ...] = ()  # the header's name, or the JSON value's members from the top (json)
 
     @property
     def spelled(self) -> str:
@@ -131,10 +134,15 @@ class Route:
 
 
 def field_values(records: pa.RecordBatch, record_field: RecordField) -> pa.Array:
-    """The bytes that name each Kafka record's table: its key, or the value of its header's last
-    occurrence (null: the record has none)."""
+    """The bytes that name each Kafka record's table: its key, the value of its header's last
+    occurrence, or the member of its JSON value (a string as its text, another value as compact
+    JSON); null: the record has none (a value that is no JSON object has no member)."""
     if record_field.kind == "key":
         raw = records.column("key")
+    elif record_field.kind == "json":
+        raw = pa.array(
+            [_member(value, record_field.path) for value in records.column("value").to_pylist()], pa.binary()
+        )
     else:
         headers = records.column("headers")
         flat = headers.flatten()
@@ -148,6 +156,19 @@ def field_values(records: pa.RecordBatch, record_field: RecordField) -> pa.Array
         taken = flat.field("value").cast(pa.binary()).take(pa.array(np.where(found, position, 0)))
         raw = pc.if_else(pa.array(found), taken, pa.nulls(len(headers), pa.binary()))
     return raw
+
+
+def _member(value: bytes | None, path: tuple[str, ...]) -> bytes | None:
+    """A JSON value's member, as Spark's get_json_object gives it (which the split query uses)."""
+    try:
+        found = json.loads(value) if value is not None else None
+    except ValueError:
+        return None
+    for name in path:
+        found = found.get(name) if isinstance(found, dict) else None
+    if found is None:
+        return None
+    return (found if isinstance(found, str) else json.dumps(found, separators=(",", ":"))).encode()
 
 
 @dataclass(frozen=True)
@@ -244,7 +265,7 @@ def _parse_route(entry: Mapping[str, Any], where: str) -> Route:
 def _parse_field(spelled: str, where: str) -> RecordField:
     kind, _, rest = spelled.partition(":")
     if kind not in FIELD_KINDS:
-        raise RouteError(f"{where}: {spelled!r} is none of header:<name>, key, json:<member>[.<member>...]")
+        raise RouteError(f"{where}: {spelled!r} is none of key, header:<name>, json:<member>[.<member>...]")
     if kind == "key":
         if rest:
             raise RouteError(f"{where}: 'key' takes no name, got {spelled!r}")
@@ -252,6 +273,8 @@ def _parse_field(spelled: str, where: str) -> RecordField:
     path = tuple(rest.split(".")) if kind == "json" else (rest,)
     if not rest or not all(path):
         raise RouteError(f"{where}: {spelled!r} names no {'member' if kind == 'json' else 'header'}")
+    if kind == "json" and not all(_MEMBER.fullmatch(member) for member in path):
+        raise RouteError(f"{where}: {spelled!r}: a member's name is letters, digits and '_', not starting with a digit")
     return RecordField(kind, path)
 
 

@@ -68,6 +68,9 @@ def route_value(record_field: RecordField) -> Column:
     same values `routes.field_values` takes from Arrow."""
     if record_field.kind == "key":
         return F.col("key")
+    if record_field.kind == "json":
+        path = "$." + ".".join(record_field.path)
+        return F.get_json_object(F.col("value").cast("string"), path).cast("binary")
     name = record_field.path[0]
     matching = F.filter(F.col("headers"), lambda header: header["key"] == F.lit(name))
     return F.try_element_at(matching, F.lit(-1))["value"]  # the last of a repeated header wins

@@ -163,8 +163,24 @@ KINDS = ("air", "noise", "water", "soil", "light")
 
 
 def kind_events(prefix: str, n: int, kind: str | None):
+    """Events whose kind is both their `kind` header and their properties' `kind` (none: neither)."""
     headers = [("kind", kind.encode())] if kind is not None else []
-    return [(f"{prefix}{i}".encode(), feature(f"{prefix}{i}", i * 0.01, 45 + i * 0.01), headers) for i in range(n)]
+    properties = {"kind": kind} if kind is not None else {}
+    return [
+        (
+            f"{prefix}{i}".encode(),
+            json.dumps(
+                {
+                    "type": "Feature",
+                    "id": f"{prefix}{i}",
+                    "properties": properties,
+                    "geometry": {"type": "Point", "coordinates": [i * 0.01, 45 + i * 0.01]},
+                }
+            ).encode(),
+            headers,
+        )  # fmt: skip
+        for i in range(n)
+    ]
 
 
 def dead_letter_records(bootstrap: str, topic: str) -> list[dict[str, str]]:
@@ -178,11 +194,13 @@ def dead_letter_records(bootstrap: str, topic: str) -> list[dict[str, str]]:
         consumer.close()
 
 
-@pytest.mark.parametrize("source", ["spark-kafka", "python"])
+@pytest.mark.parametrize(
+    ("source", "field"), [("spark-kafka", "header:kind"), ("python", "header:kind"), ("python", "json:properties.kind")]
+)
 def test_a_field_route_splits_one_topic_over_five_tables_and_dead_letters_what_names_none(
-    kafka, spark, tmp_path, source
+    kafka, spark, tmp_path, source, field
 ):
-    """One topic, its records' `kind` header naming their table: five tables made from the template,
+    """One topic, its records' kind (a header, or a member of their JSON) naming their table: five tables made from the template,
     each holding its kind's events once, across batches and a second run; a record without the
     header, one whose kind makes no table name and one naming another topic's table are dead
     letters `no_route` that say why."""
@@ -204,7 +222,7 @@ def test_a_field_route_splits_one_topic_over_five_tables_and_dead_letters_what_n
         {
             "name": "sensors",
             "topic": readings,
-            "field": "header:kind",
+            "field": field,
             "table": f"{prefix}.{{value}}",
             "contract": CONTRACT_PATH,
         },
@@ -227,7 +245,7 @@ def test_a_field_route_splits_one_topic_over_five_tables_and_dead_letters_what_n
         ("spaced-0", "no_route"),
         ("t-0", "no_route"),
     ]
-    assert "the record has none" in letters[0]["geoingest.detail"]
+    assert letters[0]["geoingest.detail"] == f"{field}: the record has none, so route sensors names no table"
     assert "'two words'" in letters[2]["geoingest.detail"] and "not a table name" in letters[2]["geoingest.detail"]
     assert f"table {prefix}.taken is written from topic {taken!r}" in letters[3]["geoingest.detail"]
     assert totals.committed_rows == sum(counts.values()) + 30

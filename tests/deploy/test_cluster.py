@@ -466,22 +466,28 @@ def job_finished(cluster: Cluster, namespace: str, name: str) -> bool:
 
 
 def test_one_release_routes_topics_into_their_own_tables(cluster, helm, bridge_broker, podman):
-    """ci/routes-values.yaml: a pattern route (a table per city, made from the chart's contract) and
-    a topic route with a contract of its own, in one release. A city's topic created while the pod
-    runs gets its table; every table holds its topic's events, once, through a pod kill."""
+    """ci/routes-values.yaml: a pattern route (a table per city, made from the chart's contract), a
+    topic route with a contract of its own, and a topic split by its records' `kind` header, in one
+    release. A city's topic created while the pod runs gets its table; every table holds its events,
+    once, through a pod kill; a record without a kind is a dead letter."""
     release = "routed"
     volume = cluster.add_volume("geoingest-data-routes")
     selector = f"app.kubernetes.io/instance={release},geoingest.io/spark-mode"
     admin = KafkaAdminClient(bootstrap_servers=bridge_broker.bootstrap)
     try:
         admin.create_topics(
-            [NewTopic(t, num_partitions=2, replication_factor=1) for t in ("fleet.paris.positions", "audit-log")]
+            [
+                NewTopic(t, num_partitions=2, replication_factor=1)
+                for t in ("fleet.paris.positions", "audit-log", "sensor-readings")
+            ]
         )
     finally:
         admin.close()
     bad = [(f"bad{i}".encode(), b"not an event", []) for i in range(5)]
     assert produce_records(bridge_broker.bootstrap, "fleet.paris.positions", events(0, 1500)) == 1500
     assert produce_records(bridge_broker.bootstrap, "audit-log", events(0, 500) + bad) == 505
+    kinds = [(k, v, [("kind", b"air" if i % 3 else b"noise")]) for i, (k, v, _) in enumerate(events(0, 600))]
+    assert produce_records(bridge_broker.bootstrap, "sensor-readings", kinds + events(600, 2)) == 602
     helm.run(
         "install", release, str(CHART), "--namespace", NAMESPACE,
         "--values", str(CHART / "ci" / "routes-values.yaml"),
@@ -512,13 +518,16 @@ def test_one_release_routes_topics_into_their_own_tables(cluster, helm, bridge_b
     producer.join()
     ready_pod(cluster, selector, 600, not_named=name)
     wait_until(lambda: table_rows(podman, volume, "fleet.positions_paris") >= 3500, 300, "paris's 3500 rows")
+    wait_until(lambda: table_rows(podman, volume, "sensors.noise") >= 200, 300, "the split topic's tables")
     time.sleep(5)  # anything doubled would land by now
-    rows = {t: table_rows(podman, volume, t) for t in ("fleet.positions_paris", "fleet.positions_lyon", "ops.audit")}
-    assert rows == {"fleet.positions_paris": 3500, "fleet.positions_lyon": 1000, "ops.audit": 500}, rows
+    tables = ("fleet.positions_paris", "fleet.positions_lyon", "ops.audit", "sensors.air", "sensors.noise")
+    rows = {t: table_rows(podman, volume, t) for t in tables}
+    assert rows == dict(zip(tables, (3500, 1000, 500, 400, 200), strict=True)), rows
     assert count_records(bridge_broker.bootstrap, "audit-log.dlq") == 5
+    assert count_records(bridge_broker.bootstrap, "sensor-readings.dlq") == 2
 
     tested = helm.run("test", release, "--namespace", NAMESPACE, "--logs", "--timeout", "5m", timeout=330)
-    assert "routes: 3 routed tables" in tested.stdout and "catalog: table ops.audit loaded" in tested.stdout, (
+    assert "routes: 5 routed tables" in tested.stdout and "catalog: table ops.audit loaded" in tested.stdout, (
         tested.stdout
     )
     helm.run("uninstall", release, "--namespace", NAMESPACE, "--wait", timeout=300)

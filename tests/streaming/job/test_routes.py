@@ -87,6 +87,25 @@ def test_records_without_the_header_or_any_header_name_no_table():
         assert field_values(records, route.field).to_pylist() == [None, None]
 
 
+def test_a_json_member_names_each_records_table_as_sparks_json_path_gives_it():
+    route = parse_routes([{**SENSORS, "field": "json:meta.kind"}]).routes[0]
+    assert route.field == RecordField("json", ("meta", "kind"))
+    values = [
+        b'{"meta": {"kind": "air"}, "x": 1}',
+        b'{"meta": {"kind": 7}}',
+        b'{"meta": {}}',
+        b'{"meta": "air"}',
+        b"{not json",
+        None,
+        b'[{"meta": {"kind": "air"}}]',
+    ]
+    records = pa.record_batch({"key": pa.array([b"k"] * len(values)), "value": pa.array(values, pa.binary())})
+    assert field_values(records, route.field).to_pylist() == [b"air", b"7", None, None, None, None, None]
+    index, names, details = route.tables_for_values(field_values(records, route.field))
+    assert [names[i] if i >= 0 else None for i in index] == ["sensors.air", "sensors.7", *[None] * 5]
+    assert details[4] == "json:meta.kind: the record has none, so route routes[0] names no table"
+
+
 def test_a_field_route_knows_the_tables_its_template_makes():
     route = parse_routes([{**SENSORS, "table": "sensors.t_{value}_v1"}]).routes[0]
     assert route.makes("sensors.t_air_v1") and route.makes("sensors.t_a.b_v1")
@@ -119,7 +138,9 @@ def test_a_topic_name_that_makes_no_valid_table_is_refused_naming_the_route_and_
         ([{**AUDIT, "topic_pattern": "a.*"}], r"routes\[0\]: give exactly one of 'topic' and 'topic_pattern'"),
         ([{k: v for k, v in AUDIT.items() if k != "contract"}], r"routes\[0\]: 'contract' .* is missing"),
         ([{**AUDIT, "tabel": "x.y"}], r"routes\[0\]: unknown key 'tabel'"),
-        ([{**SENSORS, "field": "json:kind"}], r"routes\[0\]\.field: 'json:kind' is none of header:<name>, key"),
+        ([{**SENSORS, "field": "xml:kind"}], r"routes\[0\]\.field: 'xml:kind' is none of key, header:<name>, json:"),
+        ([{**SENSORS, "field": "json:meta.a b"}], r"routes\[0\]\.field: 'json:meta.a b': a member's name is letters"),
+        ([{**SENSORS, "field": "json:meta..kind"}], r"routes\[0\]\.field: 'json:meta..kind' names no member"),
         ([{**SENSORS, "field": "header:"}], r"routes\[0\]\.field: 'header:' names no header"),
         ([{**SENSORS, "table": "sensors.all"}, {**FLEET, "field": "key"}], r"routes\[1\] \(fleet\): a 'field' route takes one topic"),
         ([{**AUDIT, "name": "a"}, {**FLEET, "name": "a"}], r"routes: two routes are named 'a'"),
