@@ -1,9 +1,12 @@
 """Many tables from one service against one table alone, at the same total of events.
 
-One broker. `--tables` topics of one partition each, `--events` GeoJSON point events over them in
-all, each topic routed to its own table by one pattern route (docs/routing.md); and one topic of
-two partitions holding the same events, into one table. Each run in a fresh process with its own
-JVM (local[2], the same driver memory, maintenance off):
+One broker. Three shapes of the same `--events` GeoJSON point events:
+  one      one topic of two partitions into one table;
+  routed   `--tables` topics of one partition each, each routed to its own table by one pattern
+           route (docs/routing.md): a streaming query per table;
+  split    one topic of two partitions, each record's `t` header naming its table among `--tables`
+           (a field route): one streaming query for every table.
+Each run in a fresh process with its own JVM (local[2], the same driver memory, maintenance off):
 
   drain      the service started on topics that already hold the events (`--until-idle`): from
              the call to its return, the lanes' start included (a table created and a query
@@ -62,15 +65,18 @@ def child(spec: dict) -> dict:
 
     configure_logging("WARNING")
     workdir = Path(spec["workdir"])
-    routed = spec["tables"] > 1
-    routes = [
-        {
-            "name": "cities",
-            "topic_pattern": rf"{PREFIX}-{spec['mode']}\.t(?<n>[0-9]+)",
-            "table": "routed.city_{n}",
-            "contract": str(CONTRACT),
-        }
-    ]
+    routed = spec["shape"] != "one"
+    if spec["shape"] == "split":
+        routes = [{"name": "kinds", "topic": spec["topic"], "field": "header:t", "table": "split.t_{value}"}]
+    else:
+        routes = [
+            {
+                "name": "cities",
+                "topic_pattern": rf"{PREFIX}-{spec['mode']}\.t(?<n>[0-9]+)",
+                "table": "routed.city_{n}",
+            }
+        ]
+    routes = [{**route, "contract": str(CONTRACT)} for route in routes]
     settings = load_settings(
         env={},
         bootstrap_servers=spec["bootstrap"],
@@ -87,15 +93,14 @@ def child(spec: dict) -> dict:
     spark = start_spark(settings)
     registry = CollectorRegistry()
     committed: list[int] = []
-    ages: dict[str, list[tuple[np.ndarray, np.ndarray]]] = {}  # by topic: (ages at commit, events)
+    ages: dict[str, list[tuple[np.ndarray, np.ndarray]]] = {}  # by table: (ages at commit, events)
     done = threading.Event()
 
     def observe(report) -> None:
         landed = report.outcome is not None and report.outcome.status == "committed"
         committed.append(report.committed_rows if landed else 0)
         if landed and report.event_times:
-            for topic in report.offsets:
-                ages.setdefault(topic, []).append(ages_at(time.time(), list(report.event_times)))
+            ages.setdefault(report.table, []).append(ages_at(time.time(), list(report.event_times)))
         if sum(committed) >= spec["events"]:
             done.set()
 
@@ -103,7 +108,7 @@ def child(spec: dict) -> dict:
 
     def ready_when_running() -> None:
         """The producer starts once every table's query runs and has had 10 s to settle."""
-        while len(spark.streams.active) < spec["tables"]:
+        while len(spark.streams.active) < (spec["tables"] if spec["shape"] == "routed" else 1):
             time.sleep(0.5)
         time.sleep(10)
         (workdir / "ready").touch()
@@ -126,7 +131,7 @@ def child(spec: dict) -> dict:
         "seconds": round(seconds, 2),
         "committed_rows": sum(committed),
         "batches": len(committed),
-        "p99_freshness_s": {topic: p99(parts) for topic, parts in ages.items()},
+        "p99_freshness_s": {table: p99(parts) for table, parts in ages.items()},
     }
 
 
@@ -182,29 +187,34 @@ def producer(bootstrap: str):
     )
 
 
-def send(client, topic: str, event) -> None:
+def send(client, topic: str, event, headers: list[tuple[str, bytes]] | None = None) -> None:
     while True:
         try:
-            client.produce(topic, event.value, event.key)
+            client.produce(topic, event.value, event.key, headers=headers)
             return
         except BufferError:
             client.poll(0.001)
 
 
-def produce_at(bootstrap: str, topics: list[str], values: list, rate: int, seconds: float) -> int:
-    """Send the events round-robin over the topics at `rate` per second, every 10 ms (lz4, as bench/sustained.py)."""
+def produce_at(bootstrap: str, topics: list[str], values: list, rate: int, seconds: float, tagged: int = 0) -> int:
+    """Send the events round-robin over the topics at `rate` per second, every 10 ms (lz4, as
+    bench/sustained.py); with `tagged`, each with a `t` header naming one of that many tables in turn."""
     client = producer(bootstrap)
     sent = 0
     started = time.monotonic()
     while sent < len(values):
         due = min(len(values), int((time.monotonic() - started) * rate))
         for i in range(sent, due):
-            send(client, topics[i % len(topics)], values[i])
+            send(client, topics[i % len(topics)], values[i], tag(i, tagged))
         sent = due
         client.poll(0)
         time.sleep(0.01)
     client.flush(60)
     return sent
+
+
+def tag(i: int, tables: int) -> list[tuple[str, bytes]] | None:
+    return [("t", str(i % tables).encode())] if tables else None
 
 
 def create_topics(bootstrap: str, topics: list[str], partitions: int) -> None:
@@ -244,33 +254,36 @@ def main() -> None:
         events = make_events("geojson-points", args.events)
         for mode in ("drain", "sustained"):
             sustained_events = events[: args.rate * args.seconds] if mode == "sustained" else events
-            for tables in (1, args.tables):
-                if tables == 1:
-                    topics = [f"{PREFIX}-{mode}-one"]
-                else:
+            for shape in ("one", "routed", "split"):
+                tables = args.tables if shape != "one" else 1
+                tagged = args.tables if shape == "split" else 0
+                if shape == "routed":
                     topics = [f"{PREFIX}-{mode}.t{i}" for i in range(tables)]
-                create_topics(broker.bootstrap, topics, 1 if tables > 1 else 2)
+                else:
+                    topics = [f"{PREFIX}-{mode}-{shape}"]
+                create_topics(broker.bootstrap, topics, 1 if shape == "routed" else 2)
                 spec = {
                     "bootstrap": broker.bootstrap,
                     "topic": topics[0],
                     "tables": tables,
+                    "shape": shape,
                     "events": len(sustained_events),
                     "mode": mode,
                     "trigger": args.trigger,
-                    "workdir": str(tmp / f"{mode}-{tables}"),
+                    "workdir": str(tmp / f"{mode}-{shape}"),
                 }
                 if mode == "drain":
                     client = producer(broker.bootstrap)
                     for i, e in enumerate(sustained_events):
-                        send(client, topics[i % len(topics)], e)
+                        send(client, topics[i % len(topics)], e, tag(i, tagged))
                     client.flush(60)
                     result = run_child(spec, Path(spec["workdir"]))
                 else:
                     result = run_child(
                         spec,
                         Path(spec["workdir"]),
-                        lambda topics=topics, sent=sustained_events: produce_at(
-                            broker.bootstrap, topics, sent, args.rate, args.seconds
+                        lambda topics=topics, sent=sustained_events, tagged=tagged: produce_at(
+                            broker.bootstrap, topics, sent, args.rate, args.seconds, tagged
                         ),
                     )
                     result["events_per_s"] = round(len(sustained_events) / args.seconds)
@@ -279,8 +292,8 @@ def main() -> None:
                 p99 = sorted(result.pop("p99_freshness_s").values())
                 if p99 and mode == "sustained":
                     result["p99_freshness_s"] = {"median_table": p99[len(p99) // 2], "worst_table": p99[-1]}
-                results[f"{mode}_{'routed' if tables > 1 else 'one'}"] = result
-                print(mode, tables, json.dumps(result), flush=True)
+                results[f"{mode}_{shape}"] = result
+                print(mode, shape, json.dumps(result), flush=True)
     finally:
         broker.stop()
     one, routed = results["drain_one"], results["drain_routed"]
@@ -290,14 +303,15 @@ def main() -> None:
     lines = [
         "# Many tables from one service (bench/routing.py)",
         "",
-        f"{args.tables} topics of one partition into {args.tables} tables (one pattern route) against one topic of two "
-        f"partitions into one table; {args.events:,} GeoJSON point events in all; local[2], maintenance off, trigger "
-        f"{args.trigger}.",
+        f"one: one topic of two partitions into one table; routed: {args.tables} topics of one partition into "
+        f"{args.tables} tables (one pattern route, a query per table); split: one topic of two partitions whose "
+        f"records' header names one of {args.tables} tables (a field route, one query); {args.events:,} GeoJSON "
+        f"point events in all; local[2], maintenance off, trigger {args.trigger}.",
         "",
         "| run | events/s | seconds | batches | memory, MB (driver + JVM + workers) | p99 freshness, median table / worst |",
         "|---|---:|---:|---:|---:|---:|",
     ]
-    for key in ("drain_one", "drain_routed", "sustained_one", "sustained_routed"):
+    for key in ("drain_one", "drain_routed", "drain_split", "sustained_one", "sustained_routed", "sustained_split"):
         r = results[key]
         p99 = r.get("p99_freshness_s", {})
         lines.append(

@@ -91,6 +91,7 @@ class BatchReport:
     added_columns: tuple[str, ...] = ()
     # Kafka timestamps of the batch's valid records, binned: (first ms, width ms, records)
     event_times: tuple[tuple[int, int, int], ...] = ()
+    table: str = ""  # the table the batch is for (a service of many tables reports them all)
 
 
 class BatchProcessor:
@@ -294,7 +295,11 @@ class BatchProcessor:
         except WriterIdReusedError as exc:
             self._refused(exc, files + delete_files)
             failed = CommitOutcome("failed", None, 1, 0, time.monotonic() - step)
-            self._notify(BatchReport(batch_id, consumed, 0, rejected, files, offsets, failed, timings, oldest))
+            self._notify(
+                BatchReport(
+                    batch_id, consumed, 0, rejected, files, offsets, failed, timings, oldest, table=self.contract.table
+                )
+            )
             raise
         except CommitRetriesExhausted as exc:
             # Refused for sure: the files are garbage. After an attempt without an answer the batch
@@ -303,7 +308,11 @@ class BatchProcessor:
             if not exc.outcome_unknown:
                 self._discard(files + delete_files)
             failed = CommitOutcome("failed", None, exc.attempts, exc.conflicts, time.monotonic() - step)
-            self._notify(BatchReport(batch_id, consumed, 0, rejected, files, offsets, failed, timings, oldest))
+            self._notify(
+                BatchReport(
+                    batch_id, consumed, 0, rejected, files, offsets, failed, timings, oldest, table=self.contract.table
+                )
+            )
             log.error("commit failed", extra={"batch": {"batch_id": batch_id, "error": str(exc)}})
             raise
         if outcome.status == "skipped_replay":
@@ -326,6 +335,7 @@ class BatchProcessor:
             if outcome.status == "committed"
             else (),
             tuple(results.event_times),
+            table=self.contract.table,
         )
         log.info("batch", extra={"batch": _log_fields(report)})
         self._notify(report)

@@ -20,12 +20,14 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import pyarrow as pa
 from pyspark import StorageLevel
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
+from pyspark.util import inheritable_thread_target
 
 from streaming.decode.decoder import (
     RAW_HEADERS,
@@ -48,6 +50,8 @@ from streaming.table.commit import Offsets
 from streaming.write.dead_letter import DeadLetterConfig, DeadLetterWriter
 
 ROUTE_VALUE = "_route_value"
+# Tables of one batch ingested at once (bench/routing.py, split shape)
+SHARE_THREADS = 4
 _RECORD_COLUMNS = ("key", "value", "topic", "partition", "offset", "timestamp", "headers")
 
 log = logging.getLogger("geoingest.job")
@@ -126,14 +130,40 @@ class RecordSplitter:
                 except RouteError as exc:
                     unrouted.update({value: str(exc) for value in shares.pop(name)})
             sent = self._dead_letter(routed, unrouted, shares) if unrouted else 0
-            for name in sorted(shares):
-                processors[name](routed.where(_value_in(shares[name])).drop(ROUTE_VALUE), batch_id, covers)
+            self._ingest_shares(routed, shares, processors, batch_id, covers)
             report = SplitReport(batch_id, sum(counts.values()), sent, tuple(sorted(shares)))
             for observe in self.observers:
                 observe(report)
         finally:
             routed.unpersist()
             self.running_since = None
+
+    def _ingest_shares(
+        self,
+        routed: DataFrame,
+        shares: dict[str, list[bytes]],
+        processors: dict[str, BatchProcessor],
+        batch_id: int,
+        covers: Offsets,
+    ) -> None:
+        """Each table's share through its processor, up to `SHARE_THREADS` tables at once: a table's
+        driver work (planning, its commit's round trips to the catalog) overlaps the others' jobs.
+        Every table is tried; the first failure is raised once all are done."""
+        names = sorted(shares)
+
+        def ingest(name: str) -> Callable[[], None]:
+            def run() -> None:
+                processors[name](routed.where(_value_in(shares[name])).drop(ROUTE_VALUE), batch_id, covers)
+
+            # The query's local properties (its job group: stopping the query cancels the tables' jobs
+            # too), each table's a copy of its own: a table's task count property is not another's.
+            return inheritable_thread_target(self.spark)(run)
+
+        with ThreadPoolExecutor(max_workers=max(1, min(SHARE_THREADS, len(names)))) as pool:
+            futures = [pool.submit(ingest(name)) for name in names]
+        errors = [future.exception() for future in futures if future.exception() is not None]
+        if errors:
+            raise errors[0]  # type: ignore[misc]
 
     def _records(self, batch: DataFrame) -> DataFrame:
         """The batch's Kafka records: Spark's source hands them over; the Python source hands over

@@ -408,8 +408,8 @@ def test_kill_9_at_commit_time_leaves_every_routed_table_with_each_event_once(ka
 
 def test_kill_9_at_commit_time_leaves_every_table_of_a_split_upsert_topic_at_its_reference(kafka, tmp_path):
     """A topic split by its `kind` header over three upsert tables partitioned by day and cell, each
-    key sent twice then some deleted by tombstones; the service killed (-9) when the first table of
-    a batch has committed and the others of that batch not yet, then run again until idle. Each
+    key sent twice then some deleted by tombstones; the service killed (-9) when a table of a batch
+    has committed, the batch's other tables anywhere in theirs, then run again until idle. Each
     table holds exactly its live keys at their last version: none twice, no deleted key back."""
     from tests.streaming.job.test_chaos import GEOINGEST, service_env
 
@@ -463,8 +463,8 @@ def test_kill_9_at_commit_time_leaves_every_table_of_a_split_upsert_topic_at_its
     settings = load_settings(env=env)
     catalog = open_catalog(settings.catalog_name, settings.catalog)
     assert tables_of(settings, prefix) == [f"{prefix}.air", f"{prefix}.noise", f"{prefix}.water"]
-    assert catalog.load_table(f"{prefix}.air").current_snapshot() is not None, "killed after the first commit"
-    assert catalog.load_table(f"{prefix}.water").current_snapshot() is None, "and before the batch's last"
+    committed = [kind for kind in kinds if catalog.load_table(f"{prefix}.{kind}").current_snapshot() is not None]
+    assert committed, "killed after a table's commit (the batch's others, ingested beside it, anywhere in theirs)"
 
     rerun = subprocess.run(
         [str(GEOINGEST), "run", "--routes", "--until-idle"], env=env, capture_output=True, text=True, timeout=600
