@@ -17,8 +17,6 @@ the topic wait for it (keeping what they committed) while the tables of other to
 
 from __future__ import annotations
 
-import logging
-import time
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -53,8 +51,6 @@ ROUTE_VALUE = "_route_value"
 # Tables of one batch ingested at once (bench/routing.py, split shape)
 SHARE_THREADS = 4
 _RECORD_COLUMNS = ("key", "value", "topic", "partition", "offset", "timestamp", "headers")
-
-log = logging.getLogger("geoingest.job")
 
 
 @dataclass(frozen=True)
@@ -97,6 +93,7 @@ class RecordSplitter:
             raise RouteError(f"route {route.name}: it routes whole topics, not records")
         self.spark = spark
         self.route = route
+        self.field: RecordField = route.field
         self.config = config
         self.processor_for = processor_for
         self.observers = observers
@@ -107,12 +104,10 @@ class RecordSplitter:
             if config.source == "python"
             else None
         )
-        self.running_since: float | None = None
         self.fatal_error: str | None = None
 
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
-        self.running_since = time.time()
-        routed = self._records(batch).withColumn(ROUTE_VALUE, route_value(self.route.field))  # type: ignore[arg-type]
+        routed = self._records(batch).withColumn(ROUTE_VALUE, route_value(self.field))
         routed = routed.persist(StorageLevel.MEMORY_AND_DISK)
         try:
             counts: dict[bytes | None, int] = {}
@@ -136,7 +131,6 @@ class RecordSplitter:
                 observe(report)
         finally:
             routed.unpersist()
-            self.running_since = None
 
     def _ingest_shares(
         self,
