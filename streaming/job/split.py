@@ -48,7 +48,8 @@ from streaming.table.commit import Offsets
 from streaming.write.dead_letter import DeadLetterConfig, DeadLetterWriter
 
 ROUTE_VALUE = "_route_value"
-# Tables of one batch ingested at once (bench/routing.py, split shape)
+# Tables of one batch ingested at once. bench/routing.py, split shape, 50 tables: 8 measured no
+# better than 4 (drain 13,373 against 14,853 events/s; p99 freshness 29.1 s against 24.6 s).
 SHARE_THREADS = 4
 _RECORD_COLUMNS = ("key", "value", "topic", "partition", "offset", "timestamp", "headers")
 
