@@ -134,6 +134,13 @@ def osm_buildings() -> np.ndarray:
     return shapely.transform(geoms, lambda c: c - np.repeat(centre, shapely.get_num_coordinates(geoms), axis=0))
 
 
+def producer_settings(compression: str) -> dict[str, str | int]:
+    """A paced producer's settings (confluent-kafka, librdkafka's names), printed beside every
+    capacity figure: the service's capacity depends on them (a compressed batch is fewer bytes to
+    fetch, store and hand over)."""
+    return {"linger.ms": 5, "batch.num.messages": 10000, "compression.type": compression}
+
+
 def make_events(dataset: str, n: int) -> list[SampleEvent]:
     x, y = city_points(n, seed=5, jitter_deg=0.05, bounds=(-179.9, -84.9, 179.9, 84.9))
     ids = [f"e{i}" for i in range(n)]

@@ -11,9 +11,12 @@ is done, as under a backlog). Runs alternate between the sources, --repeats time
 faster run of each is kept. Besides events/s: how busy the machine's cores were (/proc/stat) and
 the CPU it took per event.
 
-Writes bench/results/kafka_source.json.
+Writes bench/results/kafka_source.json (--results names it otherwise), the producer's settings in it:
+--compression produces the topics with a paced producer's settings (bench/ingest.py's
+producer_settings) and that compression, to measure what a producer's compression costs the source.
 
     .venv/bin/python bench/kafka_source.py [--events 400000] [--batch-sizes 1000000,40000] [--repeats 2]
+        [--compression none|lz4|...] [--results kafka_source]
 """
 
 from __future__ import annotations
@@ -35,7 +38,7 @@ for path in (ROOT, ROOT / "bench"):  # run as a script: app/, streaming/ and ben
         sys.path.insert(0, str(path))
 
 import pyarrow as pa  # noqa: E402
-from ingest import busy_cpu_seconds, make_events  # noqa: E402
+from ingest import busy_cpu_seconds, make_events, producer_settings  # noqa: E402
 
 from app.local.broker import LocalBroker, free_port  # noqa: E402
 from app.local.sample import produce  # noqa: E402
@@ -133,6 +136,29 @@ def run_child(spec: dict, workdir: Path) -> dict:
     return json.loads(result_path.read_text())
 
 
+def produce_with(bootstrap: str, topic: str, events: list, compression: str, partitions: int = 4) -> None:
+    """The events, with confluent-kafka at producer_settings(compression), into a topic of `partitions`."""
+    from confluent_kafka import Producer
+    from kafka import KafkaAdminClient
+    from kafka.admin import NewTopic
+
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap)
+    try:
+        admin.create_topics([NewTopic(topic, num_partitions=partitions, replication_factor=1)])
+    finally:
+        admin.close()
+    producer = Producer({"bootstrap.servers": bootstrap, **producer_settings(compression)})
+    for event in events:
+        while True:
+            try:
+                producer.produce(topic, event.value, event.key)
+                break
+            except BufferError:
+                producer.poll(0.01)
+    if producer.flush(120):
+        raise RuntimeError(f"{topic}: events left unsent after 120 s")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--events", type=int, default=400_000)
@@ -140,6 +166,14 @@ def main() -> None:
     parser.add_argument("--trigger", default="0 seconds")
     parser.add_argument("--warmup-events", type=int, default=100_000)
     parser.add_argument("--repeats", type=int, default=2, help="runs of each source, alternating; the faster kept")
+    parser.add_argument(
+        "--compression",
+        default=None,
+        choices=("none", "lz4", "zstd", "snappy", "gzip"),
+        help="produce the topics with confluent-kafka and this compression.type (bench/ingest.py's "
+        "producer_settings); default: the demo's producer (kafka-python, lz4)",
+    )
+    parser.add_argument("--results", default="kafka_source", help="bench/results/<results>.json")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -158,13 +192,17 @@ def main() -> None:
         "master": MASTER,
         "trigger": args.trigger,
         "batch_sizes": batch_sizes,
+        "producer": producer_settings(args.compression) if args.compression else "kafka-python, lz4, 256 KiB batches",
         "runs": {},
     }
     try:
         events = make_events(DATASET, args.events)
-        produce(broker.bootstrap, DATASET, events, total=len(events), progress=False)
         warmup_topic = f"{DATASET}-warmup"
-        produce(broker.bootstrap, warmup_topic, events[: args.warmup_events], progress=False)
+        for topic, sent in ((DATASET, events), (warmup_topic, events[: args.warmup_events])):
+            if args.compression:
+                produce_with(broker.bootstrap, topic, sent, args.compression)
+            else:
+                produce(broker.bootstrap, topic, sent, total=len(sent), progress=False)
         for per_batch in batch_sizes:
             for repeat in range(args.repeats):
                 for source in SOURCES:
@@ -194,7 +232,7 @@ def main() -> None:
     finally:
         broker.stop()
     RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "kafka_source.json").write_text(json.dumps(report, indent=2))
+    (RESULTS / f"{args.results}.json").write_text(json.dumps(report, indent=2))
     print(json.dumps(report["python_vs_spark"]), flush=True)
 
 

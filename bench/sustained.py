@@ -11,7 +11,8 @@ and each stack, a topic of its own and the stack running on it as a service runs
   plain                    the hand-wired stack of bench/plain_stack.py (Spark's Kafka source,
                            Sedona, iceberg-spark-runtime), its query left running
 
-A producer process (confluent-kafka, paced every 10 ms) sends the dataset's events at a rate the
+A producer process (confluent-kafka, paced every 10 ms, bench/ingest.py's producer_settings with
+--compression, lz4 by default; the results print them) sends the dataset's events at a rate the
 bench changes as it goes, so a stack is started once per dataset:
 
   warm     --warmup-seconds at half the first rate, not judged (the first batches of a fresh JVM
@@ -35,10 +36,15 @@ kept (the last 100 or more); the plain stack keeps every snapshot.
 
 The producer shares the 2 cores with the stack, as a producer on the same host would.
 
+Each capacity is also given as a share of the limit chain (bench/ingest.py's: the decode, sort and
+write of the events in memory, 2 processes, no Kafka), measured in the same run before each
+dataset's stacks.
+
 Writes bench/results/sustained.json and sustained.md (--results names them otherwise).
 
     .venv/bin/python bench/sustained.py [--datasets geojson-points,wkb-points,wkb-polygons]
         [--stacks spark-kafka,python,plain] [--hold 180] [--step-seconds 30] [--lag-bound 5]
+        [--compression lz4|none|zstd|snappy|gzip] [--results sustained]
 """
 
 from __future__ import annotations
@@ -62,7 +68,7 @@ sys.path.insert(0, str(ROOT / "bench"))  # bench/ingest.py's imports of its neig
 import numpy as np  # noqa: E402
 import pyarrow.parquet as pq  # noqa: E402
 
-from bench.ingest import make_events  # noqa: E402
+from bench.ingest import CORES, limit_chain, make_events, producer_settings  # noqa: E402
 from bench.plain_stack import DATASET_FORMATS, PlainStackProcess, launch_plain_stack  # noqa: E402
 from bench.upsert import broker_topic  # noqa: E402
 from streaming.table.commit import recorded_offsets  # noqa: E402
@@ -82,20 +88,19 @@ STACKS = ("spark-kafka", "python", "plain")
 # The burst figure each stack's ramp starts from, when bench/results/ingest.json has none.
 BURST_KEYS = {"spark-kafka": "batch", "python": "python", "plain": "plain"}
 POOL = 50_000  # distinct events a producer cycles through
+LIMIT_CHAIN_EVENTS = 400_000  # as bench/ingest.py's datasets
 SAMPLE_S = 2.0
 SETTLE_S = 20.0  # a stage's first seconds, while the lag of the last rate settles
 
 
-def produce_steadily(bootstrap: str, topic: str, dataset: str, rate, stop, sent) -> None:
+def produce_steadily(bootstrap: str, topic: str, dataset: str, rate, stop, sent, compression: str = "lz4") -> None:
     """A child process: the dataset's events at `rate.value` events/s (read every 10 ms) until
     `stop` is set; `sent.value` counts what it handed to the client."""
     from confluent_kafka import Producer
 
     events = make_events(dataset, POOL)
     keys, values = [e.key for e in events], [e.value for e in events]
-    producer = Producer(
-        {"bootstrap.servers": bootstrap, "linger.ms": 5, "batch.num.messages": 10000, "compression.type": "lz4"}
-    )
+    producer = Producer({"bootstrap.servers": bootstrap, **producer_settings(compression)})
     tick, due, count = 0.01, 0.0, 0
     next_tick = time.monotonic()
     parent = os.getppid()
@@ -162,12 +167,22 @@ class Stage:
 class Run:
     """One stack on one topic, the producer beside it, stepped through stages."""
 
-    def __init__(self, bootstrap: str, topic: str, dataset: str, lag_events: Callable[[], int], bound_s: float):
+    def __init__(
+        self,
+        bootstrap: str,
+        topic: str,
+        dataset: str,
+        lag_events: Callable[[], int],
+        bound_s: float,
+        compression: str = "lz4",
+    ):
         self.bootstrap, self.topic, self.lag_events, self.bound_s = bootstrap, topic, lag_events, bound_s
         spawn = multiprocessing.get_context("spawn")
         self.rate, self.stop, self.sent = spawn.Value("d", 0.0), spawn.Event(), spawn.Value("q", 0)
         self.producer = spawn.Process(
-            target=produce_steadily, args=(bootstrap, topic, dataset, self.rate, self.stop, self.sent), daemon=True
+            target=produce_steadily,
+            args=(bootstrap, topic, dataset, self.rate, self.stop, self.sent, compression),
+            daemon=True,
         )
         self.producer.start()
         self.stages: list[Stage] = []
@@ -335,7 +350,7 @@ def one_stack(bootstrap: str, workdir: Path, dataset: str, stack: str, start_rat
         def lag() -> int:
             return sum(end_offsets(client, topic).values()) - consumed()
 
-        run = Run(bootstrap, topic, dataset, lag, args.lag_bound)
+        run = Run(bootstrap, topic, dataset, lag, args.lag_bound, args.compression)
         try:
             hold = find_capacity(run, start_rate, args)
         finally:
@@ -370,8 +385,8 @@ def one_stack(bootstrap: str, workdir: Path, dataset: str, stack: str, start_rat
 
 
 def burst_figures() -> dict[tuple[str, str], int]:
-    """(dataset, stack) -> events/s of bench/ingest.py's last run at 1,000,000 events per batch,
-    and (dataset, "limit chain")."""
+    """(dataset, stack) -> events/s of bench/ingest.py's last run at 1,000,000 events per batch:
+    where each stack's ramp starts."""
     path = RESULTS / "ingest.json"
     if not path.exists():
         return {}
@@ -381,8 +396,6 @@ def burst_figures() -> dict[tuple[str, str], int]:
             rate = (result.get("runs", {}).get(f"{key}-1000000") or {}).get("events_per_s")
             if rate:
                 figures[(dataset, stack)] = int(rate)
-        if rate := (result.get("limit_chain") or {}).get("events_per_s"):
-            figures[(dataset, "limit chain")] = int(rate)
     return figures
 
 
@@ -401,6 +414,12 @@ def main() -> None:
     parser.add_argument("--drain-seconds", type=float, default=120)
     parser.add_argument("--lag-bound", type=float, default=5.0, help="seconds of events")
     parser.add_argument("--results", default="sustained")
+    parser.add_argument(
+        "--compression",
+        default="lz4",
+        choices=("none", "lz4", "zstd", "snappy", "gzip"),
+        help="the producer's compression.type (its other settings: producer_settings)",
+    )
     parser.add_argument(
         "--maintenance",
         default=None,
@@ -433,13 +452,18 @@ def main() -> None:
         broker = start_broker(workdir / "kafka")
         try:
             for dataset in datasets:
+                # The ratio's denominator measured in this run, on this machine's state, not read
+                # from an older bench/results/ingest.json.
+                limit = limit_chain(make_events(dataset, LIMIT_CHAIN_EVENTS), CORES, workdir / f"limit-{dataset}")
+                print(dataset, "limit chain", json.dumps(limit), flush=True)
                 for stack in stacks:
                     if (dataset, stack) in done:
                         continue
                     start_rate = int(args.start * burst.get((dataset, stack), 40_000))
                     run = one_stack(broker.bootstrap, workdir, dataset, stack, start_rate, args)
                     run["burst"] = burst.get((dataset, stack))
-                    run["limit_chain"] = burst.get((dataset, "limit chain"))
+                    run["limit_chain"] = limit["events_per_s"]
+                    run["producer"] = producer_settings(args.compression)
                     print(json.dumps({k: v for k, v in run.items() if k != "stages"}), flush=True)
                     runs.append(run)
                     report = {"args": vars(args), "minutes": round((time.monotonic() - started) / 60), "runs": runs}
@@ -465,6 +489,11 @@ def write_results(report: dict, name: str) -> None:
         "trigger '0 seconds', Spark local[2] on 2 cores shared with the producer; freshness over that hold "
         f"(Kafka timestamp to commit, every row). The last invocation took {report['minutes']} min "
         "(with --resume, runs of earlier ones are kept).",
+        "",
+        "Producer (confluent-kafka, paced every 10 ms): "
+        + ", ".join(f"{k} {v}" for k, v in producer_settings(a.get("compression", "lz4")).items())
+        + ". The limit chain (bench/ingest.py's, 2 processes, no Kafka) is measured in the same run, before "
+        "each dataset's stacks.",
         "",
         "| dataset | stack | maintenance | events/s held | sent | p50 s | p99 s | max lag s | load average "
         "| maintenance runs, CPU (share of a core) | burst (1M per batch) |",
