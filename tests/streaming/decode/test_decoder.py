@@ -479,11 +479,12 @@ def test_reason_cases_cover_every_reason_code():
     # decode_failed marks a defect of the decoder, which no input is meant to reach:
     # test_a_decoder_defect_dead_letters_only_the_record_it_struck produces it. The registry
     # formats' reasons have cases of their own (tests/streaming/decode/formats/test_avro.py), and
-    # so do Debezium's (tests/streaming/decode/formats/test_debezium.py).
+    # so do Debezium's (tests/streaming/decode/formats/test_debezium.py). no_route is given before
+    # decoding, to a split topic's record that names no table (tests/app/test_routing.py).
     from tests.streaming.decode.formats.test_avro import REGISTRY_REASONS
     from tests.streaming.decode.formats.test_debezium import DEBEZIUM_REASONS
 
-    expected = set(Reason) - {Reason.DECODE_FAILED} - REGISTRY_REASONS - DEBEZIUM_REASONS
+    expected = set(Reason) - {Reason.DECODE_FAILED, Reason.NO_ROUTE} - REGISTRY_REASONS - DEBEZIUM_REASONS
     assert {case.values[0] for case in REASON_CASES} == expected
 
 
