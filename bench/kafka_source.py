@@ -1,8 +1,8 @@
 """Spark's Kafka source against the Python one (streaming/source/python_source.py), reading alone.
 
 The same topic of N small GeoJSON events (bench/ingest.py's geojson-points, 4 partitions) is read
-by each source as the service's query reads it: the options of streaming.job.processor.kafka_source_options,
-the columns of streaming.job.processor._source_columns (headers as JSON text), coalesced to the cores, each
+by each source as the service's query reads it: the options of streaming.job.config.kafka_source_options,
+the columns of streaming.job.layout._source_columns (headers as JSON text), coalesced to the cores, each
 batch handed to Python workers that only count its rows (bench/ingest.py, "Kafka source alone").
 Each run is a fresh process with its own JVM (local[2], the same driver memory); it first drains
 a warm-up topic the same way, then is measured from query start to the batch that brings the
@@ -54,7 +54,7 @@ SOURCES = ("spark", "python")
 def source_child(spec: dict) -> dict:
     from app.service import configure_logging, start_spark
     from streaming.job.config import kafka_source_options
-    from streaming.job.processor import _source_columns
+    from streaming.job.layout import _source_columns
     from streaming.source.python_source import python_kafka_stream
 
     configure_logging("WARNING")
