@@ -254,7 +254,7 @@ def main() -> None:
     write_results(report)
 
 
-def broker_topic(bootstrap: str, name: str, partitions: int) -> None:
+def broker_topic(bootstrap: str, name: str, partitions: int = 4) -> None:
     from kafka import KafkaAdminClient
     from kafka.admin import NewTopic
 
