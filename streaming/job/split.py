@@ -45,7 +45,7 @@ from streaming.job.routes import RecordField, Route, RouteError, field_values
 from streaming.source.options import RECORDS_DDL, SourceSettings
 from streaming.source.read import ReadingRanges
 from streaming.table.commit import Offsets
-from streaming.write.dead_letter import DeadLetterConfig, DeadLetterWriter
+from streaming.write.dead_letter import DeadLetterConfig, dead_letter_fn
 
 ROUTE_VALUE = "_route_value"
 # Tables of one batch ingested at once. bench/routing.py, split shape, 50 tables: 8 measured no
@@ -207,17 +207,7 @@ class NoRouteDeadLetters:
         self.refused = refused
 
     def __call__(self, batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        writer = None
-        sent = 0
-        try:
-            for batch in batches:
-                if batch.num_rows:
-                    writer = writer or DeadLetterWriter(self.config)
-                    sent += writer.send(self.dead_letters(batch))
-        finally:
-            if writer is not None:
-                writer.close()
-        yield pa.RecordBatch.from_pydict({"sent": [sent]}, schema=pa.schema([("sent", pa.int64())]))
+        return dead_letter_fn(self.config)(self.dead_letters(batch) for batch in batches if batch.num_rows)
 
     def dead_letters(self, records: pa.RecordBatch) -> pa.RecordBatch:
         """The records as the dead-letter writer takes rejected rows."""

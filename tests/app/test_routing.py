@@ -29,6 +29,7 @@ from streaming.read.query import query
 from streaming.table.catalog import open_catalog
 from streaming.table.commit import BATCH_ID, WRITER_ID
 from tests.conftest import local_settings, produce_records
+from tests.streaming.job.test_chaos import GEOINGEST, service_env
 
 pytestmark = pytest.mark.integration
 
@@ -97,6 +98,39 @@ def service_running(settings, spark, registry: CollectorRegistry | None = None) 
         stop.set()
         thread.join(120)
     assert not thread.is_alive() and not failure, failure
+
+
+def killed_at_commit_time(bootstrap: str, tmp_path: Path, routes: list[dict], max_offsets_per_trigger: int) -> dict:
+    """`geoingest run --routes` in a process group of its own, killed (-9, the whole group) once a
+    table's batch is committed to Iceberg and not yet to its checkpoint; returns the service's
+    environment, for the run after it."""
+    hold = tmp_path / "held"
+    env = service_env(
+        bootstrap,
+        "unused",
+        tmp_path,
+        GEOINGEST_ROUTES=json.dumps(routes),
+        GEOINGEST_MAX_OFFSETS_PER_TRIGGER=str(max_offsets_per_trigger),
+        GEOINGEST_MAINTENANCE_MODE="off",
+    )
+    with open(tmp_path / "first.stderr", "wb") as err:
+        first = subprocess.Popen(
+            [str(GEOINGEST), "run", "--routes"],
+            env={**env, "GEOINGEST_HOLD_AFTER_COMMIT_FILE": str(hold)},
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+            start_new_session=True,
+        )
+    try:
+        deadline = time.monotonic() + 300
+        while not hold.exists() and first.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert hold.exists(), (tmp_path / "first.stderr").read_text(errors="replace")[-3000:]
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(first.pid, signal.SIGKILL)
+        first.wait(60)
+    return env
 
 
 def routed_settings(kafka, tmp_path: Path, prefix: str, **more):
@@ -348,8 +382,6 @@ def test_kill_9_at_commit_time_leaves_every_routed_table_with_each_event_once(ka
     """The service of three routed tables killed (-9, the whole process group) while one table's
     batch is committed to Iceberg and not yet to its checkpoint, the other tables anywhere in their
     own batches; then run again until idle. Each table holds its topic's events, each once."""
-    from tests.streaming.job.test_chaos import GEOINGEST, service_env
-
     prefix = f"r{uuid.uuid4().hex[:8]}"
     cities = ("paris", "lyon", "nice")
     topics = [f"{prefix}.{city}.positions" for city in cities]
@@ -363,35 +395,14 @@ def test_kill_9_at_commit_time_leaves_every_routed_table_with_each_event_once(ka
             "contract": CONTRACT_PATH,
         }
     ]
-    hold = tmp_path / "held"
-    env = service_env(
-        kafka.bootstrap,
-        "unused",
-        tmp_path,
-        GEOINGEST_ROUTES=json.dumps(routes),
-        GEOINGEST_MAX_OFFSETS_PER_TRIGGER="700",
-        GEOINGEST_MAINTENANCE_MODE="off",
-    )
-    with open(tmp_path / "first.stderr", "wb") as err:
-        first = subprocess.Popen(
-            [str(GEOINGEST), "run", "--routes"],
-            env={**env, "GEOINGEST_HOLD_AFTER_COMMIT_FILE": str(hold)},
-            stdout=subprocess.DEVNULL,
-            stderr=err,
-            start_new_session=True,
-        )
-    try:
-        deadline = time.monotonic() + 300
-        while not hold.exists() and first.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.2)
-        assert hold.exists(), (tmp_path / "first.stderr").read_text(errors="replace")[-3000:]
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(first.pid, signal.SIGKILL)
-        first.wait(60)
+    env = killed_at_commit_time(kafka.bootstrap, tmp_path, routes, max_offsets_per_trigger=700)
 
     rerun = subprocess.run(
-        [str(GEOINGEST), "run", "--routes", "--until-idle"], env=env, capture_output=True, text=True, timeout=600
+        [str(GEOINGEST), "run", "--routes", "--until-idle"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert rerun.returncode == 0, rerun.stderr[-3000:]
     settings = load_settings(env=env)
@@ -411,8 +422,6 @@ def test_kill_9_at_commit_time_leaves_every_table_of_a_split_upsert_topic_at_its
     key sent twice then some deleted by tombstones; the service killed (-9) when a table of a batch
     has committed, the batch's other tables anywhere in theirs, then run again until idle. Each
     table holds exactly its live keys at their last version: none twice, no deleted key back."""
-    from tests.streaming.job.test_chaos import GEOINGEST, service_env
-
     prefix = f"s{uuid.uuid4().hex[:8]}"
     readings = f"{prefix}-readings"
     create_topics(kafka.bootstrap, readings)
@@ -434,32 +443,7 @@ def test_kill_9_at_commit_time_leaves_every_table_of_a_split_upsert_topic_at_its
     template = tmp_path / "readings.json"
     template.write_text(json.dumps(contract))
     routes = [{"topic": readings, "field": "header:kind", "table": f"{prefix}.{{value}}", "contract": str(template)}]
-    hold = tmp_path / "held"
-    env = service_env(
-        kafka.bootstrap,
-        "unused",
-        tmp_path,
-        GEOINGEST_ROUTES=json.dumps(routes),
-        GEOINGEST_MAX_OFFSETS_PER_TRIGGER="900",
-        GEOINGEST_MAINTENANCE_MODE="off",
-    )
-    with open(tmp_path / "first.stderr", "wb") as err:
-        first = subprocess.Popen(
-            [str(GEOINGEST), "run", "--routes"],
-            env={**env, "GEOINGEST_HOLD_AFTER_COMMIT_FILE": str(hold)},
-            stdout=subprocess.DEVNULL,
-            stderr=err,
-            start_new_session=True,
-        )
-    try:
-        deadline = time.monotonic() + 300
-        while not hold.exists() and first.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.2)
-        assert hold.exists(), (tmp_path / "first.stderr").read_text(errors="replace")[-3000:]
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(first.pid, signal.SIGKILL)
-        first.wait(60)
+    env = killed_at_commit_time(kafka.bootstrap, tmp_path, routes, max_offsets_per_trigger=900)
     settings = load_settings(env=env)
     catalog = open_catalog(settings.catalog_name, settings.catalog)
     assert tables_of(settings, prefix) == [f"{prefix}.air", f"{prefix}.noise", f"{prefix}.water"]
@@ -467,7 +451,11 @@ def test_kill_9_at_commit_time_leaves_every_table_of_a_split_upsert_topic_at_its
     assert committed, "killed after a table's commit (the batch's others, ingested beside it, anywhere in theirs)"
 
     rerun = subprocess.run(
-        [str(GEOINGEST), "run", "--routes", "--until-idle"], env=env, capture_output=True, text=True, timeout=600
+        [str(GEOINGEST), "run", "--routes", "--until-idle"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert rerun.returncode == 0, rerun.stderr[-3000:]
     for kind in kinds:
