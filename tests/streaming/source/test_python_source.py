@@ -430,3 +430,59 @@ def test_big_ranges_are_split_to_reach_min_partitions_as_spark_does() -> None:
         OffsetRange("t", 1, 0, 10),
     ]
     assert split_ranges(ranges, 2) == ranges[:2]
+
+
+class _StalledConsumer:
+    """A real consumer that hands out no record, as librdkafka's assign()ed consumer sometimes does
+    after a broker restart (confluentinc/librdkafka#5153). A fake of that fault: it comes by
+    chance, not on demand."""
+
+    def __init__(self, pooled) -> None:
+        self._real = pooled.consumer
+
+    def consume(self, num_messages: int, timeout: float) -> list:
+        self._real.consume(num_messages=num_messages, timeout=timeout)
+        return []
+
+    def __getattr__(self, name: str):
+        return getattr(self._real, name)
+
+
+def test_a_consumer_that_stops_fetching_is_replaced_and_the_range_read_whole(
+    kafka: LocalBroker, topic: str, pooled_consumers_closed, monkeypatch
+) -> None:
+    import streaming.source.read as read
+
+    _produce_to(kafka.bootstrap, topic, partition=1, count=40, first=0)
+    real_new_consumer = read._new_consumer
+    made: list = []
+
+    def new_consumer(config):
+        pooled = real_new_consumer(config)
+        if not made:
+            pooled.consumer = _StalledConsumer(pooled)
+        made.append(pooled)
+        return pooled
+
+    close_pooled_consumers()
+    monkeypatch.setattr(read, "_new_consumer", new_consumer)
+    monkeypatch.setattr(read, "STALLED_CONSUMER_S", 1.0)
+    settings = SourceSettings.parse(_options(kafka.bootstrap, topic))
+    batches = list(read_range(settings, topic, 1, 5, 40))
+    assert [o for b in batches for o in b.column("offset").to_pylist()] == list(range(5, 40))
+    assert len(made) == 2
+
+    # The replacement still fails the read after kafkaConsumer.pollTimeoutMs when nothing comes.
+    made.clear()
+    close_pooled_consumers()
+    monkeypatch.setattr(read, "_new_consumer", lambda config: _stalled(real_new_consumer(config), made))
+    impatient = SourceSettings.parse(_options(kafka.bootstrap, topic, **{"kafkaConsumer.pollTimeoutMs": "3500"}))
+    with pytest.raises(KafkaSourceError, match=rf"topic {topic} partition 1: no record arrived in 3.5 s at offset 5"):
+        list(read_range(impatient, topic, 1, 5, 40))
+    assert len(made) >= 3
+
+
+def _stalled(pooled, made: list):
+    pooled.consumer = _StalledConsumer(pooled)
+    made.append(pooled)
+    return pooled
