@@ -172,3 +172,18 @@ def _ivy_module(name: str, coordinates: Sequence[str], exclude: Sequence[str] = 
   </dependencies>
 </ivy-module>
 """
+
+
+# Iceberg Java for native-geometry tables (streaming/table/native.py). The runtime jar for Spark 4.1
+# holds Iceberg 1.12's core, Parquet (shaded) and JDBC catalog in one jar, and there is none for
+# Spark 4.0 of 1.12; only its `org.apache.iceberg` classes are used, never its Spark ones.
+ICEBERG_JAVA = "org.apache.iceberg:iceberg-spark-runtime-4.1_2.13:1.12.0"
+SQLITE_JDBC = "org.xerial:sqlite-jdbc:3.50.3.0"
+
+
+def iceberg_java_classpath(cache_dir: Path) -> list[Path]:
+    """Iceberg Java's jars and SQLite's JDBC driver (resolved from Maven Central once), then Spark's
+    own jars (Hadoop's file systems for the warehouse, py4j to reach the JVM)."""
+    jars = resolve([ICEBERG_JAVA], cache_dir, "iceberg-java-1.12.0")
+    jars += [j for j in resolve([SQLITE_JDBC], cache_dir, "sqlite-jdbc-3.50.3.0") if "sqlite-jdbc" in j.name]
+    return [*jars, *sorted(Path(spark_home(), "jars").glob("*.jar"))]

@@ -510,7 +510,11 @@ def _parse_geometry(raw: dict) -> GeometrySpec:
         raise ContractError(
             f"geometry.antimeridian: 'short' needs a geographic CRS; {crs_text} is projected, its x is a plane"
         )
+    native = raw.get("native", False)
+    if not isinstance(native, bool):
+        raise ContractError(f"geometry.native: expected true or false, got {native!r}")
     return GeometrySpec(
+        native=native,
         id=require(raw, "id", int, "geometry."),
         name=require(raw, "name", str, "geometry."),
         types=types,

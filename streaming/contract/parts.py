@@ -48,10 +48,19 @@ class GeometrySpec:
     # the short way across ±180 and its bbox is wrapped (xmin > xmax), see docs/antimeridian.md;
     # "planar": coordinates are a plane (the only reading of a projected CRS).
     antimeridian: str = "planar"
+    # True: an Iceberg v3 table whose geometry column is Iceberg's `geometry` type, its files'
+    # Parquet's GEOMETRY (streaming/table/native.py); False: WKB in a `binary` column of a v2 table.
+    native: bool = False
 
     @property
     def crs(self) -> str:
         return f"EPSG:{self.epsg}"
+
+    @property
+    def native_crs(self) -> str:
+        """The CRS as Iceberg's geometry type and Parquet's GEOMETRY name it: OGC:CRS84 (their
+        default) for longitude/latitude, `srid:<code>` for any other."""
+        return "OGC:CRS84" if self.epsg == 4326 else f"srid:{self.epsg}"
 
 
 @dataclass(frozen=True)

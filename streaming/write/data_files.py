@@ -31,7 +31,7 @@ from pyiceberg.types import DoubleType
 from streaming.contract import BBOX_FIELDS, Contract
 from streaming.kernels.geoparquet import geo_metadata_bytes
 from streaming.kernels.wkb import geometry_type_names
-from streaming.write.file_types import as_types
+from streaming.write.file_types import as_types, with_native_geometry
 from streaming.write.partitions import PartitionLayout, partition_path, split_by_partition, with_cells
 
 # Spark DDL of the rows the write stage returns to the driver.
@@ -205,6 +205,8 @@ class GeoParquetWriter:
         self.contract = contract
         self.partition = partition
         self.schema = contract.data_file_schema
+        if contract.geometry.native:
+            self.schema = with_native_geometry(self.schema, contract.geometry.name, contract.geometry.native_crs)
         iceberg_schema = contract.iceberg_schema
         self._stats_plan = compute_statistics_plan(iceberg_schema, table_properties)
         self._parquet_options = parquet_write_options(table_properties)
@@ -382,7 +384,10 @@ class _OpenFile:
             values = bbox.field(name).to_numpy(zero_copy_only=False)
             self.bbox_min[i] = min(self.bbox_min[i], float(np.fmin.reduce(values)))
             self.bbox_max[i] = max(self.bbox_max[i], float(np.fmax.reduce(values)))
-        self.geometry_types.update(geometry_type_names(table.column(contract.geometry.name)))
+        geometry = table.column(contract.geometry.name)
+        if isinstance(geometry.type, pa.ExtensionType):
+            geometry = pa.chunked_array([c.storage for c in geometry.chunks], geometry.type.storage_type)
+        self.geometry_types.update(geometry_type_names(geometry))
         self._writer.write_table(table, row_group_size=table.num_rows)
 
     def bytes_written(self) -> int:

@@ -11,11 +11,40 @@ from __future__ import annotations
 
 import datetime
 import decimal
+import json
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from streaming.kernels.buffers import from_zero_offsets, offsets_with_nulls
+
+
+class WkbGeometry(pa.ExtensionType):
+    """WKB as the `geoarrow.wkb` extension type, which pyarrow writes as Parquet's GEOMETRY logical
+    type with its geospatial statistics: the data files of native-geometry tables."""
+
+    def __init__(self, crs: str = "OGC:CRS84") -> None:
+        self.crs = crs
+        super().__init__(pa.binary(), "geoarrow.wkb")
+
+    def __arrow_ext_serialize__(self) -> bytes:
+        return json.dumps({"crs": self.crs}).encode()
+
+    @classmethod
+    def __arrow_ext_deserialize__(cls, storage_type: pa.DataType, serialized: bytes) -> WkbGeometry:
+        return cls(json.loads(serialized or b"{}").get("crs", "OGC:CRS84"))
+
+
+try:
+    pa.register_extension_type(WkbGeometry())
+except pa.ArrowKeyError:  # a reader of ours, or geoarrow-pyarrow, registered the name before
+    pass
+
+
+def with_native_geometry(schema: pa.Schema, name: str, crs: str) -> pa.Schema:
+    """`schema` with column `name` as WkbGeometry in `crs` (its field id kept)."""
+    index = schema.get_field_index(name)
+    return schema.set(index, schema.field(index).with_type(WkbGeometry(crs)))
 
 
 def as_types(table: pa.Table, schema: pa.Schema) -> pa.Table:

@@ -1,0 +1,135 @@
+"""Native-geometry tables (streaming/table/native.py): a v3 table made and appended to by Iceberg Java
+1.12 in its own JVM, on a SQLite catalog, its files written by the service's writer with Parquet's
+GEOMETRY type; read back by DuckDB (geometry, files pruned by the manifests' geometry bounds) and
+pyarrow."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+import pytest
+
+from app.java import java_executable
+from app.maven import iceberg_java_classpath
+from streaming.contract import Contract, ContractError, load_contract, parse_contract
+from streaming.decode.decoder import HILBERT, REJECT_REASON, Decoder
+from streaming.table.native import IcebergJava, NativeTableError, java_catalog_properties
+from streaming.write.data_files import GeoParquetWriter
+from tests.conftest import CACHE_DIR, duckdb_connection
+
+pytestmark = pytest.mark.integration
+
+CONTRACT_PATH = Path(__file__).resolve().parents[3] / "schemas" / "demo_events.json"
+
+
+def native_contract() -> Contract:
+    raw = json.loads(CONTRACT_PATH.read_text())
+    raw["geometry"]["native"] = True
+    return parse_contract(raw)
+
+
+def decoded_points(contract: Contract, first: int, lon: float, lat: float, n: int = 40) -> pa.Table:
+    values = [
+        json.dumps(
+            {
+                "type": "Feature",
+                "id": f"e{i}",
+                "geometry": {"type": "Point", "coordinates": [lon + (i - first) * 0.01, lat + (i - first) * 0.01]},
+                "properties": {"kind": "probe", "speed": float(i)},
+            }
+        ).encode()
+        for i in range(first, first + n)
+    ]
+    batch = pa.record_batch(
+        {
+            "key": pa.nulls(n, pa.binary()),
+            "value": pa.array(values, pa.binary()),
+            "topic": pa.array(["t"] * n),
+            "partition": pa.array([0] * n, pa.int32()),
+            "offset": pa.array(range(first, first + n), pa.int64()),
+            "timestamp": pa.array([1_700_000_000_000_000] * n, pa.timestamp("us")),
+        }
+    )
+    decoded = pa.Table.from_batches([Decoder(contract).decode(batch)])
+    assert decoded.filter(pc.is_valid(decoded.column(REJECT_REASON))).num_rows == 0
+    return decoded.sort_by(HILBERT)
+
+
+def files_read(con, sql: str) -> tuple[int, list]:
+    plan = "\n".join(row[1] for row in con.execute(f"EXPLAIN ANALYZE {sql}").fetchall())
+    return int(re.search(r"Total Files Read: (\d+)", plan).group(1)), con.execute(sql).fetchall()
+
+
+def test_a_native_table_is_v3_with_geometry_that_duckdb_reads_and_prunes_by_its_bounds(tmp_path):
+    contract = native_contract()
+    warehouse = tmp_path / "warehouse"
+    java = IcebergJava.shared(iceberg_java_classpath(CACHE_DIR), java_executable(CACHE_DIR))
+    catalog = java.catalog(
+        "test", {"type": "sql", "uri": f"sqlite:///{tmp_path / 'catalog.db'}", "warehouse": f"file://{warehouse}"}
+    )
+    schema_json = contract.iceberg_schema.model_dump_json()
+    table = catalog.create_table(contract.table, schema_json, contract.geometry.id, None)
+    assert table.format_version == 3
+    geometry_field = next(f for f in json.loads(table.schema_json())["fields"] if f["id"] == contract.geometry.id)
+    assert geometry_field["type"].startswith("geometry")
+    # Made again (a restart): the same table, not an error.
+    assert catalog.create_table(contract.table, schema_json, contract.geometry.id, None).metadata_location == (
+        table.metadata_location
+    )
+
+    writer = GeoParquetWriter(contract, {}, {}, f"file://{warehouse}/events/data", "t")
+    europe = list(writer.write(decoded_points(contract, 0, 2.0, 48.0).to_batches()))
+    pacific = list(writer.write(decoded_points(contract, 100, -120.0, -40.0).to_batches()))
+    table.append(europe, contract.geometry.id, {"geoingest.writer-id": "w", "geoingest.batch-id": "0"})
+    table.append(pacific, contract.geometry.id, {"geoingest.writer-id": "w", "geoingest.batch-id": "1"})
+    assert [(s["geoingest.writer-id"], s["geoingest.batch-id"]) for s in table.summaries()] == [("w", "0"), ("w", "1")]
+
+    # pyarrow reads the files' geometry as Parquet's GEOMETRY type.
+    parquet_schema = pq.ParquetFile(europe[0].path.removeprefix("file://")).schema
+    columns = {parquet_schema.column(i).name: parquet_schema.column(i) for i in range(len(parquet_schema))}
+    assert columns[contract.geometry.name].logical_type.type == "GEOMETRY"
+
+    con = duckdb_connection()
+    scan = f"iceberg_scan('{table.metadata_location}')"
+    types = dict(con.execute(f"SELECT column_name, column_type FROM (DESCRIBE SELECT * FROM {scan})").fetchall())
+    assert types[contract.geometry.name].startswith("GEOMETRY"), types
+    count, rows = files_read(con, f"SELECT event_id FROM {scan}")
+    assert count == 2 and len(rows) == 80
+    box = "ST_MakeEnvelope(0, 40, 20, 60)"
+    count, rows = files_read(con, f"SELECT event_id FROM {scan} WHERE {contract.geometry.name} && {box} ORDER BY 1")
+    assert count == 1
+    assert [r[0] for r in rows] == sorted(f"e{i}" for i in range(40))
+
+
+def test_native_tables_take_sqlite_and_rest_catalogs_and_name_any_other():
+    impl, props = java_catalog_properties({"type": "sql", "uri": "sqlite:////data/c.db", "warehouse": "file:///w"})
+    assert impl.endswith("JdbcCatalog") and props["uri"] == "jdbc:sqlite:/data/c.db"
+    impl, props = java_catalog_properties({"uri": "http://127.0.0.1:8181", "warehouse": "s3://b/w"})
+    assert impl.endswith("RESTCatalog") and props["uri"] == "http://127.0.0.1:8181"
+    with pytest.raises(NativeTableError, match="catalog uri 'postgresql://u@h/db'"):
+        java_catalog_properties({"type": "sql", "uri": "postgresql://u@h/db"})
+    with pytest.raises(NativeTableError, match="catalog type 'glue'"):
+        java_catalog_properties({"type": "glue"})
+
+
+def test_the_native_switch_is_a_boolean():
+    raw = json.loads(CONTRACT_PATH.read_text())
+    raw["geometry"]["native"] = "yes"
+    with pytest.raises(ContractError, match="geometry.native: expected true or false, got 'yes'"):
+        parse_contract(raw)
+    assert not load_contract(CONTRACT_PATH).geometry.native
+    assert dataclasses.replace(native_contract().geometry, epsg=3857).native_crs == "srid:3857"
+
+
+def test_the_stream_refuses_a_native_contract_rather_than_write_geometry_files_into_a_v2_table(catalog):
+    from streaming.table.catalog import TableMismatch, create_table
+
+    with pytest.raises(TableMismatch, match=r"demo.events: geometry.native: streaming into a native-geometry"):
+        create_table(catalog, native_contract())
+    assert not catalog.table_exists("demo.events")
