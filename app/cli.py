@@ -13,6 +13,7 @@ from pyiceberg.exceptions import NoSuchNamespaceError, NoSuchTableError
 
 from app.errors import EXIT_FAILURE, EXIT_INTERRUPTED, one_line
 from app.logs import configure_logging
+from app.maven import configure_iceberg_java
 from app.settings import Settings, SettingsError, load_settings
 
 
@@ -23,6 +24,7 @@ def main(argv: list[str] | None = None) -> int:
     spark_was_running = _spark_running()
     try:
         settings = load_settings(args.config)
+        configure_iceberg_java(Path(settings.cache_dir))
         status = args.handler(args, settings) or 0
         _stop_spark(spark_was_running)
         return status

@@ -187,3 +187,10 @@ def iceberg_java_classpath(cache_dir: Path) -> list[Path]:
     jars = resolve([ICEBERG_JAVA], cache_dir, "iceberg-java-1.12.0")
     jars += [j for j in resolve([SQLITE_JDBC], cache_dir, "sqlite-jdbc-3.50.3.0") if "sqlite-jdbc" in j.name]
     return [*jars, *sorted(Path(spark_home(), "jars").glob("*.jar"))]
+
+
+def configure_iceberg_java(cache_dir: Path) -> None:
+    """Native-geometry tables met by this process start Iceberg Java with these jars and java."""
+    from streaming.table import native
+
+    native.configure(lambda: (iceberg_java_classpath(cache_dir), java_executable(cache_dir)))

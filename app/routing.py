@@ -19,12 +19,14 @@ import threading
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
+from pathlib import Path
 
 from prometheus_client import CollectorRegistry
 from pyspark.sql import SparkSession
 
 from app.errors import one_line
 from app.maintenance import MaintenanceChild
+from app.maven import configure_iceberg_java
 from app.metrics import TablesHealth, serve
 from app.service import (
     Lane,
@@ -236,6 +238,7 @@ def run_routes(
     return (an error naming every table that failed); otherwise run until SIGTERM or SIGINT (or
     `stop`), new topics picked up every routes_refresh_s, then stop every lane after the batch in
     progress."""
+    configure_iceberg_java(Path(settings.cache_dir))
     routes = parse_routes(settings.routes)
     templates = load_templates(routes)
     totals = RunTotals()

@@ -9,6 +9,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from prometheus_client import CollectorRegistry
@@ -22,6 +23,7 @@ from app.maintenance import (  # noqa: F401 - the CLI takes MAINTENANCE_MODES fr
     MaintenanceChild,
     MaintenanceRunner,
 )
+from app.maven import configure_iceberg_java
 from app.metrics import Health, IngestMetrics, MaintenanceMetrics, TablesHealth, serve
 from app.settings import Settings
 from app.spark import spark_session
@@ -36,6 +38,7 @@ from streaming.source.admin import ensure_topic, partitions_of
 from streaming.source.python_source import LatestOffsets, caught_up
 from streaming.table.catalog import create_rejects_table, load_contract_table, open_catalog
 from streaming.table.commit import resume_offsets
+from streaming.table.native import NativeTableError, is_native
 from streaming.table.turns import CommitTurns
 from streaming.write.dead_letter import DeadLetterConfig
 
@@ -204,6 +207,11 @@ def open_lane(
     shared by the lanes of a service of many tables, when given), its dead-letter topic made.
     A table of a split topic (app/routing.py) gets its writer id from the topic's query, and its
     batches as records (`records_given`)."""
+    if is_native(table) and settings.maintenance_mode != "off":
+        raise NativeTableError(
+            f"{contract.table}: a native-geometry table is not maintained by geoingest yet; "
+            f"set maintenance_mode to off (GEOINGEST_MAINTENANCE_MODE=off), it is {settings.maintenance_mode!r}"
+        )
     metrics = IngestMetrics(registry, contract.table, settings.topic)
     health = Health(max_silence_s=settings.ready_max_silence_s, max_stall_s=settings.live_max_stall_s)
     # Beside ingest, maintenance commits take turns with the batches' (streaming/table/turns.py).
@@ -277,6 +285,7 @@ def run(
     Metrics and health are served on settings.metrics_port (0: not served) from `registry`
     (a fresh one by default). With resume_from_table, a query whose checkpoint holds no progress
     starts from the Kafka offsets recorded in the table's snapshots instead of starting_offsets."""
+    configure_iceberg_java(Path(settings.cache_dir))
     catalog = open_catalog(settings.catalog_name, settings.catalog)
     table = load_contract_table(catalog, contract)
     totals = RunTotals()

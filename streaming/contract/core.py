@@ -30,6 +30,7 @@ from pyiceberg.schema import Schema, assign_fresh_schema_ids
 from pyiceberg.types import (
     BinaryType,
     DoubleType,
+    GeometryType,
     IcebergType,
     NestedField,
     StringType,
@@ -210,7 +211,8 @@ class Contract:
     @cached_property
     def iceberg_schema(self) -> Schema:
         fields = [NestedField(c.id, c.name, c.iceberg_type, required=c.required) for c in self.columns]
-        fields.append(NestedField(self.geometry.id, self.geometry.name, BinaryType(), required=True))
+        geometry_type = GeometryType(self.geometry.native_crs) if self.geometry.native else BinaryType()
+        fields.append(NestedField(self.geometry.id, self.geometry.name, geometry_type, required=True))
         bbox = StructType(
             *(NestedField(fid, name, DoubleType(), required=True) for name, fid in self.bbox_field_ids.items())
         )
@@ -258,7 +260,7 @@ class Contract:
         g = self.geometry
         prefix = f"geo.column.{g.name}"
         return {
-            "format-version": "2",
+            "format-version": "3" if g.native else "2",
             "write.parquet.compression-codec": "zstd",
             # Truncated WKB bytes bound nothing; the bbox.* columns carry the spatial bounds.
             f"write.metadata.metrics.column.{g.name}": "counts",

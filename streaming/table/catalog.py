@@ -11,6 +11,7 @@ import requests
 import requests.adapters
 from pyiceberg.catalog import Catalog, load_catalog
 from pyiceberg.exceptions import NamespaceAlreadyExistsError, NoSuchTableError, TableAlreadyExistsError
+from pyiceberg.partitioning import PARTITION_FIELD_ID_START, PartitionField, PartitionSpec
 from pyiceberg.table import Table
 from pyiceberg.transforms import (
     BucketTransform,
@@ -34,6 +35,7 @@ from streaming.contract import (
 )
 from streaming.contract.partition import CellColumn, cell_field
 from streaming.contract.types import grown_from
+from streaming.table.native import check_native_contract, native_catalog
 from streaming.write.partitions import LayoutField, PartitionLayout
 from streaming.write.rejects_table import REJECTS_SCHEMA, REJECTS_SPEC
 
@@ -89,12 +91,7 @@ class _TimeoutAdapter(requests.adapters.HTTPAdapter):
 def create_table(catalog: Catalog, contract: Contract) -> tuple[Table, bool]:
     """The contract's table, created if missing. Returns (table, created)."""
     if contract.geometry.native:
-        # streaming/table/native.py makes and appends to such tables through Iceberg Java; the
-        # stream's commits, upserts and maintenance are pyiceberg's, which writes no v3 table.
-        raise TableMismatch(
-            f"{contract.table}: geometry.native: streaming into a native-geometry (Iceberg v3) table is "
-            "not supported yet; leave geometry.native out to stream into a v2 table with WKB and its bbox"
-        )
+        return _create_native_table(catalog, contract)
     try:
         catalog.create_namespace(contract.namespace)
     except NamespaceAlreadyExistsError:
@@ -121,6 +118,38 @@ def create_table(catalog: Catalog, contract: Contract) -> tuple[Table, bool]:
         return table, True
     check_table_matches(table, contract)
     return table, False
+
+
+def _create_native_table(catalog: Catalog, contract: Contract) -> tuple[Table, bool]:
+    """A native-geometry table: made by Iceberg Java (pyiceberg writes no v3 table) with the
+    contract's spec as its first, loaded by pyiceberg."""
+    check_native_contract(contract)
+    created = not catalog.table_exists(contract.table)
+    if created:
+        check_fresh_ids(contract)
+        schema = contract.iceberg_schema
+        spec = PartitionSpec(
+            *(
+                PartitionField(
+                    source_id=schema.find_field(field.name if field.is_cell else field.source).field_id,
+                    field_id=PARTITION_FIELD_ID_START + i,
+                    transform=_iceberg_transform(field.transform, field.param),
+                    name=field.name,
+                )
+                for i, field in enumerate(contract.partition)
+            )
+        )
+        native_catalog(catalog).create_table(
+            contract.table,
+            schema.model_dump_json(),
+            contract.geometry.id,
+            contract.geometry.native_crs,
+            contract.table_properties(),
+            spec.model_dump_json() if spec.fields else None,
+        )
+    table = catalog.load_table(contract.table)
+    check_table_matches(table, contract)
+    return table, created
 
 
 def create_rejects_table(catalog: Catalog, identifier: str) -> Table:

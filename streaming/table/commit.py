@@ -37,9 +37,11 @@ from pyiceberg.table import Table, Transaction
 from pyiceberg.table.metadata import TableMetadata
 from pyiceberg.table.snapshots import Snapshot
 from pyiceberg.typedef import Record
+from pyiceberg.types import GeometryType
 from sqlalchemy.exc import InterfaceError, OperationalError
 
 from streaming.table.catalog import unpartitioned_spec_id
+from streaming.table.native import NativeTableError, is_native, native_table
 from streaming.table.row_delta import RowDelta, SpecAwareAppend
 from streaming.table.turns import no_turn
 from streaming.write.data_files import EQUALITY_DELETES, DataFileRecord
@@ -486,6 +488,8 @@ class Committer:
         )
 
     def _append(self, batch: BatchCommit) -> int:
+        if is_native(self.table):
+            return self._append_native(batch)
         view = single_attempt_view(self.table)
         with view.transaction() as tx:
             if batch.schema_change:
@@ -519,6 +523,21 @@ class Committer:
                 f"{'.'.join(self.table.name())} but answered with a table that has no current snapshot"
             )
         return snapshot.snapshot_id
+
+    def _append_native(self, batch: BatchCommit) -> int:
+        """The batch's files appended by Iceberg Java (streaming/table/native.py). Iceberg Java
+        retries a conflicting append by itself, on the refreshed table, without the replay check
+        above between its attempts: only a second writer under the same id committing the same
+        batch at that moment would make that a duplicate."""
+        if batch.schema_change or batch.delete_files:
+            raise NativeTableError(
+                f"{'.'.join(self.table.name())}: a native-geometry table takes appended files only "
+                "(no new columns, no equality deletes)"
+            )
+        geometry_id = next(f.field_id for f in self.table.schema().fields if isinstance(f.field_type, GeometryType))
+        snapshot_id = native_table(self.table).append(batch.files, geometry_id, batch.summary())
+        self.table.refresh()
+        return snapshot_id
 
 
 def _added_files(table: Table, snapshot: Snapshot) -> set[str]:

@@ -15,19 +15,96 @@ the anti-meridian as docs/antimeridian.md says), and Iceberg's own GeospatialBou
 
 from __future__ import annotations
 
+import datetime
 import json
+import re
 import threading
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+import pyiceberg.types
+from pyiceberg.exceptions import CommitFailedException, CommitStateUnknownException
+from pyiceberg.types import GeometryType
 
 from streaming.write.data_files import DataFileRecord
 
+if TYPE_CHECKING:
+    from pyiceberg.catalog import Catalog
+    from pyiceberg.table import Table
+
+    from streaming.contract import Contract
+
 FORMAT_VERSION = 3
+
+# Iceberg Java writes a geometry type as the spec spells it, `geometry(OGC:CRS84)`; pyiceberg 0.12
+# parses only a quoted CRS (`geometry('OGC:CRS84')`) and so cannot load such a table at all. Its
+# parser reads this module-level pattern, which is made to take the CRS quoted or not.
+pyiceberg.types.GEOMETRY_REGEX = re.compile(r"geometry(?:\(\s*['\"]?([^'\")]+?)['\"]?\s*\))?$")
 
 
 class NativeTableError(RuntimeError):
     """A native-geometry table cannot be made or written here; the message names the cause."""
+
+
+_classpath_and_java: Callable[[], tuple[Sequence[Path], Path]] | None = None
+
+
+def configure(classpath_and_java: Callable[[], tuple[Sequence[Path], Path]]) -> None:
+    """How to start the JVM when a native table is first met: the caller's jars and java (the
+    app layer's: app.maven.iceberg_java_classpath, app.java.java_executable), asked then only."""
+    global _classpath_and_java
+    _classpath_and_java = classpath_and_java
+
+
+def is_native(table: Table) -> bool:
+    """A v3 table with a geometry column of Iceberg's type: written through Iceberg Java."""
+    return table.metadata.format_version >= FORMAT_VERSION and any(
+        isinstance(f.field_type, GeometryType) for f in table.schema().fields
+    )
+
+
+def check_native_contract(contract: Contract) -> None:
+    """What native-geometry tables do not take yet, refused by name before anything is made."""
+    missing = []
+    if contract.mode != "append":
+        missing.append(f"mode {contract.mode!r} (append only)")
+    if contract.schema_evolution.mode != "off":
+        missing.append(f"schema_evolution.mode {contract.schema_evolution.mode!r}")
+    if missing:
+        raise NativeTableError(
+            f"{contract.table}: geometry.native: a native-geometry table does not take "
+            + ", ".join(missing)
+            + " yet; leave those out, or geometry.native out for a v2 table with WKB and its bbox"
+        )
+
+
+def native_catalog(catalog: Catalog) -> NativeCatalog:
+    """The Iceberg Java catalog on the same settings as pyiceberg's `catalog`."""
+    return IcebergJava.shared().catalog(catalog.name, catalog.properties)
+
+
+def native_table(table: Table) -> NativeTable:
+    """Iceberg Java's handle on the table pyiceberg loaded."""
+    return native_catalog(table.catalog).load_table(".".join(table.name()))
+
+
+@contextmanager
+def java_commit_errors() -> Iterator[None]:
+    """Iceberg Java's commit failures as pyiceberg's, which the committer retries."""
+    from py4j.protocol import Py4JJavaError
+
+    try:
+        yield
+    except Py4JJavaError as exc:
+        name = str(exc.java_exception.getClass().getName())
+        message = str(exc.java_exception.getMessage())
+        if name.endswith("CommitFailedException"):
+            raise CommitFailedException(message) from None
+        if name.endswith("CommitStateUnknownException"):
+            raise CommitStateUnknownException(message) from None
+        raise NativeTableError(f"Iceberg Java: {name}: {message}") from None
 
 
 class IcebergJava:
@@ -55,10 +132,13 @@ class IcebergJava:
         self.iceberg = self.jvm.org.apache.iceberg
 
     @classmethod
-    def shared(cls, classpath: Sequence[Path], java: Path) -> IcebergJava:
+    def shared(cls) -> IcebergJava:
+        """This process's JVM, started on first use as `configure` said."""
         with cls._lock:
             if cls._shared is None:
-                cls._shared = cls(classpath, java)
+                if _classpath_and_java is None:
+                    raise NativeTableError("native-geometry tables: no Iceberg Java configured in this process")
+                cls._shared = cls(*_classpath_and_java())
             return cls._shared
 
     def version(self) -> str:
@@ -80,6 +160,12 @@ def java_catalog_properties(properties: Mapping[str, str]) -> tuple[str, dict[st
     (iceberg_tables, iceberg_namespace_properties), a REST catalog is the same on both sides."""
     props = {k: v for k, v in properties.items() if not k.startswith("geoingest.")}
     uri = props.get("uri", "")
+    warehouse = props.get("warehouse", "")
+    if "://" in warehouse and not warehouse.startswith("file:"):
+        raise NativeTableError(
+            f"warehouse {warehouse!r}: native-geometry tables are written to a file:// warehouse only yet "
+            "(Iceberg Java here has no object-store FileIO)"
+        )
     kind = props.pop("type", "sql" if uri.startswith("sqlite:") else "rest" if uri.startswith("http") else "")
     if kind == "sql" or uri.startswith("sqlite:"):
         if not uri.startswith("sqlite:///"):
@@ -105,9 +191,18 @@ class NativeCatalog:
     def _identifier(self, table: str) -> Any:
         return self.java.iceberg.catalog.TableIdentifier.parse(table)
 
-    def create_table(self, table: str, schema_json: str, geometry_id: int, crs: str | None = None) -> NativeTable:
+    def create_table(
+        self,
+        table: str,
+        schema_json: str,
+        geometry_id: int,
+        crs: str | None = None,
+        properties: Mapping[str, str] | None = None,
+        spec_json: str | None = None,
+    ) -> NativeTable:
         """A v3 table of the schema (pyiceberg's JSON) with field `geometry_id` made `geometry`
-        in `crs` (None: OGC:CRS84), created if missing; its namespace too."""
+        in `crs` (None: OGC:CRS84), partitioned by `spec_json` (pyiceberg's JSON; None:
+        unpartitioned), created if missing with `properties`; its namespace too."""
         iceberg = self.java.iceberg
         identifier = self._identifier(table)
         if not self.catalog.tableExists(identifier):
@@ -119,9 +214,15 @@ class NativeCatalog:
                     if "AlreadyExists" not in str(exc):
                         raise
             schema = iceberg.SchemaParser.fromJson(native_schema_json(schema_json, geometry_id, crs))
-            properties = self.java.java_map({iceberg.TableProperties.FORMAT_VERSION: str(FORMAT_VERSION)})
+            spec = iceberg.PartitionSpecParser.fromJson(schema, spec_json) if spec_json else None
+            table_properties = {**(properties or {}), iceberg.TableProperties.FORMAT_VERSION: str(FORMAT_VERSION)}
             try:
-                self.catalog.createTable(identifier, schema, iceberg.PartitionSpec.unpartitioned(), properties)
+                self.catalog.createTable(
+                    identifier,
+                    schema,
+                    spec or iceberg.PartitionSpec.unpartitioned(),
+                    self.java.java_map(table_properties),
+                )
             except Exception as exc:
                 if "AlreadyExists" not in str(exc):
                     raise
@@ -129,6 +230,16 @@ class NativeCatalog:
 
     def load_table(self, table: str) -> NativeTable:
         return NativeTable(self.java, self.catalog.loadTable(self._identifier(table)))
+
+
+def partition_string(kind: str, value: Any) -> str | None:
+    """A partition value as Iceberg parses one (Conversions.fromPartitionString): a date (a day
+    transform's days since 1970-01-01) as ISO 8601, any other as its text."""
+    if value is None:
+        return None
+    if kind == "DATE":
+        return (datetime.date(1970, 1, 1) + datetime.timedelta(days=int(value))).isoformat()
+    return str(value)
 
 
 def native_schema_json(schema_json: str, geometry_id: int, crs: str | None) -> str:
@@ -171,19 +282,33 @@ class NativeTable:
             append = append.appendFile(self._data_file(record, geometry_id))
         for key, value in summary.items():
             append = append.set(key, value)
-        append.commit()
+        with java_commit_errors():
+            append.commit()
         return int(self.table.currentSnapshot().snapshotId())
 
     def _data_file(self, record: DataFileRecord, geometry_id: int) -> Any:
+        """The file under the spec it was written for (`record.spec_id`), its partition values
+        handed to Iceberg as partition strings, which Iceberg parses by the partition's types."""
         iceberg = self.java.iceberg
-        return (
-            iceberg.DataFiles.builder(self.table.spec())
+        spec = self.table.specs().get(record.spec_id) if record.spec_id is not None else self.table.spec()
+        if spec is None:
+            raise NativeTableError(
+                f"{record.path}: written for partition spec {record.spec_id}, which the table has not"
+            )
+        builder = (
+            iceberg.DataFiles.builder(spec)
             .withPath(record.path)
             .withFormat(iceberg.FileFormat.PARQUET)
             .withFileSizeInBytes(record.file_size_in_bytes)
             .withMetrics(self._metrics(record, geometry_id))
-            .build()
         )
+        if not spec.isUnpartitioned():
+            kinds = [str(f.type().typeId()) for f in spec.partitionType().fields()]
+            values = self.java.jvm.java.util.ArrayList()
+            for kind, value in zip(kinds, record.partition_values, strict=True):
+                values.add(partition_string(kind, value))
+            builder = builder.withPartitionValues(values)
+        return builder.build()
 
     def _metrics(self, record: DataFileRecord, geometry_id: int) -> Any:
         """Iceberg's metrics of the file, read from its footer under the table's metrics settings,

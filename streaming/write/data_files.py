@@ -208,7 +208,12 @@ class GeoParquetWriter:
         if contract.geometry.native:
             self.schema = with_native_geometry(self.schema, contract.geometry.name, contract.geometry.native_crs)
         iceberg_schema = contract.iceberg_schema
-        self._stats_plan = compute_statistics_plan(iceberg_schema, table_properties)
+        stats_properties = dict(table_properties)
+        if contract.geometry.native:
+            # Parquet's GEOMETRY has geospatial statistics, not the min/max pyiceberg reads (it
+            # would warn on every file); Iceberg Java takes a native table's metrics from the footer.
+            stats_properties[f"write.metadata.metrics.column.{contract.geometry.name}"] = "none"
+        self._stats_plan = compute_statistics_plan(iceberg_schema, stats_properties)
         self._parquet_options = parquet_write_options(table_properties)
         self._path_ids = parquet_path_to_id_mapping(iceberg_schema)
         self.io = load_file_io(properties=io_properties, location=data_location)

@@ -19,11 +19,13 @@ from app.java import java_executable
 from app.maven import iceberg_java_classpath
 from streaming.contract import Contract, ContractError, load_contract, parse_contract
 from streaming.decode.decoder import HILBERT, REJECT_REASON, Decoder
-from streaming.table.native import IcebergJava, NativeTableError, java_catalog_properties
+from streaming.table.native import IcebergJava, NativeTableError, configure, java_catalog_properties
 from streaming.write.data_files import GeoParquetWriter
 from tests.conftest import CACHE_DIR, duckdb_connection
 
 pytestmark = pytest.mark.integration
+
+configure(lambda: (iceberg_java_classpath(CACHE_DIR), java_executable(CACHE_DIR)))
 
 CONTRACT_PATH = Path(__file__).resolve().parents[3] / "schemas" / "demo_events.json"
 
@@ -69,8 +71,7 @@ def files_read(con, sql: str) -> tuple[int, list]:
 def test_a_native_table_is_v3_with_geometry_that_duckdb_reads_and_prunes_by_its_bounds(tmp_path):
     contract = native_contract()
     warehouse = tmp_path / "warehouse"
-    java = IcebergJava.shared(iceberg_java_classpath(CACHE_DIR), java_executable(CACHE_DIR))
-    catalog = java.catalog(
+    catalog = IcebergJava.shared().catalog(
         "test", {"type": "sql", "uri": f"sqlite:///{tmp_path / 'catalog.db'}", "warehouse": f"file://{warehouse}"}
     )
     schema_json = contract.iceberg_schema.model_dump_json()
@@ -110,8 +111,10 @@ def test_a_native_table_is_v3_with_geometry_that_duckdb_reads_and_prunes_by_its_
 def test_native_tables_take_sqlite_and_rest_catalogs_and_name_any_other():
     impl, props = java_catalog_properties({"type": "sql", "uri": "sqlite:////data/c.db", "warehouse": "file:///w"})
     assert impl.endswith("JdbcCatalog") and props["uri"] == "jdbc:sqlite:/data/c.db"
-    impl, props = java_catalog_properties({"uri": "http://127.0.0.1:8181", "warehouse": "s3://b/w"})
+    impl, props = java_catalog_properties({"uri": "http://127.0.0.1:8181", "warehouse": "file:///w"})
     assert impl.endswith("RESTCatalog") and props["uri"] == "http://127.0.0.1:8181"
+    with pytest.raises(NativeTableError, match="warehouse 's3://b/w': native-geometry tables are written to a file://"):
+        java_catalog_properties({"uri": "http://127.0.0.1:8181", "warehouse": "s3://b/w"})
     with pytest.raises(NativeTableError, match="catalog uri 'postgresql://u@h/db'"):
         java_catalog_properties({"type": "sql", "uri": "postgresql://u@h/db"})
     with pytest.raises(NativeTableError, match="catalog type 'glue'"):
@@ -127,9 +130,14 @@ def test_the_native_switch_is_a_boolean():
     assert dataclasses.replace(native_contract().geometry, epsg=3857).native_crs == "srid:3857"
 
 
-def test_the_stream_refuses_a_native_contract_rather_than_write_geometry_files_into_a_v2_table(catalog):
-    from streaming.table.catalog import TableMismatch, create_table
+def test_create_table_makes_a_native_contracts_table_v3_and_pyiceberg_loads_it(catalog):
+    from streaming.table.catalog import check_table_matches, create_table
+    from streaming.table.native import is_native
 
-    with pytest.raises(TableMismatch, match=r"demo.events: geometry.native: streaming into a native-geometry"):
-        create_table(catalog, native_contract())
-    assert not catalog.table_exists("demo.events")
+    contract = native_contract()
+    table, created = create_table(catalog, contract)
+    assert created and is_native(table) and table.metadata.format_version == 3
+    assert table.properties["geo.column.geometry.crs"] == "EPSG:4326"
+    again, created = create_table(catalog, contract)
+    assert not created and again.metadata_location == table.metadata_location
+    check_table_matches(again, contract)

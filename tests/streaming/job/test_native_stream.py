@@ -1,0 +1,175 @@
+"""The service streaming into a native-geometry table (Iceberg v3, `geometry.native`): real broker,
+Spark and SQLite catalog, the commits through Iceberg Java. Checked against the reference of what was
+produced, read by DuckDB as GEOMETRY; a restart adds nothing; a kill -9 after a commit is replayed
+and skipped, never committed twice."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+import shapely
+
+from app.maven import configure_iceberg_java
+from app.service import run
+from streaming.contract import parse_contract
+from streaming.table.catalog import create_table, open_catalog
+from streaming.table.native import NativeTableError, is_native
+from tests.conftest import CACHE_DIR, duckdb_connection, local_settings
+from tests.streaming.job.test_matrix import (
+    DEMO,
+    Reference,
+    dead_letters,
+    differences,
+    make_stream,
+    new_topic,
+    produce,
+)
+
+pytestmark = pytest.mark.integration
+
+NATIVE = {**DEMO, "geometry": {**DEMO["geometry"], "native": True}}
+
+configure_iceberg_java(CACHE_DIR)
+
+
+def read_native(table) -> list[tuple]:
+    """(event_id, partition, offset, lon, lat, speed) of every row, as DuckDB reads the v3 table."""
+    con = duckdb_connection()
+    found = con.execute(
+        "SELECT event_id, source_partition, source_offset, ST_AsWKB(geometry), speed, typeof(geometry) "
+        f"FROM iceberg_scan('{table.metadata_location}')"
+    ).fetchall()
+    assert {row[-1].split("(")[0] for row in found} <= {"GEOMETRY"}
+    rows = []
+    for event_id, partition, offset, wkb, speed, _ in found:
+        point = shapely.from_wkb(bytes(wkb))
+        rows.append(
+            (event_id, partition, offset, round(shapely.get_x(point), 5), round(shapely.get_y(point), 5), speed)
+        )
+    return rows
+
+
+def days_of_files(table) -> set[tuple[str, int]]:
+    """(file, the day its partition says) of every data file, from the table's manifests."""
+    return {
+        (entry.data_file.file_path.removeprefix("file://"), entry.data_file.partition[0])
+        for snapshot in table.metadata.snapshots
+        for manifest in snapshot.manifests(table.io)
+        if manifest.added_snapshot_id == snapshot.snapshot_id
+        for entry in manifest.fetch_manifest_entry(table.io)
+    }
+
+
+def days_of_rows(table) -> set[tuple[str, int]]:
+    """(file, day) of every row's event time, read from the files themselves."""
+    import pyarrow.parquet as pq
+
+    found = set()
+    for path, _ in days_of_files(table):
+        times = pq.read_table(path, columns=["event_time"]).column(0).cast("int64").to_numpy()
+        found |= {(path, int(t // 86_400_000_000)) for t in times}
+    return found
+
+
+def _reasons(found) -> dict[tuple[int, int], str]:
+    return {(p, o): reason for p, o, reason in found}
+
+
+@pytest.mark.parametrize("source", ["spark-kafka", "python"])
+def test_a_native_table_fed_by_the_stream_holds_its_reference_and_a_restart_adds_nothing(
+    kafka, spark, tmp_path, source
+):
+    topic = new_topic(kafka.bootstrap, 2)
+    records = make_stream(n_keys=2_000, n_events=2_000, seed=5)
+    positions = produce(kafka.bootstrap, topic, records)
+    settings = local_settings(
+        kafka, topic, tmp_path, source=source, max_offsets_per_trigger=600, maintenance_mode="off"
+    )
+    catalog = open_catalog(settings.catalog_name, settings.catalog)
+    contract = parse_contract(NATIVE)
+    table, created = create_table(catalog, contract)
+    assert created and is_native(table) and table.metadata.format_version == 3
+    assert [str(f.transform) for f in table.spec().fields] == ["day"]  # the demo contract's default
+
+    totals = run(settings, contract, until_idle=True, spark=spark)
+    assert totals.commits.get("failed", 0) == 0 and totals.batches >= 3
+    table.refresh()
+    reference = Reference.of("append", records, positions)
+    assert set(differences(reference, read_native(table)).values()) == {0}
+    assert days_of_files(table) == days_of_rows(table), "every file in the partition of its rows' day"
+    assert _reasons(dead_letters(kafka.bootstrap, f"{topic}.dlq")) == reference.dead
+    snapshots = len(table.metadata.snapshots)
+
+    again = run(settings, contract, until_idle=True, spark=spark)
+    assert again.commits.get("committed", 0) == 0
+    table.refresh()
+    assert len(table.metadata.snapshots) == snapshots
+    assert set(differences(reference, read_native(table)).values()) == {0}
+
+
+def test_kill_9_after_a_native_commit_is_replayed_and_skipped(kafka, tmp_path):
+    """The real command, held after an Iceberg Java commit and killed with SIGKILL before Spark
+    records the batch; the restart replays it, the table recognises it and skips it."""
+    from tests.streaming.job.test_chaos import Service, catalog_of, checkpoint_dir, identities, service_env
+
+    contract_file = tmp_path / "native.json"
+    contract_file.write_text(json.dumps(NATIVE))
+    contract = parse_contract(NATIVE)
+    topic = new_topic(kafka.bootstrap, 1)
+    records = make_stream(n_keys=2_500, n_events=2_500, seed=93)
+    positions = produce(kafka.bootstrap, topic, records)
+    env = service_env(
+        kafka.bootstrap,
+        topic,
+        tmp_path / "work",
+        GEOINGEST_SOURCE="python",
+        GEOINGEST_MAX_OFFSETS_PER_TRIGGER="500",
+        GEOINGEST_MAINTENANCE_MODE="off",
+    )
+    catalog = catalog_of(env)
+    create_table(catalog, contract)
+    marker = tmp_path / "held"
+    held = Service(
+        env,
+        tmp_path,
+        "held",
+        "--until-idle",
+        extra_env={"GEOINGEST_HOLD_AFTER_COMMIT_FILE": str(marker)},
+        contract=contract_file,
+    )
+    deadline = time.monotonic() + 300
+    while not marker.exists() and held.alive and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert marker.exists(), f"the service never held after a commit:\n{held.stderr_tail()}"
+    held.kill()
+    batch = int(marker.read_text())
+    table = catalog.load_table(contract.table)
+    assert any(i.batch_id == batch for i in identities(table)), "killed after its Iceberg commit"
+    offsets = checkpoint_dir(env)
+    assert not (offsets / "commits" / str(batch)).exists(), "killed before Spark recorded it"
+
+    again = Service(env, tmp_path, "again", "--until-idle", contract=contract_file)
+    assert again.wait(600) == 0, again.stderr_tail()
+    assert any(b["batch_id"] == batch and b["commit"] == "skipped_replay" for b in again.batches())
+    table.refresh()
+    ids = [(i.writer_id, i.batch_id) for i in identities(table)]
+    assert len(ids) == len(set(ids)), "no batch committed twice"
+    assert set(differences(Reference.of("append", records, positions), read_native(table)).values()) == {0}
+
+
+def test_what_native_tables_do_not_take_yet_is_refused_by_name(kafka, spark, tmp_path):
+    catalog_settings = local_settings(kafka, "unused", tmp_path)
+    catalog = open_catalog(catalog_settings.catalog_name, catalog_settings.catalog)
+    upsert = parse_contract({**NATIVE, "mode": "upsert", "table": "demo.upserted"})
+    with pytest.raises(NativeTableError, match=r"demo.upserted: geometry.native: .* mode 'upsert' \(append only\)"):
+        create_table(catalog, upsert)
+    assert not catalog.table_exists("demo.upserted")
+
+    topic = new_topic(kafka.bootstrap, 1)
+    settings = local_settings(kafka, topic, tmp_path)  # maintenance beside, the default
+    contract = parse_contract(NATIVE)
+    create_table(catalog, contract)
+    with pytest.raises(NativeTableError, match=r"demo.events: a native-geometry table is not maintained .* 'beside'"):
+        run(settings, contract, until_idle=True, spark=spark)
