@@ -525,17 +525,18 @@ class Committer:
         return snapshot.snapshot_id
 
     def _append_native(self, batch: BatchCommit) -> int:
-        """The batch's files appended by Iceberg Java (streaming/table/native.py). Iceberg Java
-        retries a conflicting append by itself, on the refreshed table, without the replay check
-        above between its attempts: only a second writer under the same id committing the same
-        batch at that moment would make that a duplicate."""
+        """The batch's files appended by Iceberg Java (streaming/table/native.py), refused there
+        if anything was appended since the snapshot the replay check saw."""
         if batch.schema_change or batch.delete_files:
             raise NativeTableError(
                 f"{'.'.join(self.table.name())}: a native-geometry table takes appended files only "
                 "(no new columns, no equality deletes)"
             )
         geometry_id = next(f.field_id for f in self.table.schema().fields if isinstance(f.field_type, GeometryType))
-        snapshot_id = native_table(self.table).append(batch.files, geometry_id, batch.summary())
+        checked = self.table.current_snapshot()
+        snapshot_id = native_table(self.table).append(
+            batch.files, geometry_id, batch.summary(), None if checked is None else checked.snapshot_id
+        )
         self.table.refresh()
         return snapshot_id
 

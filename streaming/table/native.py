@@ -100,7 +100,7 @@ def java_commit_errors() -> Iterator[None]:
     except Py4JJavaError as exc:
         name = str(exc.java_exception.getClass().getName())
         message = str(exc.java_exception.getMessage())
-        if name.endswith("CommitFailedException"):
+        if name.endswith(("CommitFailedException", "ValidationException")):
             raise CommitFailedException(message) from None
         if name.endswith("CommitStateUnknownException"):
             raise CommitStateUnknownException(message) from None
@@ -275,15 +275,31 @@ class NativeTable:
         self.table.refresh()
         return [dict(s.summary()) for s in self.table.snapshots()]
 
-    def append(self, files: Iterable[DataFileRecord], geometry_id: int, summary: Mapping[str, str]) -> int:
-        """Append the data files in one snapshot carrying `summary`; returns its id."""
-        append = self.table.newAppend()
+    def append(
+        self,
+        files: Iterable[DataFileRecord],
+        geometry_id: int,
+        summary: Mapping[str, str],
+        checked_snapshot_id: int | None = None,
+    ) -> int:
+        """Append the data files in one snapshot carrying `summary`; returns its id.
+
+        `checked_snapshot_id`: the snapshot the caller's replay check saw (None: an empty table).
+        Iceberg Java retries a conflicting commit by itself, re-applied to the refreshed table; an
+        append that another writer made since that snapshot (a second instance committing the
+        same batch) makes it fail instead (a ValidationException, raised as CommitFailedException),
+        so that the caller checks again. Rewrites and expiries since then are re-applied over."""
+        delta = self.table.newRowDelta()
         for record in files:
-            append = append.appendFile(self._data_file(record, geometry_id))
+            delta = delta.addRows(self._data_file(record, geometry_id))
+        if checked_snapshot_id is not None:
+            delta = delta.validateFromSnapshot(checked_snapshot_id)
+        delta = delta.conflictDetectionFilter(self.java.iceberg.expressions.Expressions.alwaysTrue())
+        delta = delta.validateNoConflictingDataFiles()
         for key, value in summary.items():
-            append = append.set(key, value)
+            delta = delta.set(key, value)
         with java_commit_errors():
-            append.commit()
+            delta.commit()
         return int(self.table.currentSnapshot().snapshotId())
 
     def _data_file(self, record: DataFileRecord, geometry_id: int) -> Any:

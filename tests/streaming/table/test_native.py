@@ -141,3 +141,40 @@ def test_create_table_makes_a_native_contracts_table_v3_and_pyiceberg_loads_it(c
     again, created = create_table(catalog, contract)
     assert not created and again.metadata_location == table.metadata_location
     check_table_matches(again, contract)
+
+
+def test_a_second_instance_landing_the_same_batch_mid_commit_makes_the_commit_skip_it(catalog, monkeypatch):
+    """Another instance under the same writer id (a zombie) commits the same batch after this
+    committer's replay check and before its Iceberg Java commit: Iceberg Java must not re-apply
+    ours over theirs; the committer checks again and skips. The race is made by committing theirs,
+    for real, at that moment."""
+    import streaming.table.commit as commit_module
+    from streaming.table.catalog import create_table, partition_layout
+    from streaming.table.commit import BatchCommit, Committer
+
+    contract = native_contract()
+    table, _ = create_table(catalog, contract)
+    writer = GeoParquetWriter(contract, table.properties, {}, table.location() + "/data", "t", partition_layout(table))
+    ours = tuple(writer.write(decoded_points(contract, 0, 2.0, 48.0).to_batches()))
+    theirs = tuple(writer.write(decoded_points(contract, 0, 2.0, 48.0).to_batches()))
+
+    def batch(files) -> BatchCommit:
+        return BatchCommit("w", 7, {"t": {0: (0, 39)}}, files)
+
+    real_native_table = commit_module.native_table
+    raced: list = []
+
+    def racing(pyiceberg_table):
+        handle = real_native_table(pyiceberg_table)
+        if not raced:
+            raced.append(None)
+            raced.append(Committer(catalog.load_table(contract.table)).commit(batch(theirs)))
+        return handle
+
+    monkeypatch.setattr(commit_module, "native_table", racing)
+    outcome = Committer(table).commit(batch(ours))
+    assert raced[1].status == "committed"
+    assert (outcome.status, outcome.conflicts) == ("skipped_replay", 1)
+    table.refresh()
+    batches = [(s.summary["geoingest.writer-id"], s.summary["geoingest.batch-id"]) for s in table.metadata.snapshots]
+    assert batches == [("w", "7")]
