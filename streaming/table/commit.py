@@ -525,17 +525,31 @@ class Committer:
         return snapshot.snapshot_id
 
     def _append_native(self, batch: BatchCommit) -> int:
-        """The batch's files appended by Iceberg Java (streaming/table/native.py), refused there
-        if anything was appended since the snapshot the replay check saw."""
-        if batch.schema_change or batch.delete_files:
-            raise NativeTableError(
-                f"{'.'.join(self.table.name())}: a native-geometry table takes appended files only "
-                "(no new columns, no equality deletes)"
-            )
+        """The batch's files committed by Iceberg Java (streaming/table/native.py), refused there
+        if anything was appended since the snapshot the replay check saw. Data files under the
+        spec they were written with, equality deletes under the unpartitioned one."""
+        if batch.schema_change:
+            raise NativeTableError(f"{'.'.join(self.table.name())}: a native-geometry table takes no new columns yet")
+        metadata = self.table.metadata
+        files = [(record, data_spec_id(record, metadata)) for record in batch.files]
+        deletes = []
+        if batch.delete_files:
+            delete_spec_id = unpartitioned_spec_id(self.table)
+            if delete_spec_id is None:
+                raise ValueError(
+                    f"table {'.'.join(self.table.name())}: an upsert table needs an unpartitioned spec for its "
+                    "equality deletes (geoingest creates one as spec 0)"
+                )
+            deletes = [(record, delete_spec_id) for record in batch.delete_files]
         geometry_id = next(f.field_id for f in self.table.schema().fields if isinstance(f.field_type, GeometryType))
         checked = self.table.current_snapshot()
-        snapshot_id = native_table(self.table).append(
-            batch.files, geometry_id, batch.summary(), None if checked is None else checked.snapshot_id
+        snapshot_id = native_table(self.table).commit(
+            files,
+            deletes,
+            batch.equality_ids,
+            geometry_id,
+            batch.summary(),
+            None if checked is None else checked.snapshot_id,
         )
         self.table.refresh()
         return snapshot_id

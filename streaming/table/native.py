@@ -68,8 +68,6 @@ def is_native(table: Table) -> bool:
 def check_native_contract(contract: Contract) -> None:
     """What native-geometry tables do not take yet, refused by name before anything is made."""
     missing = []
-    if contract.mode != "append":
-        missing.append(f"mode {contract.mode!r} (append only)")
     if contract.schema_evolution.mode != "off":
         missing.append(f"schema_evolution.mode {contract.schema_evolution.mode!r}")
     if missing:
@@ -201,8 +199,10 @@ class NativeCatalog:
         spec_json: str | None = None,
     ) -> NativeTable:
         """A v3 table of the schema (pyiceberg's JSON) with field `geometry_id` made `geometry`
-        in `crs` (None: OGC:CRS84), partitioned by `spec_json` (pyiceberg's JSON; None:
-        unpartitioned), created if missing with `properties`; its namespace too."""
+        in `crs` (None: OGC:CRS84), created if missing with `properties`; its namespace too.
+        Unpartitioned first (spec 0), the fields of `spec_json` (pyiceberg's JSON) on top as spec
+        1, in one commit: as a v2 table, an upsert table's equality deletes go to spec 0, where
+        they reach every partition."""
         iceberg = self.java.iceberg
         identifier = self._identifier(table)
         if not self.catalog.tableExists(identifier):
@@ -214,15 +214,23 @@ class NativeCatalog:
                     if "AlreadyExists" not in str(exc):
                         raise
             schema = iceberg.SchemaParser.fromJson(native_schema_json(schema_json, geometry_id, crs))
-            spec = iceberg.PartitionSpecParser.fromJson(schema, spec_json) if spec_json else None
             table_properties = {**(properties or {}), iceberg.TableProperties.FORMAT_VERSION: str(FORMAT_VERSION)}
             try:
-                self.catalog.createTable(
-                    identifier,
-                    schema,
-                    spec or iceberg.PartitionSpec.unpartitioned(),
-                    self.java.java_map(table_properties),
+                create = self.catalog.newCreateTableTransaction(
+                    identifier, schema, iceberg.PartitionSpec.unpartitioned(), self.java.java_map(table_properties)
                 )
+                fields = json.loads(spec_json)["fields"] if spec_json else []
+                if fields:
+                    update = create.updateSpec()
+                    for field in fields:
+                        source = field["source-id"]
+                        transform = iceberg.transforms.Transforms.fromString(
+                            schema.findType(source), field["transform"]
+                        )
+                        term = iceberg.expressions.Expressions.transform(schema.findColumnName(source), transform)
+                        update = update.addField(field["name"], term)
+                    update.commit()
+                create.commitTransaction()
             except Exception as exc:
                 if "AlreadyExists" not in str(exc):
                     raise
@@ -267,6 +275,11 @@ class NativeTable:
     def metadata_location(self) -> str:
         return str(self.table.operations().current().metadataFileLocation())
 
+    def current_snapshot_id(self) -> int | None:
+        self.table.refresh()
+        current = self.table.currentSnapshot()
+        return None if current is None else int(current.snapshotId())
+
     def schema_json(self) -> str:
         return str(self.java.iceberg.SchemaParser.toJson(self.table.schema()))
 
@@ -282,7 +295,23 @@ class NativeTable:
         summary: Mapping[str, str],
         checked_snapshot_id: int | None = None,
     ) -> int:
-        """Append the data files in one snapshot carrying `summary`; returns its id.
+        """Append data files, each under the spec it was written for (the table's default when
+        it names none), in one snapshot carrying `summary`; returns its id."""
+        default = int(self.table.spec().specId())
+        data = [(record, default if record.spec_id is None else record.spec_id) for record in files]
+        return self.commit(data, (), (), geometry_id, summary, checked_snapshot_id)
+
+    def commit(
+        self,
+        files: Sequence[tuple[DataFileRecord, int]],
+        delete_files: Sequence[tuple[DataFileRecord, int]],
+        equality_ids: Sequence[int],
+        geometry_id: int,
+        summary: Mapping[str, str],
+        checked_snapshot_id: int | None,
+    ) -> int:
+        """Data files and equality delete files (on `equality_ids`), each under the spec id given
+        with it, in one snapshot carrying `summary`; returns its id.
 
         `checked_snapshot_id`: the snapshot the caller's replay check saw (None: an empty table).
         Iceberg Java retries a conflicting commit by itself, re-applied to the refreshed table; an
@@ -290,8 +319,10 @@ class NativeTable:
         same batch) makes it fail instead (a ValidationException, raised as CommitFailedException),
         so that the caller checks again. Rewrites and expiries since then are re-applied over."""
         delta = self.table.newRowDelta()
-        for record in files:
-            delta = delta.addRows(self._data_file(record, geometry_id))
+        for record, spec_id in files:
+            delta = delta.addRows(self._data_file(record, spec_id, geometry_id))
+        for record, spec_id in delete_files:
+            delta = delta.addDeletes(self._delete_file(record, spec_id, equality_ids))
         if checked_snapshot_id is not None:
             delta = delta.validateFromSnapshot(checked_snapshot_id)
         delta = delta.conflictDetectionFilter(self.java.iceberg.expressions.Expressions.alwaysTrue())
@@ -302,15 +333,17 @@ class NativeTable:
             delta.commit()
         return int(self.table.currentSnapshot().snapshotId())
 
-    def _data_file(self, record: DataFileRecord, geometry_id: int) -> Any:
-        """The file under the spec it was written for (`record.spec_id`), its partition values
-        handed to Iceberg as partition strings, which Iceberg parses by the partition's types."""
-        iceberg = self.java.iceberg
-        spec = self.table.specs().get(record.spec_id) if record.spec_id is not None else self.table.spec()
+    def _spec(self, spec_id: int, path: str) -> Any:
+        spec = self.table.specs().get(spec_id)
         if spec is None:
-            raise NativeTableError(
-                f"{record.path}: written for partition spec {record.spec_id}, which the table has not"
-            )
+            raise NativeTableError(f"{path}: written for partition spec {spec_id}, which the table has not")
+        return spec
+
+    def _data_file(self, record: DataFileRecord, spec_id: int, geometry_id: int) -> Any:
+        """The file under spec `spec_id`, its partition values handed to Iceberg as partition
+        strings, which Iceberg parses by the partition's types."""
+        iceberg = self.java.iceberg
+        spec = self._spec(spec_id, record.path)
         builder = (
             iceberg.DataFiles.builder(spec)
             .withPath(record.path)
@@ -319,12 +352,42 @@ class NativeTable:
             .withMetrics(self._metrics(record, geometry_id))
         )
         if not spec.isUnpartitioned():
-            kinds = [str(f.type().typeId()) for f in spec.partitionType().fields()]
-            values = self.java.jvm.java.util.ArrayList()
-            for kind, value in zip(kinds, record.partition_values, strict=True):
-                values.add(partition_string(kind, value))
-            builder = builder.withPartitionValues(values)
+            builder = builder.withPartitionValues(self._partition_strings(spec, record))
         return builder.build()
+
+    def _delete_file(self, record: DataFileRecord, spec_id: int, equality_ids: Sequence[int]) -> Any:
+        iceberg = self.java.iceberg
+        spec = self._spec(spec_id, record.path)
+        ids = self.java.gateway.new_array(self.java.jvm.int, len(equality_ids))
+        for i, field_id in enumerate(equality_ids):
+            ids[i] = field_id
+        builder = (
+            iceberg.FileMetadata.deleteFileBuilder(spec)
+            .ofEqualityDeletes(ids)
+            .withPath(record.path)
+            .withFormat(iceberg.FileFormat.PARQUET)
+            .withFileSizeInBytes(record.file_size_in_bytes)
+            .withMetrics(
+                iceberg.parquet.ParquetUtil.fileMetrics(
+                    self.table.io().newInputFile(record.path), iceberg.MetricsConfig.forTable(self.table)
+                )
+            )
+        )
+        if not spec.isUnpartitioned():
+            builder = builder.withPartitionValues(self._partition_strings(spec, record))
+        return builder.build()
+
+    def _partition_strings(self, spec: Any, record: DataFileRecord) -> Any:
+        kinds = [str(f.type().typeId()) for f in spec.partitionType().fields()]
+        if len(kinds) != len(record.partition_values):
+            raise NativeTableError(
+                f"{record.path}: {len(record.partition_values)} partition values for spec {spec.specId()}, "
+                f"which has {len(kinds)} fields"
+            )
+        values = self.java.jvm.java.util.ArrayList()
+        for kind, value in zip(kinds, record.partition_values, strict=True):
+            values.add(partition_string(kind, value))
+        return values
 
     def _metrics(self, record: DataFileRecord, geometry_id: int) -> Any:
         """Iceberg's metrics of the file, read from its footer under the table's metrics settings,

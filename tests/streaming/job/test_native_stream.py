@@ -109,6 +109,33 @@ def test_a_native_table_fed_by_the_stream_holds_its_reference_and_a_restart_adds
     assert set(differences(reference, read_native(table)).values()) == {0}
 
 
+@pytest.mark.parametrize("source", ["spark-kafka", "python"])
+def test_a_native_upsert_table_holds_each_keys_last_version_from_a_one_partition_topic(kafka, spark, tmp_path, source):
+    """Every key written several times and some deleted (tombstones), on one partition: the table
+    holds each live key's last version once, deleted keys never come back, across a restart."""
+    topic = new_topic(kafka.bootstrap, 1)
+    records = make_stream(n_keys=400, n_events=3_000, seed=29)
+    positions = produce(kafka.bootstrap, topic, records)
+    settings = local_settings(
+        kafka, topic, tmp_path, source=source, max_offsets_per_trigger=500, maintenance_mode="off"
+    )
+    catalog = open_catalog(settings.catalog_name, settings.catalog)
+    contract = parse_contract({**NATIVE, "mode": "upsert"})
+    table, _ = create_table(catalog, contract)
+    assert sorted(len(spec.fields) for spec in table.specs().values()) == [0, 1]  # deletes go to spec 0
+
+    totals = run(settings, contract, until_idle=True, spark=spark)
+    assert totals.commits.get("failed", 0) == 0 and totals.batches >= 5
+    table.refresh()
+    reference = Reference.of("upsert", records, positions)
+    assert set(differences(reference, read_native(table)).values()) == {0}
+    more = make_stream(n_keys=400, n_events=600, seed=31)
+    positions += produce(kafka.bootstrap, topic, more)
+    run(settings, contract, until_idle=True, spark=spark)
+    table.refresh()
+    assert set(differences(Reference.of("upsert", records + more, positions), read_native(table)).values()) == {0}
+
+
 def test_kill_9_after_a_native_commit_is_replayed_and_skipped(kafka, tmp_path):
     """The real command, held after an Iceberg Java commit and killed with SIGKILL before Spark
     records the batch; the restart replays it, the table recognises it and skips it."""
@@ -162,10 +189,12 @@ def test_kill_9_after_a_native_commit_is_replayed_and_skipped(kafka, tmp_path):
 def test_what_native_tables_do_not_take_yet_is_refused_by_name(kafka, spark, tmp_path):
     catalog_settings = local_settings(kafka, "unused", tmp_path)
     catalog = open_catalog(catalog_settings.catalog_name, catalog_settings.catalog)
-    upsert = parse_contract({**NATIVE, "mode": "upsert", "table": "demo.upserted"})
-    with pytest.raises(NativeTableError, match=r"demo.upserted: geometry.native: .* mode 'upsert' \(append only\)"):
-        create_table(catalog, upsert)
-    assert not catalog.table_exists("demo.upserted")
+    evolving = parse_contract({**NATIVE, "schema_evolution": {"mode": "add-columns"}, "table": "demo.evolving"})
+    with pytest.raises(
+        NativeTableError, match=r"demo.evolving: geometry.native: .* schema_evolution.mode 'add-columns'"
+    ):
+        create_table(catalog, evolving)
+    assert not catalog.table_exists("demo.evolving")
 
     topic = new_topic(kafka.bootstrap, 1)
     settings = local_settings(kafka, topic, tmp_path)  # maintenance beside, the default

@@ -88,7 +88,12 @@ def test_a_native_table_is_v3_with_geometry_that_duckdb_reads_and_prunes_by_its_
     europe = list(writer.write(decoded_points(contract, 0, 2.0, 48.0).to_batches()))
     pacific = list(writer.write(decoded_points(contract, 100, -120.0, -40.0).to_batches()))
     table.append(europe, contract.geometry.id, {"geoingest.writer-id": "w", "geoingest.batch-id": "0"})
-    table.append(pacific, contract.geometry.id, {"geoingest.writer-id": "w", "geoingest.batch-id": "1"})
+    table.append(
+        pacific,
+        contract.geometry.id,
+        {"geoingest.writer-id": "w", "geoingest.batch-id": "1"},
+        table.current_snapshot_id(),
+    )
     assert [(s["geoingest.writer-id"], s["geoingest.batch-id"]) for s in table.summaries()] == [("w", "0"), ("w", "1")]
 
     # pyarrow reads the files' geometry as Parquet's GEOMETRY type.
