@@ -183,3 +183,100 @@ def test_a_second_instance_landing_the_same_batch_mid_commit_makes_the_commit_sk
     table.refresh()
     batches = [(s.summary["geoingest.writer-id"], s.summary["geoingest.batch-id"]) for s in table.metadata.snapshots]
     assert batches == [("w", "7")]
+
+
+SPARK_41 = "4.1.1"
+SPARK_41_READER = """
+import json, sys
+from pyspark.sql import SparkSession
+name, uri, warehouse, jars, out = sys.argv[1:6]
+spark = (
+    SparkSession.builder.master("local[1]")
+    .config("spark.jars", jars)
+    .config(f"spark.sql.catalog.{name}", "org.apache.iceberg.spark.SparkCatalog")
+    .config(f"spark.sql.catalog.{name}.type", "jdbc")
+    .config(f"spark.sql.catalog.{name}.uri", uri)
+    .config(f"spark.sql.catalog.{name}.jdbc.schema-version", "V1")
+    .config(f"spark.sql.catalog.{name}.warehouse", warehouse)
+    .config("spark.sql.geospatial.enabled", "true")
+    .config("spark.ui.enabled", "false")
+    .getOrCreate()
+)
+frame = spark.table(f"{name}.demo.events")
+rows = frame.selectExpr("event_id", "hex(ST_AsBinary(geometry))").collect()
+with open(out, "w") as answer:
+    json.dump({"type": str(frame.schema["geometry"].dataType), "rows": [list(r) for r in rows]}, answer)
+spark.stop()
+"""
+
+
+def spark_41_python() -> Path:
+    """A Python with pyspark 4.1, made once in the cache folder: the engine the issue of native
+    geometry names as a reader (Spark 4.1 with Iceberg's runtime, spark.sql.geospatial.enabled)."""
+    import fcntl
+    import subprocess
+    import sys
+
+    home = CACHE_DIR / f"venv-pyspark-{SPARK_41}"
+    python = home / "bin" / "python"
+    CACHE_DIR.mkdir(parents=True, exist_ok=True)
+    with open(CACHE_DIR / "venv-pyspark.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (home / "ready").exists():
+            subprocess.run([sys.executable, "-m", "venv", "--clear", str(home)], check=True)
+            subprocess.run([str(python), "-m", "pip", "install", "--quiet", f"pyspark=={SPARK_41}"], check=True)
+            (home / "ready").write_text(SPARK_41)
+    return python
+
+
+def test_spark_4_1_with_icebergs_runtime_reads_the_column_as_geometry(tmp_path):
+    import subprocess
+
+    from app.java import java_home
+    from app.maven import ICEBERG_JAVA, SQLITE_JDBC
+    from streaming.table.catalog import create_table, open_catalog, partition_layout
+    from streaming.table.commit import BatchCommit, Committer
+
+    contract = native_contract()
+    catalog = open_catalog(
+        "lake", {"type": "sql", "uri": f"sqlite:///{tmp_path / 'c.db'}", "warehouse": f"file://{tmp_path / 'wh'}"}
+    )
+    table, _ = create_table(catalog, contract)
+    writer = GeoParquetWriter(contract, table.properties, {}, table.location() + "/data", "t", partition_layout(table))
+    files = tuple(writer.write(decoded_points(contract, 0, 2.0, 48.0).to_batches()))
+    Committer(table).commit(BatchCommit("w", 0, {"t": {0: (0, 39)}}, files))
+    written = {}
+    for record in files:
+        found = pq.read_table(record.path.removeprefix("file://"), columns=["event_id", "geometry"])
+        geometry = found.column("geometry").combine_chunks()
+        wkb = getattr(geometry, "storage", geometry).to_pylist()
+        written.update(zip(found.column("event_id").to_pylist(), (w.hex().upper() for w in wkb)))
+
+    jars = [
+        p
+        for p in iceberg_java_classpath(CACHE_DIR)
+        if p.name.split("-")[0] in ("org.apache.iceberg_iceberg", "org.xerial_sqlite")
+    ]
+    assert len(jars) == 2, (ICEBERG_JAVA, SQLITE_JDBC, jars)
+    out = tmp_path / "answer.json"
+    script = tmp_path / "read.py"
+    script.write_text(SPARK_41_READER)
+    done = subprocess.run(
+        [
+            str(spark_41_python()),
+            str(script),
+            "lake",
+            f"jdbc:sqlite:{tmp_path / 'c.db'}",
+            f"file://{tmp_path / 'wh'}",
+            ",".join(str(j) for j in jars),
+            str(out),
+        ],
+        env={"PATH": "/usr/bin:/bin", "JAVA_HOME": str(java_home(CACHE_DIR)), "HOME": str(tmp_path)},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    answer = json.loads(out.read_text())
+    assert answer["type"].startswith("GeometryType")
+    assert dict(answer["rows"]) == written and len(written) == 40
