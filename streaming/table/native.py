@@ -9,8 +9,8 @@ CLI and maintenance alike, none of which needs a Spark session for it.
 
 Only the geometry bounds are ours: Iceberg's writer takes them from each value it writes
 (GeometryFieldMetrics), and for a file written elsewhere its footer reader records none (ParquetMetrics
-skips geometry columns). The data files' writer has the bounds already (the file's bbox, wrapped at
-the anti-meridian as docs/antimeridian.md says), and Iceberg's own GeospatialBound serializes them.
+skips geometry columns). Parquet keeps the column's geospatial statistics, which the data files'
+writer reads back (DataFileRecord.geometry_extent), and Iceberg's own GeospatialBound serializes them.
 """
 
 from __future__ import annotations
@@ -391,19 +391,25 @@ class NativeTable:
 
     def _metrics(self, record: DataFileRecord, geometry_id: int) -> Any:
         """Iceberg's metrics of the file, read from its footer under the table's metrics settings,
-        with the geometry's bounds added: (xmin, ymin) and (xmax, ymax) of the file's bbox, xmin >
-        xmax for a wrapped one."""
+        with the geometry's bounds added: (xmin, ymin) and (xmax, ymax) of its vertices' planar
+        extent (`record.geometry_extent`), none where that is unknown.
+
+        Not the bbox covering's box, which wraps at the anti-meridian for rows read the short way:
+        an engine reads a `geometry` as planar, so a line from 179 to -179 crosses x = 0, and a
+        wrapped bound (x >= 179 or x <= -179) would have it skip a file it must read."""
         iceberg = self.java.iceberg
         footer = iceberg.parquet.ParquetUtil.fileMetrics(
             self.table.io().newInputFile(record.path), iceberg.MetricsConfig.forTable(self.table)
         )
-        geometry_type = self.table.schema().findType(geometry_id)
-        bound, conversions = iceberg.geospatial.GeospatialBound, iceberg.types.Conversions
-        xmin, ymin, xmax, ymax = record.bbox
         lower = self.java.jvm.java.util.HashMap(footer.lowerBounds() or self.java.jvm.java.util.HashMap())
         upper = self.java.jvm.java.util.HashMap(footer.upperBounds() or self.java.jvm.java.util.HashMap())
-        lower.put(geometry_id, conversions.toByteBuffer(geometry_type, bound.createXY(xmin, ymin)))
-        upper.put(geometry_id, conversions.toByteBuffer(geometry_type, bound.createXY(xmax, ymax)))
+        extent = record.geometry_extent
+        if extent is not None:
+            geometry_type = self.table.schema().findType(geometry_id)
+            bound, conversions = iceberg.geospatial.GeospatialBound, iceberg.types.Conversions
+            xmin, ymin, xmax, ymax = extent
+            lower.put(geometry_id, conversions.toByteBuffer(geometry_type, bound.createXY(xmin, ymin)))
+            upper.put(geometry_id, conversions.toByteBuffer(geometry_type, bound.createXY(xmax, ymax)))
         return iceberg.Metrics(
             footer.recordCount(),
             footer.columnSizes(),

@@ -43,6 +43,8 @@ DATA_FILE_RECORD_DDL = (
 DATA = "data"
 EQUALITY_DELETES = "equality_deletes"
 _BOUND_KEYS = ("lower_bounds", "upper_bounds")
+# In a native-geometry file's metrics: its geometries' planar extent (DataFileRecord.geometry_extent).
+GEOMETRY_EXTENT = "geometry_extent"
 
 # `{prefix}-t{write time, epoch ms}-{uuid}.parquet`
 _WRITTEN_MS = re.compile(r"-t(\d{13})-[0-9a-f]{32}\.parquet$")
@@ -113,10 +115,19 @@ class DataFileRecord:
             spec_id=_optional(row, "spec_id"),
         )
 
+    @property
+    def geometry_extent(self) -> tuple[float, float, float, float] | None:
+        """(xmin, ymin, xmax, ymax) of the geometries' vertices, from Parquet's geospatial
+        statistics (native-geometry files only; None where they are missing)."""
+        extent = self.metrics.get(GEOMETRY_EXTENT)
+        return None if extent is None else (extent[0], extent[1], extent[2], extent[3])
+
     def statistics(self) -> dict:
         """The metrics as pyiceberg's DataFile arguments (int keys, bytes bounds)."""
         out: dict = {}
         for key, value in self.metrics.items():
+            if key == GEOMETRY_EXTENT:
+                continue
             if key in _BOUND_KEYS:
                 out[key] = {int(k): bytes.fromhex(v) for k, v in value.items()}
             elif isinstance(value, dict):
@@ -291,6 +302,8 @@ class GeoParquetWriter:
         stats = data_file_statistics_from_parquet_metadata(parquet_metadata, self._stats_plan, self._path_ids)
         metrics = stats.to_serialized_dict()
         record_count = metrics.pop("record_count")
+        if self.contract.geometry.native:
+            metrics[GEOMETRY_EXTENT] = geometry_extent(parquet_metadata, self.contract.geometry.name)
         for key in _BOUND_KEYS:
             bounds = dict(metrics.get(key) or {})
             for i, name in enumerate(BBOX_FIELDS):
@@ -311,6 +324,26 @@ class GeoParquetWriter:
             partition_values=values,
             spec_id=None if self.partition is None else self.partition.spec_id,
         )
+
+
+def geometry_extent(metadata: pq.FileMetaData, column: str) -> list[float] | None:
+    """[xmin, ymin, xmax, ymax] of the column's geometries over the file's row groups, from the
+    geospatial statistics Parquet keeps for a GEOMETRY column: the vertices' planar extent, which
+    holds the geometries as a planar engine reads them (an edge from 179 to -179 crosses 0 there).
+    None when a row group with values has none (every geometry empty, or no statistics)."""
+    index = next(i for i in range(metadata.num_columns) if metadata.schema.column(i).name == column)
+    low, high = [np.inf, np.inf], [-np.inf, -np.inf]
+    for r in range(metadata.num_row_groups):
+        chunk = metadata.row_group(r).column(index)
+        if not chunk.is_geo_stats_set:
+            return None
+        stats = chunk.geo_statistics
+        if None in (stats.xmin, stats.ymin, stats.xmax, stats.ymax):
+            return None
+        low = [min(low[0], stats.xmin), min(low[1], stats.ymin)]
+        high = [max(high[0], stats.xmax), max(high[1], stats.ymax)]
+    values = [low[0], low[1], high[0], high[1]]
+    return values if all(np.isfinite(values)) else None
 
 
 def write_plain_file(

@@ -280,3 +280,70 @@ def test_spark_4_1_with_icebergs_runtime_reads_the_column_as_geometry(tmp_path):
     answer = json.loads(out.read_text())
     assert answer["type"].startswith("GeometryType")
     assert dict(answer["rows"]) == written and len(written) == 40
+
+
+def decoded_lines(contract: Contract, first: int, lines: list) -> pa.Table:
+    values = [
+        json.dumps(
+            {
+                "type": "Feature",
+                "id": f"e{first + i}",
+                "geometry": {"type": "LineString", "coordinates": line},
+                "properties": {"kind": "probe", "speed": 1.0},
+            }
+        ).encode()
+        for i, line in enumerate(lines)
+    ]
+    n = len(values)
+    batch = pa.record_batch(
+        {
+            "key": pa.nulls(n, pa.binary()),
+            "value": pa.array(values, pa.binary()),
+            "topic": pa.array(["t"] * n),
+            "partition": pa.array([0] * n, pa.int32()),
+            "offset": pa.array(range(first, first + n), pa.int64()),
+            "timestamp": pa.array([1_700_000_000_000_000] * n, pa.timestamp("us")),
+        }
+    )
+    decoded = pa.Table.from_batches([Decoder(contract).decode(batch)])
+    assert decoded.filter(pc.is_valid(decoded.column(REJECT_REASON))).num_rows == 0
+    return decoded.sort_by(HILBERT)
+
+
+def test_a_file_of_lines_across_the_anti_meridian_is_bounded_by_its_planar_extent_so_no_reader_misses_it(catalog):
+    """The bbox covering wraps for these rows (read the short way), but an engine reads a `geometry`
+    as planar: the line from 179 to -179 crosses x = 0. DuckDB, pruning by the manifests' bounds,
+    must find what a scan of every file finds, for boxes on either side and in between."""
+    import shapely
+
+    from streaming.table.catalog import create_table, partition_layout
+    from streaming.table.commit import BatchCommit, Committer
+
+    contract = native_contract()
+    table, _ = create_table(catalog, contract)
+    writer = GeoParquetWriter(contract, table.properties, {}, table.location() + "/data", "t", partition_layout(table))
+    across = list(
+        writer.write(
+            decoded_lines(contract, 0, [[[179.0, 10.0], [-179.0, 11.0]], [[178.5, 12], [-178.5, 13]]]).to_batches()
+        )
+    )
+    east = list(writer.write(decoded_lines(contract, 10, [[[10.0, 10.0], [11.0, 11.0]]]).to_batches()))
+    assert across[0].bbox[0] > across[0].bbox[2], "the covering wraps"
+    assert across[0].geometry_extent == (-179.0, 10.0, 179.0, 13.0)
+    Committer(table).commit(BatchCommit("w", 0, {"t": {0: (0, 1)}}, tuple(across)))
+    Committer(table).commit(BatchCommit("w", 1, {"t": {0: (10, 10)}}, tuple(east)))
+    table.refresh()
+
+    con = duckdb_connection()
+    scan = f"iceberg_scan('{table.metadata_location}')"
+    everything = con.execute(f"SELECT event_id, ST_AsWKB(geometry) FROM {scan}").fetchall()
+    for box in ((179.2, 5, 180, 15), (-180, 5, -178.8, 15), (0, 5, 20, 15), (100, 5, 120, 15), (100, 50, 120, 60)):
+        expected = sorted(
+            i
+            for i, wkb in everything
+            if shapely.box(*shapely.from_wkb(bytes(wkb)).bounds).intersects(shapely.box(*box))
+        )
+        _, rows = files_read(con, f"SELECT event_id FROM {scan} WHERE geometry && ST_MakeEnvelope{box} ORDER BY 1")
+        assert [r[0] for r in rows] == expected, box
+    count, _ = files_read(con, f"SELECT event_id FROM {scan} WHERE geometry && ST_MakeEnvelope(100, 50, 120, 60)")
+    assert count == 0  # still pruned where nothing can be
