@@ -68,12 +68,16 @@ sys.path.insert(0, str(ROOT / "bench"))  # bench/ingest.py's imports of its neig
 import numpy as np  # noqa: E402
 import pyarrow.parquet as pq  # noqa: E402
 
+from app.maven import configure_iceberg_java  # noqa: E402
 from bench.ingest import CORES, limit_chain, make_events, producer_settings  # noqa: E402
 from bench.plain_stack import DATASET_FORMATS, PlainStackProcess, launch_plain_stack  # noqa: E402
 from bench.upsert import broker_topic  # noqa: E402
+from streaming.contract import parse_contract  # noqa: E402
 from streaming.table.commit import recorded_offsets  # noqa: E402
+from tests.conftest import CACHE_DIR  # noqa: E402
 from tests.streaming.job.test_chaos import (  # noqa: E402
     CONTRACT,
+    CONTRACT_FILE,
     Service,
     catalog_of,
     end_offsets,
@@ -291,8 +295,11 @@ def plain_table(stack: PlainStackProcess):
     return StaticTable.from_metadata(str(versions[-1])) if versions else None
 
 
-def one_stack(bootstrap: str, workdir: Path, dataset: str, stack: str, start_rate: int, args) -> dict:
-    topic = f"sustained-{dataset}-{stack}"
+def one_stack(
+    bootstrap: str, workdir: Path, dataset: str, stack: str, start_rate: int, args, table_format: str = "v2"
+) -> dict:
+    """`table_format` v3: the table a native-geometry contract makes (docs/contracts.md#native-geometry-iceberg-v3)."""
+    topic = f"sustained-{dataset}-{stack}-{table_format}"
     broker_topic(bootstrap, topic)
     client = {"bootstrap_servers": bootstrap}
     service: Service | None = None
@@ -325,9 +332,16 @@ def one_stack(bootstrap: str, workdir: Path, dataset: str, stack: str, start_rat
         )
         from streaming.table.catalog import create_table
 
-        create_table(catalog_of(env), CONTRACT)
+        contract, contract_file = CONTRACT, CONTRACT_FILE
+        if table_format == "v3":
+            raw = json.loads(CONTRACT_FILE.read_text())
+            raw["geometry"]["native"] = True
+            contract_file = workdir / "native_contract.json"
+            contract_file.write_text(json.dumps(raw))
+            contract = parse_contract(raw)
+        create_table(catalog_of(env), contract)
         (workdir / topic).mkdir(parents=True, exist_ok=True)
-        service = Service(env, workdir / topic, "service")
+        service = Service(env, workdir / topic, "service", contract=contract_file)
         client = kafka_client(env)
         geo = catalog_of(env).load_table(CONTRACT.table)
 
@@ -355,7 +369,8 @@ def one_stack(bootstrap: str, workdir: Path, dataset: str, stack: str, start_rat
             hold = find_capacity(run, start_rate, args)
         finally:
             run.close()
-        result: dict = {"dataset": dataset, "stack": stack, "stages": [s.shown() for s in run.stages]}
+        label = stack if table_format == "v2" else f"{stack} {table_format}"
+        result: dict = {"dataset": dataset, "stack": label, "stages": [s.shown() for s in run.stages]}
         if service is not None:
             result["maintenance"] = args.maintenance or "beside"
         if hold is None:
@@ -434,7 +449,19 @@ def main() -> None:
     parser.add_argument(
         "--resume", action="store_true", help="keep the runs the results file holds and measure only the others"
     )
+    parser.add_argument(
+        "--table-formats",
+        default="v2",
+        help="v2 (WKB in a binary column), v3 (native geometry; needs --maintenance off), or both: v2,v3",
+    )
     args = parser.parse_args()
+    table_formats = [f.strip() for f in args.table_formats.split(",")]
+    if set(table_formats) - {"v2", "v3"}:
+        parser.error(f"--table-formats: {args.table_formats!r} is not v2, v3 or v2,v3")
+    if "v3" in table_formats:
+        if args.maintenance != "off":
+            parser.error("--table-formats v3: native-geometry tables are not maintained yet; add --maintenance off")
+        configure_iceberg_java(CACHE_DIR)
     datasets = [d.strip() for d in args.datasets.split(",")]
     stacks = [s.strip() for s in args.stacks.split(",")]
     if bad := [d for d in datasets if d not in DATASET_FORMATS] + [s for s in stacks if s not in STACKS]:
@@ -460,14 +487,16 @@ def main() -> None:
                     if (dataset, stack) in done:
                         continue
                     start_rate = int(args.start * burst.get((dataset, stack), 40_000))
-                    run = one_stack(broker.bootstrap, workdir, dataset, stack, start_rate, args)
-                    run["burst"] = burst.get((dataset, stack))
-                    run["limit_chain"] = limit["events_per_s"]
-                    run["producer"] = producer_settings(args.compression)
-                    print(json.dumps({k: v for k, v in run.items() if k != "stages"}), flush=True)
-                    runs.append(run)
-                    report = {"args": vars(args), "minutes": round((time.monotonic() - started) / 60), "runs": runs}
-                    write_results(report, args.results)  # after each stack: a run cut short keeps what it measured
+                    for table_format in table_formats if stack != "plain" else ["v2"]:
+                        run = one_stack(broker.bootstrap, workdir, dataset, stack, start_rate, args, table_format)
+                        run["burst"] = burst.get((dataset, stack))
+                        run["limit_chain"] = limit["events_per_s"]
+                        run["producer"] = producer_settings(args.compression)
+                        print(json.dumps({k: v for k, v in run.items() if k != "stages"}), flush=True)
+                        runs.append(run)
+                        minutes = round((time.monotonic() - started) / 60)
+                        # after each run: a run cut short keeps what it measured
+                        write_results({"args": vars(args), "minutes": minutes, "runs": runs}, args.results)
         finally:
             broker.stop()
 

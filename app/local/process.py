@@ -28,6 +28,19 @@ class LocalProcessError(RuntimeError):
     """A local server could not be started or stopped."""
 
 
+def _all_threads_stopped(pid: int) -> bool:
+    """Whether every thread of `pid` is stopped (state T in /proc); a thread gone meanwhile counts."""
+    for stat in Path(f"/proc/{pid}/task").glob("*/stat"):
+        try:
+            # The state follows the command name, which is in parentheses and may hold spaces.
+            state = stat.read_text().rsplit(")", 1)[1].split()[0]
+        except (FileNotFoundError, ProcessLookupError, IndexError):
+            continue
+        if state not in ("T", "t"):
+            return False
+    return True
+
+
 def free_port() -> int:
     """An unused loopback TCP port (free now; nothing reserves it)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
@@ -183,8 +196,16 @@ class DetachedProcess:
         self.pid_file.unlink(missing_ok=True)
 
     def pause(self) -> None:
-        """Freeze the server (SIGSTOP): connections hang, as to a host that went away."""
+        """Freeze the server (SIGSTOP): connections hang, as to a host that went away. Returns
+        once every thread of it is stopped: kill() returns before a busy machine has stopped them,
+        and a thread still running would answer a request sent right after."""
         self._signal(signal.SIGSTOP)
+        pid = self.pid()
+        deadline = time.monotonic() + 10
+        while pid is not None and not _all_threads_stopped(pid):
+            if time.monotonic() > deadline:
+                raise LocalProcessError(f"{self.name} (pid {pid}) did not stop within 10 s of SIGSTOP")
+            time.sleep(0.01)
 
     def resume(self) -> None:
         self._signal(signal.SIGCONT)
