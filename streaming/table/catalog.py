@@ -35,7 +35,7 @@ from streaming.contract import (
 )
 from streaming.contract.partition import CellColumn, cell_field
 from streaming.contract.types import grown_from
-from streaming.table.native import check_native_contract, native_catalog
+from streaming.table.native import native_catalog
 from streaming.write.partitions import LayoutField, PartitionLayout
 from streaming.write.rejects_table import REJECTS_SCHEMA, REJECTS_SPEC
 
@@ -123,7 +123,6 @@ def create_table(catalog: Catalog, contract: Contract) -> tuple[Table, bool]:
 def _create_native_table(catalog: Catalog, contract: Contract) -> tuple[Table, bool]:
     """A native-geometry table: made by Iceberg Java (pyiceberg writes no v3 table) with the
     contract's spec as its first, loaded by pyiceberg."""
-    check_native_contract(contract)
     created = not catalog.table_exists(contract.table)
     if created:
         check_fresh_ids(contract)

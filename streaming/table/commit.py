@@ -41,11 +41,11 @@ from pyiceberg.types import GeometryType
 from sqlalchemy.exc import InterfaceError, OperationalError
 
 from streaming.table.catalog import unpartitioned_spec_id
-from streaming.table.native import NativeTableError, is_native, native_table
+from streaming.table.native import NativeTable, is_native, native_table
 from streaming.table.row_delta import RowDelta, SpecAwareAppend
 from streaming.table.turns import no_turn
 from streaming.write.data_files import EQUALITY_DELETES, DataFileRecord
-from streaming.write.evolution import ColumnPlan, add_columns
+from streaming.write.evolution import ColumnPlan, add_columns, schema_changes
 
 log = logging.getLogger("geoingest.commit")
 
@@ -404,6 +404,8 @@ class Committer:
     rng: random.Random = field(default_factory=random.Random)
     # Each attempt in its turn among the service's writers (streaming/table/turns.py).
     turn: Callable[[str], AbstractContextManager[None]] = no_turn
+    # A native-geometry table as Iceberg Java loaded it, kept between commits.
+    _native: NativeTable | None = field(default=None, init=False, repr=False)
 
     def refuse_if_reused(self, batch: BatchCommit) -> None:
         """Raise WriterIdReusedError when the table holds the batch's identity over other offsets.
@@ -528,9 +530,8 @@ class Committer:
         """The batch's files committed by Iceberg Java (streaming/table/native.py), refused there
         if anything was appended since the snapshot the replay check saw. Data files under the
         spec they were written with, equality deletes under the unpartitioned one."""
-        if batch.schema_change:
-            raise NativeTableError(f"{'.'.join(self.table.name())}: a native-geometry table takes no new columns yet")
         metadata = self.table.metadata
+        added, widened = schema_changes(self.table.schema(), metadata.last_column_id, batch.schema_change)
         files = [(record, data_spec_id(record, metadata)) for record in batch.files]
         deletes = []
         if batch.delete_files:
@@ -543,13 +544,19 @@ class Committer:
             deletes = [(record, delete_spec_id) for record in batch.delete_files]
         geometry_id = next(f.field_id for f in self.table.schema().fields if isinstance(f.field_type, GeometryType))
         checked = self.table.current_snapshot()
-        snapshot_id = native_table(self.table).commit(
+        if self._native is None:
+            self._native = native_table(self.table)
+        else:
+            self._native.table.refresh()
+        snapshot_id = self._native.commit(
             files,
             deletes,
             batch.equality_ids,
             geometry_id,
             batch.summary(),
             None if checked is None else checked.snapshot_id,
+            [(path, kind.model_dump_json()) for path, kind in added],
+            [(name, kind.model_dump_json()) for name, kind in widened],
         )
         self.table.refresh()
         return snapshot_id

@@ -34,8 +34,6 @@ if TYPE_CHECKING:
     from pyiceberg.catalog import Catalog
     from pyiceberg.table import Table
 
-    from streaming.contract import Contract
-
 FORMAT_VERSION = 3
 
 # Iceberg Java writes a geometry type as the spec spells it, `geometry(OGC:CRS84)`; pyiceberg 0.12
@@ -63,19 +61,6 @@ def is_native(table: Table) -> bool:
     return table.metadata.format_version >= FORMAT_VERSION and any(
         isinstance(f.field_type, GeometryType) for f in table.schema().fields
     )
-
-
-def check_native_contract(contract: Contract) -> None:
-    """What native-geometry tables do not take yet, refused by name before anything is made."""
-    missing = []
-    if contract.schema_evolution.mode != "off":
-        missing.append(f"schema_evolution.mode {contract.schema_evolution.mode!r}")
-    if missing:
-        raise NativeTableError(
-            f"{contract.table}: geometry.native: a native-geometry table does not take "
-            + ", ".join(missing)
-            + " yet; leave those out, or geometry.native out for a v2 table with WKB and its bbox"
-        )
 
 
 def native_catalog(catalog: Catalog) -> NativeCatalog:
@@ -184,6 +169,9 @@ class NativeCatalog:
         self.java = java
         impl, props = java_catalog_properties(properties)
         conf = java.jvm.org.apache.hadoop.conf.Configuration()
+        # Hadoop's default local file system writes a .crc file beside every file it writes,
+        # metadata and manifests alike; the warehouse gets the files Iceberg writes, nothing more.
+        conf.set("fs.file.impl", "org.apache.hadoop.fs.RawLocalFileSystem")
         self.catalog = java.iceberg.CatalogUtil.loadCatalog(impl, name, java.java_map(props), conf)
 
     def _identifier(self, table: str) -> Any:
@@ -309,16 +297,29 @@ class NativeTable:
         geometry_id: int,
         summary: Mapping[str, str],
         checked_snapshot_id: int | None,
+        added: Sequence[tuple[tuple[str, ...], str]] = (),
+        widened: Sequence[tuple[str, str]] = (),
     ) -> int:
         """Data files and equality delete files (on `equality_ids`), each under the spec id given
-        with it, in one snapshot carrying `summary`; returns its id.
+        with it, in one snapshot carrying `summary`; returns its id. With the columns and struct
+        members `added` (path, type as pyiceberg's JSON) and the columns `widened` (name, type)
+        made the table's in the same commit (schema evolution).
 
         `checked_snapshot_id`: the snapshot the caller's replay check saw (None: an empty table).
         Iceberg Java retries a conflicting commit by itself, re-applied to the refreshed table; an
         append that another writer made since that snapshot (a second instance committing the
         same batch) makes it fail instead (a ValidationException, raised as CommitFailedException),
         so that the caller checks again. Rewrites and expiries since then are re-applied over."""
-        delta = self.table.newRowDelta()
+        transaction = self.table.newTransaction() if added or widened else None
+        if transaction is not None:
+            update = transaction.updateSchema()
+            for path, kind in added:
+                parent = ".".join(path[:-1]) or None
+                update = update.addColumn(parent, path[-1], self._java_type(kind))
+            for name, kind in widened:
+                update = update.updateColumn(name, self._java_type(kind))
+            update.commit()
+        delta = (transaction or self.table).newRowDelta()
         for record, spec_id in files:
             delta = delta.addRows(self._data_file(record, spec_id, geometry_id))
         for record, spec_id in delete_files:
@@ -331,7 +332,16 @@ class NativeTable:
             delta = delta.set(key, value)
         with java_commit_errors():
             delta.commit()
+            if transaction is not None:
+                transaction.commitTransaction()
+        self.table.refresh()
         return int(self.table.currentSnapshot().snapshotId())
+
+    def _java_type(self, kind_json: str) -> Any:
+        """An Iceberg type given as pyiceberg's JSON, as Iceberg Java's (through a one-field schema)."""
+        field = {"id": 2_000_000_000, "name": "t", "required": False, "type": json.loads(kind_json)}
+        schema = {"type": "struct", "schema-id": 0, "fields": [field]}
+        return self.java.iceberg.SchemaParser.fromJson(json.dumps(schema)).findField(2_000_000_000).type()
 
     def _spec(self, spec_id: int, path: str) -> Any:
         spec = self.table.specs().get(spec_id)

@@ -226,7 +226,21 @@ def _missing_members(
 
 def add_columns(tx: Transaction, schema: Schema, last_column_id: int, change: ColumnPlan) -> None:
     """Stage the columns, struct members and widened columns of a batch (`change`) on a
-    transaction of the table whose current schema is `schema`.
+    transaction of the table whose current schema is `schema` (`schema_changes`)."""
+    missing, widen = schema_changes(schema, last_column_id, change)
+    if missing or widen:
+        with tx.update_schema() as update:
+            for path, kind in missing:
+                update.add_column(path if len(path) > 1 else path[0], kind)
+            for name, kind in widen:
+                update.update_column(name, field_type=kind)
+
+
+def schema_changes(
+    schema: Schema, last_column_id: int, change: ColumnPlan
+) -> tuple[list[tuple[tuple[str, ...], IcebergType]], list[tuple[str, IcebergType]]]:
+    """(columns and members to add, by path, in order; columns to widen) for a batch's `change`
+    on the table whose current schema is `schema`.
 
     One the table already has (another writer added it meanwhile) must have the id and type the
     batch's files give it; a missing one is added, and must get the id the files use: Iceberg
@@ -263,12 +277,7 @@ def add_columns(tx: Transaction, schema: Schema, last_column_id: int, change: Co
                 f"column {'.'.join(path)!r}: this batch wrote it as id {field_id}, but the table's next id is {expected}"
             )
         expected += ids
-    if missing or widen:
-        with tx.update_schema() as update:
-            for path, _, kind, _ in missing:
-                update.add_column(path if len(path) > 1 else path[0], kind)
-            for name, kind in widen:
-                update.update_column(name, field_type=kind)
+    return [(path, kind) for path, _, kind, _ in missing], widen
 
 
 @dataclass(frozen=True)
