@@ -86,6 +86,7 @@ from streaming.table.commit import (
     WRITERS,
     single_attempt_view,
 )
+from streaming.table.native import NativeTableError, is_native
 from streaming.table.turns import no_turn
 
 log = logging.getLogger("geoingest.maintenance")
@@ -483,6 +484,11 @@ def maintain(
     unknown = [s for s in steps if s not in STEPS]
     if unknown:
         raise ValueError(f"maintenance steps {unknown}: expected some of {', '.join(STEPS)}")
+    if is_native(table):
+        raise NativeTableError(
+            f"{'.'.join(table.name())}: a native-geometry (v3) table is not maintained by geoingest yet: its "
+            "commits (the lease, compaction, expiry) are pyiceberg's, which writes no v3 table"
+        )
     started = time.monotonic()
     lease = MaintenanceLease(table, policy.lease_s, holder, sleep=sleep)
     retrier = Retrier(table, sleep=sleep, lease=lease, turn=turn)

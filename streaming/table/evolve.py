@@ -65,6 +65,7 @@ from streaming.contract import (
 )
 from streaming.contract.partition import CellColumn
 from streaming.table.catalog import table_cells
+from streaming.table.native import is_native
 
 CONTRACT_PROPERTY = "geoingest.contract"
 # The type promotions Iceberg allows between the contract's column types.
@@ -114,6 +115,11 @@ def plan_evolution(table: Table, new_contract: Contract) -> list[Change]:
 
 def apply_evolution(table: Table, new_contract: Contract) -> list[Change]:
     """Make the table's schema and recorded contract `new_contract`'s, in one commit."""
+    if is_native(table):
+        raise EvolutionError(
+            f"table {new_contract.table}: a native-geometry (v3) table is not evolved by `table evolve` yet "
+            "(pyiceberg writes no v3 table); its stream adds columns under schema_evolution add-columns"
+        )
     changes, transaction = _staged(table, new_contract)
     try:
         transaction.commit_transaction()

@@ -347,3 +347,19 @@ def test_a_file_of_lines_across_the_anti_meridian_is_bounded_by_its_planar_exten
         assert [r[0] for r in rows] == expected, box
     count, _ = files_read(con, f"SELECT event_id FROM {scan} WHERE geometry && ST_MakeEnvelope(100, 50, 120, 60)")
     assert count == 0  # still pruned where nothing can be
+
+
+def test_what_geoingest_does_not_do_to_native_tables_yet_is_refused_by_name(catalog):
+    from streaming.maintenance.maintain import maintain
+    from streaming.maintenance.plan import MaintenancePolicy
+    from streaming.table.catalog import create_table
+    from streaming.table.evolve import EvolutionError, apply_evolution
+
+    table, _ = create_table(catalog, native_contract())
+    with pytest.raises(NativeTableError, match=r"demo.events: a native-geometry \(v3\) table is not maintained"):
+        maintain(table, MaintenancePolicy())
+    hourly = json.loads(CONTRACT_PATH.read_text())
+    hourly["geometry"]["native"] = True
+    hourly["partition"] = ["hour(event_time)"]
+    with pytest.raises(EvolutionError, match=r"demo.events: a native-geometry \(v3\) table is not evolved"):
+        apply_evolution(table, parse_contract(hourly))
