@@ -4,8 +4,8 @@ Iceberg Java 1.12 in a JVM of this process's own.
 pyiceberg 0.12 writes no v3 metadata nor v3 manifests (apache/iceberg-python#1551), so the table's
 metadata is Iceberg Java's: its catalog client, its schema and spec parsers, its manifest writers.
 The JVM is a plain one started through py4j with Iceberg's runtime jar, the catalog's JDBC driver and
-Spark's own jars (Hadoop's file system for `file://` and HDFS warehouses); it serves the driver, the
-CLI and maintenance alike, none of which needs a Spark session for it.
+Spark's own jars (Hadoop's file system for `file://` and HDFS warehouses); it serves the driver and
+the CLI alike, neither of which needs a Spark session for it.
 
 Only the geometry bounds are ours: Iceberg's writer takes them from each value it writes
 (GeometryFieldMetrics), and for a file written elsewhere its footer reader records none (ParquetMetrics
@@ -87,7 +87,20 @@ def java_commit_errors() -> Iterator[None]:
             raise CommitFailedException(message) from None
         if name.endswith("CommitStateUnknownException"):
             raise CommitStateUnknownException(message) from None
+        if name.endswith(_CATALOG_UNAVAILABLE):
+            # The catalog was not there (SQLite locked or gone, a REST server down or failing):
+            # the committer waits for it as for pyiceberg's own such errors.
+            raise ConnectionError(f"Iceberg Java: {name}: {message}") from None
         raise NativeTableError(f"Iceberg Java: {name}: {message}") from None
+
+
+_CATALOG_UNAVAILABLE = (
+    "UncheckedSQLException",
+    "SQLException",
+    "SQLiteException",
+    "ServiceUnavailableException",
+    "ServiceFailureException",
+)
 
 
 class IcebergJava:
@@ -124,9 +137,6 @@ class IcebergJava:
                 cls._shared = cls(*_classpath_and_java())
             return cls._shared
 
-    def version(self) -> str:
-        return str(self.iceberg.IcebergBuild.version())
-
     def java_map(self, values: Mapping[str, str]) -> Any:
         out = self.jvm.java.util.HashMap()
         for key, value in values.items():
@@ -155,6 +165,9 @@ def java_catalog_properties(properties: Mapping[str, str]) -> tuple[str, dict[st
             raise NativeTableError(f"catalog uri {uri!r}: native-geometry tables take a SQLite file (sqlite:///...)")
         props["uri"] = "jdbc:sqlite:" + uri.removeprefix("sqlite:///")
         props.setdefault("jdbc.schema-version", "V1")
+        # SQLite's JDBC driver fails at once on a database another writer holds (pyiceberg's
+        # SQLAlchemy waits 5 s); this one waits as long as a commit's retries may take.
+        props.setdefault("jdbc.busy_timeout", "30000")
         props.pop("init_catalog_tables", None)
         return "org.apache.iceberg.jdbc.JdbcCatalog", props
     if kind == "rest":

@@ -363,3 +363,36 @@ def test_what_geoingest_does_not_do_to_native_tables_yet_is_refused_by_name(cata
     hourly["partition"] = ["hour(event_time)"]
     with pytest.raises(EvolutionError, match=r"demo.events: a native-geometry \(v3\) table is not evolved"):
         apply_evolution(table, parse_contract(hourly))
+
+
+def test_a_native_commit_waits_out_another_writer_holding_the_sqlite_catalog(tmp_path, monkeypatch):
+    """Another process's write transaction holds the SQLite catalog for 6 s (longer than its JDBC driver waits by default) just as Iceberg Java
+    commits (the lock taken for real, from this process): the commit waits, then lands once."""
+    import sqlite3
+    import threading
+
+    import streaming.table.commit as commit_module
+    from streaming.table.catalog import create_table, open_catalog, partition_layout
+    from streaming.table.commit import BatchCommit, Committer
+
+    contract = native_contract()
+    catalog = open_catalog(
+        "lake", {"type": "sql", "uri": f"sqlite:///{tmp_path / 'c.db'}", "warehouse": f"file://{tmp_path / 'wh'}"}
+    )
+    table, _ = create_table(catalog, contract)
+    writer = GeoParquetWriter(contract, table.properties, {}, table.location() + "/data", "t", partition_layout(table))
+    files = tuple(writer.write(decoded_points(contract, 0, 2.0, 48.0).to_batches()))
+    holder = sqlite3.connect(tmp_path / "c.db", isolation_level=None, check_same_thread=False)
+    real_native_table = commit_module.native_table
+
+    def locked_before_the_commit(pyiceberg_table):
+        handle = real_native_table(pyiceberg_table)
+        holder.execute("BEGIN EXCLUSIVE")
+        threading.Timer(6.0, lambda: holder.execute("COMMIT")).start()
+        return handle
+
+    monkeypatch.setattr(commit_module, "native_table", locked_before_the_commit)
+    outcome = Committer(table).commit(BatchCommit("w", 0, {"t": {0: (0, 39)}}, files))
+    assert outcome.status == "committed" and outcome.duration_s >= 5.5
+    table.refresh()
+    assert [s.summary["geoingest.batch-id"] for s in table.metadata.snapshots] == ["0"]
