@@ -51,6 +51,11 @@ class PartitionField:
         return self.transform == "geohash"
 
     @property
+    def column(self) -> str:
+        """The table column the partition field reads: a cell's own column, else its source."""
+        return self.name if self.is_cell else self.source
+
+    @property
     def cell_meaning(self) -> str:
         """What a cell column holds, as its table property says: `geohash:<precision>:<geometry column>`."""
         return f"{self.transform}:{self.param}:{self.source}"

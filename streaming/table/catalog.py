@@ -11,7 +11,6 @@ import requests
 import requests.adapters
 from pyiceberg.catalog import Catalog, load_catalog
 from pyiceberg.exceptions import NamespaceAlreadyExistsError, NoSuchTableError, TableAlreadyExistsError
-from pyiceberg.partitioning import PARTITION_FIELD_ID_START, PartitionField, PartitionSpec
 from pyiceberg.table import Table
 from pyiceberg.transforms import (
     BucketTransform,
@@ -110,8 +109,7 @@ def create_table(catalog: Catalog, contract: Contract) -> tuple[Table, bool]:
         if contract.partition:
             with tx.update_spec() as spec:
                 for field in contract.partition:
-                    source = field.name if field.is_cell else field.source
-                    spec.add_field(source, _iceberg_transform(field.transform, field.param), field.name)
+                    spec.add_field(field.column, _iceberg_transform(field.transform, field.param), field.name)
         tx.commit_transaction()
         table = catalog.load_table(contract.table)
         check_table_matches(table, contract)
@@ -121,30 +119,18 @@ def create_table(catalog: Catalog, contract: Contract) -> tuple[Table, bool]:
 
 
 def _create_native_table(catalog: Catalog, contract: Contract) -> tuple[Table, bool]:
-    """A native-geometry table: made by Iceberg Java (pyiceberg writes no v3 table) with the
-    contract's spec as its first, loaded by pyiceberg."""
+    """A native-geometry table: made by Iceberg Java (pyiceberg writes no v3 table), unpartitioned
+    spec 0 and the contract's spec on top as for a v2 table, then loaded by pyiceberg."""
     created = not catalog.table_exists(contract.table)
     if created:
         check_fresh_ids(contract)
-        schema = contract.iceberg_schema
-        spec = PartitionSpec(
-            *(
-                PartitionField(
-                    source_id=schema.find_field(field.name if field.is_cell else field.source).field_id,
-                    field_id=PARTITION_FIELD_ID_START + i,
-                    transform=_iceberg_transform(field.transform, field.param),
-                    name=field.name,
-                )
-                for i, field in enumerate(contract.partition)
-            )
-        )
         native_catalog(catalog).create_table(
             contract.table,
-            schema.model_dump_json(),
+            contract.iceberg_schema.model_dump_json(),
             contract.geometry.id,
             contract.geometry.native_crs,
             contract.table_properties(),
-            spec.model_dump_json() if spec.fields else None,
+            [(f.column, str(_iceberg_transform(f.transform, f.param)), f.name) for f in contract.partition],
         )
     table = catalog.load_table(contract.table)
     check_table_matches(table, contract)

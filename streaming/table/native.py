@@ -126,6 +126,7 @@ class IcebergJava:
         self.gateway = JavaGateway(gateway_parameters=GatewayParameters(port=port, auto_convert=True))
         self.jvm = self.gateway.jvm
         self.iceberg = self.jvm.org.apache.iceberg
+        self._catalogs: dict[tuple, NativeCatalog] = {}
 
     @classmethod
     def shared(cls) -> IcebergJava:
@@ -144,7 +145,13 @@ class IcebergJava:
         return out
 
     def catalog(self, name: str, properties: Mapping[str, str]) -> NativeCatalog:
-        return NativeCatalog(self, name, properties)
+        """The catalog of these settings, opened once per process: each opening is a JDBC pool,
+        or a REST client, of its own."""
+        key = (name, tuple(sorted(properties.items())))
+        with self._lock:
+            if key not in self._catalogs:
+                self._catalogs[key] = NativeCatalog(self, name, properties)
+            return self._catalogs[key]
 
 
 def java_catalog_properties(properties: Mapping[str, str]) -> tuple[str, dict[str, str]]:
@@ -197,13 +204,13 @@ class NativeCatalog:
         geometry_id: int,
         crs: str | None = None,
         properties: Mapping[str, str] | None = None,
-        spec_json: str | None = None,
+        partition: Sequence[tuple[str, str, str]] = (),
     ) -> NativeTable:
         """A v3 table of the schema (pyiceberg's JSON) with field `geometry_id` made `geometry`
         in `crs` (None: OGC:CRS84), created if missing with `properties`; its namespace too.
-        Unpartitioned first (spec 0), the fields of `spec_json` (pyiceberg's JSON) on top as spec
-        1, in one commit: as a v2 table, an upsert table's equality deletes go to spec 0, where
-        they reach every partition."""
+        Unpartitioned first (spec 0), the `partition` fields (column, Iceberg transform as text,
+        name) on top as spec 1, in one commit: as a v2 table, an upsert table's equality deletes
+        go to spec 0, where they reach every partition."""
         iceberg = self.java.iceberg
         identifier = self._identifier(table)
         if not self.catalog.tableExists(identifier):
@@ -220,16 +227,14 @@ class NativeCatalog:
                 create = self.catalog.newCreateTableTransaction(
                     identifier, schema, iceberg.PartitionSpec.unpartitioned(), self.java.java_map(table_properties)
                 )
-                fields = json.loads(spec_json)["fields"] if spec_json else []
-                if fields:
+                if partition:
                     update = create.updateSpec()
-                    for field in fields:
-                        source = field["source-id"]
-                        transform = iceberg.transforms.Transforms.fromString(
-                            schema.findType(source), field["transform"]
+                    for column, transform, name in partition:
+                        kind = schema.findField(column).type()
+                        term = iceberg.expressions.Expressions.transform(
+                            column, iceberg.transforms.Transforms.fromString(kind, transform)
                         )
-                        term = iceberg.expressions.Expressions.transform(schema.findColumnName(source), transform)
-                        update = update.addField(field["name"], term)
+                        update = update.addField(name, term)
                     update.commit()
                 create.commitTransaction()
             except Exception as exc:

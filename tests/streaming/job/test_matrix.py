@@ -387,29 +387,12 @@ def test_every_cell_holds_its_reference_state(kafka, spark, tmp_path, cell: Cell
 
 
 # -- cells beyond the pairs: a kill at commit time, a spec changed under the running service -------
-def test_kill_9_at_commit_time_on_a_one_partition_upsert_topic_leaves_each_keys_last_version(kafka, tmp_path):
+def killed_after_a_commit_then_rerun(env: dict[str, str], tmp_path: Path, contract_file: Path, table_name: str):
     """The service (the real command, its own process group) holds after an Iceberg commit, before
     Spark records the batch, and is killed there with SIGKILL; its restart replays the batch, which
-    the table recognises by its offsets and skips. A 1-partition topic on the Python source, so
-    every batch's versions are split over tasks."""
-    from tests.streaming.job.test_chaos import Service, catalog_of, checkpoint_dir, identities, service_env
+    the table must recognise by its offsets and skip, committing no batch twice. Returns the table."""
+    from tests.streaming.job.test_chaos import Service, catalog_of, checkpoint_dir, identities
 
-    contract_raw = {**DEMO, "mode": "upsert"}
-    contract_file = tmp_path / "upsert.json"
-    contract_file.write_text(json.dumps(contract_raw))
-    contract = parse_contract(contract_raw)
-    topic = new_topic(kafka.bootstrap, 1)
-    records = make_stream(n_keys=300, n_events=3_000, seed=91)
-    positions = produce(kafka.bootstrap, topic, records)
-    env = service_env(
-        kafka.bootstrap,
-        topic,
-        tmp_path / "work",
-        GEOINGEST_SOURCE="python",
-        GEOINGEST_MAX_OFFSETS_PER_TRIGGER="500",
-    )
-    catalog = catalog_of(env)
-    create_table(catalog, contract)
     marker = tmp_path / "held"
     held = Service(
         env,
@@ -425,7 +408,7 @@ def test_kill_9_at_commit_time_on_a_one_partition_upsert_topic_leaves_each_keys_
     assert marker.exists(), f"the service never held after a commit:\n{held.stderr_tail()}"
     held.kill()
     batch = int(marker.read_text())
-    table = catalog.load_table(contract.table)
+    table = catalog_of(env).load_table(table_name)
     assert any(i.batch_id == batch for i in identities(table)), "killed after its Iceberg commit"
     offsets = checkpoint_dir(env)
     assert (offsets / "offsets" / str(batch)).exists() and not (offsets / "commits" / str(batch)).exists(), (
@@ -438,6 +421,30 @@ def test_kill_9_at_commit_time_on_a_one_partition_upsert_topic_leaves_each_keys_
     table.refresh()
     ids = [(i.writer_id, i.batch_id) for i in identities(table)]
     assert len(ids) == len(set(ids)), "no batch committed twice"
+    return table
+
+
+def test_kill_9_at_commit_time_on_a_one_partition_upsert_topic_leaves_each_keys_last_version(kafka, tmp_path):
+    """A kill -9 between an Iceberg commit and Spark's record of it (killed_after_a_commit_then_rerun)
+    on a 1-partition topic on the Python source, so every batch's versions are split over tasks."""
+    from tests.streaming.job.test_chaos import catalog_of, service_env
+
+    contract_raw = {**DEMO, "mode": "upsert"}
+    contract_file = tmp_path / "upsert.json"
+    contract_file.write_text(json.dumps(contract_raw))
+    contract = parse_contract(contract_raw)
+    topic = new_topic(kafka.bootstrap, 1)
+    records = make_stream(n_keys=300, n_events=3_000, seed=91)
+    positions = produce(kafka.bootstrap, topic, records)
+    env = service_env(
+        kafka.bootstrap,
+        topic,
+        tmp_path / "work",
+        GEOINGEST_SOURCE="python",
+        GEOINGEST_MAX_OFFSETS_PER_TRIGGER="500",
+    )
+    create_table(catalog_of(env), contract)
+    table = killed_after_a_commit_then_rerun(env, tmp_path, contract_file, contract.table)
     reference = Reference.of("upsert", records, positions)
     check(Cell(1, "python", "batch", "upsert", "none"), table, reference, "after kill -9 at commit time")
 

@@ -6,7 +6,6 @@ and skipped, never committed twice."""
 from __future__ import annotations
 
 import json
-import time
 
 import pytest
 import shapely
@@ -22,6 +21,7 @@ from tests.streaming.job.test_matrix import (
     Reference,
     dead_letters,
     differences,
+    killed_after_a_commit_then_rerun,
     make_stream,
     new_topic,
     produce,
@@ -137,9 +137,8 @@ def test_a_native_upsert_table_holds_each_keys_last_version_from_a_one_partition
 
 
 def test_kill_9_after_a_native_commit_is_replayed_and_skipped(kafka, tmp_path):
-    """The real command, held after an Iceberg Java commit and killed with SIGKILL before Spark
-    records the batch; the restart replays it, the table recognises it and skips it."""
-    from tests.streaming.job.test_chaos import Service, catalog_of, checkpoint_dir, identities, service_env
+    """killed_after_a_commit_then_rerun, the commit Iceberg Java's."""
+    from tests.streaming.job.test_chaos import catalog_of, service_env
 
     contract_file = tmp_path / "native.json"
     contract_file.write_text(json.dumps(NATIVE))
@@ -155,34 +154,8 @@ def test_kill_9_after_a_native_commit_is_replayed_and_skipped(kafka, tmp_path):
         GEOINGEST_MAX_OFFSETS_PER_TRIGGER="500",
         GEOINGEST_MAINTENANCE_MODE="off",
     )
-    catalog = catalog_of(env)
-    create_table(catalog, contract)
-    marker = tmp_path / "held"
-    held = Service(
-        env,
-        tmp_path,
-        "held",
-        "--until-idle",
-        extra_env={"GEOINGEST_HOLD_AFTER_COMMIT_FILE": str(marker)},
-        contract=contract_file,
-    )
-    deadline = time.monotonic() + 300
-    while not marker.exists() and held.alive and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert marker.exists(), f"the service never held after a commit:\n{held.stderr_tail()}"
-    held.kill()
-    batch = int(marker.read_text())
-    table = catalog.load_table(contract.table)
-    assert any(i.batch_id == batch for i in identities(table)), "killed after its Iceberg commit"
-    offsets = checkpoint_dir(env)
-    assert not (offsets / "commits" / str(batch)).exists(), "killed before Spark recorded it"
-
-    again = Service(env, tmp_path, "again", "--until-idle", contract=contract_file)
-    assert again.wait(600) == 0, again.stderr_tail()
-    assert any(b["batch_id"] == batch and b["commit"] == "skipped_replay" for b in again.batches())
-    table.refresh()
-    ids = [(i.writer_id, i.batch_id) for i in identities(table)]
-    assert len(ids) == len(set(ids)), "no batch committed twice"
+    create_table(catalog_of(env), contract)
+    table = killed_after_a_commit_then_rerun(env, tmp_path, contract_file, contract.table)
     assert set(differences(Reference.of("append", records, positions), read_native(table)).values()) == {0}
 
 

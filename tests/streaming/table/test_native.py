@@ -22,6 +22,7 @@ from streaming.decode.decoder import HILBERT, REJECT_REASON, Decoder
 from streaming.table.native import IcebergJava, NativeTableError, configure, java_catalog_properties
 from streaming.write.data_files import GeoParquetWriter
 from tests.conftest import CACHE_DIR, duckdb_connection
+from tests.streaming.decode.test_decoder import feature, kafka_batch, point
 
 pytestmark = pytest.mark.integration
 
@@ -36,31 +37,28 @@ def native_contract() -> Contract:
     return parse_contract(raw)
 
 
+def decoded(contract: Contract, first: int, geometries: list[dict]) -> pa.Table:
+    """Decoded, Hilbert-sorted features e<first>.. of these geometries, every one valid."""
+    values = [feature(g, f"e{first + i}", kind="probe", speed=float(first + i)) for i, g in enumerate(geometries)]
+    table = pa.Table.from_batches([Decoder(contract).decode(kafka_batch(values))])
+    assert table.filter(pc.is_valid(table.column(REJECT_REASON))).num_rows == 0
+    return table.sort_by(HILBERT)
+
+
+def line(*vertices: tuple[float, float]) -> dict:
+    return {"type": "LineString", "coordinates": [list(v) for v in vertices]}
+
+
 def decoded_points(contract: Contract, first: int, lon: float, lat: float, n: int = 40) -> pa.Table:
-    values = [
-        json.dumps(
-            {
-                "type": "Feature",
-                "id": f"e{i}",
-                "geometry": {"type": "Point", "coordinates": [lon + (i - first) * 0.01, lat + (i - first) * 0.01]},
-                "properties": {"kind": "probe", "speed": float(i)},
-            }
-        ).encode()
-        for i in range(first, first + n)
-    ]
-    batch = pa.record_batch(
-        {
-            "key": pa.nulls(n, pa.binary()),
-            "value": pa.array(values, pa.binary()),
-            "topic": pa.array(["t"] * n),
-            "partition": pa.array([0] * n, pa.int32()),
-            "offset": pa.array(range(first, first + n), pa.int64()),
-            "timestamp": pa.array([1_700_000_000_000_000] * n, pa.timestamp("us")),
-        }
-    )
-    decoded = pa.Table.from_batches([Decoder(contract).decode(batch)])
-    assert decoded.filter(pc.is_valid(decoded.column(REJECT_REASON))).num_rows == 0
-    return decoded.sort_by(HILBERT)
+    return decoded(contract, first, [point(lon + i * 0.01, lat + i * 0.01) for i in range(n)])
+
+
+def written(table, contract: Contract, rows: pa.Table) -> tuple:
+    """The data files the service's writer makes of `rows` for `table` (not committed)."""
+    from streaming.table.catalog import partition_layout
+
+    writer = GeoParquetWriter(contract, table.properties, {}, table.location() + "/data", "t", partition_layout(table))
+    return tuple(writer.write(rows.to_batches()))
 
 
 def files_read(con, sql: str) -> tuple[int, list]:
@@ -154,14 +152,13 @@ def test_a_second_instance_landing_the_same_batch_mid_commit_makes_the_commit_sk
     ours over theirs; the committer checks again and skips. The race is made by committing theirs,
     for real, at that moment."""
     import streaming.table.commit as commit_module
-    from streaming.table.catalog import create_table, partition_layout
+    from streaming.table.catalog import create_table
     from streaming.table.commit import BatchCommit, Committer
 
     contract = native_contract()
     table, _ = create_table(catalog, contract)
-    writer = GeoParquetWriter(contract, table.properties, {}, table.location() + "/data", "t", partition_layout(table))
-    ours = tuple(writer.write(decoded_points(contract, 0, 2.0, 48.0).to_batches()))
-    theirs = tuple(writer.write(decoded_points(contract, 0, 2.0, 48.0).to_batches()))
+    ours = written(table, contract, decoded_points(contract, 0, 2.0, 48.0))
+    theirs = written(table, contract, decoded_points(contract, 0, 2.0, 48.0))
 
     def batch(files) -> BatchCommit:
         return BatchCommit("w", 7, {"t": {0: (0, 39)}}, files)
@@ -229,28 +226,24 @@ def spark_41_python() -> Path:
     return python
 
 
-def test_spark_4_1_with_icebergs_runtime_reads_the_column_as_geometry(tmp_path):
+def test_spark_4_1_with_icebergs_runtime_reads_the_column_as_geometry(catalog, tmp_path):
     import subprocess
 
     from app.java import java_home
     from app.maven import ICEBERG_JAVA, SQLITE_JDBC
-    from streaming.table.catalog import create_table, open_catalog, partition_layout
+    from streaming.table.catalog import create_table
     from streaming.table.commit import BatchCommit, Committer
 
     contract = native_contract()
-    catalog = open_catalog(
-        "lake", {"type": "sql", "uri": f"sqlite:///{tmp_path / 'c.db'}", "warehouse": f"file://{tmp_path / 'wh'}"}
-    )
     table, _ = create_table(catalog, contract)
-    writer = GeoParquetWriter(contract, table.properties, {}, table.location() + "/data", "t", partition_layout(table))
-    files = tuple(writer.write(decoded_points(contract, 0, 2.0, 48.0).to_batches()))
+    files = written(table, contract, decoded_points(contract, 0, 2.0, 48.0))
     Committer(table).commit(BatchCommit("w", 0, {"t": {0: (0, 39)}}, files))
-    written = {}
+    wkb_by_id = {}
     for record in files:
         found = pq.read_table(record.path.removeprefix("file://"), columns=["event_id", "geometry"])
         geometry = found.column("geometry").combine_chunks()
         wkb = getattr(geometry, "storage", geometry).to_pylist()
-        written.update(zip(found.column("event_id").to_pylist(), (w.hex().upper() for w in wkb)))
+        wkb_by_id.update(zip(found.column("event_id").to_pylist(), (w.hex().upper() for w in wkb)))
 
     jars = [
         p
@@ -265,9 +258,9 @@ def test_spark_4_1_with_icebergs_runtime_reads_the_column_as_geometry(tmp_path):
         [
             str(spark_41_python()),
             str(script),
-            "lake",
-            f"jdbc:sqlite:{tmp_path / 'c.db'}",
-            f"file://{tmp_path / 'wh'}",
+            catalog.name,
+            "jdbc:sqlite:" + catalog.properties["uri"].removeprefix("sqlite:///"),
+            catalog.properties["warehouse"],
             ",".join(str(j) for j in jars),
             str(out),
         ],
@@ -279,35 +272,7 @@ def test_spark_4_1_with_icebergs_runtime_reads_the_column_as_geometry(tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     answer = json.loads(out.read_text())
     assert answer["type"].startswith("GeometryType")
-    assert dict(answer["rows"]) == written and len(written) == 40
-
-
-def decoded_lines(contract: Contract, first: int, lines: list) -> pa.Table:
-    values = [
-        json.dumps(
-            {
-                "type": "Feature",
-                "id": f"e{first + i}",
-                "geometry": {"type": "LineString", "coordinates": line},
-                "properties": {"kind": "probe", "speed": 1.0},
-            }
-        ).encode()
-        for i, line in enumerate(lines)
-    ]
-    n = len(values)
-    batch = pa.record_batch(
-        {
-            "key": pa.nulls(n, pa.binary()),
-            "value": pa.array(values, pa.binary()),
-            "topic": pa.array(["t"] * n),
-            "partition": pa.array([0] * n, pa.int32()),
-            "offset": pa.array(range(first, first + n), pa.int64()),
-            "timestamp": pa.array([1_700_000_000_000_000] * n, pa.timestamp("us")),
-        }
-    )
-    decoded = pa.Table.from_batches([Decoder(contract).decode(batch)])
-    assert decoded.filter(pc.is_valid(decoded.column(REJECT_REASON))).num_rows == 0
-    return decoded.sort_by(HILBERT)
+    assert dict(answer["rows"]) == wkb_by_id and len(wkb_by_id) == 40
 
 
 def test_a_file_of_lines_across_the_anti_meridian_is_bounded_by_its_planar_extent_so_no_reader_misses_it(catalog):
@@ -316,18 +281,15 @@ def test_a_file_of_lines_across_the_anti_meridian_is_bounded_by_its_planar_exten
     must find what a scan of every file finds, for boxes on either side and in between."""
     import shapely
 
-    from streaming.table.catalog import create_table, partition_layout
+    from streaming.table.catalog import create_table
     from streaming.table.commit import BatchCommit, Committer
 
     contract = native_contract()
     table, _ = create_table(catalog, contract)
-    writer = GeoParquetWriter(contract, table.properties, {}, table.location() + "/data", "t", partition_layout(table))
-    across = list(
-        writer.write(
-            decoded_lines(contract, 0, [[[179.0, 10.0], [-179.0, 11.0]], [[178.5, 12], [-178.5, 13]]]).to_batches()
-        )
+    across = written(
+        table, contract, decoded(contract, 0, [line((179.0, 10.0), (-179.0, 11.0)), line((178.5, 12), (-178.5, 13))])
     )
-    east = list(writer.write(decoded_lines(contract, 10, [[[10.0, 10.0], [11.0, 11.0]]]).to_batches()))
+    east = written(table, contract, decoded(contract, 10, [line((10.0, 10.0), (11.0, 11.0))]))
     assert across[0].bbox[0] > across[0].bbox[2], "the covering wraps"
     assert across[0].geometry_extent == (-179.0, 10.0, 179.0, 13.0)
     Committer(table).commit(BatchCommit("w", 0, {"t": {0: (0, 1)}}, tuple(across)))
@@ -365,24 +327,23 @@ def test_what_geoingest_does_not_do_to_native_tables_yet_is_refused_by_name(cata
         apply_evolution(table, parse_contract(hourly))
 
 
-def test_a_native_commit_waits_out_another_writer_holding_the_sqlite_catalog(tmp_path, monkeypatch):
-    """Another process's write transaction holds the SQLite catalog for 6 s (longer than its JDBC driver waits by default) just as Iceberg Java
-    commits (the lock taken for real, from this process): the commit waits, then lands once."""
+def test_a_native_commit_waits_out_another_writer_holding_the_sqlite_catalog(catalog, monkeypatch):
+    """Another writer's transaction holds the SQLite catalog for 6 s (longer than its JDBC driver
+    waits by default) just as Iceberg Java commits (the lock taken for real, from this process):
+    the commit waits, then lands once."""
     import sqlite3
     import threading
 
     import streaming.table.commit as commit_module
-    from streaming.table.catalog import create_table, open_catalog, partition_layout
+    from streaming.table.catalog import create_table
     from streaming.table.commit import BatchCommit, Committer
 
     contract = native_contract()
-    catalog = open_catalog(
-        "lake", {"type": "sql", "uri": f"sqlite:///{tmp_path / 'c.db'}", "warehouse": f"file://{tmp_path / 'wh'}"}
-    )
     table, _ = create_table(catalog, contract)
-    writer = GeoParquetWriter(contract, table.properties, {}, table.location() + "/data", "t", partition_layout(table))
-    files = tuple(writer.write(decoded_points(contract, 0, 2.0, 48.0).to_batches()))
-    holder = sqlite3.connect(tmp_path / "c.db", isolation_level=None, check_same_thread=False)
+    files = written(table, contract, decoded_points(contract, 0, 2.0, 48.0))
+    holder = sqlite3.connect(
+        catalog.properties["uri"].removeprefix("sqlite:///"), isolation_level=None, check_same_thread=False
+    )
     real_native_table = commit_module.native_table
 
     def locked_before_the_commit(pyiceberg_table):
@@ -396,3 +357,23 @@ def test_a_native_commit_waits_out_another_writer_holding_the_sqlite_catalog(tmp
     assert outcome.status == "committed" and outcome.duration_s >= 5.5
     table.refresh()
     assert [s.summary["geoingest.batch-id"] for s in table.metadata.snapshots] == ["0"]
+
+
+def test_a_native_table_has_the_partition_specs_a_v2_table_of_its_contract_has(catalog):
+    """Every kind of partition field (a time transform, a geohash cell, a bucket, a truncate): the
+    v3 table Iceberg Java makes holds the specs pyiceberg makes for the v2 table of the same contract."""
+    from streaming.table.catalog import create_table
+
+    raw = json.loads(CONTRACT_PATH.read_text())
+    raw["partition"] = ["day(event_time)", "geohash(geometry, 1)", "bucket(4, event_id)", "truncate(1, kind)"]
+    v2, _ = create_table(catalog, parse_contract({**raw, "table": "demo.v2"}))
+    raw["geometry"]["native"] = True
+    v3, _ = create_table(catalog, parse_contract({**raw, "table": "demo.v3"}))
+
+    def specs(table) -> dict:
+        return {
+            spec_id: [(f.source_id, f.field_id, str(f.transform), f.name) for f in spec.fields]
+            for spec_id, spec in table.specs().items()
+        }
+
+    assert specs(v3) == specs(v2) and len(specs(v3)[1]) == 4
