@@ -258,16 +258,10 @@ def _orphans(args, settings: Settings, table) -> list:
     at a time, and none whose compaction is in flight) and only at an age the table's commits allow."""
     from streaming.maintenance.lease import MaintenanceLease
     from streaming.maintenance.orphans import check_orphan_age, delete_files, find_orphans
-    from streaming.table.native import NativeTableError, is_native
 
     min_age_s = args.min_age_minutes * 60
     if not args.delete:
         return find_orphans(table, min_age_s=min_age_s)
-    if is_native(table):
-        raise NativeTableError(
-            f"{'.'.join(table.name())}: orphans of a native-geometry (v3) table are listed, not deleted, by geoingest "
-            "yet (the maintenance lease is a pyiceberg commit, which writes no v3 table)"
-        )
     check_orphan_age(table, min_age_s, f"--min-age-minutes {args.min_age_minutes:g}")
     lease = MaintenanceLease(table, settings.maintenance_lease_s)
     try:

@@ -38,6 +38,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from multiprocessing.connection import Connection
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from pyiceberg.table import Table
@@ -359,8 +360,10 @@ def child_main(settings: Settings, turns_by_table: dict[str, CommitTurns | None]
     """The maintenance process: lower priority, Arrow on one thread, at most
     maintenance_cpu_percent of one core, stops on SIGTERM or SIGINT or when the service is gone."""
     from app.logs import configure_logging
+    from app.maven import configure_iceberg_java
 
     configure_logging()
+    configure_iceberg_java(Path(settings.cache_dir))
     stopping = threading.Event()
 
     def request_stop(_signum, _frame):

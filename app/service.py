@@ -38,7 +38,6 @@ from streaming.source.admin import ensure_topic, partitions_of
 from streaming.source.python_source import LatestOffsets, caught_up
 from streaming.table.catalog import create_rejects_table, load_contract_table, open_catalog
 from streaming.table.commit import resume_offsets
-from streaming.table.native import NativeTableError, is_native
 from streaming.table.turns import CommitTurns
 from streaming.write.dead_letter import DeadLetterConfig
 
@@ -207,11 +206,6 @@ def open_lane(
     shared by the lanes of a service of many tables, when given), its dead-letter topic made.
     A table of a split topic (app/routing.py) gets its writer id from the topic's query, and its
     batches as records (`records_given`)."""
-    if is_native(table) and settings.maintenance_mode != "off":
-        raise NativeTableError(
-            f"{contract.table}: a native-geometry table is not maintained by geoingest yet; "
-            f"set maintenance_mode to off (GEOINGEST_MAINTENANCE_MODE=off), it is {settings.maintenance_mode!r}"
-        )
     metrics = IngestMetrics(registry, contract.table, settings.topic)
     health = Health(max_silence_s=settings.ready_max_silence_s, max_stall_s=settings.live_max_stall_s)
     # Beside ingest, maintenance commits take turns with the batches' (streaming/table/turns.py).

@@ -8,7 +8,7 @@ import logging
 import random
 import time
 from collections.abc import Callable, Iterable
-from contextlib import AbstractContextManager
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from typing import TypeVar
 
@@ -16,6 +16,7 @@ from pyiceberg.exceptions import CommitFailedException, ValidationException
 from pyiceberg.table import Table, Transaction
 
 from streaming.maintenance.lease import MaintenanceLease
+from streaming.maintenance.native import Fence
 from streaming.table.commit import WRITERS, RetryPolicy, writer_histories_json
 from streaming.table.turns import no_turn
 
@@ -61,6 +62,10 @@ class Retrier:
     def transaction(self, view: Table) -> AbstractContextManager[Transaction]:
         """A transaction on `view` committed when its block ends (fenced by the lease, if any)."""
         return view.transaction() if self.lease is None else self.lease.fenced(view)
+
+    def native_fence(self, view: Table) -> AbstractContextManager[Fence | None]:
+        """The lease's fence for a native table's commit on `view` (None without a lease)."""
+        return nullcontext(None) if self.lease is None else self.lease.native_fence(view)
 
     def run(self, what: str, attempt: Callable[[], T]) -> tuple[T, int]:
         started = time.monotonic()

@@ -26,6 +26,7 @@ from pyiceberg.table import Table
 
 from streaming.contract import BBOX_FIELDS, Contract
 from streaming.kernels.hilbert import hilbert_keys_of_bounds
+from streaming.maintenance import native
 from streaming.maintenance.commits import (
     MaintenanceGaveUp,
     Progress,
@@ -45,6 +46,7 @@ from streaming.storage import data_location
 from streaming.table.catalog import partition_layout
 from streaming.table.commit import data_spec_id, single_attempt_view, to_data_file
 from streaming.table.deletes import EqualityDeletes, has_delete_files, snapshot_files
+from streaming.table.native import is_native
 from streaming.table.row_delta import RewriteFiles
 from streaming.write.data_files import DataFileRecord, GeoParquetWriter, written_ms
 
@@ -231,7 +233,8 @@ class _CompactionPlan:
     deletes: EqualityDeletes | None
     sequence_numbers: dict[str, int]
     planned_deletes: set[str]
-    # The sequence number of the snapshot planned from
+    # The snapshot planned from, and its sequence number
+    snapshot_id: int | None
     read_sequence_number: int
 
 
@@ -255,7 +258,16 @@ def plan_compaction(table: Table, policy: MaintenancePolicy, now_ms: int | None)
         bins = plan_bins(candidates, policy.max_bin_bytes, policy.min_files_per_bin)
     snapshot = table.current_snapshot()
     read_sequence_number = (snapshot.sequence_number or 0) if snapshot is not None else 0
-    return _CompactionPlan(contract, candidates, bins, deletes, sequence_numbers, planned_deletes, read_sequence_number)
+    return _CompactionPlan(
+        contract,
+        candidates,
+        bins,
+        deletes,
+        sequence_numbers,
+        planned_deletes,
+        None if snapshot is None else snapshot.snapshot_id,
+        read_sequence_number,
+    )
 
 
 @dataclass
@@ -349,6 +361,19 @@ def compact(
         # Without such deletes the new files take the commit's own sequence number: newer than every
         # delete file, so no reader (pyiceberg's included) loads the deletes for them.
         sequence_number = plan.read_sequence_number if overtaken else None
+        if is_native(view):
+            with retrier.native_fence(view) as fence:
+                snapshot_id = native.rewrite(
+                    view,
+                    [path for rw in rewrites for path in rw.sources],
+                    [(r, data_spec_id(r, view.metadata)) for rw in rewrites for r in rw.outputs],
+                    carry(view, "compaction"),
+                    plan.snapshot_id,
+                    sequence_number,
+                    fence,
+                )
+            table.refresh()
+            return snapshot_id
         with retrier.transaction(view) as tx:
             with RewriteFiles(tx, sequence_number, carry(view, "compaction")) as rewrite:
                 for rw in rewrites:

@@ -54,7 +54,9 @@ from pyiceberg.table import Table, Transaction
 from pyiceberg.table.update import AssertRefSnapshotId
 from pyiceberg.table.update.snapshot import ManageSnapshots
 
+from streaming.maintenance import native
 from streaming.table.catalog import open_catalog
+from streaming.table.native import is_native
 
 log = logging.getLogger("geoingest.maintenance")
 
@@ -145,9 +147,18 @@ def _change(table: Table, seen: LeaseState, holder: str | None, expires_at_ms: i
     snapshot = table.current_snapshot()
     assert snapshot is not None, "a lease is only taken on a table with a snapshot"
     new = LeaseState(seen.generation + 1, holder, expires_at_ms)
+    old_tag = generation_tag(seen.generation)
+    if is_native(table):
+        native.change_refs(
+            table,
+            [old_tag] if seen.generation else [],
+            {generation_tag(new.generation): snapshot.snapshot_id, ANCHOR_TAG: snapshot.snapshot_id},
+            {LEASE_PROPERTY: json.dumps(new.to_json())},
+        )
+        table.refresh()
+        return new
     txn = table.transaction()
     refs = ManageSnapshots(transaction=txn)
-    old_tag = generation_tag(seen.generation)
     if seen.generation and old_tag in table.metadata.refs:
         refs.remove_tag(old_tag)
     # create_tag asserts the tag is absent (a new generation, the anchor's first time) or still where it was read.
@@ -269,12 +280,7 @@ class MaintenanceLease:
         was lost (or `view` shows another holder's generation); a commit the catalog refuses for it
         raises CommitFailedException, and the retry that follows raises LeaseLost."""
         with self._lock:
-            held = self.held
-            if held is None:
-                raise LeaseLost(self.lost or f"table {self.name}: maintenance lease not held")
-            seen = lease_state(view)
-            if seen.generation > held.generation:
-                raise self._lose(self._taken_over(seen))
+            held = self._held_on(view)
             transaction = view.transaction()
             yield transaction
             tag = generation_tag(held.generation)
@@ -283,6 +289,28 @@ class MaintenanceLease:
             # would drop the snapshot producer's assertion on the branch (or be dropped for it).
             transaction._requirements += (fence,)
             transaction.commit_transaction()
+
+    @contextmanager
+    def native_fence(self, view: Table) -> Iterator[native.Fence]:
+        """The fence of a native table's maintenance commit (streaming/maintenance/native.py), made
+        within the block: as `fenced`, it lands only while this lease is held, and the tag it
+        moves is where this holder's next commit finds it."""
+        with self._lock:
+            held = self._held_on(view)
+            fence = native.Fence(generation_tag(held.generation), self._tag_snapshot_id)
+            yield fence
+            if fence.moved_to is not None:
+                self._tag_snapshot_id = fence.moved_to
+
+    def _held_on(self, view: Table) -> LeaseState:
+        """The held lease, unless lost or `view` shows another holder's generation (LeaseLost)."""
+        held = self.held
+        if held is None:
+            raise LeaseLost(self.lost or f"table {self.name}: maintenance lease not held")
+        seen = lease_state(view)
+        if seen.generation > held.generation:
+            raise self._lose(self._taken_over(seen))
+        return held
 
     @contextmanager
     def keep_alive(self, interval_s: float | None = None) -> Iterator[None]:

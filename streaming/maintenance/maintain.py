@@ -55,6 +55,7 @@ from pyiceberg.table import Table, TableProperties, Transaction
 from pyiceberg.table.snapshots import Operation, Snapshot
 from pyiceberg.table.update.snapshot import ExpireSnapshots, _FastAppendFiles
 
+from streaming.maintenance import native
 from streaming.maintenance.commits import (
     MaintenanceGaveUp,
     Progress,
@@ -86,7 +87,7 @@ from streaming.table.commit import (
     WRITERS,
     single_attempt_view,
 )
-from streaming.table.native import NativeTableError, is_native
+from streaming.table.native import is_native
 from streaming.table.turns import no_turn
 
 log = logging.getLogger("geoingest.maintenance")
@@ -312,8 +313,14 @@ def merge_manifests(
     before = data_manifest_count(table)
     if dry_run or table.current_snapshot() is None or (before <= policy.max_manifests and not force):
         return ManifestReport(before, before, None, 0, time.monotonic() - started)
-    written: list[_MergedManifests] = []
     retrier = retrier or Retrier(table)
+    if is_native(table):
+        return (
+            _native_carrier(table, before, started, retrier)
+            if force
+            else ManifestReport(before, before, None, 0, time.monotonic() - started)
+        )
+    written: list[_MergedManifests] = []
 
     def attempt() -> int:
         table.refresh()
@@ -334,6 +341,23 @@ def merge_manifests(
         raise
     # Merges written for a base a removal then changed were never committed.
     delete_quietly(table, (m.manifest_path for merge in written[:-1] for m in merge.merged))
+    return ManifestReport(before, data_manifest_count(table), snapshot_id, conflicts, time.monotonic() - started)
+
+
+def _native_carrier(table: Table, before: int, started: float, retrier: Retrier) -> ManifestReport:
+    """A native table's manifests are merged by Iceberg Java as it commits (its merging snapshot
+    producers, at commit.manifest.min-count-to-merge); what a forced merge is for there is the
+    snapshot carrying every writer's history, made as an append of no file."""
+
+    def attempt() -> int:
+        table.refresh()
+        view = single_attempt_view(table)
+        with retrier.native_fence(view) as fence:
+            snapshot_id = native.carrier(view, carry(view, "manifest-merge"), fence)
+        table.refresh()
+        return snapshot_id
+
+    snapshot_id, conflicts = retrier.run("manifest merge", attempt)
     return ManifestReport(before, data_manifest_count(table), snapshot_id, conflicts, time.monotonic() - started)
 
 
@@ -376,6 +400,11 @@ def expire_snapshots(
         if not doomed:
             return 0
         view = single_attempt_view(table)
+        if is_native(view):
+            with retrier.native_fence(view) as fence:
+                native.expire(view, doomed, fence)
+            table.refresh()
+            return len(doomed)
         with retrier.transaction(view) as tx:
             ExpireSnapshots(tx).by_ids(sorted(doomed)).commit()
         adopt(table, view)
@@ -456,7 +485,8 @@ def _has_work(table: Table, policy: MaintenancePolicy, steps: tuple[str, ...], n
         if expiry.expire or expiry.uncovered:
             return True
     if "compact" in steps:
-        if data_manifest_count(table) > policy.max_manifests:
+        # A native table's manifests are merged as Iceberg Java commits (_native_carrier).
+        if not is_native(table) and data_manifest_count(table) > policy.max_manifests:
             return True
         if plan_compaction(table, policy, now_ms).bins:
             return True
@@ -484,11 +514,6 @@ def maintain(
     unknown = [s for s in steps if s not in STEPS]
     if unknown:
         raise ValueError(f"maintenance steps {unknown}: expected some of {', '.join(STEPS)}")
-    if is_native(table):
-        raise NativeTableError(
-            f"{'.'.join(table.name())}: a native-geometry (v3) table is not maintained by geoingest yet: its "
-            "commits (the lease, compaction, expiry) are pyiceberg's, which writes no v3 table"
-        )
     started = time.monotonic()
     lease = MaintenanceLease(table, policy.lease_s, holder, sleep=sleep)
     retrier = Retrier(table, sleep=sleep, lease=lease, turn=turn)

@@ -30,6 +30,7 @@ from pyiceberg.table.update.snapshot import _OverwriteFiles
 from pyiceberg.transforms import DayTransform, HourTransform, MonthTransform, YearTransform
 from pyiceberg.types import PrimitiveType
 
+from streaming.maintenance import native
 from streaming.maintenance.commits import Retrier, adopt, carry, current_snapshot_id
 from streaming.maintenance.compaction import live_files
 from streaming.maintenance.plan import (
@@ -41,6 +42,7 @@ from streaming.maintenance.plan import (
 )
 from streaming.read.query import table_contract
 from streaming.table.commit import single_attempt_view
+from streaming.table.native import is_native
 
 _TIME_TRANSFORMS = ((YearTransform, "year"), (MonthTransform, "month"), (DayTransform, "day"), (HourTransform, "hour"))
 
@@ -181,6 +183,12 @@ def apply_retention(
         if not data_files:
             return None
         view = single_attempt_view(table)
+        if is_native(view):
+            with retrier.native_fence(view) as fence:
+                paths = [f.file_path for f in data_files.values()]
+                snapshot_id = native.remove(view, paths, carry(view, "retention"), fence)
+            table.refresh()
+            return snapshot_id
         with retrier.transaction(view) as tx:
             # pyiceberg's overwrite producer, as a "delete" snapshot: it removes exactly the files
             # it is given (its own delete() decides by a row filter, and may rewrite files).

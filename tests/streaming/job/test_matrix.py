@@ -41,6 +41,7 @@ from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer
 from kafka.admin import NewTopic
 from prometheus_client import CollectorRegistry
 
+from app.maven import configure_iceberg_java
 from app.service import run
 from streaming.contract import parse_contract
 from streaming.maintenance.maintain import maintain
@@ -48,11 +49,14 @@ from streaming.maintenance.plan import MaintenancePolicy
 from streaming.read.predicate import Predicate
 from streaming.read.query import query
 from streaming.table.catalog import create_table, open_catalog
+from streaming.table.native import is_native
 from streaming.write.dead_letter import REASON_HEADER, SOURCE_OFFSET_HEADER, SOURCE_PARTITION_HEADER
-from tests.conftest import duckdb_connection, local_settings
+from tests.conftest import CACHE_DIR, duckdb_connection, local_settings
 from tests.debezium import kafka_connect, postgis  # noqa: F401
 
 pytestmark = pytest.mark.integration
+
+configure_iceberg_java(CACHE_DIR)  # native-geometry tables are made through Iceberg Java
 
 ROOT = Path(__file__).resolve().parents[3]
 DEMO = json.loads((ROOT / "schemas" / "demo_events.json").read_text())
@@ -83,12 +87,21 @@ class Cell:
     # Run as a new user runs it: every setting at its default but the ones naming the cell (source,
     # clustering) and the test's broker and catalog; else small batches, maintenance at every chance.
     defaults: bool = False
+    # An Iceberg v3 table whose geometry is Iceberg's own type (`geometry.native`).
+    native: bool = False
 
     @property
     def name(self) -> str:
-        return f"p{self.partitions}-{self.source}-{self.clustering}-{self.mode}-{self.layout}" + (
-            "-jobs" if self.jobs else "-defaults" if self.defaults else ""
+        return (
+            f"p{self.partitions}-{self.source}-{self.clustering}-{self.mode}-{self.layout}"
+            + ("-jobs" if self.jobs else "-defaults" if self.defaults else "")
+            + ("-v3" if self.native else "")
         )
+
+    @property
+    def contract(self):
+        geometry = {**DEMO["geometry"], "native": True} if self.native else DEMO["geometry"]
+        return parse_contract({**DEMO, "mode": self.mode, "partition": LAYOUTS[self.layout], "geometry": geometry})
 
     def values(self) -> tuple:
         return tuple(getattr(self, factor) for factor in FACTORS)
@@ -106,6 +119,13 @@ CELLS = [
     Cell(2, "python", "task", "upsert", "day+geohash", jobs=True),
     Cell(5, "spark-kafka", "batch", "upsert", "none", jobs=True),
     Cell(5, "python", "task", "append", "day+geohash"),
+]
+# Native-geometry (v3) tables, written and maintained through Iceberg Java: the 1-partition upsert
+# stream at its defaults, an upsert and an append table partitioned by day and cell, both sources.
+V3_CELLS = [
+    Cell(1, "python", "batch", "upsert", "none", defaults=True, native=True),
+    Cell(2, "spark-kafka", "task", "upsert", "day+geohash", native=True),
+    Cell(5, "python", "batch", "append", "day+geohash", jobs=True, native=True),
 ]
 
 
@@ -233,8 +253,9 @@ def read_by_query(table) -> list[tuple]:
 def read_by_duckdb(table) -> list[tuple]:
     con = duckdb_connection()
     con.execute("SET enable_geoparquet_conversion = false")
+    geometry = "ST_AsWKB(geometry)" if is_native(table) else "geometry"  # v3: DuckDB's GEOMETRY
     found = con.execute(
-        "SELECT event_id, source_partition, source_offset, geometry, speed "
+        f"SELECT event_id, source_partition, source_offset, {geometry}, speed "
         f"FROM iceberg_scan('{table.metadata_location}')"
     ).fetchall()
     return [(i, p, o, *_rounded(shapely.from_wkb(bytes(g))), s) for i, p, o, g, s in found]
@@ -298,10 +319,10 @@ def new_topic(bootstrap: str, partitions: int) -> str:
     return name
 
 
-@pytest.mark.parametrize("cell", CELLS, ids=lambda c: c.name)
+@pytest.mark.parametrize("cell", CELLS + V3_CELLS, ids=lambda c: c.name)
 def test_every_cell_holds_its_reference_state(kafka, spark, tmp_path, cell: Cell):
     started = time.monotonic()
-    contract = parse_contract({**DEMO, "mode": cell.mode, "partition": LAYOUTS[cell.layout]})
+    contract = cell.contract
     topic = new_topic(kafka.bootstrap, cell.partitions)
     records = make_stream(n_keys=300, n_events=3_000, seed=cell.partitions * 7 + len(cell.name))
     half = len(records) // 2

@@ -311,15 +311,51 @@ def test_a_file_of_lines_across_the_anti_meridian_is_bounded_by_its_planar_exten
     assert count == 0  # still pruned where nothing can be
 
 
+def test_a_committed_files_metrics_are_what_iceberg_java_reads_from_its_footer(catalog):
+    """The committer hands Iceberg the metrics its writer recorded instead of having Iceberg Java read
+    each footer again: they must be the footer's, and the geometry bounds Iceberg's own encoding."""
+    from streaming.table.catalog import create_table
+    from streaming.table.native import geometry_bound, native_table
+
+    contract = native_contract()
+    table, _ = create_table(catalog, contract)
+    handle = native_table(table)
+    files = written(table, contract, decoded(contract, 0, [point(2.5, 48.1), line((-3.0, 40.0), (7.25, 51.5))]))
+    handle.append(files, contract.geometry.id, {}, None)
+    iceberg = handle.java.iceberg
+    manifest = handle.table.currentSnapshot().dataManifests(handle.table.io()).get(0)
+    committed = iceberg.ManifestFiles.read(manifest, handle.table.io(), handle.table.specs()).iterator().next()
+    footer = iceberg.parquet.ParquetUtil.fileMetrics(
+        handle.table.io().newInputFile(committed.location()), iceberg.MetricsConfig.forTable(handle.table)
+    )
+
+    def plain(java_map, skip=()) -> dict:
+        return {
+            int(k): bytes(v.array()) if hasattr(v, "array") else int(v)
+            for k, v in dict(java_map or {}).items()
+            if int(k) not in skip
+        }
+
+    assert int(committed.recordCount()) == int(footer.recordCount()) == 2
+    for name in ("valueCounts", "nullValueCounts", "nanValueCounts", "columnSizes"):
+        assert plain(getattr(committed, name)()) == plain(getattr(footer, name)()), name
+    geometry = contract.geometry.id
+    for name in ("lowerBounds", "upperBounds"):
+        assert plain(getattr(committed, name)(), {geometry}) == plain(getattr(footer, name)(), {geometry}), name
+    geometry_type = handle.table.schema().findType(geometry)
+    bound = iceberg.geospatial.GeospatialBound
+    expected_low = iceberg.types.Conversions.toByteBuffer(geometry_type, bound.createXY(-3.0, 40.0))
+    expected_high = iceberg.types.Conversions.toByteBuffer(geometry_type, bound.createXY(7.25, 51.5))
+    assert geometry_bound(-3.0, 40.0) == bytes(expected_low.array())
+    assert plain(committed.lowerBounds())[geometry] == geometry_bound(-3.0, 40.0)
+    assert plain(committed.upperBounds())[geometry] == bytes(expected_high.array())
+
+
 def test_what_geoingest_does_not_do_to_native_tables_yet_is_refused_by_name(catalog):
-    from streaming.maintenance.maintain import maintain
-    from streaming.maintenance.plan import MaintenancePolicy
     from streaming.table.catalog import create_table
     from streaming.table.evolve import EvolutionError, apply_evolution
 
     table, _ = create_table(catalog, native_contract())
-    with pytest.raises(NativeTableError, match=r"demo.events: a native-geometry \(v3\) table is not maintained"):
-        maintain(table, MaintenancePolicy())
     hourly = json.loads(CONTRACT_PATH.read_text())
     hourly["geometry"]["native"] = True
     hourly["partition"] = ["hour(event_time)"]
