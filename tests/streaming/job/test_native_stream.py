@@ -9,12 +9,13 @@ import json
 
 import pytest
 import shapely
+from prometheus_client import CollectorRegistry
 
 from app.maven import configure_iceberg_java
 from app.service import run
 from streaming.contract import parse_contract
 from streaming.table.catalog import create_table, open_catalog
-from streaming.table.native import NativeTableError, is_native
+from streaming.table.native import is_native
 from tests.conftest import CACHE_DIR, duckdb_connection, local_settings
 from tests.streaming.job.test_matrix import (
     DEMO,
@@ -137,7 +138,8 @@ def test_a_native_upsert_table_holds_each_keys_last_version_from_a_one_partition
 
 
 def test_kill_9_after_a_native_commit_is_replayed_and_skipped(kafka, tmp_path):
-    """killed_after_a_commit_then_rerun, the commit Iceberg Java's."""
+    """killed_after_a_commit_then_rerun, the commit Iceberg Java's, with compaction beside the stream
+    after every commit (Iceberg Java's too)."""
     from tests.streaming.job.test_chaos import catalog_of, service_env
 
     contract_file = tmp_path / "native.json"
@@ -152,7 +154,10 @@ def test_kill_9_after_a_native_commit_is_replayed_and_skipped(kafka, tmp_path):
         tmp_path / "work",
         GEOINGEST_SOURCE="python",
         GEOINGEST_MAX_OFFSETS_PER_TRIGGER="500",
-        GEOINGEST_MAINTENANCE_MODE="off",
+        GEOINGEST_MAINTENANCE_INTERVAL_COMMITS="1",
+        GEOINGEST_MAINTENANCE_MIN_GAP_S="0",
+        GEOINGEST_MAINTENANCE_MIN_FILE_AGE_S="0",
+        GEOINGEST_MAINTENANCE_STEPS="compact",
     )
     create_table(catalog_of(env), contract)
     table = killed_after_a_commit_then_rerun(env, tmp_path, contract_file, contract.table)
@@ -199,12 +204,44 @@ def test_a_native_table_gains_the_columns_its_events_bring_under_add_columns(kaf
     assert {i: (b, m) for i, b, m in found} == expected
 
 
-def test_what_native_tables_do_not_take_yet_is_refused_by_name(kafka, spark, tmp_path):
-    catalog_settings = local_settings(kafka, "unused", tmp_path)
-    catalog = open_catalog(catalog_settings.catalog_name, catalog_settings.catalog)
-    topic = new_topic(kafka.bootstrap, 1)
-    settings = local_settings(kafka, topic, tmp_path)  # maintenance beside, the default
+def test_maintenance_beside_a_native_stream_compacts_and_expires_and_loses_no_row(kafka, spark, tmp_path):
+    """The default maintenance mode on a v3 table, at every chance: its runs (retention, compaction,
+    expiry, each an Iceberg Java commit fenced by the lease) land between the stream's commits."""
+    topic = new_topic(kafka.bootstrap, 2)
+    records = make_stream(n_keys=3_000, n_events=3_000, seed=41)
+    positions = produce(kafka.bootstrap, topic, records)
+    settings = local_settings(
+        kafka,
+        topic,
+        tmp_path,
+        source="python",
+        max_offsets_per_trigger=300,
+        maintenance_interval_commits=1,
+        maintenance_min_gap_s=0,
+        maintenance_cpu_percent=100,
+        maintenance_min_file_age_s=0,
+        maintenance_keep_snapshots=3,
+        maintenance_snapshot_max_age_s=0,
+    )
+    catalog = open_catalog(settings.catalog_name, settings.catalog)
     contract = parse_contract(NATIVE)
     create_table(catalog, contract)
-    with pytest.raises(NativeTableError, match=r"demo.events: a native-geometry table is not maintained .* 'beside'"):
-        run(settings, contract, until_idle=True, spark=spark)
+    registry = CollectorRegistry()
+
+    totals = run(settings, contract, until_idle=True, spark=spark, registry=registry)
+
+    assert totals.commits.get("failed", 0) == 0 and totals.batches >= 5
+    runs = {
+        outcome: registry.get_sample_value(
+            "geoingest_maintenance_runs_total", {"table": contract.table, "outcome": outcome}
+        )
+        or 0
+        for outcome in ("completed", "skipped", "gave_up", "failed")
+    }
+    assert runs["completed"] >= 1 and runs["failed"] == runs["gave_up"] == 0, runs
+    table = catalog.load_table(contract.table)
+    operations = {s.summary.additional_properties.get("geoingest.maintenance") for s in table.metadata.snapshots}
+    assert "compaction" in operations, "a compaction landed beside the stream"
+    assert len(table.metadata.snapshots) < totals.batches, "expiry ran beside the stream"
+    reference = Reference.of("append", records, positions)
+    assert set(differences(reference, read_native(table)).values()) == {0}

@@ -3,7 +3,7 @@ SQLite catalog and on Iceberg's REST catalog server (whose own commit check deci
 
 from __future__ import annotations
 
-import dataclasses
+import json
 import threading
 import uuid
 from collections.abc import Callable
@@ -15,7 +15,9 @@ from pyiceberg.exceptions import CommitFailedException
 from pyiceberg.table import Table
 
 from app.local.rest_catalog import LocalRestCatalog
-from streaming.contract import load_contract
+from app.maven import configure_iceberg_java
+from streaming.contract import parse_contract
+from streaming.maintenance import native
 from streaming.maintenance.lease import (
     ANCHOR_TAG,
     LEASE_PROPERTY,
@@ -30,6 +32,7 @@ from streaming.maintenance.lease import (
 from streaming.maintenance.maintain import maintain
 from streaming.maintenance.plan import MaintenancePolicy
 from streaming.table.catalog import create_table, open_catalog
+from streaming.table.native import is_native
 from tests.conftest import CACHE_DIR
 from tests.lakehouse import WAREHOUSE_BUCKET
 from tests.streaming.maintenance.test_maintain import (
@@ -39,6 +42,8 @@ from tests.streaming.maintenance.test_maintain import (
     table_ids,
     write_batches,
 )
+
+configure_iceberg_java(CACHE_DIR)
 
 
 @pytest.fixture(scope="module")
@@ -55,9 +60,10 @@ def lease_rest_catalog(object_store, tmp_path_factory):
     catalog.stop()
 
 
-@pytest.fixture(params=["sqlite", "rest"])
+@pytest.fixture(params=["sqlite", "rest", "sqlite-native"])
 def catalog_config(request, tmp_path: Path) -> tuple[str, dict[str, str]]:
-    if request.param == "sqlite":
+    """The catalog; "-native": the table is a native-geometry (v3) one, its lease changed by Iceberg Java."""
+    if request.param.startswith("sqlite"):
         return "lease", {
             "type": "sql",
             "uri": f"sqlite:///{tmp_path / 'catalog.db'}",
@@ -67,8 +73,11 @@ def catalog_config(request, tmp_path: Path) -> tuple[str, dict[str, str]]:
 
 
 @pytest.fixture
-def contract():
-    return dataclasses.replace(load_contract(CONTRACT_PATH), table=f"lease_{uuid.uuid4().hex[:8]}.events")
+def contract(request):
+    raw = json.loads(CONTRACT_PATH.read_text())
+    raw["table"] = f"lease_{uuid.uuid4().hex[:8]}.events"
+    raw["geometry"]["native"] = request.node.callspec.params.get("catalog_config", "").endswith("-native")
+    return parse_contract(raw)
 
 
 @pytest.fixture
@@ -81,6 +90,23 @@ def table(catalog_config, contract) -> Table:
 def own_table(catalog_config, contract) -> Table:
     """The table through a connection of its own, as another maintainer process holds it."""
     return open_catalog(*catalog_config).load_table(contract.table)
+
+
+def fenced_mark(lease: MaintenanceLease, view: Table, mark: str) -> None:
+    """A commit fenced by `lease` that leaves `mark` in the table (`marked` reads it)."""
+    if is_native(view):
+        with lease.native_fence(view) as fence:
+            native.carrier(view, {"written-by": mark}, fence)
+    else:
+        with lease.fenced(view) as tx:
+            tx.set_properties({"written-by": mark})
+
+
+def marked(table: Table) -> str | None:
+    table.refresh()
+    if is_native(table):
+        return table.current_snapshot().summary.additional_properties.get("written-by")
+    return table.properties.get("written-by")
 
 
 def race(contenders: list[Callable[[], object]]) -> list[object]:
@@ -159,16 +185,14 @@ def test_a_commit_fenced_by_a_lease_that_was_taken_over_is_refused_by_the_catalo
 
     # The old holder's table was read before the takeover: only the catalog can tell, and refuses.
     with pytest.raises(CommitFailedException):
-        with old.fenced(read_while_held) as tx:
-            tx.set_properties({"written-by": "old"})
+        fenced_mark(old, read_while_held, "old")
     # Its retry reads the table again and stops without asking.
     with pytest.raises(LeaseLost, match=new.holder):
-        with old.fenced(own_table(catalog_config, contract)) as tx:
-            tx.set_properties({"written-by": "old"})
-    with new.fenced(own_table(catalog_config, contract)) as tx:
-        tx.set_properties({"written-by": "new"})
-    table.refresh()
-    assert table.properties["written-by"] == "new"
+        fenced_mark(old, own_table(catalog_config, contract), "old")
+    fenced_mark(new, own_table(catalog_config, contract), "new")
+    assert marked(table) == "new"
+    fenced_mark(new, own_table(catalog_config, contract), "new again")  # the holder's fence followed its tag
+    assert marked(table) == "new again"
     new.confirm()  # read afresh through a catalog connection of the lease's own
     new.release()
 
