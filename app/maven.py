@@ -179,12 +179,15 @@ def _ivy_module(name: str, coordinates: Sequence[str], exclude: Sequence[str] = 
 # Spark 4.0 of 1.12; only its `org.apache.iceberg` classes are used, never its Spark ones.
 ICEBERG_JAVA = "org.apache.iceberg:iceberg-spark-runtime-4.1_2.13:1.12.0"
 SQLITE_JDBC = "org.xerial:sqlite-jdbc:3.50.3.0"
+# The AWS SDK, shaded, for Iceberg's S3FileIO (an s3:// warehouse).
+ICEBERG_AWS_BUNDLE = "org.apache.iceberg:iceberg-aws-bundle:1.12.0"
 
 
 def iceberg_java_classpath(cache_dir: Path) -> list[Path]:
-    """Iceberg Java's jars and SQLite's JDBC driver (resolved from Maven Central once), then Spark's
-    own jars (Hadoop's file systems for the warehouse, py4j to reach the JVM)."""
+    """Iceberg Java's jars, the AWS SDK for its S3FileIO and SQLite's JDBC driver (resolved from Maven
+    Central once), then Spark's own jars (Hadoop's file systems for the warehouse, py4j to reach the JVM)."""
     jars = resolve([ICEBERG_JAVA], cache_dir, "iceberg-java-1.12.0")
+    jars += resolve([ICEBERG_AWS_BUNDLE], cache_dir, "iceberg-aws-bundle-1.12.0")
     jars += [j for j in resolve([SQLITE_JDBC], cache_dir, "sqlite-jdbc-3.50.3.0") if "sqlite-jdbc" in j.name]
     return [*jars, *sorted(Path(spark_home(), "jars").glob("*.jar"))]
 

@@ -120,7 +120,9 @@ class IcebergJava:
             jarpath=str(py4j_jar),
             classpath=":".join(str(j) for j in classpath),
             java_path=str(java),
-            javaopts=["-Xmx512m", "-XX:+UseSerialGC"],
+            # The AWS SDK would read ~/.aws and ask the EC2 metadata service for what the catalog's
+            # s3.* settings leave out (an S3 warehouse): it is to take those settings alone.
+            javaopts=["-Xmx512m", "-XX:+UseSerialGC", "-Daws.disableEc2Metadata=true"],
             die_on_exit=True,
             redirect_stderr=None,
         )
@@ -175,10 +177,15 @@ def java_catalog_properties(properties: Mapping[str, str]) -> tuple[str, dict[st
     props = {k: v for k, v in properties.items() if not k.startswith("geoingest.")}
     uri = props.get("uri", "")
     warehouse = props.get("warehouse", "")
-    if "://" in warehouse and not warehouse.startswith("file:"):
+    scheme = warehouse.partition("://")[0] if "://" in warehouse else "file"
+    if scheme in ("s3", "s3a"):
+        # Iceberg's S3FileIO takes pyiceberg's s3.* settings under the same names, but the region.
+        props.setdefault("io-impl", "org.apache.iceberg.aws.s3.S3FileIO")
+        if "s3.region" in props:
+            props.setdefault("client.region", props.pop("s3.region"))
+    elif scheme != "file":
         raise NativeTableError(
-            f"warehouse {warehouse!r}: native-geometry tables are written to a file:// warehouse only yet "
-            "(Iceberg Java here has no object-store FileIO)"
+            f"warehouse {warehouse!r}: native-geometry tables are written to file:// and s3:// warehouses"
         )
     kind = props.pop("type", "sql" if uri.startswith("sqlite:") else "rest" if uri.startswith("http") else "")
     if kind == "sql" or uri.startswith("sqlite:"):

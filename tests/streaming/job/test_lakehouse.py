@@ -541,3 +541,57 @@ def test_an_upsert_table_on_the_lakehouse_holds_the_current_versions_before_and_
     geoingest(env, tmp_path, "table", "maintain", "--table", table, "--compact", "--expire")
     assert state() == expected, "compaction applied the deletes"
     assert local_table_files(tmp_path) == []
+
+
+def test_a_native_geometry_table_on_the_lakehouse_is_streamed_maintained_and_holds_geometry(lakehouse, tmp_path):
+    """A v3 table (`geometry.native`) in the bucket behind the REST catalog, executors in other
+    processes: Iceberg Java commits through the REST catalog with its S3FileIO, beside the writer's
+    files in the bucket; the rows, the Parquet GEOMETRY column and maintenance hold."""
+    import pyarrow.parquet as pq
+
+    from streaming.read.predicate import Predicate
+    from streaming.read.query import query
+    from streaming.table.native import is_native
+
+    topic = new_topic(lakehouse)
+    table = "lh_native.events"
+    geometry = {**json.loads(DEMO_CONTRACT.read_text())["geometry"], "native": True}
+    contract = contract_file(tmp_path, table, geometry=geometry)
+    events = points("v", 2400)
+    assert produce_records(lakehouse.broker.bootstrap, topic, [(i.encode(), point(i, x, y), []) for i, x, y in events])
+    env = lakehouse.env(
+        topic,
+        tmp_path,
+        GEOINGEST_MAX_OFFSETS_PER_TRIGGER="400",
+        GEOINGEST_MAINTENANCE_MIN_FILE_AGE_S="0",
+        GEOINGEST_MAINTENANCE_SNAPSHOT_MAX_AGE_S="0",
+        GEOINGEST_MAINTENANCE_KEEP_SNAPSHOTS="1",
+    )
+    geoingest(env, tmp_path, "table", "create", "--contract", str(contract))
+    geoingest(env, tmp_path, "run", "--contract", str(contract), "--until-idle")
+
+    loaded = lakehouse.open_catalog().load_table(table)
+    assert is_native(loaded) and loaded.location().startswith("s3://")
+
+    def ids() -> list[str]:
+        loaded.refresh()
+        return query(loaded, Predicate.from_bbox((-180.0, -90.0, 180.0, 90.0))).table.column("event_id").to_pylist()
+
+    assert sorted(ids()) == sorted(i for i, _, _ in events)
+    files_before = {task.file.file_path for task in loaded.scan().plan_files()}
+    assert len(files_before) >= 6, "several small batches"
+    path = next(iter(files_before))
+    with loaded.io.new_input(path).open() as stream:
+        parquet = pq.ParquetFile(stream)
+        column = parquet.schema.column(parquet.schema_arrow.get_field_index("geometry"))
+        assert column.logical_type.type == "GEOMETRY"
+
+    report = json.loads(geoingest(env, tmp_path, "table", "maintain", "--table", table).stdout.splitlines()[-1])
+    loaded.refresh()
+    assert report["compaction"]["files_rewritten"] >= 6 and report["skipped"] is None, report
+    assert len({task.file.file_path for task in loaded.scan().plan_files()}) < len(files_before)
+    assert len(loaded.metadata.snapshots) <= 2, "old snapshots expired"
+    assert sorted(ids()) == sorted(i for i, _, _ in events)
+    orphans = geoingest(env, tmp_path, "table", "orphans", "--table", table, "--min-age-minutes", "0").stdout
+    assert orphans.strip() == "", "expiry deleted what it unreferenced"
+    assert local_table_files(tmp_path) == []

@@ -116,8 +116,13 @@ def test_native_tables_take_sqlite_and_rest_catalogs_and_name_any_other():
     assert impl.endswith("JdbcCatalog") and props["uri"] == "jdbc:sqlite:/data/c.db"
     impl, props = java_catalog_properties({"uri": "http://127.0.0.1:8181", "warehouse": "file:///w"})
     assert impl.endswith("RESTCatalog") and props["uri"] == "http://127.0.0.1:8181"
-    with pytest.raises(NativeTableError, match="warehouse 's3://b/w': native-geometry tables are written to a file://"):
-        java_catalog_properties({"uri": "http://127.0.0.1:8181", "warehouse": "s3://b/w"})
+    impl, props = java_catalog_properties(
+        {"uri": "http://127.0.0.1:8181", "warehouse": "s3://b/w", "s3.region": "eu-west-3", "s3.endpoint": "http://e"}
+    )
+    assert props["io-impl"].endswith("S3FileIO") and props["client.region"] == "eu-west-3"
+    assert props["s3.endpoint"] == "http://e" and "s3.region" not in props
+    with pytest.raises(NativeTableError, match="warehouse 'gs://b/w': native-geometry tables are written to file://"):
+        java_catalog_properties({"uri": "http://127.0.0.1:8181", "warehouse": "gs://b/w"})
     with pytest.raises(NativeTableError, match="catalog uri 'postgresql://u@h/db'"):
         java_catalog_properties({"type": "sql", "uri": "postgresql://u@h/db"})
     with pytest.raises(NativeTableError, match="catalog type 'glue'"):
@@ -248,7 +253,7 @@ def test_spark_4_1_with_icebergs_runtime_reads_the_column_as_geometry(catalog, t
     jars = [
         p
         for p in iceberg_java_classpath(CACHE_DIR)
-        if p.name.split("-")[0] in ("org.apache.iceberg_iceberg", "org.xerial_sqlite")
+        if p.name.startswith(("org.apache.iceberg_iceberg-spark-runtime", "org.xerial_sqlite"))
     ]
     assert len(jars) == 2, (ICEBERG_JAVA, SQLITE_JDBC, jars)
     out = tmp_path / "answer.json"
