@@ -65,7 +65,7 @@ from streaming.contract import (
 )
 from streaming.contract.partition import CellColumn
 from streaming.table.catalog import table_cells
-from streaming.table.native import is_native
+from streaming.table.native import is_native, native_table
 
 CONTRACT_PROPERTY = "geoingest.contract"
 # The type promotions Iceberg allows between the contract's column types.
@@ -115,14 +115,12 @@ def plan_evolution(table: Table, new_contract: Contract) -> list[Change]:
 
 def apply_evolution(table: Table, new_contract: Contract) -> list[Change]:
     """Make the table's schema and recorded contract `new_contract`'s, in one commit."""
-    if is_native(table):
-        raise EvolutionError(
-            f"table {new_contract.table}: a native-geometry (v3) table is not evolved by `table evolve` yet "
-            "(pyiceberg writes no v3 table); its stream adds columns under schema_evolution add-columns"
-        )
     changes, transaction = _staged(table, new_contract)
     try:
-        transaction.commit_transaction()
+        if is_native(table):
+            _commit_native(table, changes, transaction)
+        else:
+            transaction.commit_transaction()
     except CommitFailedException as exc:
         # The schema the changes were planned on is no longer the table's (an ingest added a column).
         raise EvolutionError(
@@ -219,6 +217,33 @@ def _staged(table: Table, new: Contract) -> tuple[list[Change], Transaction]:
     if cell_properties:
         transaction.set_properties(cell_properties)
     return changes, transaction
+
+
+def _commit_native(table: Table, changes: list[Change], staged: Transaction) -> None:
+    """The staged changes made by Iceberg Java (pyiceberg writes no v3 table), on the metadata they
+    were planned on: a table changed since is refused (CommitFailedException), as pyiceberg's commit
+    would refuse it."""
+    schema = staged.table_metadata.schema()  # the types as pyiceberg staged them
+    columns: list[tuple[str, str, str | None]] = []
+    for change in changes:
+        if change.kind == "widen":
+            columns.append(
+                ("widen", change.column, schema.find_field(int(change.id or 0)).field_type.model_dump_json())
+            )
+        elif change.kind in ("add", "cell-add"):
+            columns.append(("add", change.column, schema.find_field(change.column).field_type.model_dump_json()))
+        elif change.kind in ("rename", "make-optional", "drop"):
+            columns.append((change.kind, change.column, change.after))
+    # Cell columns after the contract's: they take the ids after the ones the contract gives.
+    columns.sort(key=lambda c: any(ch.kind == "cell-add" and ch.column == c[1] for ch in changes))
+    spec = staged.table_metadata.spec()
+    added = {c.column for c in changes if c.kind == "partition-add"}
+    partition_fields = [
+        (schema.find_column_name(f.source_id) or "", str(f.transform), f.name) for f in spec.fields if f.name in added
+    ]
+    removed = [c.column for c in changes if c.kind == "partition-remove"]
+    properties = {k: v for k, v in staged.table_metadata.properties.items() if table.properties.get(k) != v}
+    native_table(table).evolve(table.metadata_location, columns, removed, partition_fields, properties)
 
 
 def _check_unchangeable_parts(stored: Contract, new: Contract) -> None:

@@ -390,6 +390,65 @@ class NativeTable:
         self.table.refresh()
         return int(self.table.currentSnapshot().snapshotId())
 
+    def evolve(
+        self,
+        read_location: str,
+        columns: Sequence[tuple[str, str, str | None]],
+        partition_removed: Sequence[str],
+        partition_added: Sequence[tuple[str, str, str]],
+        properties: Mapping[str, str],
+    ) -> None:
+        """Change the schema, the partition spec and properties in one commit on the metadata at
+        `read_location` (CommitFailedException when the table changed since). `columns`: (rename,
+        column, new name), (widen, column, type), (make-optional, column, None), (drop, column,
+        None), (add, column, type), types as pyiceberg's JSON, in order; `partition_added`:
+        (column, Iceberg transform as text, field name).
+
+        Iceberg Java stages the changes in a transaction, whose metadata is then committed as one
+        attempt: its own commit would re-apply them to a table changed meanwhile, and columns
+        added there would take other ids than the contract gives them."""
+        with java_commit_errors():
+            self.table.refresh()
+            base = self.table.operations().current()
+            if str(base.metadataFileLocation()) != read_location:
+                raise CommitFailedException("the table changed since the changes were planned")
+            transaction = self.table.newTransaction()
+            if columns:
+                update = transaction.updateSchema()
+                for kind, column, argument in columns:
+                    if kind == "rename":
+                        update.renameColumn(column, argument)
+                    elif kind == "widen":
+                        update.updateColumn(column, self._java_type(str(argument)))
+                    elif kind == "make-optional":
+                        update.makeColumnOptional(column)
+                    elif kind == "drop":
+                        update.deleteColumn(column)
+                    elif kind == "add":
+                        update.addColumn(column, self._java_type(str(argument)))
+                    else:
+                        raise NativeTableError(f"column change {kind!r} of {column}: not one Iceberg makes here")
+                update.commit()
+            if partition_removed or partition_added:
+                spec = transaction.updateSpec()
+                for name in partition_removed:
+                    spec.removeField(name)
+                schema = transaction.table().schema()
+                expressions, transforms = self.java.iceberg.expressions.Expressions, self.java.iceberg.transforms
+                for column, transform, name in partition_added:
+                    kind = schema.findField(column).type()
+                    spec.addField(
+                        name, expressions.transform(column, transforms.Transforms.fromString(kind, transform))
+                    )
+                spec.commit()
+            if properties:
+                update_properties = transaction.updateProperties()
+                for key, value in properties.items():
+                    update_properties.set(key, value)
+                update_properties.commit()
+            self.table.operations().commit(base, transaction.table().operations().current())
+            self.table.refresh()
+
     def _java_type(self, kind_json: str) -> Any:
         """An Iceberg type given as pyiceberg's JSON, as Iceberg Java's (through a one-field schema)."""
         field = {"id": 2_000_000_000, "name": "t", "required": False, "type": json.loads(kind_json)}

@@ -356,16 +356,66 @@ def test_a_committed_files_metrics_are_what_iceberg_java_reads_from_its_footer(c
     assert plain(committed.upperBounds())[geometry] == bytes(expected_high.array())
 
 
-def test_what_geoingest_does_not_do_to_native_tables_yet_is_refused_by_name(catalog):
+def test_table_evolve_changes_a_native_tables_columns_and_spec_in_one_commit_and_rows_follow(catalog):
+    """Rename, widen, make optional, drop, add and a new partition spec, made by Iceberg Java in one
+    commit with the ids the contract gives; batches before and after read back by DuckDB."""
+    from streaming.table.catalog import create_table
+    from streaming.table.commit import BatchCommit, Committer
+    from streaming.table.evolve import CONTRACT_PROPERTY, apply_evolution
+    from tests.streaming.table.test_evolve import base_raw, events, evolved_raw
+
+    def native(raw: dict, partition: list[str]) -> Contract:
+        return parse_contract({**raw, "geometry": {**raw["geometry"], "native": True}, "partition": partition})
+
+    before = native(base_raw(), ["day(event_time)"])
+    table, _ = create_table(catalog, before)
+    Committer(table).commit(BatchCommit("w", 0, {"t": {3: (0, 29)}}, written(table, before, events(before, 0))))
+    after = native(evolved_raw(), ["hour(event_time)"])
+    snapshot = catalog.load_table(after.table).current_snapshot().snapshot_id
+
+    changes = [c.to_json() for c in apply_evolution(catalog.load_table(after.table), after)]
+
+    assert {"change": "add", "id": 15, "column": "heading", "type": "double"} in changes
+    assert {"change": "rename", "id": 3, "column": "kind", "to": "category"} in changes
+    assert {"change": "partition-add", "field": "event_time_hour", "transform": "hour"} in changes
+    assert {"change": "partition-remove", "field": "event_time_day", "transform": "day"} in changes
+    table = catalog.load_table(after.table)
+    assert table.metadata.format_version == 3 and table.current_snapshot().snapshot_id == snapshot
+    fields = {f.field_id: (f.name, str(f.field_type), f.required) for f in table.schema().fields}
+    assert fields[3][0] == "category" and 6 not in fields and fields[15] == ("heading", "double", False)
+    assert fields[5] == ("speed", "double", False) and fields[7] == ("source_partition", "long", False)
+    assert [str(f.transform) for f in table.spec().fields] == ["hour"]
+    assert table.properties[CONTRACT_PROPERTY] == after.table_properties()[CONTRACT_PROPERTY]
+
+    Committer(table).commit(BatchCommit("w", 1, {"t": {3: (30, 59)}}, written(table, after, events(after, 30))))
+    scan = f"iceberg_scan('{catalog.load_table(after.table).metadata_location}')"
+    found = duckdb_connection().execute(f"SELECT event_id, category, heading FROM {scan} ORDER BY event_id").fetchall()
+    assert len(found) == 60 and found[0] == ("e000", "k0", None) and found[-1] == ("e059", "k59", 59.0)
+
+
+def test_an_evolve_planned_on_a_native_table_that_changed_meanwhile_changes_nothing(catalog, monkeypatch):
+    import streaming.table.evolve as evolve_module
     from streaming.table.catalog import create_table
     from streaming.table.evolve import EvolutionError, apply_evolution
+    from tests.streaming.table.test_evolve import base_raw, evolved_raw
 
-    table, _ = create_table(catalog, native_contract())
-    hourly = json.loads(CONTRACT_PATH.read_text())
-    hourly["geometry"]["native"] = True
-    hourly["partition"] = ["hour(event_time)"]
-    with pytest.raises(EvolutionError, match=r"demo.events: a native-geometry \(v3\) table is not evolved"):
-        apply_evolution(table, parse_contract(hourly))
+    def native(raw: dict) -> Contract:
+        return parse_contract({**raw, "geometry": {**raw["geometry"], "native": True}})
+
+    table, _ = create_table(catalog, native(base_raw()))
+    real = evolve_module._commit_native
+
+    def after_another_commit(table, changes, staged):
+        from streaming.table.native import native_table
+
+        # another writer commits between the plan and the evolve's commit
+        native_table(table).table.updateProperties().set("touched", "meanwhile").commit()
+        return real(table, changes, staged)
+
+    monkeypatch.setattr(evolve_module, "_commit_native", after_another_commit)
+    with pytest.raises(EvolutionError, match="it changed while the evolve ran"):
+        apply_evolution(table, native(evolved_raw()))
+    assert catalog.load_table(table.name()).schema().find_field(3).name == "kind", "nothing changed"
 
 
 def test_a_native_commit_waits_out_another_writer_holding_the_sqlite_catalog(catalog, monkeypatch):
