@@ -82,10 +82,12 @@ def _parser() -> argparse.ArgumentParser:
     broker.add_argument("--port", type=int, help="listener port (default: the port of bootstrap_servers)")
     broker.set_defaults(handler=_broker)
 
-    table = commands.add_parser("table", help="create, describe, evolve or maintain a table")
-    table.add_argument("action", choices=["create", "describe", "evolve", "orphans", "maintain"])
-    table.add_argument("--contract", help="table contract (JSON); evolve: the new contract of its table")
-    table.add_argument("--table", help="table name, for describe, orphans and maintain")
+    table = commands.add_parser("table", help="create, describe, evolve, copy or maintain a table")
+    table.add_argument("action", choices=["create", "describe", "evolve", "copy", "orphans", "maintain"])
+    table.add_argument(
+        "--contract", help="table contract (JSON); evolve: the new contract of its table; copy: the new table's"
+    )
+    table.add_argument("--table", help="table name, for describe, orphans and maintain; copy: the table copied")
     table.add_argument(
         "--delete",
         action="store_true",
@@ -234,6 +236,8 @@ def _table(args, settings: Settings) -> int:
         return 0
     if args.action == "evolve":
         return _evolve(args, catalog)
+    if args.action == "copy":
+        return _copy(args, catalog)
     name = args.table or (load_contract(args.contract).table if args.contract else None)
     if not name:
         raise ValueError(f"table {args.action} needs --table or --contract")
@@ -250,6 +254,23 @@ def _table(args, settings: Settings) -> int:
             )
         return 0
     print(json.dumps(describe(table), indent=2))
+    return 0
+
+
+def _copy(args, catalog) -> int:
+    """The live rows of --table into a new table made from --contract (a native-geometry one, say)."""
+    from streaming.contract import load_contract
+    from streaming.maintenance.copy import copy_table
+    from streaming.table.catalog import create_table
+
+    if not (args.table and args.contract):
+        raise ValueError("table copy needs --table (the table copied) and --contract (the new table's)")
+    contract = load_contract(args.contract)
+    if contract.table == args.table:
+        raise ValueError(f"table copy: --contract names {contract.table}, the table copied; it makes a new table")
+    source = catalog.load_table(args.table)
+    target, _ = create_table(catalog, contract)
+    print(json.dumps(copy_table(source, target, contract).to_json()))
     return 0
 
 

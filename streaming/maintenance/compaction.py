@@ -131,11 +131,15 @@ def rewrite_bin(
     progress: Progress = no_progress,
     deletes: EqualityDeletes | None = None,
     sequence_numbers: dict[str, int] | None = None,
+    target: Table | None = None,
+    file_prefix: str = COMPACTION_FILE_PREFIX,
 ) -> list[DataFileRecord]:
-    """The bin's rows, Hilbert-sorted again, written as new data files like ingest writes them.
+    """The bin's rows, Hilbert-sorted again, written as new data files like ingest writes them, in
+    `table` or, for a copy, in `target` (made from `contract`).
 
     In an upsert table the equality deletes that apply to a source file are applied as it is read:
     the new files get a sequence number those deletes do not reach (see compact)."""
+    target = target or table
     names = contract.arrow_schema.names
     # By field id: files written before a column was renamed, widened or added read as the table is now.
     projection = FieldIdProjection(table.schema())
@@ -166,15 +170,15 @@ def rewrite_bin(
     ordered = rows.take(pa.array(np.argsort(keys, kind="quicksort")))
     writer = GeoParquetWriter(
         contract,
-        dict(table.properties),
-        dict(table.io.properties),
-        data_location(table),
-        f"{COMPACTION_FILE_PREFIX}-{uuid.uuid4().hex[:12]}",
-        partition_layout(table),
+        dict(target.properties),
+        dict(target.io.properties),
+        data_location(target),
+        f"{file_prefix}-{uuid.uuid4().hex[:12]}",
+        partition_layout(target),
     )
     written = list(writer.write(ordered.to_batches(max_chunksize=contract.clustering.row_group_rows)))
     if sum(r.record_count for r in written) != rows.num_rows:
-        delete_quietly(table, [r.path for r in written])
+        delete_quietly(target, [r.path for r in written])
         raise RuntimeError(
             f"compaction of {len(bin_.files)} files wrote {sum(r.record_count for r in written)} "
             f"rows for {rows.num_rows}; nothing replaced"
@@ -182,7 +186,7 @@ def rewrite_bin(
     return written
 
 
-def _equality_deletes(table: Table) -> tuple[EqualityDeletes | None, dict[str, int], set[str]]:
+def equality_deletes_of(table: Table) -> tuple[EqualityDeletes | None, dict[str, int], set[str]]:
     """An upsert table's equality deletes, the sequence number of each data file, the delete files'
     paths; (None, {}, set()) for a table without delete files."""
     snapshot = table.current_snapshot()
@@ -247,7 +251,7 @@ def plan_compaction(table: Table, policy: MaintenancePolicy, now_ms: int | None)
     spec_id = table.metadata.default_spec_id
     files = [live for live, _ in live_files(table, contract) if live.spec_id == spec_id]
     candidates = compaction_candidates(files, small, int(policy.min_file_age_s * 1000), now_ms)
-    deletes, sequence_numbers, planned_deletes = _equality_deletes(table)
+    deletes, sequence_numbers, planned_deletes = equality_deletes_of(table)
     reached = _files_to_apply_deletes(files, deletes, sequence_numbers, policy)
     if reached:
         # Every file the deletes reach is rewritten, whatever its size or age, alone if need be:

@@ -222,7 +222,8 @@ class GeoParquetWriter:
         stats_properties = dict(table_properties)
         if contract.geometry.native:
             # Parquet's GEOMETRY has geospatial statistics, not the min/max pyiceberg reads (it
-            # would warn on every file); Iceberg Java takes a native table's metrics from the footer.
+            # would warn on every file); the manifests' geometry bounds come from those statistics
+            # (DataFileRecord.geometry_extent, streaming/table/native.py).
             stats_properties[f"write.metadata.metrics.column.{contract.geometry.name}"] = "none"
         self._stats_plan = compute_statistics_plan(iceberg_schema, stats_properties)
         self._parquet_options = parquet_write_options(table_properties)
