@@ -459,8 +459,6 @@ def main() -> None:
     if set(table_formats) - {"v2", "v3"}:
         parser.error(f"--table-formats: {args.table_formats!r} is not v2, v3 or v2,v3")
     if "v3" in table_formats:
-        if args.maintenance != "off":
-            parser.error("--table-formats v3: native-geometry tables are not maintained yet; add --maintenance off")
         configure_iceberg_java(CACHE_DIR)
     datasets = [d.strip() for d in args.datasets.split(",")]
     stacks = [s.strip() for s in args.stacks.split(",")]

@@ -95,7 +95,7 @@ def _commit_snapshot(native: NativeTable, operation: Any, summary: Mapping[str, 
     """Apply a snapshot-making operation to the table as Iceberg Java reads it now and commit the snapshot."""
     for key, value in summary.items():
         operation.set(key, value)
-    snapshot = operation.apply()  # reads the table afresh: `current()` is then its base
+    snapshot = native.java.unhurried(operation).apply()  # reads the table afresh: `current()` is then its base
     base = native.table.operations().current()
     snapshot_id = int(snapshot.snapshotId())
     build = native.java.iceberg.TableMetadata.buildFrom(base).setBranchSnapshot(snapshot, MAIN)

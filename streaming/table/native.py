@@ -132,6 +132,18 @@ class IcebergJava:
         self._catalogs: dict[tuple, NativeCatalog] = {}
         self._members: dict[str, Any] = {}
 
+    def unhurried(self, operation: Any) -> Any:
+        """A snapshot operation whose manifest work runs in the calling thread. On Iceberg's worker
+        pool, each of its parallel steps (writing the new files' manifest, merging manifests,
+        reading the parent's) waits for its tasks by polling every 10 ms (Tasks.waitFor): 39 ms
+        of a native commit's 57 ms were spent so, measured on a small append; run in the caller's
+        thread, each task is done when the wait begins."""
+        direct = self.member(
+            "org.apache.iceberg.relocated.com.google.common.util.concurrent.MoreExecutors.newDirectExecutorService"
+        )
+        operation.scanManifestsWith(direct())
+        return operation
+
     def member(self, path: str) -> Any:
         """A class, or a static method or field of one ("org.apache.iceberg.DataFiles.builder"),
         looked up once per process: py4j resolves each dotted name with a round trip to the JVM,
@@ -370,7 +382,7 @@ class NativeTable:
             for name, kind in widened:
                 update = update.updateColumn(name, self._java_type(kind))
             update.commit()
-        delta = (transaction or self.table).newRowDelta()
+        delta = self.java.unhurried((transaction or self.table).newRowDelta())
         for record, spec_id in files:
             delta = delta.addRows(self.data_file(record, spec_id, geometry_id))
         for record, spec_id in delete_files:
