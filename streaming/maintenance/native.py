@@ -12,7 +12,9 @@ The lease's fence (streaming/maintenance/lease.py) is checked on that same `base
 generation tag must be where the holder last saw it, and a commit that makes a snapshot moves the
 tag to it. So a SQLite catalog (whose commit swaps the metadata file only if it is still `base`)
 and a REST catalog (which asserts the tag where the commit moves it) both refuse a commit of a
-maintainer whose lease was taken over.
+maintainer whose lease was taken over. An expiry makes no snapshot and moves no tag: a REST catalog
+asserts nothing of the lease for it, and a maintainer that lost its lease can at most expire the
+snapshots it planned to (the files it then deletes are the ones no snapshot left references).
 """
 
 from __future__ import annotations
