@@ -89,6 +89,41 @@ def test_beside_is_the_default_and_runs_in_a_niced_child_process_on_the_commit_c
     assert cpu <= settings.maintenance_cpu_percent / 100 * elapsed + 0.05
 
 
+def test_the_child_maintains_a_native_table_through_its_own_iceberg_java(settings):
+    """A native-geometry (v3) table: the child starts Iceberg Java in its own JVM, compacts and
+    expires through it, and releases the lease."""
+    import json
+
+    from app.maven import configure_iceberg_java
+    from streaming.contract import parse_contract
+    from streaming.table.catalog import create_table
+    from tests.conftest import CACHE_DIR
+
+    configure_iceberg_java(CACHE_DIR)  # this process makes and writes the table; the child starts its own
+
+    raw = json.loads(CONTRACT_PATH.read_text())
+    raw["geometry"]["native"] = True
+    contract = parse_contract(raw)
+    settings = dataclasses.replace(settings, maintenance_min_gap_s=0, cache_dir=str(CACHE_DIR))
+    table, _ = create_table(open_catalog(settings.catalog_name, settings.catalog), contract)
+    write_batches(table, contract, 12)
+    registry = CollectorRegistry()
+    runner = MaintenanceRunner(settings, "demo.events", MaintenanceMetrics(registry, "demo.events"))
+    runner.start()
+    try:
+        for batch_id in range(10):
+            runner.after_batch(committed(batch_id))
+        assert wait_until(lambda: (runs(registry, "completed") or 0) >= 1, 180), "the child's run on the v3 table"
+        assert not runs(registry, "failed")
+    finally:
+        runner.stop()
+    table.refresh()
+    assert table.metadata.format_version == 3
+    assert len(table.metadata.snapshots) <= 6 and len(data_paths(table)) < 24, "compacted and expired"
+    assert table_ids(table) == expected_ids(range(12))
+    assert lease_state(table).holder is None, "the lease released"
+
+
 def test_sigterm_abandons_a_long_compaction_releases_the_lease_and_loses_nothing(settings, table):
     # Many tiny bins at a twentieth of a core: a compaction that lasts long enough to be stopped.
     slow = dataclasses.replace(
