@@ -82,6 +82,7 @@ bench: setup
 	PYTHONPATH=$(CURDIR) $(PY) bench/sustained.py --datasets geojson-points --stacks spark-kafka,python --compression none --results sustained_uncompressed
 	PYTHONPATH=$(CURDIR) $(PY) bench/kafka_source.py --batch-sizes 1000000 --compression none --results kafka_source_uncompressed
 	PYTHONPATH=$(CURDIR) $(PY) bench/kafka_source.py --batch-sizes 1000000 --compression lz4 --results kafka_source_lz4
+	PYTHONPATH=$(CURDIR) $(PY) bench/source_read.py
 	PYTHONPATH=$(CURDIR) $(PY) bench/lakehouse.py
 	PYTHONPATH=$(CURDIR) $(PY) bench/pruning.py
 	PYTHONPATH=$(CURDIR) $(PY) bench/antimeridian.py
