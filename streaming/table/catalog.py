@@ -57,15 +57,16 @@ def open_catalog(name: str, properties: dict[str, str]) -> Catalog:
     warehouse = props.get("warehouse", "")
     if warehouse.startswith("file://"):
         Path(warehouse.removeprefix("file://")).mkdir(parents=True, exist_ok=True)
-    try:
-        catalog = load_catalog(name, **props)
-    except Exception as exc:
-        # pyiceberg's SQL catalog creates its tables on a fresh database by "check, then create": a
-        # second opener of the same fresh file (a service's thread, `geoingest status`) can lose
-        # that race. The tables then exist, and opening again finds them.
-        if "already exists" not in str(exc) or not uri.startswith("sqlite:"):
-            raise
-        catalog = load_catalog(name, **props)
+    # pyiceberg's SQL catalog creates its two tables on a fresh database by "check, then create": a
+    # second opener of the same fresh file (a service's thread, `geoingest status`) can lose that
+    # race, once for each table. The tables then exist, and opening again finds them.
+    for attempt in range(3):
+        try:
+            catalog = load_catalog(name, **props)
+            break
+        except Exception as exc:
+            if "already exists" not in str(exc) or not uri.startswith("sqlite:") or attempt == 2:
+                raise
     session = getattr(catalog, "_session", None)
     if isinstance(session, requests.Session):
         # pyiceberg's REST client sends without a timeout: a catalog that hangs (a frozen server, a
