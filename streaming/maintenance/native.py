@@ -56,16 +56,14 @@ def _java_long_set(native: NativeTable, values: Collection[int]) -> Any:
     return jvm.java.util.stream.LongStream.of(array).boxed().collect(jvm.java.util.stream.Collectors.toSet())
 
 
-def _live_data_files(native: NativeTable, paths: Collection[str]) -> dict[str, Any]:
-    """Iceberg Java's DataFile of each of `paths` the current snapshot holds (a removal names the
-    file by its entry)."""
+def _live_data_files(native: NativeTable, paths: Collection[str], what: str) -> dict[str, Any]:
+    """Iceberg Java's DataFile of each of `paths` (a removal names the file by its entry);
+    CommitFailedException when the current snapshot no longer holds one of the `what`."""
     table = native.table
     snapshot = table.currentSnapshot()
     found: dict[str, Any] = {}
-    if snapshot is None:
-        return found
     wanted = set(paths)
-    for manifest in snapshot.dataManifests(table.io()):
+    for manifest in [] if snapshot is None else snapshot.dataManifests(table.io()):
         entries = native.java.iceberg.ManifestFiles.read(manifest, table.io(), table.specs()).iterator()
         try:
             while entries.hasNext():
@@ -75,6 +73,9 @@ def _live_data_files(native: NativeTable, paths: Collection[str]) -> dict[str, A
                     found[path] = data_file.copy()
         finally:
             entries.close()
+    missing = [p for p in paths if p not in found]
+    if missing:
+        raise CommitFailedException(f"{what} no longer in the table: {missing[:3]}")
     return found
 
 
@@ -126,10 +127,7 @@ def rewrite(
     snapshot's), which such deletes still reach."""
     with java_commit_errors():
         native = _refreshed(table)
-        live = _live_data_files(native, sources)
-        missing = [p for p in sources if p not in live]
-        if missing:
-            raise CommitFailedException(f"compaction sources no longer in the table: {missing[:3]}")
+        live = _live_data_files(native, sources, "compaction sources")
         geometry_id = geometry_field_id(table)
         operation = native.table.newRewrite()
         for path in sources:
@@ -148,10 +146,7 @@ def remove(table: Table, paths: Sequence[str], summary: Mapping[str, str], fence
     (ValidationException) when one is gone meanwhile."""
     with java_commit_errors():
         native = _refreshed(table)
-        live = _live_data_files(native, paths)
-        missing = [p for p in paths if p not in live]
-        if missing:
-            raise CommitFailedException(f"data files to remove no longer in the table: {missing[:3]}")
+        live = _live_data_files(native, paths, "data files to remove")
         operation = native.table.newDelete()
         for path in paths:
             operation.deleteFile(live[path])
