@@ -1,5 +1,5 @@
-"""Peak memory of a benchmark run from /proc: the driver's Python, the JVM under it and the Python
-workers under the JVM (psutil would do it too; /proc is all a Linux run needs)."""
+"""Peak memory and CPU time of a benchmark run from /proc: the driver's Python, the JVM under it and
+the Python workers under the JVM (psutil would do it too; /proc is all a Linux run needs)."""
 
 from __future__ import annotations
 
@@ -44,6 +44,21 @@ class PeakMemory:
             self.driver_peak = max(self.driver_peak, driver)
             self.jvm = max(self.jvm, sum(_rss(p) for p in jvms))
             self.workers = max(self.workers, sum(_rss(p) for j in jvms for p in _descendants(j, children)))
+
+
+def tree_cpu_s(pid: int) -> float:
+    """CPU seconds (user and system) a process and every process under it used so far: the live
+    ones' own and those of the children they reaped (a maintenance run that ended, a Python worker
+    Spark replaced), so the figure only grows while the tree runs."""
+    children = _children_by_parent()
+    ticks = 0
+    for process in [pid, *_descendants(pid, children)]:
+        try:
+            fields = Path(f"/proc/{process}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        ticks += sum(int(fields[i]) for i in (11, 12, 13, 14))  # utime, stime, cutime, cstime
+    return ticks / os.sysconf("SC_CLK_TCK")
 
 
 def _rss(pid: int) -> int:

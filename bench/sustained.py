@@ -70,6 +70,7 @@ import pyarrow.parquet as pq  # noqa: E402
 
 from app.maven import configure_iceberg_java  # noqa: E402
 from bench.ingest import CORES, limit_chain, make_events, producer_settings  # noqa: E402
+from bench.memory import tree_cpu_s  # noqa: E402
 from bench.plain_stack import DATASET_FORMATS, PlainStackProcess, launch_plain_stack  # noqa: E402
 from bench.upsert import broker_topic  # noqa: E402
 from streaming.contract import parse_contract  # noqa: E402
@@ -139,6 +140,9 @@ class Stage:
     bounded: bool = False
     sent_rate: int = 0
     load: float = 0.0  # the machine's 1-minute load average at the stage's end: other work on the cores
+    # CPU seconds the stack's own processes used over the stage, and the events it took in meanwhile.
+    cpu_s: float | None = None
+    events: int | None = None
 
     def judge(self, bound_s: float, settle_s: float) -> bool:
         second_half = [lag for t, lag in self.lag_s if t >= (self.started + self.ended) / 2]
@@ -165,7 +169,15 @@ class Stage:
             "lag_s_end": round(lags[-1], 2) if lags else None,
             "lag_s_max": round(max(lags), 2) if lags else None,
             "load": round(self.load, 1),
+            **({"cpu_s": round(self.cpu_s, 1), "events": self.events} if self.cpu_s is not None else {}),
+            **({"cpu_s_per_million_events": self.cpu_per_million} if self.cpu_per_million is not None else {}),
         }
+
+    @property
+    def cpu_per_million(self) -> float | None:
+        if self.cpu_s is None or not self.events:
+            return None
+        return round(self.cpu_s / self.events * 1e6, 1)
 
 
 class Run:
@@ -179,8 +191,12 @@ class Run:
         lag_events: Callable[[], int],
         bound_s: float,
         compression: str = "lz4",
+        cpu_s: Callable[[], float] | None = None,
+        taken_in: Callable[[], int] | None = None,
     ):
+        """`cpu_s`: CPU seconds the stack's processes used so far; `taken_in`: events it consumed so far."""
         self.bootstrap, self.topic, self.lag_events, self.bound_s = bootstrap, topic, lag_events, bound_s
+        self.cpu_s, self.taken_in = cpu_s, taken_in
         spawn = multiprocessing.get_context("spawn")
         self.rate, self.stop, self.sent = spawn.Value("d", 0.0), spawn.Event(), spawn.Value("q", 0)
         self.producer = spawn.Process(
@@ -195,6 +211,8 @@ class Run:
         self.rate.value = float(rate)
         stage = Stage(kind, rate, time.time())
         sent_before, began = self.sent.value, time.monotonic()
+        cpu_before = self.cpu_s() if self.cpu_s else None
+        taken_before = self.taken_in() if self.taken_in else None
         while time.monotonic() - began < seconds:
             time.sleep(SAMPLE_S)
             if not self.producer.is_alive():
@@ -203,6 +221,9 @@ class Run:
             if until_drained and stage.lag_s[-1][1] < self.bound_s / 2:
                 break
         stage.ended = time.time()
+        if cpu_before is not None and taken_before is not None and self.cpu_s and self.taken_in:
+            stage.cpu_s = self.cpu_s() - cpu_before
+            stage.events = self.taken_in() - taken_before
         stage.load = os.getloadavg()[0]
         stage.sent_rate = round((self.sent.value - sent_before) / max(time.monotonic() - began, 1e-9))
         stage.judge(self.bound_s, SETTLE_S)
@@ -286,6 +307,20 @@ def maintenance_cost(log: list[dict], hold: Stage) -> dict:
     }
 
 
+def batch_stages(log: list[dict], hold: Stage) -> dict:
+    """The batches that ended within the hold (their "batch" lines, streaming/job/processor.py):
+    how many, and each stage's median and p99 seconds, where a batch's time went."""
+    since = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(hold.started))
+    until = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(hold.ended))
+    batches = [line["batch"] for line in log if line.get("msg") == "batch" and since <= line["ts"] <= until]
+    stages = sorted({name for b in batches for name in b.get("seconds", {})})
+    seconds = {
+        name: [round(float(q), 3) for q in np.percentile([b["seconds"].get(name, 0.0) for b in batches], [50, 99])]
+        for name in stages
+    }
+    return {"batches": len(batches), "batch_stage_s_p50_p99": seconds}
+
+
 def plain_table(stack: PlainStackProcess):
     from pyiceberg.table import StaticTable
 
@@ -298,7 +333,8 @@ def plain_table(stack: PlainStackProcess):
 def one_stack(
     bootstrap: str, workdir: Path, dataset: str, stack: str, start_rate: int, args, table_format: str = "v2"
 ) -> dict:
-    """`table_format` v3: the table a native-geometry contract makes (docs/contracts.md#native-geometry-iceberg-v3)."""
+    """`table_format` v3: the table a native-geometry contract makes (docs/contracts.md#native-geometry-iceberg-v3);
+    v3-nobbox: one that stores no bbox covering (`bbox.stored: false`)."""
     topic = f"sustained-{dataset}-{stack}-{table_format}"
     broker_topic(bootstrap, topic)
     client = {"bootstrap_servers": bootstrap}
@@ -333,9 +369,11 @@ def one_stack(
         from streaming.table.catalog import create_table
 
         contract, contract_file = CONTRACT, CONTRACT_FILE
-        if table_format == "v3":
+        if table_format in ("v3", "v3-nobbox"):
             raw = json.loads(CONTRACT_FILE.read_text())
             raw["geometry"]["native"] = True
+            if table_format == "v3-nobbox":
+                raw["bbox"] = {"stored": False}
             contract_file = workdir / "native_contract.json"
             contract_file.write_text(json.dumps(raw))
             contract = parse_contract(raw)
@@ -364,7 +402,8 @@ def one_stack(
         def lag() -> int:
             return sum(end_offsets(client, topic).values()) - consumed()
 
-        run = Run(bootstrap, topic, dataset, lag, args.lag_bound, args.compression)
+        root = plain.process.pid if plain is not None else service.process.pid  # type: ignore[union-attr]
+        run = Run(bootstrap, topic, dataset, lag, args.lag_bound, args.compression, lambda: tree_cpu_s(root), consumed)
         try:
             hold = find_capacity(run, start_rate, args)
         finally:
@@ -377,6 +416,7 @@ def one_stack(
             return {**result, "capacity": None}
         if service is not None:
             result.update(maintenance_cost(service.log(), hold))
+            result.update(batch_stages(service.log(), hold))
         if args.hold_at and not hold.bounded:
             result["held"] = False
         ages = ages_in(table(), int(hold.started * 1000), int(hold.ended * 1000))
@@ -390,6 +430,7 @@ def one_stack(
             "load": round(hold.load, 1),
             "p50_s": round(float(q[0]), 3),
             "p99_s": round(float(q[1]), 3),
+            "cpu_s_per_million_events": hold.cpu_per_million,
             "rows_measured": int(ages.size),
         }
     finally:
@@ -452,13 +493,13 @@ def main() -> None:
     parser.add_argument(
         "--table-formats",
         default="v2",
-        help="v2 (WKB in a binary column), v3 (native geometry; needs --maintenance off), or both: v2,v3",
+        help="v2 (WKB in a binary column), v3 (native geometry), v3-nobbox (native, no bbox covering), or a list: v2,v3",
     )
     args = parser.parse_args()
     table_formats = [f.strip() for f in args.table_formats.split(",")]
-    if set(table_formats) - {"v2", "v3"}:
-        parser.error(f"--table-formats: {args.table_formats!r} is not v2, v3 or v2,v3")
-    if "v3" in table_formats:
+    if set(table_formats) - {"v2", "v3", "v3-nobbox"}:
+        parser.error(f"--table-formats: {args.table_formats!r} is not a list of v2, v3, v3-nobbox")
+    if {"v3", "v3-nobbox"} & set(table_formats):
         configure_iceberg_java(CACHE_DIR)
     datasets = [d.strip() for d in args.datasets.split(",")]
     stacks = [s.strip() for s in args.stacks.split(",")]
@@ -523,8 +564,8 @@ def write_results(report: dict, name: str) -> None:
         "each dataset's stacks.",
         "",
         "| dataset | stack | maintenance | events/s held | sent | p50 s | p99 s | max lag s | load average "
-        "| maintenance runs, CPU (share of a core) | burst (1M per batch) |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| maintenance runs, CPU (share of a core) | CPU s per million events | burst (1M per batch) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in report["runs"]:
         held = f"{r['capacity']:,}" if held_rate(r) else "none held"
@@ -538,7 +579,7 @@ def write_results(report: dict, name: str) -> None:
         lines.append(
             f"| {r['dataset']} | {r['stack']} | {r.get('maintenance', '')} | {held} | {_count(r.get('sent_rate'))} "
             f"| {r.get('p50_s', '')} | {r.get('p99_s', '')} | {r.get('lag_s_max', '')} | {r.get('load', '')} "
-            f"| {cost} | {_count(r.get('burst'))} |"
+            f"| {cost} | {r.get('cpu_s_per_million_events') or ''} | {_count(r.get('burst'))} |"
         )
     lines += [
         "",
@@ -568,6 +609,16 @@ def write_results(report: dict, name: str) -> None:
             for s in r["stages"]
         )
         lines.append(f"- {r['dataset']}, {r['stack']}: {stages}")
+    timed = [r for r in report["runs"] if r.get("batch_stage_s_p50_p99")]
+    if timed:
+        lines += [
+            "",
+            "Where a batch's time went over the hold: each stage's p50 / p99 seconds (the service's batch lines):",
+            "",
+        ]
+    for r in timed:
+        stages = ", ".join(f"{name} {p50}/{p99}" for name, (p50, p99) in r["batch_stage_s_p50_p99"].items())
+        lines.append(f"- {r['dataset']}, {r['stack']}: {r['batches']} batches; {stages}")
     lines.append("")
     (RESULTS / f"{name}.md").write_text("\n".join(lines))
     print("\n".join(lines))

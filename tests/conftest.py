@@ -28,16 +28,17 @@ CACHE_DIR = Path(load_settings(env=dict(os.environ)).cache_dir)
 
 def local_settings(kafka: LocalBroker, topic: str, tmp_path: Path, **more):
     """Settings of a service on the test broker, its embedded SQLite catalog, warehouse and
-    checkpoints under tmp_path, no metrics server; `more` as load_settings takes them."""
+    checkpoints under tmp_path, no metrics server; `more` as load_settings takes them (a `catalog`
+    of its own too)."""
+    catalog = {"type": "sql", "uri": f"sqlite:///{tmp_path / 'c.db'}", "warehouse": f"file://{tmp_path / 'wh'}"}
     return load_settings(
         env={},
         bootstrap_servers=kafka.bootstrap,
         topic=topic,
         metrics_port=0,
         cache_dir=str(CACHE_DIR),
-        catalog={"type": "sql", "uri": f"sqlite:///{tmp_path / 'c.db'}", "warehouse": f"file://{tmp_path / 'wh'}"},
         checkpoint_location=str(tmp_path / "ck"),
-        **more,
+        **{"catalog": catalog, **more},
     )
 
 

@@ -69,16 +69,17 @@ def is_source(src: str) -> bool:
     return src.startswith(JSON_SOURCE_PREFIX) and bool(JSON_PATH.match(src.removeprefix(JSON_SOURCE_PREFIX)))
 
 
-def declared_ids(columns: tuple[Column, ...], geometry_id: int, bbox_id: int) -> list[tuple[str, int]]:
+def declared_ids(columns: tuple[Column, ...], geometry_id: int, bbox_id: int | None) -> list[tuple[str, int]]:
+    """The top-level ids the contract states; `bbox_id` None: a covering the table does not store."""
     declared = [(f"columns[{i}].id", c.id) for i, c in enumerate(columns)]
-    return declared + [("geometry.id", geometry_id), ("bbox.id", bbox_id)]
+    return declared + [("geometry.id", geometry_id)] + ([] if bbox_id is None else [("bbox.id", bbox_id)])
 
 
-def check_unique_ids(columns: tuple[Column, ...], geometry_id: int, bbox_id: int) -> None:
+def check_unique_ids(columns: tuple[Column, ...], geometry_id: int, bbox_id: int | None) -> None:
     """Every id the contract states or leaves to be assigned, nested ones too, is its field's own.
     (The bbox's fields, flat columns, cells and raster take theirs from a new table's layout, or the
     table's: table_contract and `table evolve` check those against the table.)"""
-    seen: dict[int, str] = {geometry_id: "geometry", bbox_id: "bbox"}
+    seen: dict[int, str] = {geometry_id: "geometry", **({} if bbox_id is None else {bbox_id: "bbox"})}
     for column in columns:
         for fid, path in [
             (column.id, column.name),

@@ -12,6 +12,11 @@ contract promises are the ids the table gets.
 `<bbox>_xmin .. <bbox>_ymax` (ids right after the bbox column's, the struct's fields after them):
 DuckDB's iceberg_scan prunes data files on the manifest bounds of top-level columns only, not on
 those of the struct's fields (bench/duckdb_pruning.py).
+
+`bbox.stored: false` (native-geometry tables only) keeps the covering out of the table: the rows
+still carry it between the decoder and the writer, which derives the cells and the Hilbert key
+from it, but the files hold the geometry alone and the manifests' geometry bounds prune. The
+covering then takes no id: the columns after it (cells, raster) take the ids it would have had.
 """
 
 from __future__ import annotations
@@ -99,6 +104,9 @@ class Contract:
     clustering: Clustering
     source: dict[str, Any]
     bbox_flat_columns: bool = False
+    # False: the covering is not a column of the table (`bbox.stored`); bbox_id is then the id the
+    # column after the geometry takes in a new table (the first cell column's, or the raster's).
+    bbox_stored: bool = True
     # Columns that address a feature; empty in append mode unless the contract names them.
     primary_key: tuple[str, ...] = ()
     # "append": every event is a row; "upsert": one current row per primary key, tombstones delete it.
@@ -129,8 +137,13 @@ class Contract:
         the flat bbox columns and before the bbox's fields, as a new table gets them."""
         if self.table_cells is not None:
             return self.table_cells
-        first = self.bbox_id + 1 + len(self.flat_bbox_names)
+        first = self.bbox_id + self.covering_columns
         return tuple(CellColumn(first + i, f) for i, f in enumerate(self.cell_fields))
+
+    @property
+    def covering_columns(self) -> int:
+        """How many top-level columns the covering takes: the bbox struct and its flat copies, or none."""
+        return (1 + len(self.flat_bbox_names)) if self.bbox_stored else 0
 
     @property
     def cell_field_ids(self) -> dict[str, int]:
@@ -172,7 +185,7 @@ class Contract:
             self,
             columns=retyped(self.columns),
             added_columns=retyped(self.added_columns),
-            bbox_ids=tuple(self.bbox_field_ids.values()),
+            bbox_ids=tuple(self.bbox_field_ids.values()) if self.bbox_stored else None,
         )
 
     @property
@@ -185,15 +198,20 @@ class Contract:
         the columns' before the bbox's."""
         if self.bbox_ids is not None:
             return dict(zip(BBOX_FIELDS, self.bbox_ids, strict=True))
-        first = (
+        first = self.first_covering_field_id
+        return {name: first + i for i, name in enumerate(BBOX_FIELDS)}
+
+    @property
+    def first_covering_field_id(self) -> int:
+        """The id of bbox.xmin in a new table; without a stored covering, the first nested id
+        after the columns' (a raster's fields start there)."""
+        return (
             sum(1 for c in self.columns for _ in nested_fields(c.iceberg_type))
             + self.bbox_id
-            + 1
-            + len(self.flat_bbox_names)
+            + self.covering_columns
             + sum(1 for c in self.cell_columns if not c.appended)
             + (1 if self.raster is not None else 0)
         )
-        return {name: first + i for i, name in enumerate(BBOX_FIELDS)}
 
     @property
     def flat_bbox_names(self) -> tuple[str, ...]:
@@ -213,10 +231,8 @@ class Contract:
         fields = [NestedField(c.id, c.name, c.iceberg_type, required=c.required) for c in self.columns]
         geometry_type = GeometryType(self.geometry.native_crs) if self.geometry.native else BinaryType()
         fields.append(NestedField(self.geometry.id, self.geometry.name, geometry_type, required=True))
-        bbox = StructType(
-            *(NestedField(fid, name, DoubleType(), required=True) for name, fid in self.bbox_field_ids.items())
-        )
-        fields.append(NestedField(self.bbox_id, self.bbox_name, bbox, required=True))
+        if self.bbox_stored:
+            fields.append(self.covering_field)
         for name, fid in self.flat_bbox_field_ids.items():
             fields.append(NestedField(fid, name, DoubleType(), required=True))
         appended = [c for c in self.cell_columns if c.appended]
@@ -224,7 +240,7 @@ class Contract:
             if not cell.appended:
                 fields.append(NestedField(cell.id, cell.name, StringType(), required=cell.required))
         if self.raster is not None:
-            first = max(self.bbox_field_ids.values()) + 1
+            first = max(self.bbox_field_ids.values()) + 1 if self.bbox_stored else self.first_covering_field_id
             fields.append(NestedField(self.raster.id, self.raster.name, self.raster.iceberg_type(first), required=True))
         # Iceberg appends the columns a table gains after all others.
         later = [(c.id, c.name, c.iceberg_type) for c in self.added_columns]
@@ -233,6 +249,14 @@ class Contract:
             NestedField(fid, name, kind, required=False) for fid, name, kind in sorted(later, key=lambda f: f[0])
         ]
         return Schema(*fields)
+
+    @property
+    def covering_field(self) -> NestedField:
+        """The bbox struct column, as a table that stores it has it."""
+        bbox = StructType(
+            *(NestedField(fid, name, DoubleType(), required=True) for name, fid in self.bbox_field_ids.items())
+        )
+        return NestedField(self.bbox_id, self.bbox_name, bbox, required=True)
 
     @cached_property
     def data_file_schema(self) -> pa.Schema:
@@ -251,9 +275,12 @@ class Contract:
         in the types Spark's Arrow exchange carries (`transport_type`); the writer casts them back."""
         schema = self.data_file_schema
         flat = set(self.flat_bbox_names) | set(self.cell_field_ids)
-        return pa.schema(
-            [f.with_type(transport_type(f.type)) for f in schema if f.name not in flat], metadata=schema.metadata
-        )
+        fields = [f.with_type(transport_type(f.type)) for f in schema if f.name not in flat]
+        if not self.bbox_stored:
+            # The rows carry the covering all the same, right after the geometry.
+            covering = regular_types(schema_to_pyarrow(Schema(self.covering_field))).field(0)
+            fields.insert([f.name for f in fields].index(self.geometry.name) + 1, covering)
+        return pa.schema(fields, metadata=schema.metadata)
 
     def table_properties(self) -> dict[str, str]:
         """How the geometry is stored, recorded on the table in the spirit of Havasu."""
@@ -269,7 +296,7 @@ class Contract:
             f"{prefix}.types": ",".join(g.types),
             f"{prefix}.dimensions": ",".join(g.dimensions),
             f"{prefix}.crs": g.crs,
-            f"{prefix}.covering": self.bbox_name,
+            **({f"{prefix}.covering": self.bbox_name} if self.bbox_stored else {}),
             # Only with the option, so that the properties of tables without it stay as they were.
             **({f"{prefix}.covering-flat-columns": ",".join(self.flat_bbox_names)} if self.flat_bbox_names else {}),
             "geo.hilbert.bits": str(self.clustering.hilbert_bits),
@@ -327,11 +354,19 @@ def parse_contract(raw: Any) -> Contract:
     geometry = _parse_geometry(require(raw, "geometry", dict))
     raw_bbox = require(raw, "bbox", dict)
     known_keys_only(raw_bbox, "bbox", "bbox.")
-    bbox_name = require(raw_bbox, "name", str, "bbox.")
-    bbox_id = require(raw_bbox, "id", int, "bbox.")
+    bbox_stored = raw_bbox.get("stored", True)
+    if not isinstance(bbox_stored, bool):
+        raise ContractError(f"bbox.stored: expected true or false, got {bbox_stored!r}")
+    # A covering the table does not store still has a name: the rows carry it to the writer.
+    bbox_name = require(raw_bbox, "name", str, "bbox.") if bbox_stored or "name" in raw_bbox else "bbox"
     bbox_flat_columns = raw_bbox.get("flat_columns", False)
     if not isinstance(bbox_flat_columns, bool):
         raise ContractError(f"bbox.flat_columns: expected true or false, got {bbox_flat_columns!r}")
+    if bbox_stored:
+        bbox_id = require(raw_bbox, "id", int, "bbox.")
+    else:
+        _check_unstored_covering(raw_bbox, geometry, bbox_flat_columns)
+        bbox_id = geometry.id + 1
 
     names = [c.name for c in columns] + [geometry.name, bbox_name]
     for name in names:
@@ -345,7 +380,7 @@ def parse_contract(raw: Any) -> Contract:
                     "rename that column or the bbox column"
                 )
     seen: dict[int, str] = {}
-    for where, fid in declared_ids(columns, geometry.id, bbox_id):
+    for where, fid in declared_ids(columns, geometry.id, bbox_id if bbox_stored else None):
         if fid < 1:
             raise ContractError(f"{where}: id {fid} must be a positive whole number")
         if fid in seen:
@@ -375,7 +410,7 @@ def parse_contract(raw: Any) -> Contract:
     _check_asset_rows(columns, raster, primary_key, mode)
     top_level = (
         len(columns)
-        + 2
+        + (2 if bbox_stored else 1)
         + len(flat_bbox_names(bbox_name) if bbox_flat_columns else ())
         + len([f for f in partition if f.is_cell])
     )
@@ -391,6 +426,7 @@ def parse_contract(raw: Any) -> Contract:
         clustering=clustering,
         source=raw,
         bbox_flat_columns=bbox_flat_columns,
+        bbox_stored=bbox_stored,
         primary_key=primary_key,
         mode=mode,
         schema_evolution=schema_evolution,
@@ -402,8 +438,23 @@ def parse_contract(raw: Any) -> Contract:
         retention_s=retention_s,
         raster=raster,
     )
-    check_unique_ids(contract.columns, contract.geometry.id, contract.bbox_id)
+    check_unique_ids(contract.columns, contract.geometry.id, contract.bbox_id if bbox_stored else None)
     return contract
+
+
+def _check_unstored_covering(raw_bbox: dict, geometry: GeometrySpec, flat_columns: bool) -> None:
+    """A covering left out of the table: only where the manifests bound the geometry itself."""
+    if not geometry.native:
+        raise ContractError(
+            "bbox.stored: false needs geometry.native: true; a WKB column has no bounds of its own, "
+            "so the covering is what prunes"
+        )
+    if flat_columns:
+        raise ContractError("bbox.flat_columns: copies of a covering that is not stored (bbox.stored: false)")
+    if "id" in raw_bbox:
+        raise ContractError(
+            f"bbox.id: {raw_bbox['id']!r}, but a covering that is not stored (bbox.stored: false) takes no id"
+        )
 
 
 def _check_asset_rows(
@@ -430,7 +481,7 @@ def _fresh_raster_id(contract: Contract) -> None:
     """The raster column comes after the bbox column, its flat copies and the cell columns."""
     if contract.raster is None:
         return
-    expected = contract.bbox_id + 1 + len(contract.flat_bbox_names) + len(contract.cell_fields)
+    expected = contract.bbox_id + contract.covering_columns + len(contract.cell_fields)
     if contract.raster.id != expected:
         raise ContractError(
             f"raster.id: id {contract.raster.id} breaks the sequence; a new table's raster column comes after "
@@ -441,7 +492,7 @@ def _fresh_raster_id(contract: Contract) -> None:
 def check_fresh_ids(contract: Contract) -> None:
     """A new table's ids: Iceberg assigns 1..n to top-level fields in order on create, so the
     contract must state those (a table's later contracts keep the ids it has, gaps and all)."""
-    declared = declared_ids(contract.columns, contract.geometry.id, contract.bbox_id)
+    declared = declared_ids(contract.columns, contract.geometry.id, contract.bbox_id if contract.bbox_stored else None)
     for expected, (where, fid) in enumerate(declared, start=1):
         if fid != expected:
             raise ContractError(

@@ -140,7 +140,7 @@ KNOWN_KEYS = {
     "registry": ("geometry_field", "lon_field", "lat_field", "srid_field"),
     "columns[]": ("id", "name", "type", "required", "from", "description"),
     "geometry": ("id", "name", "types", "dimensions", "crs", "encoding", "invalid_polygons", "antimeridian", "native"),
-    "bbox": ("id", "name", "flat_columns"),
+    "bbox": ("id", "name", "flat_columns", "stored"),
     "clustering": ("hilbert_bits", "extent", "target_file_bytes", "row_group_rows"),
     "schema_evolution": ("mode", "max_new_columns_per_batch", "max_columns", "name_pattern"),
 }

@@ -28,6 +28,7 @@ import pyarrow.json as pa_json
 
 from streaming.contract import Contract
 from streaming.decode.columns import ColumnMapper, property_types, unavailable_of
+from streaming.decode.covering import covering_array, covering_bounds
 from streaming.decode.formats import INPUT_FORMATS, Decoded
 from streaming.decode.formats.debezium import DebeziumFormat
 from streaming.decode.formats.wkb import to_stored_wkb
@@ -42,8 +43,7 @@ from streaming.decode.properties import (
 )
 from streaming.decode.rejects import Reason, Rejects
 from streaming.decode.schema_registry import RegistrySettings, RegistryUnavailable
-from streaming.decode.validate import GeometryRules, bounds_of
-from streaming.kernels.antimeridian import short_way_bounds
+from streaming.decode.validate import GeometryRules
 from streaming.kernels.buffers import NONE, offsets_and_bytes, scatter_into
 from streaming.kernels.hilbert import hilbert_keys_of_bounds
 
@@ -325,12 +325,7 @@ class Decoder:
         wkb = np.where(ok, wkb, NONE)
         unwritten = ok & np.equal(wkb, NONE)
         wkb[unwritten] = to_stored_wkb(geoms[unwritten])
-        bounds = bounds_of(keep, points_xy)
-        if self.contract.geometry.antimeridian == "short":
-            # Only a geometry wider than 180 degrees can have an edge that long.
-            wide = np.flatnonzero(ok & (bounds[:, 2] - bounds[:, 0] > 180.0))
-            if wide.size:
-                bounds[wide] = short_way_bounds(keep[wide])[0]
+        bounds = covering_bounds(keep, points_xy, self.contract.geometry.antimeridian)
         if given_bounds is not None:
             # A raster's bounds are its own (Havasu's raster bounds), not its footprint polygon's.
             given = ok & np.isfinite(given_bounds).all(axis=1)
@@ -342,14 +337,8 @@ class Decoder:
             keys[ok] = hilbert_keys_of_bounds(
                 b[:, 0], b[:, 1], b[:, 2], b[:, 3], extent, self.contract.clustering.hilbert_bits
             )
-        valid_mask = pa.array(~ok)  # arrow masks mark nulls
-        # A null box has zeros, not nulls, in its fields, which the type declares never null: rows
-        # without one (an update whose geometry was unavailable) cast to the table's row type.
-        bbox = pa.StructArray.from_arrays(
-            [pa.array(np.where(ok, bounds[:, i], 0.0), pa.float64()) for i in range(4)],
-            fields=list(self.schema.field(self.contract.bbox_name).type),
-            mask=valid_mask,
-        )
+        # Rows without a box (an update whose geometry was unavailable) still cast to the row type.
+        bbox = covering_array(bounds, ok, self.schema.field(self.contract.bbox_name).type)
         out: dict[str, pa.Array] = dict(columns)
         out[self.contract.geometry.name] = pa.array(wkb, pa.binary())
         out[self.contract.bbox_name] = bbox

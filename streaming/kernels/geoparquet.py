@@ -18,7 +18,8 @@ def projjson(epsg: int) -> dict:
 
 
 def geo_metadata(contract: Contract, geometry_types: list[str], bbox: tuple[float, float, float, float]) -> dict:
-    """The `geo` key of a data file: one primary WKB column, covered by the bbox struct column."""
+    """The `geo` key of a data file: one primary WKB column, covered by the bbox struct column
+    where the table stores it."""
     g = contract.geometry
     return {
         "version": GEOPARQUET_VERSION,
@@ -29,9 +30,11 @@ def geo_metadata(contract: Contract, geometry_types: list[str], bbox: tuple[floa
                 "geometry_types": geometry_types,
                 "crs": projjson(g.epsg),
                 "bbox": [float(v) for v in bbox],
-                "covering": {
-                    "bbox": {name: [contract.bbox_name, name] for name in BBOX_FIELDS},
-                },
+                **(
+                    {"covering": {"bbox": {name: [contract.bbox_name, name] for name in BBOX_FIELDS}}}
+                    if contract.bbox_stored
+                    else {}
+                ),
             }
         },
     }

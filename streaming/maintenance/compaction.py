@@ -25,6 +25,7 @@ from pyiceberg.manifest import DataFile, ManifestContent, ManifestFile
 from pyiceberg.table import Table
 
 from streaming.contract import BBOX_FIELDS, Contract
+from streaming.decode.covering import with_covering
 from streaming.kernels.hilbert import hilbert_keys_of_bounds
 from streaming.maintenance import native
 from streaming.maintenance.commits import (
@@ -39,7 +40,7 @@ from streaming.maintenance.commits import (
 )
 from streaming.maintenance.lease import LeaseLost
 from streaming.maintenance.plan import Bin, LiveFile, MaintenancePolicy, compaction_candidates, plan_bins
-from streaming.read.inspect import file_bbox
+from streaming.read.bounds import FileBounds
 from streaming.read.projection import FieldIdProjection
 from streaming.read.query import table_contract
 from streaming.storage import data_location
@@ -86,7 +87,7 @@ def live_files(
     if snapshot is None:
         return []
     added_ms = {s.snapshot_id: s.timestamp_ms for s in table.metadata.snapshots}
-    ids = contract.bbox_field_ids
+    file_bounds = FileBounds.of_contract(contract)
     out: list[tuple[LiveFile, DataFile]] = []
     bounds: list[tuple[float, float, float, float] | None] = []
     for manifest in snapshot.manifests(table.io):
@@ -94,7 +95,7 @@ def live_files(
             continue
         for entry in manifest.fetch_manifest_entry(table.io, discard_deleted=True):
             f = entry.data_file
-            bounds.append(file_bbox(f, ids))
+            bounds.append(file_bounds(f))
             upper = (f.upper_bounds or {}).get(time_field_id) if time_field_id is not None else None
             out.append(
                 (
@@ -155,7 +156,7 @@ def rewrite_bin(
             )
         if deletes is not None and sequence_numbers is not None:
             rows = deletes.live(rows, sequence_numbers[f.path])
-        parts.append(rows.select(names))
+        parts.append(with_covering(rows, contract).select(names))
         progress("compact: read", f.file_size_in_bytes, bin_.bytes, "B")
     rows = pa.concat_tables(parts, promote_options="permissive").combine_chunks()
     bbox = rows.column(contract.bbox_name).chunk(0) if rows.num_rows else None

@@ -1,7 +1,8 @@
 """The layout of a table's data files: where each file lies, how many rows it holds, and where it
 falls on the Hilbert curve the rows were sorted by; and a picture of it.
 
-The extents come from the manifests alone (the lower and upper bounds of bbox.*), so inspecting
+The extents come from the manifests alone (the lower and upper bounds of bbox.*, or of the
+geometry column of a table that stores no covering: streaming/read/bounds.py), so inspecting
 a table reads no data file. A well-clustered table shows small, barely overlapping rectangles
 whose colours (their Hilbert order) change smoothly across space; wide rectangles are files of
 sparse rows, which every query window in their extent has to open.
@@ -9,7 +10,6 @@ sparse rows, which every query window in their extent has to open.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -19,19 +19,17 @@ import shapely
 from pyiceberg.manifest import ManifestContent
 from pyiceberg.table import Table
 
-from streaming.contract import BBOX_FIELDS
 from streaming.kernels.antimeridian import centre_x, window_intervals
 from streaming.kernels.hilbert import hilbert_keys_of_bounds
 from streaming.read.predicate import BBox
 from streaming.read.query import (
-    PRIMARY_COLUMN_PROPERTY,
     QueryError,
-    _double,
     _property,
     _schema_of,
     query_bbox,
     resolve_snapshot,
     table_contract,
+    table_file_bounds,
 )
 
 HILBERT_BITS_PROPERTY = "geo.hilbert.bits"
@@ -107,10 +105,7 @@ def file_extents(
     if snapshot is None:
         return TableLayout(name, None, bits, extent, ())
 
-    geometry_column = _property(table, PRIMARY_COLUMN_PROPERTY)
-    covering_column = _property(table, f"geo.column.{geometry_column}.covering")
-    schema = _schema_of(table, snapshot)
-    bbox_ids = {f: schema.find_field(f"{covering_column}.{f}").field_id for f in BBOX_FIELDS}
+    file_bounds = table_file_bounds(table, _schema_of(table, snapshot))
 
     rows = []
     for manifest in snapshot.manifests(table.io):
@@ -118,7 +113,7 @@ def file_extents(
             continue
         for entry in manifest.fetch_manifest_entry(table.io, discard_deleted=True):
             f = entry.data_file
-            rows.append((f.file_path, int(f.record_count), int(f.file_size_in_bytes), file_bbox(f, bbox_ids)))
+            rows.append((f.file_path, int(f.record_count), int(f.file_size_in_bytes), file_bounds(f)))
 
     with_bounds = [r for r in rows if r[3] is not None]
     keys: list[int] = []
@@ -129,22 +124,6 @@ def file_extents(
     files.sort(key=lambda f: (f.hilbert_key, f.path))
     files += [FileExtent(path, count, size, None, None) for path, count, size, bbox in rows if bbox is None]
     return TableLayout(name, snapshot.snapshot_id, bits, extent, tuple(files))
-
-
-def file_bbox(data_file, bbox_ids: dict[str, int]) -> BBox | None:
-    """A data file's bbox from the manifest bounds of its covering column (`bbox_ids`: field id of
-    xmin, ymin, xmax, ymax); None for a file without such bounds or with bounds that are not finite."""
-    lower, upper = data_file.lower_bounds or {}, data_file.upper_bounds or {}
-    try:
-        bbox = (
-            _double(lower[bbox_ids["xmin"]]),
-            _double(lower[bbox_ids["ymin"]]),
-            _double(upper[bbox_ids["xmax"]]),
-            _double(upper[bbox_ids["ymax"]]),
-        )
-    except KeyError:
-        return None
-    return bbox if all(math.isfinite(v) for v in bbox) else None
 
 
 def _hilbert_properties(table: Table) -> tuple[int, BBox]:

@@ -17,6 +17,7 @@ import pyarrow.parquet as pq
 import shapely
 
 from streaming.contract import Contract
+from streaming.decode.covering import with_covering
 from streaming.decode.json_values import has_map
 from streaming.kernels.antimeridian import union_x
 from streaming.kernels.buffers import from_zero_offsets
@@ -30,11 +31,12 @@ def write_geoparquet(result: QueryResult, contract: Contract, where: str | Path 
     its `geo` metadata. The file bbox is that of the rows; an empty result has none."""
     rows = result.table
     g = contract.geometry.name
-    if g not in rows.column_names or contract.bbox_name not in rows.column_names:
+    if g not in rows.column_names or (contract.bbox_stored and contract.bbox_name not in rows.column_names):
         raise ValueError(f"the result lacks the contract's columns {g!r} and {contract.bbox_name!r}")
     types = sorted(geometry_type_names(rows.column(g))) if rows.num_rows else []
     if rows.num_rows:
-        covering = rows.column(contract.bbox_name)
+        # A table that stores no covering: the file's bbox from the rows' geometries all the same.
+        covering = with_covering(rows, contract).column(contract.bbox_name)
         xmin, xmax = pc.struct_field(covering, "xmin"), pc.struct_field(covering, "xmax")
         bbox = (
             pc.min(xmin).as_py(),

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import cast
@@ -33,7 +32,6 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import shapely
-from pyiceberg.conversions import from_bytes
 from pyiceberg.expressions import (
     AlwaysTrue,
     And,
@@ -53,7 +51,6 @@ from pyiceberg.manifest import DataFile, ManifestContent
 from pyiceberg.schema import Schema
 from pyiceberg.table import Table
 from pyiceberg.table.snapshots import Snapshot
-from pyiceberg.types import DoubleType
 
 from streaming.contract import (
     BBOX_FIELDS,
@@ -65,6 +62,7 @@ from streaming.contract import (
 )
 from streaming.kernels.antimeridian import split_at_antimeridian, unwrapped, window_intervals, x_overlaps
 from streaming.kernels.geohash import covering_cells, prefix_cells
+from streaming.read.bounds import FileBounds, row_group_bounds
 from streaming.read.predicate import XMAX, XMIN, YMAX, YMIN, BBox, Condition, Predicate, window_geometry
 from streaming.read.projection import FieldIdProjection, QueryError
 from streaming.table.catalog import TableMismatch
@@ -215,7 +213,6 @@ def query(
         )
     snapshot = resolve_snapshot(table, snapshot_id, as_of)
     geometry_column = _property(table, PRIMARY_COLUMN_PROPERTY)
-    covering_column = _property(table, f"geo.column.{geometry_column}.covering")
     # Time travel reads a snapshot as its own schema had it; otherwise the table's current schema
     # holds, which may be newer than the current snapshot (`geoingest table evolve` commits none).
     time_travel = snapshot_id is not None or as_of is not None
@@ -234,7 +231,10 @@ def query(
         # A wrapped row's xmin and xmax need not bracket a window it meets. The conditions of
         # "within" stay: a row within a plain Q is plain, or Q spans [-180, 180] and they all hold.
         conditions = [c for c in conditions if c[0] in (YMIN, YMAX)]
-    field_ids = [schema.find_field(f"{covering_column}.{name}").field_id for name in BBOX_FIELDS]
+    file_bounds = table_file_bounds(table, schema)
+    covering_column = covering_column_of(table)
+    # A table without a stored covering is pruned here, on its geometry bounds, not by pyiceberg.
+    spatial_filter = _manifest_filter(covering_column, conditions) if covering_column else AlwaysTrue()
     window = _time_window(table, time_from, time_to)
     partition_filter = And(_cell_filter(table, _plain_boxes(predicate)), _time_filter(window))
     deletes = None
@@ -245,27 +245,28 @@ def query(
         planned = snapshot_files(table, snapshot)
         deletes = EqualityDeletes(table, planned.reaching_deletes())
         area = window_geometry(predicate.bounds)
-        may_hold = _file_filter(table, And(_manifest_filter(covering_column, conditions), partition_filter))
+        may_hold = _file_filter(table, And(spatial_filter, partition_filter))
         files = [
             (p.file, p.sequence_number)
             for p in planned.data
-            if may_hold(p.file) and _file_may_touch(p.file, field_ids, area)
+            if may_hold(p.file) and _file_may_touch(file_bounds(p.file), area)
         ]
     else:
-        tasks = table.scan(
-            row_filter=And(_manifest_filter(covering_column, conditions), partition_filter),
-            snapshot_id=snapshot.snapshot_id,
-        ).plan_files()
-        files = [(task.file, None) for task in tasks]
+        tasks = table.scan(row_filter=And(spatial_filter, partition_filter), snapshot_id=snapshot.snapshot_id)
+        files = [(task.file, None) for task in tasks.plan_files()]
+    if covering_column is None:
+        boxes = [window_geometry(box) for box in _plain_boxes(predicate)]
+        files = [(f, seq) for f, seq in files if any(_file_may_touch(file_bounds(f), box) for box in boxes)]
     if x_intervals is not None:
-        files = [(file, seq) for file, seq in files if _file_x_may_touch(file, field_ids, x_intervals)]
+        files = [(file, seq) for file, seq in files if _file_x_may_touch(file_bounds(file), x_intervals)]
     shape = None
     if predicate.prunes_by_shape():
         shape = predicate.geometry
         shapely.prepare(shape)
-        files = [(file, seq) for file, seq in files if _file_may_touch(file, field_ids, shape)]
+        files = [(file, seq) for file, seq in files if _file_may_touch(file_bounds(file), shape)]
 
     covering_paths = [f"{covering_column}.{name}" for name in BBOX_FIELDS]
+    field_ids = list(file_bounds.covering_ids or ())
     matches: list[pa.Table] = []
     files_scanned = row_groups_total = row_groups_scanned = rows_read = rows_matched = 0
     for data_file, sequence_number in files:
@@ -276,14 +277,17 @@ def query(
             parquet = pq.ParquetFile(stream, pre_buffer=True)
             file_schema = parquet.schema_arrow
             row_groups_total += parquet.metadata.num_row_groups
-            file_covering_paths = projection.paths_in_file(file_schema, field_ids, covering_paths)
+            file_covering_paths = (
+                projection.paths_in_file(file_schema, field_ids, covering_paths) if covering_column else None
+            )
             wrapped_rows = None
-            if x_intervals is not None:
+            if x_intervals is not None and covering_column:
                 footer = parquet.metadata.metadata or {}
                 wrapped_rows = int(footer.get(WRAPPED_ROWS_KEY.encode(), b"0") or 0)
-            surviving = _row_groups_that_may_match(
-                parquet.metadata, file_covering_paths, conditions, shape, x_intervals, wrapped_rows
+            minima, maxima = row_group_bounds(
+                parquet.metadata, file_covering_paths, geometry_column, file_bounds.short_way
             )
+            surviving = _row_groups_that_may_match(minima, maxima, conditions, shape, x_intervals, wrapped_rows)
             read_columns = projection.columns_to_read(file_schema)
             row_groups_scanned += len(surviving)
             # Unlimited queries read a file's row groups in one call, letting Arrow coalesce the
@@ -315,6 +319,21 @@ def query(
         files_total, files_scanned, row_groups_total, row_groups_scanned, rows_read, rows_matched, snapshot.snapshot_id
     )
     return QueryResult(result, stats)
+
+
+def table_file_bounds(table: Table, schema: Schema) -> FileBounds:
+    """How the table bounds its files: by its stored covering, else by its geometry column's bounds."""
+    geometry = schema.find_field(_property(table, PRIMARY_COLUMN_PROPERTY))
+    covering = covering_column_of(table)
+    ids = None if covering is None else tuple(schema.find_field(f"{covering}.{n}").field_id for n in BBOX_FIELDS)
+    return FileBounds(
+        cast(tuple[int, int, int, int] | None, ids), geometry.field_id, antimeridian_reading(table) == "short"
+    )
+
+
+def covering_column_of(table: Table) -> str | None:
+    """The table's stored bbox covering column; None for a native-geometry table without one."""
+    return table.properties.get(f"geo.column.{_property(table, PRIMARY_COLUMN_PROPERTY)}.covering")
 
 
 def _property(table: Table, key: str) -> str:
@@ -350,18 +369,12 @@ def antimeridian_reading(table: Table) -> str:
         return "planar"
 
 
-def _file_x_may_touch(data_file: DataFile, field_ids: list[int], intervals: list[tuple[float, float]]) -> bool:
-    """Whether the file's x range, from the manifest bounds (wrapped when the least xmin exceeds
+def _file_x_may_touch(bbox: BBox | None, intervals: list[tuple[float, float]]) -> bool:
+    """Whether the file's x range, from its manifest bounds (wrapped when the least xmin exceeds
     the greatest xmax: then every row of the file is wrapped), meets one of `intervals`."""
-    lower, upper = data_file.lower_bounds or {}, data_file.upper_bounds or {}
-    try:
-        xmin = _double(lower[field_ids[XMIN]])
-        xmax = _double(upper[field_ids[XMAX]])
-    except KeyError:
+    if bbox is None:
         return True
-    if not (math.isfinite(xmin) and math.isfinite(xmax)):
-        return True
-    return any(bool(x_overlaps(xmin, xmax, lo, hi)) for lo, hi in intervals)
+    return any(bool(x_overlaps(bbox[0], bbox[2], lo, hi)) for lo, hi in intervals)
 
 
 # A time window: the event-time column, and its bounds in microseconds (None: open).
@@ -495,7 +508,11 @@ def sql_where(
         if optional:  # added by a partition evolution: null in the files written before it
             alternatives.append(f"{column} IS NULL")
         terms.append(alternatives[0] if len(alternatives) == 1 else "(" + " OR ".join(alternatives) + ")")
-    covering = _property(table, f"geo.column.{_property(table, PRIMARY_COLUMN_PROPERTY)}.covering")
+    covering = covering_column_of(table)
+    if covering is None:
+        # A native geometry column without a covering: the engine prunes on the manifests'
+        # geometry bounds from its own spatial predicate.
+        return " AND ".join(terms) if terms else "TRUE"
     if antimeridian_reading(table) == "short":
         # A wrapped row's box (xmin > xmax) fails every plain x condition: x is tested per half of
         # the window, and wrapped rows are kept for the engine's exact test.
@@ -530,24 +547,9 @@ def _file_filter(table: Table, row_filter: BooleanExpression):
     return may_hold
 
 
-def _file_may_touch(data_file: DataFile, field_ids: list[int], shape: shapely.Geometry) -> bool:
+def _file_may_touch(bbox: BBox | None, shape: shapely.Geometry) -> bool:
     """Whether the file's MBR, from its manifest bounds, intersects Q (True without bounds)."""
-    lower, upper = data_file.lower_bounds or {}, data_file.upper_bounds or {}
-    try:
-        xmin = _double(lower[field_ids[XMIN]])
-        ymin = _double(lower[field_ids[YMIN]])
-        xmax = _double(upper[field_ids[XMAX]])
-        ymax = _double(upper[field_ids[YMAX]])
-    except KeyError:
-        return True
-    return _mbr_may_touch(xmin, ymin, xmax, ymax, shape)
-
-
-def _double(value: bytes) -> float:
-    """A manifest bound of a double column."""
-    # from_bytes dispatches on the Iceberg type, but pyiceberg types its result with a type variable
-    # no argument binds, which mypy reads as str.
-    return cast(float, from_bytes(DoubleType(), value))
+    return True if bbox is None else _mbr_may_touch(*bbox, shape)
 
 
 def _mbr_may_touch(xmin: float, ymin: float, xmax: float, ymax: float, shape: shapely.Geometry) -> bool:
@@ -568,38 +570,28 @@ def _count_data_files(table: Table, snapshot: Snapshot) -> int:
 
 
 def _row_groups_that_may_match(
-    metadata: pq.FileMetaData,
-    covering_paths: Sequence[str | None],
+    minima: np.ndarray,
+    maxima: np.ndarray,
     conditions: list[Condition],
     shape: shapely.Geometry | None = None,
     x_intervals: list[tuple[float, float]] | None = None,
     wrapped_rows: int | None = None,
 ) -> list[int]:
-    """Indices of the row groups whose bbox.* statistics do not rule out a match.
+    """Indices of the row groups whose bounds (`row_group_bounds`: per group, the minima and
+    maxima of the rows' xmin, ymin, xmax, ymax) do not rule out a match.
 
-    The statistics are the min and max of each of the four columns, so a condition "xmin <= v"
-    can hold for some row only if min(xmin) <= v, and "xmax >= v" only if max(xmax) >= v. With
-    `shape`, the group's MBR (min xmin, min ymin, max xmax, max ymax) must also intersect it.
+    A condition "xmin <= v" can hold for some row only if min(xmin) <= v, and "xmax >= v" only if
+    max(xmax) >= v. With `shape`, the group's MBR (min xmin, min ymin, max xmax, max ymax) must
+    also intersect it.
 
     With `x_intervals` (short-way tables), the group's x range must meet one of them: a group
     whose min(xmin) exceeds its max(xmax) holds only wrapped rows and covers [min xmin, 180] and
     [-180, max xmax]; in a file with `wrapped_rows`, any other group may span the world.
     """
-    n = metadata.num_row_groups
+    n = len(minima)
     if n == 0:
         return []
-    column_of_path = {metadata.row_group(0).column(j).path_in_schema: j for j in range(metadata.num_columns)}
-    # Without statistics a group must be read: missing minima are -inf, missing maxima +inf.
-    minima = np.full((n, 4), -np.inf)
-    maxima = np.full((n, 4), np.inf)
-    for k, path in enumerate(covering_paths):
-        j = None if path is None else column_of_path.get(path)
-        if j is None:
-            continue
-        for g in range(n):
-            stats = metadata.row_group(g).column(j).statistics
-            if stats is not None and stats.has_min_max:
-                minima[g, k], maxima[g, k] = stats.min, stats.max
+    minima, maxima = minima.copy(), maxima.copy()
     if x_intervals is not None and wrapped_rows:
         unknown = ~(minima[:, XMIN] > maxima[:, XMAX])
         minima[unknown, XMIN], maxima[unknown, XMAX] = -np.inf, np.inf
@@ -624,11 +616,14 @@ def _row_groups_that_may_match(
 def _exact_matches(
     rows: pa.Table,
     geometry_column: str,
-    covering_column: str,
+    covering_column: str | None,
     predicate: Predicate,
     conditions: list[Condition],
     x_intervals: list[tuple[float, float]] | None = None,
 ) -> pa.Table:
+    """The rows that meet the predicate; `covering_column` None: the table stores no covering."""
+    if covering_column is None:
+        return _geometry_matches(rows, geometry_column, predicate, x_intervals)
     # The bbox conditions are a cheap necessary test (exact for points and intersects with a
     # box), so GEOS only sees the rows they leave.
     covering = rows.column(covering_column)
@@ -646,9 +641,19 @@ def _exact_matches(
         test = pa.array(touches)
         keep = test if keep is None else pc.and_(keep, test)
     candidates = rows.filter(keep) if keep is not None else rows
+    return _geometry_matches(candidates, geometry_column, predicate, x_intervals)
+
+
+def _geometry_matches(
+    candidates: pa.Table, geometry_column: str, predicate: Predicate, x_intervals: list[tuple[float, float]] | None
+) -> pa.Table:
+    """The rows whose geometry meets the predicate, by GEOS (read the short way with `x_intervals`)."""
     if candidates.num_rows == 0:
         return candidates
-    geometries = shapely.from_wkb(candidates.column(geometry_column).to_numpy(zero_copy_only=False))
+    geometry = candidates.column(geometry_column).combine_chunks()
+    if isinstance(geometry.type, pa.ExtensionType):
+        geometry = geometry.storage
+    geometries = shapely.from_wkb(geometry.to_numpy(zero_copy_only=False))
     q = predicate.geometry
     shapely.prepare(q)
     wide = np.zeros(0, dtype=np.int64)

@@ -242,9 +242,15 @@ def table_cells(table: Table, contract: Contract) -> tuple[CellColumn, ...] | No
     if not found:
         return None
     # A cell column with an id past the bbox's own fields came after the table was made.
-    bbox = next((f for f in schema.fields if f.field_id == contract.bbox_id), None)
-    nested = [f.field_id for f in bbox.field_type.fields] if bbox and isinstance(bbox.field_type, StructType) else []
-    last_nested = max(nested, default=contract.bbox_id)
+    if contract.bbox_stored:
+        bbox = next((f for f in schema.fields if f.field_id == contract.bbox_id), None)
+        fields = bbox.field_type.fields if bbox and isinstance(bbox.field_type, StructType) else ()
+        last_nested = max((f.field_id for f in fields), default=contract.bbox_id)
+    else:
+        # No covering: past every nested id, or past the cells a new table gets.
+        top = {f.field_id for f in schema.fields}
+        nested = [fid for fid in schema.field_ids if fid not in top]
+        last_nested = max(nested, default=contract.bbox_id + len(contract.cell_fields) - 1)
     return tuple(CellColumn(fid, field, required, fid > last_nested) for fid, field, required in sorted(found))
 
 

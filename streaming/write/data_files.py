@@ -285,11 +285,13 @@ class GeoParquetWriter:
         return [(False, batch.filter(pa.array(~wrapped))), (True, batch.filter(pa.array(wrapped)))]
 
     def _write_group(self, lane: _Lane, group: pa.RecordBatch, folder: str, values: tuple) -> Iterator[DataFileRecord]:
+        # The covering the rows carry: the file's bounds, whether or not the table stores it.
+        covering = group.column(self.contract.bbox_name)
         table = with_cells(_with_flat_bbox(pa.Table.from_batches([group]), self.contract), self.contract)
         table = as_types(table, self.schema)
         if lane.file is None:
             lane.file = _OpenFile(self._new_path(folder), self.io, self.schema, self._parquet_options)
-        lane.file.write(table, self.contract, lane.wrapped)
+        lane.file.write(table, covering, self.contract, lane.wrapped)
         if lane.file.bytes_written() >= self.contract.clustering.target_file_bytes:
             yield self._finish(lane.file, values)
             lane.file = None
@@ -305,7 +307,7 @@ class GeoParquetWriter:
         record_count = metrics.pop("record_count")
         if self.contract.geometry.native:
             metrics[GEOMETRY_EXTENT] = geometry_extent(parquet_metadata, self.contract.geometry.name)
-        for key in _BOUND_KEYS:
+        for key in _BOUND_KEYS if self.contract.bbox_stored else ():
             bounds = dict(metrics.get(key) or {})
             for i, name in enumerate(BBOX_FIELDS):
                 value = file.bbox_min[i] if key == "lower_bounds" else file.bbox_max[i]
@@ -414,9 +416,9 @@ class _OpenFile:
         self.geometry_types: set[str] = set()
         self.wrapped_rows = 0
 
-    def write(self, table: pa.Table, contract: Contract, wrapped: bool) -> None:
-        """`wrapped`: the rows all wrap, or none does (the writer's lanes keep them apart)."""
-        bbox = table.column(contract.bbox_name).combine_chunks()
+    def write(self, table: pa.Table, bbox: pa.StructArray, contract: Contract, wrapped: bool) -> None:
+        """`bbox`: the rows' covering. `wrapped`: the rows all wrap, or none does (the writer's
+        lanes keep them apart)."""
         if contract.geometry.antimeridian == "short" and wrapped:
             self.wrapped_rows += table.num_rows
         for i, name in enumerate(BBOX_FIELDS):

@@ -44,6 +44,7 @@ import pyarrow.compute as pc
 from pyiceberg.io import FileIO
 
 from streaming.contract import Contract
+from streaming.decode.covering import with_covering
 from streaming.decode.decoder import HILBERT, UNAVAILABLE, UNAVAILABLE_TYPE
 from streaming.kernels.hilbert import hilbert_keys_of_bounds
 from streaming.kernels.key_hash import key_hashes
@@ -211,8 +212,12 @@ def fill_from_table(latest: pa.Table, contract: Contract, current: CurrentRows |
     found = None
     if current is not None:
         keys = latest.select(list(contract.primary_key)).filter(pa.array(wanting))
-        columns = sorted({c for name in missing for c in _carried_with(name, contract) if c != HILBERT})
+        stored = set(contract.iceberg_schema.column_names)
+        columns = sorted({c for name in missing for c in _carried_with(name, contract) if c in stored})
         found = current(keys, columns)
+        if contract.geometry.name in found.column_names:
+            # A table that stores no covering: it is computed again from the geometry read.
+            found = with_covering(found, contract)
     geometry = contract.geometry.name
     place = _positions_in(latest, found, contract.primary_key) if found is not None else np.full(latest.num_rows, -1)
     for name, missing_in_rows in missing.items():

@@ -434,3 +434,35 @@ def test_retention_is_days_or_hours_on_a_time_partition():
     )
     # The partition spec itself refuses a time transform of a string column, naming the field.
     assert "partition[0]: day(kind): column 'kind' is a string" in error_of(with_retention("30 days", ["day(kind)"]))
+
+
+def _without_covering(raw: dict) -> None:
+    raw["geometry"]["native"] = True
+    raw["bbox"] = {"stored": False}
+
+
+def test_a_native_table_without_its_covering_numbers_the_cells_after_the_geometry_yet_its_rows_carry_it():
+    raw = edited(_without_covering)
+    raw["partition"] = ["day(event_time)", "geohash(geometry, 3)"]
+    contract = parse_contract(raw)
+    check_fresh_ids(contract)  # the ids Iceberg gives a new table
+    top = {f.field_id: f.name for f in contract.iceberg_schema.fields}
+    assert top[9] == "geometry" and top[10] == "geometry_geohash3" and "bbox" not in top.values()
+    assert "bbox" not in contract.data_file_schema.names
+    names = contract.arrow_schema.names
+    assert names[names.index("geometry") + 1] == "bbox", "the decoder still hands the writer the covering"
+    properties = contract.table_properties()
+    assert "geo.column.geometry.covering" not in properties and properties["format-version"] == "3"
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        (lambda r: r.update(bbox={"stored": False}), "bbox.stored: false needs geometry.native: true"),
+        (lambda r: (_without_covering(r), r["bbox"].update(id=10)), "bbox.id: 10, but a covering that is not stored"),
+        (lambda r: (_without_covering(r), r["bbox"].update(flat_columns=True)), "bbox.flat_columns: copies"),
+        (lambda r: (_without_covering(r), r["bbox"].update(stored="no")), "bbox.stored: expected true or false"),
+    ],
+)
+def test_dropping_the_covering_is_refused_where_it_cannot_hold(edit, message):
+    assert error_of(edit).startswith(message)

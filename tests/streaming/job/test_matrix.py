@@ -89,6 +89,8 @@ class Cell:
     defaults: bool = False
     # An Iceberg v3 table whose geometry is Iceberg's own type (`geometry.native`).
     native: bool = False
+    # False: the table stores no bbox covering (`bbox.stored: false`; native tables only).
+    covering: bool = True
 
     @property
     def name(self) -> str:
@@ -96,12 +98,16 @@ class Cell:
             f"p{self.partitions}-{self.source}-{self.clustering}-{self.mode}-{self.layout}"
             + ("-jobs" if self.jobs else "-defaults" if self.defaults else "")
             + ("-v3" if self.native else "")
+            + ("" if self.covering else "-nobbox")
         )
 
     @property
     def contract(self):
         geometry = {**DEMO["geometry"], "native": True} if self.native else DEMO["geometry"]
-        return parse_contract({**DEMO, "mode": self.mode, "partition": LAYOUTS[self.layout], "geometry": geometry})
+        bbox = DEMO["bbox"] if self.covering else {"stored": False}
+        return parse_contract(
+            {**DEMO, "mode": self.mode, "partition": LAYOUTS[self.layout], "geometry": geometry, "bbox": bbox}
+        )
 
     def values(self) -> tuple:
         return tuple(getattr(self, factor) for factor in FACTORS)
@@ -126,6 +132,8 @@ V3_CELLS = [
     Cell(1, "python", "batch", "upsert", "none", defaults=True, native=True),
     Cell(2, "spark-kafka", "task", "upsert", "day+geohash", native=True),
     Cell(5, "python", "batch", "append", "day+geohash", jobs=True, native=True),
+    # Without the covering: the cells and the Hilbert key from a covering the rows carry, not the table.
+    Cell(5, "spark-kafka", "task", "upsert", "day+geohash", native=True, covering=False),
 ]
 
 

@@ -6,11 +6,13 @@ and skipped, never committed twice."""
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 
 import pytest
 import shapely
 from prometheus_client import CollectorRegistry
 
+from app.local.rest_catalog import LocalRestCatalog
 from app.maven import configure_iceberg_java
 from app.service import run
 from streaming.contract import parse_contract
@@ -78,18 +80,34 @@ def _reasons(found) -> dict[tuple[int, int], str]:
     return {(p, o): reason for p, o, reason in found}
 
 
-@pytest.mark.parametrize("source", ["spark-kafka", "python"])
+@pytest.fixture
+def file_rest_catalog(tmp_path) -> Iterator[dict[str, str]]:
+    """A REST catalog server of its own whose warehouse is a file:// folder: its client properties."""
+    server = LocalRestCatalog(tmp_path / "rest", CACHE_DIR, f"file://{tmp_path / 'rest-warehouse'}")
+    try:
+        server.start()
+        yield server.catalog_properties()
+    finally:
+        server.stop()
+
+
+@pytest.mark.parametrize(
+    ("source", "shape"),
+    [("spark-kafka", "sqlite"), ("python", "sqlite"), ("python", "rest-file-nobbox")],
+)
 def test_a_native_table_fed_by_the_stream_holds_its_reference_and_a_restart_adds_nothing(
-    kafka, spark, tmp_path, source
+    kafka, spark, tmp_path, request, source, shape
 ):
+    """`rest-file-nobbox`: a REST catalog over a file:// warehouse, the table without its covering."""
     topic = new_topic(kafka.bootstrap, 2)
     records = make_stream(n_keys=2_000, n_events=2_000, seed=5)
     positions = produce(kafka.bootstrap, topic, records)
+    more = {"catalog": request.getfixturevalue("file_rest_catalog")} if shape.startswith("rest") else {}
     settings = local_settings(
-        kafka, topic, tmp_path, source=source, max_offsets_per_trigger=600, maintenance_mode="off"
+        kafka, topic, tmp_path, source=source, max_offsets_per_trigger=600, maintenance_mode="off", **more
     )
     catalog = open_catalog(settings.catalog_name, settings.catalog)
-    contract = parse_contract(NATIVE)
+    contract = parse_contract({**NATIVE, "bbox": {"stored": False}} if shape.endswith("nobbox") else NATIVE)
     table, created = create_table(catalog, contract)
     assert created and is_native(table) and table.metadata.format_version == 3
     assert [str(f.transform) for f in table.spec().fields] == ["day"]  # the demo contract's default

@@ -18,6 +18,8 @@ from app.maven import configure_iceberg_java
 from streaming.contract import parse_contract
 from streaming.maintenance.maintain import maintain
 from streaming.maintenance.plan import MaintenancePolicy
+from streaming.read.predicate import Predicate
+from streaming.read.query import query
 from streaming.storage import data_location
 from streaming.table.catalog import create_table
 from streaming.table.native import native_table
@@ -34,9 +36,12 @@ CONTRACT_PATH = Path(__file__).resolve().parents[3] / "schemas" / "demo_events.j
 DAY0 = 20_000  # 2024-10-04
 
 
-def native_contract(partition: list[str], **clustering):
+def native_contract(partition: list[str], covering: bool = True, **clustering):
+    """`covering` False: the table stores no bbox covering (`bbox.stored: false`)."""
     raw = json.loads(CONTRACT_PATH.read_text())
     raw["geometry"]["native"] = True
+    if not covering:
+        raw["bbox"] = {"stored": False}
     raw["partition"] = partition
     raw["clustering"].update(clustering)
     return parse_contract(raw)
@@ -100,9 +105,10 @@ def _data_files(table) -> list[str]:
     ]
 
 
-def test_compaction_of_a_native_table_keeps_every_row_as_geometry_with_bounds_that_prune(catalog):
+@pytest.mark.parametrize("covering", [True, False], ids=["bbox", "no-bbox"])
+def test_compaction_of_a_native_table_keeps_every_row_as_geometry_with_bounds_that_prune(catalog, covering):
     # Small target files, so that the rewrite is several stretches of the curve.
-    contract = native_contract([], target_file_bytes=32_768, row_group_rows=100)
+    contract = native_contract([], covering, target_file_bytes=32_768, row_group_rows=100)
     table, _ = create_table(catalog, contract)
     write_batches(table, contract, 12)
     small = _data_files(table)
@@ -117,6 +123,7 @@ def test_compaction_of_a_native_table_keeps_every_row_as_geometry_with_bounds_th
     for path in compacted:
         parquet = pq.ParquetFile(path)
         assert parquet.schema.column(parquet.schema_arrow.get_field_index("geometry")).logical_type.type == "GEOMETRY"
+        assert ("bbox" in parquet.schema_arrow.names) == covering
     snapshot = table.current_snapshot()
     assert snapshot.summary.operation.value == "replace"
     assert snapshot.summary.additional_properties["geoingest.maintenance"] == "compaction"
@@ -133,6 +140,14 @@ def test_compaction_of_a_native_table_keeps_every_row_as_geometry_with_bounds_th
     )
     read = int(plan.split("Total Files Read: ")[1].split()[0])
     assert 1 <= read < len(compacted), plan
+
+    # `geoingest query` finds what DuckDB finds, pruning by the covering or the geometry bounds.
+    box = (xmin - 0.1, ymin - 0.1, xmin + 0.1, ymin + 0.1)
+    found = query(table, Predicate.from_bbox(box))
+    expected = con.execute(f"SELECT event_id FROM {scan} WHERE ST_Intersects(geometry, {window})").fetchall()
+    assert sorted(found.table.column("event_id").to_pylist()) == sorted(r[0] for r in expected)
+    assert 1 <= found.stats.files_scanned < len(compacted)
+    assert found.stats.row_groups_scanned < found.stats.row_groups_total
 
 
 def test_orphans_of_a_native_table_are_deleted_under_its_lease_and_referenced_files_kept(catalog):

@@ -468,3 +468,60 @@ def test_a_native_table_has_the_partition_specs_a_v2_table_of_its_contract_has(c
         }
 
     assert specs(v3) == specs(v2) and len(specs(v3)[1]) == 4
+
+
+def test_a_native_table_without_its_covering_answers_queries_as_one_with_it_pruned_by_its_geometry_bounds(tmp_path):
+    """`bbox.stored: false`: the same rows written to a v3 table with the covering and to one
+    without. `geoingest query` returns the same rows from both, for windows in Europe, the Pacific,
+    on either side of the anti-meridian (lines across it, read the short way) and where nothing is;
+    the one without reads its files' bounds from the manifests' geometry bounds."""
+    from streaming.read.inspect import file_extents
+    from streaming.read.predicate import Predicate
+    from streaming.read.query import query
+    from streaming.table.catalog import create_table, open_catalog
+    from streaming.table.commit import BatchCommit, Committer
+
+    raw = json.loads(CONTRACT_PATH.read_text())
+    raw["geometry"]["native"] = True
+    tables = {}
+    for covering in (True, False):
+        contract = parse_contract({**raw, "bbox": raw["bbox"] if covering else {"stored": False}})
+        root = tmp_path / ("bbox" if covering else "no-bbox")
+        catalog = open_catalog(
+            "test", {"type": "sql", "uri": f"sqlite:///{root}.db", "warehouse": f"file://{root}/warehouse"}
+        )
+        table, _ = create_table(catalog, contract)
+        groups = [
+            decoded_points(contract, 0, 2.0, 48.0),
+            decoded_points(contract, 100, -120.0, -40.0),
+            decoded(contract, 200, [line((179.0, 10.0), (-179.0, 11.0)), line((178.5, 12), (-178.5, 13))]),
+        ]
+        for batch, rows in enumerate(groups):
+            Committer(table).commit(
+                BatchCommit("w", batch, {"t": {0: (batch * 100, batch * 100)}}, written(table, contract, rows))
+            )
+        table.refresh()
+        tables[covering] = table
+
+    without = tables[False]
+    assert "bbox" not in without.schema().column_names and "bbox" in tables[True].schema().column_names
+    layout = file_extents(without)
+    assert len(layout.files) == 3 and all(f.bbox is not None for f in layout.files)
+    for f in layout.files:
+        parquet = pq.ParquetFile(f.path.removeprefix("file://"))
+        assert "bbox" not in parquet.schema_arrow.names
+        assert "covering" not in json.loads(parquet.metadata.metadata[b"geo"])["columns"]["geometry"]
+
+    windows = {
+        (0, 40, 20, 60): 1,
+        (-125, -45, -110, -30): 1,
+        (179.2, 5, 180, 15): 1,
+        (-180, 5, -178.8, 15): 1,
+        (100, 50, 120, 60): 0,
+    }
+    for box, files in windows.items():
+        found = {covering: query(table, Predicate.from_bbox(box)) for covering, table in tables.items()}
+        ids = {covering: sorted(r.table.column("event_id").to_pylist()) for covering, r in found.items()}
+        assert ids[False] == ids[True], box
+        assert (len(ids[False]) > 0) == (files > 0), box
+        assert found[False].stats.files_scanned == files, box
