@@ -141,6 +141,16 @@ class Contract:
         return tuple(CellColumn(first + i, f) for i, f in enumerate(self.cell_fields))
 
     @property
+    def stored_bbox_id(self) -> int | None:
+        """The bbox column's id; None where the table stores no covering."""
+        return self.bbox_id if self.bbox_stored else None
+
+    @property
+    def covering_column_ids(self) -> set[int]:
+        """The top-level ids the covering takes (the bbox and its flat copies); none where not stored."""
+        return {self.bbox_id, *self.flat_bbox_field_ids.values()} if self.bbox_stored else set()
+
+    @property
     def covering_columns(self) -> int:
         """How many top-level columns the covering takes: the bbox struct and its flat copies, or none."""
         return (1 + len(self.flat_bbox_names)) if self.bbox_stored else 0
@@ -438,7 +448,7 @@ def parse_contract(raw: Any) -> Contract:
         retention_s=retention_s,
         raster=raster,
     )
-    check_unique_ids(contract.columns, contract.geometry.id, contract.bbox_id if bbox_stored else None)
+    check_unique_ids(contract.columns, contract.geometry.id, contract.stored_bbox_id)
     return contract
 
 
@@ -492,7 +502,7 @@ def _fresh_raster_id(contract: Contract) -> None:
 def check_fresh_ids(contract: Contract) -> None:
     """A new table's ids: Iceberg assigns 1..n to top-level fields in order on create, so the
     contract must state those (a table's later contracts keep the ids it has, gaps and all)."""
-    declared = declared_ids(contract.columns, contract.geometry.id, contract.bbox_id if contract.bbox_stored else None)
+    declared = declared_ids(contract.columns, contract.geometry.id, contract.stored_bbox_id)
     for expected, (where, fid) in enumerate(declared, start=1):
         if fid != expected:
             raise ContractError(

@@ -13,6 +13,7 @@ import shapely
 from streaming.contract.core import Contract
 from streaming.decode.validate import bounds_of
 from streaming.kernels.antimeridian import short_way_bounds
+from streaming.kernels.wkb import wkb_storage
 
 
 def covering_bounds(geoms: np.ndarray, points_xy: np.ndarray, antimeridian: str) -> np.ndarray:
@@ -42,11 +43,7 @@ def with_covering(rows: pa.Table, contract: Contract) -> pa.Table:
     table that does not store it); as they are if they have it."""
     if contract.bbox_name in rows.column_names:
         return rows
-    geometry = rows.column(contract.geometry.name).combine_chunks()
-    if isinstance(geometry.type, pa.ExtensionType):
-        geometry = geometry.storage
-    wkb = geometry.to_numpy(zero_copy_only=False)
-    geoms = shapely.from_wkb(wkb)
+    geoms = shapely.from_wkb(wkb_storage(rows.column(contract.geometry.name)).to_numpy())
     present = ~shapely.is_missing(geoms)
     bounds = covering_bounds(geoms, np.full((len(geoms), 2), np.nan), contract.geometry.antimeridian)
     present &= np.isfinite(bounds).all(axis=1)

@@ -34,6 +34,14 @@ def wkb_type_codes(wkb: pa.Array | pa.ChunkedArray) -> np.ndarray:
     return np.where(little, code_bytes @ weights_le, code_bytes @ weights_le[::-1])
 
 
+def wkb_storage(geometry: pa.ChunkedArray) -> pa.ChunkedArray:
+    """A geometry column's WKB: the storage of Parquet GEOMETRY's extension type (a native table's
+    files), else the column itself."""
+    if isinstance(geometry.type, pa.ExtensionType):
+        return pa.chunked_array([c.storage for c in geometry.chunks], geometry.type.storage_type)
+    return geometry
+
+
 def geometry_type_names(wkb: pa.Array | pa.ChunkedArray) -> set[str]:
     """GeoParquet geometry_types present: 'Point', 'Polygon Z', ...
 

@@ -62,6 +62,7 @@ from streaming.contract import (
 )
 from streaming.kernels.antimeridian import split_at_antimeridian, unwrapped, window_intervals, x_overlaps
 from streaming.kernels.geohash import covering_cells, prefix_cells
+from streaming.kernels.wkb import wkb_storage
 from streaming.read.bounds import FileBounds, row_group_bounds
 from streaming.read.predicate import XMAX, XMIN, YMAX, YMIN, BBox, Condition, Predicate, window_geometry
 from streaming.read.projection import FieldIdProjection, QueryError
@@ -650,10 +651,7 @@ def _geometry_matches(
     """The rows whose geometry meets the predicate, by GEOS (read the short way with `x_intervals`)."""
     if candidates.num_rows == 0:
         return candidates
-    geometry = candidates.column(geometry_column).combine_chunks()
-    if isinstance(geometry.type, pa.ExtensionType):
-        geometry = geometry.storage
-    geometries = shapely.from_wkb(geometry.to_numpy(zero_copy_only=False))
+    geometries = shapely.from_wkb(wkb_storage(candidates.column(geometry_column)).to_numpy())
     q = predicate.geometry
     shapely.prepare(q)
     wide = np.zeros(0, dtype=np.int64)

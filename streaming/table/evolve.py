@@ -315,7 +315,7 @@ def _column_changes(schema: Schema, last_column_id: int, stored: Contract, new: 
         changes.append(Change("drop", field.name, column.id))
 
     # The geometry, the bbox and its flat copies, the raster: no contract column may take their ids.
-    fixed_ids = {new.geometry.id, *_covering_ids(new), *_raster_ids(new)}
+    fixed_ids = {new.geometry.id, *new.covering_column_ids, *_raster_ids(new)}
     stored_ids = {c.id for c in stored.columns}
     next_id = last_column_id + 1
     for i, column in enumerate(new.columns):
@@ -405,7 +405,7 @@ def _check_names(schema: Schema, new: Contract, changes: list[Change]) -> None:
     dropped = {c.id for c in changes if c.kind == "drop"}
     listed = {c.id for c in new.columns} | {
         new.geometry.id,
-        *_covering_ids(new),
+        *new.covering_column_ids,
         *_raster_ids(new),
     }
     unlisted = {f.name: f.field_id for f in schema.fields if f.field_id not in listed and f.field_id not in dropped}
@@ -442,11 +442,6 @@ def _check_staged_schema(table_name: str, staged: Schema, new: Contract) -> None
                 f"table {table_name}: field id {expected.field_id} would be {found or 'missing'} after the change, "
                 f"the contract says {expected}"
             )
-
-
-def _covering_ids(contract: Contract) -> set[int]:
-    """The ids of the covering's columns (the bbox and its flat copies), none where the table stores none."""
-    return {contract.bbox_id, *contract.flat_bbox_field_ids.values()} if contract.bbox_stored else set()
 
 
 def _raster_ids(contract: Contract) -> tuple[int, ...]:

@@ -30,7 +30,7 @@ from pyiceberg.types import DoubleType
 
 from streaming.contract import BBOX_FIELDS, Contract
 from streaming.kernels.geoparquet import geo_metadata_bytes
-from streaming.kernels.wkb import geometry_type_names
+from streaming.kernels.wkb import geometry_type_names, wkb_storage
 from streaming.write.file_types import as_types, with_native_geometry
 from streaming.write.partitions import PartitionLayout, partition_path, split_by_partition, with_cells
 
@@ -425,10 +425,7 @@ class _OpenFile:
             values = bbox.field(name).to_numpy(zero_copy_only=False)
             self.bbox_min[i] = min(self.bbox_min[i], float(np.fmin.reduce(values)))
             self.bbox_max[i] = max(self.bbox_max[i], float(np.fmax.reduce(values)))
-        geometry = table.column(contract.geometry.name)
-        if isinstance(geometry.type, pa.ExtensionType):
-            geometry = pa.chunked_array([c.storage for c in geometry.chunks], geometry.type.storage_type)
-        self.geometry_types.update(geometry_type_names(geometry))
+        self.geometry_types.update(geometry_type_names(wkb_storage(table.column(contract.geometry.name))))
         self._writer.write_table(table, row_group_size=table.num_rows)
 
     def bytes_written(self) -> int:
