@@ -30,6 +30,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -136,8 +137,11 @@ def run_child(spec: dict, workdir: Path) -> dict:
     return json.loads(result_path.read_text())
 
 
-def produce_with(bootstrap: str, topic: str, events: list, compression: str, partitions: int = 4) -> None:
-    """The events, with confluent-kafka at producer_settings(compression), into a topic of `partitions`."""
+def produce_with(
+    bootstrap: str, topic: str, events: Iterable, compression: str, partitions: int = 4, round_robin: bool = False
+) -> None:
+    """The events, with confluent-kafka at producer_settings(compression), into a topic of `partitions`:
+    by their keys, or `round_robin` (the same count in every partition)."""
     from confluent_kafka import Producer
     from kafka import KafkaAdminClient
     from kafka.admin import NewTopic
@@ -148,10 +152,11 @@ def produce_with(bootstrap: str, topic: str, events: list, compression: str, par
     finally:
         admin.close()
     producer = Producer({"bootstrap.servers": bootstrap, **producer_settings(compression)})
-    for event in events:
+    for i, event in enumerate(events):
+        where = {"partition": i % partitions} if round_robin else {}
         while True:
             try:
-                producer.produce(topic, event.value, event.key)
+                producer.produce(topic, event.value, event.key, **where)
                 break
             except BufferError:
                 producer.poll(0.01)

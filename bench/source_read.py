@@ -34,6 +34,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 from ingest import make_events, producer_settings  # noqa: E402
+from kafka_source import produce_with  # noqa: E402
 
 from app.local.broker import LocalBroker  # noqa: E402
 from app.local.process import free_port  # noqa: E402
@@ -49,26 +50,6 @@ PARTITIONS = 2
 def process_cpu_s(pid: int) -> float:
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def fill(bootstrap: str, dataset: str, events: int, compression: str) -> None:
-    from confluent_kafka import Producer
-    from kafka.admin import KafkaAdminClient, NewTopic
-
-    admin = KafkaAdminClient(bootstrap_servers=bootstrap)
-    try:
-        admin.create_topics([NewTopic(TOPIC, num_partitions=PARTITIONS, replication_factor=1)])
-    finally:
-        admin.close()
-    producer = Producer({"bootstrap.servers": bootstrap, **producer_settings(compression)})
-    for i, event in enumerate(make_events(dataset, events)):
-        while True:
-            try:
-                producer.produce(TOPIC, key=event.key, value=event.value, partition=i % PARTITIONS)
-                break
-            except BufferError:
-                producer.poll(0.05)
-    producer.flush()
 
 
 def readers(settings: SourceSettings, per_partition: int) -> dict[str, Callable[[], int]]:
@@ -111,7 +92,15 @@ def main() -> None:
     broker = LocalBroker(Path(tempfile.mkdtemp()), cache_dir, port=free_port(), secure_port=free_port())
     broker.start()
     try:
-        fill(broker.bootstrap, args.dataset, args.events, args.compression)
+        # The same count in each partition: every reader reads each partition to a known offset.
+        produce_with(
+            broker.bootstrap,
+            TOPIC,
+            make_events(args.dataset, args.events),
+            args.compression,
+            PARTITIONS,
+            round_robin=True,
+        )
         settings = SourceSettings.parse({"kafka.bootstrap.servers": broker.bootstrap, "subscribe": TOPIC})
         broker_pid = broker._process.pid()
         assert broker_pid is not None
