@@ -25,6 +25,17 @@ def runs(registry: CollectorRegistry, outcome: str) -> float:
     return registry.get_sample_value("geoingest_maintenance_runs_total", {"table": "demo.events", "outcome": outcome})
 
 
+def runner_of(settings, registry: CollectorRegistry) -> MaintenanceRunner:
+    """The service's maintenance runner of demo.events, its metrics in `registry`."""
+    return MaintenanceRunner(settings, "demo.events", MaintenanceMetrics(registry, "demo.events"))
+
+
+def tell_of_commits(runner: MaintenanceRunner, batches: int = 10) -> None:
+    """What the service tells the runner after each committed batch: enough commits for a run."""
+    for batch_id in range(batches):
+        runner.after_batch(committed(batch_id))
+
+
 def wait_until(condition, timeout_s: float = 90.0) -> bool:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -56,7 +67,7 @@ def test_beside_is_the_default_and_runs_in_a_niced_child_process_on_the_commit_c
     assert load_settings(env={}).maintenance_mode == "beside"
     settings = dataclasses.replace(settings, maintenance_min_gap_s=0)
     registry = CollectorRegistry()
-    runner = MaintenanceRunner(settings, "demo.events", MaintenanceMetrics(registry, "demo.events"))
+    runner = runner_of(settings, registry)
     write_batches(table, load_contract(CONTRACT_PATH), 30)
     runner.start()
     try:
@@ -64,8 +75,7 @@ def test_beside_is_the_default_and_runs_in_a_niced_child_process_on_the_commit_c
         assert child is not None and child.process.pid != os.getpid()
         assert wait_until(lambda: os.getpriority(os.PRIO_PROCESS, child.process.pid) >= settings.maintenance_nice)
         started = time.monotonic()
-        for batch_id in range(10):
-            runner.after_batch(committed(batch_id))
+        tell_of_commits(runner)
         assert time.monotonic() - started < 0.5, "the batches never wait for maintenance"
         assert wait_until(lambda: runs(registry, "completed") == 1), "the child's run, counted by the service"
         elapsed = time.monotonic() - started
@@ -108,11 +118,10 @@ def test_the_child_maintains_a_native_table_through_its_own_iceberg_java(setting
     table, _ = create_table(open_catalog(settings.catalog_name, settings.catalog), contract)
     write_batches(table, contract, 12)
     registry = CollectorRegistry()
-    runner = MaintenanceRunner(settings, "demo.events", MaintenanceMetrics(registry, "demo.events"))
+    runner = runner_of(settings, registry)
     runner.start()
     try:
-        for batch_id in range(10):
-            runner.after_batch(committed(batch_id))
+        tell_of_commits(runner)
         assert wait_until(lambda: (runs(registry, "completed") or 0) >= 1, 180), "the child's run on the v3 table"
         assert not runs(registry, "failed")
     finally:
@@ -132,11 +141,10 @@ def test_sigterm_abandons_a_long_compaction_releases_the_lease_and_loses_nothing
     write_batches(table, load_contract(CONTRACT_PATH), 60, rows=150)
     before = table.current_snapshot().snapshot_id
     registry = CollectorRegistry()
-    runner = MaintenanceRunner(slow, "demo.events", MaintenanceMetrics(registry, "demo.events"))
+    runner = runner_of(slow, registry)
     runner.start()
     try:
-        for batch_id in range(10):
-            runner.after_batch(committed(batch_id))
+        tell_of_commits(runner)
         reader = open_catalog(settings.catalog_name, settings.catalog).load_table("demo.events")
 
         def leased() -> bool:
