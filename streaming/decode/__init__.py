@@ -1,2 +1,3 @@
 """Records to rows: one module per input format (formats/), the table's geometry rules and reprojection (validate.py,
-crs.py), columns and properties, reject reasons, the time budget; entry point decoder.py: Decoder, DecodeOptions."""
+crs.py), the bbox covering (covering.py), columns and properties, reject reasons, the time budget; entry point
+decoder.py: Decoder, DecodeOptions."""
