@@ -14,6 +14,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
+import pytest
 import shapely
 
 from streaming.contract import parse_contract
@@ -30,6 +31,7 @@ from streaming.write.versions import (
     plan_reduce,
     version_schema,
 )
+from tests.conftest import CACHE_DIR
 from tests.streaming.decode.test_decoder import feature, kafka_batch, point
 from tests.streaming.write.test_task import run, task
 
@@ -73,10 +75,14 @@ def test_reducers_take_runs_of_whole_buckets_of_about_equal_rows():
 
 
 # -- one partition's range over several tasks --------------------------------------------------------
-def upsert_contract():
+def upsert_contract(covering: bool = True):
+    """`covering` False: a native-geometry table that stores no bbox covering."""
     from tests.streaming.write.test_upsert import DEMO as RAW
 
-    return parse_contract({**RAW, "mode": "upsert"})
+    if covering:
+        return parse_contract({**RAW, "mode": "upsert"})
+    geometry = {**RAW["geometry"], "native": True}
+    return parse_contract({**RAW, "mode": "upsert", "geometry": geometry, "bbox": {"stored": False}})
 
 
 def versions_stream(n_keys: int, n: int, seed: int) -> tuple[list[bytes], list[bytes | None], dict]:
@@ -269,13 +275,17 @@ def test_an_unavailable_value_is_the_nearest_earlier_one_of_its_key_and_never_cr
     assert bbox == {"xmin": 2.0, "ymin": 2.0, "xmax": 2.0, "ymax": 2.0} and filled.column("_hilbert")[3].as_py() == 3
 
 
-def test_what_the_batch_does_not_hold_comes_from_the_tables_current_row(tmp_path):
+@pytest.mark.parametrize("covering", [True, False], ids=["bbox", "native-no-bbox"])
+def test_what_the_batch_does_not_hold_comes_from_the_tables_current_row(tmp_path, covering):
+    """Without a stored covering, the geometry taken from the table brings a covering made again."""
+    from app.maven import configure_iceberg_java
     from streaming.read.current import TableRows
     from streaming.table.catalog import create_table, open_catalog
     from streaming.table.commit import BatchCommit, Committer
     from streaming.write.versions import fill_from_table
 
-    contract = upsert_contract()
+    configure_iceberg_java(CACHE_DIR)  # a native table is made and committed to by Iceberg Java
+    contract = upsert_contract(covering)
     catalog = open_catalog(
         "t", {"type": "sql", "uri": f"sqlite:///{tmp_path}/c.db", "warehouse": f"file://{tmp_path}/w"}
     )
@@ -306,3 +316,4 @@ def test_what_the_batch_does_not_hold_comes_from_the_tables_current_row(tmp_path
     assert unplaced == 1, "z has no row in the table: its geometry is nowhere"
     assert {k: v[:2] for k, v in where_and_name(filled).items()} == {3: ("new", (7.0, 8.0)), 4: ("b", (4.0, 4.0))}
     assert filled.column("_hilbert").to_pylist()[0] != 3, "the Hilbert key of the table's geometry, computed again"
+    assert filled.column("bbox").to_pylist()[0] == {"xmin": 7.0, "ymin": 8.0, "xmax": 7.0, "ymax": 8.0}
