@@ -30,7 +30,6 @@ from app.maven import configure_iceberg_java
 from app.metrics import TablesHealth, serve
 from app.service import (
     Lane,
-    ProgressLog,
     RunTotals,
     open_lane,
     start_spark,
@@ -245,14 +244,11 @@ def run_routes(
     registry = registry or CollectorRegistry()
     health = TablesHealth(ready_without_tables=True)
     server = serve(registry, health, settings.metrics_port) if settings.metrics_port else None
-    progress_log: ProgressLog | None = None
     service: RoutedService | None = None
     try:
         if settings.rejects_table:
             create_rejects_table(open_catalog(settings.catalog_name, settings.catalog), settings.rejects_table)
         spark = spark or start_spark(settings)
-        progress_log = ProgressLog()
-        spark.streams.addListener(progress_log)
         service = RoutedService(
             settings, routes, templates, spark, registry, health, (totals.observe, *observers), until_idle
         )
@@ -277,8 +273,6 @@ def run_routes(
     finally:
         if service is not None:
             service.close()
-        if progress_log is not None and spark is not None:
-            spark.streams.removeListener(progress_log)
         if server is not None:
             server.shutdown()
             server.server_close()

@@ -10,12 +10,11 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from prometheus_client import CollectorRegistry
 from pyiceberg.table import Table
 from pyspark.sql import SparkSession
-from pyspark.sql.streaming import StreamingQuery, StreamingQueryListener
+from pyspark.sql.streaming import StreamingQuery
 
 from app.logs import configure_logging  # noqa: F401 - the CLI and the demo take it from here
 from app.maintenance import (  # noqa: F401 - the CLI takes MAINTENANCE_MODES from here
@@ -25,6 +24,7 @@ from app.maintenance import (  # noqa: F401 - the CLI takes MAINTENANCE_MODES fr
 )
 from app.maven import configure_iceberg_java
 from app.metrics import Health, IngestMetrics, MaintenanceMetrics, TablesHealth, serve
+from app.progress import ProgressReader
 from app.settings import Settings
 from app.spark import spark_session
 from streaming.contract import Contract
@@ -142,7 +142,7 @@ class Lane:
     maintenance: MaintenanceRunner | None
     latest_offsets: LatestOffsets | None = None
     query: StreamingQuery | None = None
-    seen_progress: Any = None
+    progress: ProgressReader | None = None
 
     @property
     def name(self) -> str:
@@ -152,17 +152,16 @@ class Lane:
         self.query = start_query(
             spark, self.processor, until_idle=until_idle, trigger_interval=self.settings.trigger_interval
         )
+        self.progress = ProgressReader(self.query, self.name)
         self.health.query_active = True
         self.health.last_progress = time.time()
 
     def watch(self) -> None:
-        """Health and lag from the query's last progress (the watch loop calls it every second)."""
+        """Health and lag from the query's newest progress (the watch loop calls it every second)."""
         self.health.loop_beat = time.time()
-        progress = None if self.query is None else self.query.lastProgress
-        if not progress or progress.get("timestamp") == self.seen_progress:
-            return
-        self.seen_progress = progress.get("timestamp")
-        self.observe_progress(progress, None if self.latest_offsets is None else self.latest_offsets.get() or {})
+        reports = [] if self.progress is None else self.progress.new_reports()
+        if reports:
+            self.observe_progress(reports[-1], None if self.latest_offsets is None else self.latest_offsets.get() or {})
 
     def observe_progress(self, progress: dict, latest_offsets: dict | None) -> None:
         """A new progress of the query that feeds the lane: the lane's health, and its lag."""
@@ -286,7 +285,6 @@ def run(
     registry = registry or CollectorRegistry()
     health = TablesHealth()
     server = serve(registry, health, settings.metrics_port) if settings.metrics_port else None
-    progress_log: ProgressLog | None = None
     lane: Lane | None = None
     if settings.rejects_table:
         create_rejects_table(catalog, settings.rejects_table)
@@ -294,8 +292,6 @@ def run(
         spark = spark or start_spark(settings)
         lane = open_lane(settings, contract, table, spark, registry, (totals.observe, *observers), resume_from_table)
         health.tables[lane.name] = lane.health
-        progress_log = ProgressLog()
-        spark.streams.addListener(progress_log)
         lane.start(spark, until_idle)
         stop_requested = stop_on_signal() if not until_idle else threading.Event()
         stop_when_caught_up = until_idle and lane.config.source == "python"
@@ -315,44 +311,12 @@ def run(
         if failure is not None:
             raise RuntimeError(failure)
     finally:
-        if progress_log is not None and spark is not None:
-            spark.streams.removeListener(progress_log)
         if lane is not None:
             lane.close()
         if server is not None:
             server.shutdown()
             server.server_close()
     return totals
-
-
-class ProgressLog(StreamingQueryListener):
-    """One log line per micro-batch that read records: Spark's own timing of its trigger
-    (`duration_ms`: latestOffset, walCommit (the offset log), getBatch, queryPlanning, addBatch (the
-    foreachBatch call, whose parts the "batch" line's `seconds` give), commitOffsets (the commit log),
-    triggerExecution (all of it)). Spark calls it after each trigger, off the query's thread."""
-
-    def onQueryStarted(self, event) -> None:
-        pass
-
-    def onQueryProgress(self, event) -> None:
-        progress = event.progress
-        if progress.numInputRows:
-            log.info(
-                "progress",
-                extra={
-                    "batch": {
-                        "batch_id": progress.batchId,
-                        "rows": progress.numInputRows,
-                        "duration_ms": dict(progress.durationMs),
-                    }
-                },
-            )
-
-    def onQueryIdle(self, event) -> None:
-        pass
-
-    def onQueryTerminated(self, event) -> None:
-        pass
 
 
 def _resume_from_table(config: JobConfig, table, settings: Settings) -> JobConfig:

@@ -23,6 +23,7 @@ from pyspark.sql.streaming import StreamingQuery
 
 from app.maintenance import MaintenanceChild
 from app.metrics import IngestMetrics, TablesHealth
+from app.progress import ProgressReader
 from app.service import Lane, dead_letter_config, open_lane, topic_config
 from app.settings import Settings
 from streaming.contract import Contract
@@ -89,7 +90,7 @@ class SplitLane:
         ranges = self.splitter.ranges_source
         self.latest_offsets = LatestOffsets(ranges) if ranges is not None else None
         self.query: StreamingQuery | None = None
-        self.seen_progress = None
+        self.progress: ProgressReader | None = None
 
     @property
     def name(self) -> str:
@@ -107,6 +108,7 @@ class SplitLane:
             until_idle,
             self.settings.trigger_interval,
         )
+        self.progress = ProgressReader(self.query, f"topic-{self.settings.topic}")
 
     def _processor_for(self, name: str) -> BatchProcessor:
         """The processor of a table the route names, its lane opened (and the table created) on its
@@ -146,10 +148,10 @@ class SplitLane:
         """Each table's health, and the topic's lag, from the query's last progress."""
         for lane in self.tables.values():
             lane.health.loop_beat = time.time()
-        progress = None if self.query is None else self.query.lastProgress
-        if not progress or progress.get("timestamp") == self.seen_progress:
+        reports = [] if self.progress is None else self.progress.new_reports()
+        if not reports:
             return
-        self.seen_progress = progress.get("timestamp")
+        progress = reports[-1]
         latest = None if self.latest_offsets is None else self.latest_offsets.get() or {}
         for lane in self.tables.values():
             lane.observe_progress(progress, latest)

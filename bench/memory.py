@@ -4,6 +4,7 @@ the Python workers under the JVM (psutil would do it too; /proc is all a Linux r
 from __future__ import annotations
 
 import os
+import re
 import threading
 from pathlib import Path
 
@@ -50,15 +51,71 @@ def tree_cpu_s(pid: int) -> float:
     """CPU seconds (user and system) a process and every process under it used so far: the live
     ones' own and those of the children they reaped (a maintenance run that ended, a Python worker
     Spark replaced), so the figure only grows while the tree runs."""
+    return sum(v for k, v in tree_cpu_parts(pid).items() if " thread " not in k)
+
+
+def tree_cpu_parts(pid: int) -> dict[str, float]:
+    """`tree_cpu_s` by part of the stack: "driver" (the process `pid`), "spark_jvm", "iceberg_jvm"
+    (the py4j JVM native-geometry tables are committed through), "python_workers" (Python under
+    Spark's JVM), "maintenance" (Python under the driver), "other"; what a process reaped goes to
+    "<part> reaped" (Spark's JVM reaps the Python workers it replaced, the driver its maintenance
+    runs), and the Spark JVM's own time also by thread, "spark_jvm thread <name>" (digits as #; threads that ended:
+    "spark_jvm thread (ended)"), which the other parts do not count twice: see `tree_cpu_s`."""
     children = _children_by_parent()
-    ticks = 0
-    for process in [pid, *_descendants(pid, children)]:
+    parts: dict[str, float] = {}
+    tick = os.sysconf("SC_CLK_TCK")
+
+    def add(part: str, ticks: int) -> None:
+        if ticks:
+            parts[part] = parts.get(part, 0.0) + ticks / tick
+
+    def walk(process: int, under_spark: bool) -> None:
         try:
             fields = Path(f"/proc/{process}/stat").read_text().rsplit(")", 1)[1].split()
         except OSError:
+            return
+        part = _part_of(process, pid, under_spark)
+        add(part, int(fields[11]) + int(fields[12]))
+        add(f"{part} reaped", int(fields[13]) + int(fields[14]))
+        if part == "spark_jvm":
+            threads = _thread_ticks(process)
+            for name, ticks in threads.items():
+                add(f"spark_jvm thread {name}", ticks)
+            # A thread that ended leaves its time in the process's alone.
+            add("spark_jvm thread (ended)", int(fields[11]) + int(fields[12]) - sum(threads.values()))
+        for child in children.get(process, []):
+            walk(child, under_spark or part == "spark_jvm")
+
+    walk(pid, False)
+    return parts
+
+
+def _part_of(process: int, root: int, under_spark: bool) -> str:
+    if process == root:
+        return "driver"
+    name = _name(process)
+    if name == "java":
+        try:
+            command = Path(f"/proc/{process}/cmdline").read_bytes()
+        except OSError:
+            command = b""
+        return "iceberg_jvm" if b"py4j.GatewayServer" in command else "spark_jvm"
+    if name.startswith("python"):
+        return "python_workers" if under_spark else "maintenance"
+    return "other"
+
+
+def _thread_ticks(process: int) -> dict[str, int]:
+    """A JVM's CPU ticks by thread name, numbers in names folded ("Executor task launch worker for task #")."""
+    ticks: dict[str, int] = {}
+    for task in Path(f"/proc/{process}/task").glob("[0-9]*"):
+        try:
+            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+            name = re.sub(r"\d+", "#", (task / "comm").read_text().strip())
+        except OSError:
             continue
-        ticks += sum(int(fields[i]) for i in (11, 12, 13, 14))  # utime, stime, cutime, cstime
-    return ticks / os.sysconf("SC_CLK_TCK")
+        ticks[name] = ticks.get(name, 0) + int(fields[11]) + int(fields[12])
+    return ticks
 
 
 def _rss(pid: int) -> int:

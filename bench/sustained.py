@@ -50,6 +50,7 @@ Writes bench/results/sustained.json and sustained.md (--results names them other
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import multiprocessing
 import os
@@ -70,7 +71,7 @@ import pyarrow.parquet as pq  # noqa: E402
 
 from app.maven import configure_iceberg_java  # noqa: E402
 from bench.ingest import CORES, limit_chain, make_events, producer_settings  # noqa: E402
-from bench.memory import tree_cpu_s  # noqa: E402
+from bench.memory import tree_cpu_parts  # noqa: E402
 from bench.plain_stack import DATASET_FORMATS, PlainStackProcess, launch_plain_stack  # noqa: E402
 from bench.upsert import broker_topic  # noqa: E402
 from streaming.contract import parse_contract  # noqa: E402
@@ -143,6 +144,7 @@ class Stage:
     # CPU seconds the stack's own processes used over the stage, and the events it took in meanwhile.
     cpu_s: float | None = None
     events: int | None = None
+    cpu_parts: dict[str, float] = field(default_factory=dict)  # cpu_s by part (bench.memory.tree_cpu_parts)
 
     def judge(self, bound_s: float, settle_s: float) -> bool:
         second_half = [lag for t, lag in self.lag_s if t >= (self.started + self.ended) / 2]
@@ -171,6 +173,7 @@ class Stage:
             "load": round(self.load, 1),
             **({"cpu_s": round(self.cpu_s, 1), "events": self.events} if self.cpu_s is not None else {}),
             **({"cpu_s_per_million_events": self.cpu_per_million} if self.cpu_per_million is not None else {}),
+            **({"cpu_parts_s": {k: round(v, 1) for k, v in self.cpu_parts.items()}} if self.cpu_parts else {}),
         }
 
     @property
@@ -191,12 +194,13 @@ class Run:
         lag_events: Callable[[], int],
         bound_s: float,
         compression: str = "lz4",
-        cpu_s: Callable[[], float] | None = None,
+        cpu_parts: Callable[[], dict[str, float]] | None = None,
         taken_in: Callable[[], int] | None = None,
     ):
-        """`cpu_s`: CPU seconds the stack's processes used so far; `taken_in`: events it consumed so far."""
+        """`cpu_parts`: CPU seconds the stack's processes used so far, by part (bench.memory.tree_cpu_parts);
+        `taken_in`: events it consumed so far."""
         self.bootstrap, self.topic, self.lag_events, self.bound_s = bootstrap, topic, lag_events, bound_s
-        self.cpu_s, self.taken_in = cpu_s, taken_in
+        self.cpu_parts, self.taken_in = cpu_parts, taken_in
         spawn = multiprocessing.get_context("spawn")
         self.rate, self.stop, self.sent = spawn.Value("d", 0.0), spawn.Event(), spawn.Value("q", 0)
         self.producer = spawn.Process(
@@ -211,7 +215,7 @@ class Run:
         self.rate.value = float(rate)
         stage = Stage(kind, rate, time.time())
         sent_before, began = self.sent.value, time.monotonic()
-        cpu_before = self.cpu_s() if self.cpu_s else None
+        cpu_before = self.cpu_parts() if self.cpu_parts else None
         taken_before = self.taken_in() if self.taken_in else None
         while time.monotonic() - began < seconds:
             time.sleep(SAMPLE_S)
@@ -221,8 +225,11 @@ class Run:
             if until_drained and stage.lag_s[-1][1] < self.bound_s / 2:
                 break
         stage.ended = time.time()
-        if cpu_before is not None and taken_before is not None and self.cpu_s and self.taken_in:
-            stage.cpu_s = self.cpu_s() - cpu_before
+        if cpu_before is not None and taken_before is not None and self.cpu_parts and self.taken_in:
+            after = self.cpu_parts()
+            spent = {part: after[part] - cpu_before.get(part, 0.0) for part in sorted(after)}
+            stage.cpu_s = sum(v for k, v in spent.items() if " thread " not in k)
+            stage.cpu_parts = {part: s for part, s in spent.items() if s >= 0.05}
             stage.events = self.taken_in() - taken_before
         stage.load = os.getloadavg()[0]
         stage.sent_rate = round((self.sent.value - sent_before) / max(time.monotonic() - began, 1e-9))
@@ -331,11 +338,19 @@ def plain_table(stack: PlainStackProcess):
 
 
 def one_stack(
-    bootstrap: str, workdir: Path, dataset: str, stack: str, start_rate: int, args, table_format: str = "v2"
+    bootstrap: str,
+    workdir: Path,
+    dataset: str,
+    stack: str,
+    start_rate: int,
+    args,
+    table_format: str = "v2",
+    repeat: int = 0,
 ) -> dict:
     """`table_format` v3: the table a native-geometry contract makes (docs/contracts.md#native-geometry-iceberg-v3);
-    v3-nobbox: one that stores no bbox covering (`bbox.stored: false`)."""
-    topic = f"sustained-{dataset}-{stack}-{table_format}"
+    v3-nobbox: one that stores no bbox covering (`bbox.stored: false`). `repeat`: which of --repeats
+    this run is (a topic and table of its own)."""
+    topic = f"sustained-{dataset}-{stack}-{table_format}" + (f"-{repeat + 1}" if repeat else "")
     broker_topic(bootstrap, topic)
     client = {"bootstrap_servers": bootstrap}
     service: Service | None = None
@@ -365,6 +380,7 @@ def one_stack(
             GEOINGEST_DRIVER_MEMORY="2g",
             GEOINGEST_SOURCE=stack,
             **({"GEOINGEST_MAINTENANCE_MODE": args.maintenance} if args.maintenance else {}),
+            **dict(setting.split("=", 1) for setting in args.service_env),
         )
         from streaming.table.catalog import create_table
 
@@ -403,12 +419,18 @@ def one_stack(
             return sum(end_offsets(client, topic).values()) - consumed()
 
         root = plain.process.pid if plain is not None else service.process.pid  # type: ignore[union-attr]
-        run = Run(bootstrap, topic, dataset, lag, args.lag_bound, args.compression, lambda: tree_cpu_s(root), consumed)
+        run = Run(
+            bootstrap, topic, dataset, lag, args.lag_bound, args.compression, lambda: tree_cpu_parts(root), consumed
+        )
         try:
             hold = find_capacity(run, start_rate, args)
         finally:
             run.close()
-        label = stack if table_format == "v2" else f"{stack} {table_format}"
+        label = (
+            (stack if table_format == "v2" else f"{stack} {table_format}")
+            + (f" ({args.variant})" if args.variant else "")
+            + (f" run {repeat + 1}" if args.repeats > 1 else "")
+        )
         result: dict = {"dataset": dataset, "stack": label, "stages": [s.shown() for s in run.stages]}
         if service is not None:
             result["maintenance"] = args.maintenance or "beside"
@@ -431,6 +453,7 @@ def one_stack(
             "p50_s": round(float(q[0]), 3),
             "p99_s": round(float(q[1]), 3),
             "cpu_s_per_million_events": hold.cpu_per_million,
+            "cpu_parts_s": {**{k: round(v, 1) for k, v in hold.cpu_parts.items()}, "_events": hold.events},
             "rows_measured": int(ages.size),
         }
     finally:
@@ -495,7 +518,20 @@ def main() -> None:
         default="v2",
         help="v2 (WKB in a binary column), v3 (native geometry), v3-nobbox (native, no bbox covering), or a list: v2,v3",
     )
+    parser.add_argument(
+        "--service-env",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="a setting of geoingest's for this run (GEOINGEST_SPARK__spark.driver.extraJavaOptions=...), repeatable",
+    )
+    parser.add_argument(
+        "--repeats", type=int, default=1, help="runs of each table format, alternating; the results say each one's"
+    )
+    parser.add_argument("--variant", default="", help="a name for the --service-env settings, shown beside the stack")
     args = parser.parse_args()
+    if bad_env := [e for e in args.service_env if "=" not in e or not e.startswith("GEOINGEST_")]:
+        parser.error(f"--service-env: {bad_env[0]!r} is not GEOINGEST_NAME=VALUE")
     table_formats = [f.strip() for f in args.table_formats.split(",")]
     if set(table_formats) - {"v2", "v3", "v3-nobbox"}:
         parser.error(f"--table-formats: {args.table_formats!r} is not a list of v2, v3, v3-nobbox")
@@ -526,8 +562,13 @@ def main() -> None:
                     if (dataset, stack) in done:
                         continue
                     start_rate = int(args.start * burst.get((dataset, stack), 40_000))
-                    for table_format in table_formats if stack != "plain" else ["v2"]:
-                        run = one_stack(broker.bootstrap, workdir, dataset, stack, start_rate, args, table_format)
+                    formats = table_formats if stack != "plain" else ["v2"]
+                    # Alternating (v2, v3, v2, v3, ...): a drift of the machine's state over the
+                    # invocation falls on every table format alike.
+                    for repeat, table_format in itertools.product(range(args.repeats), formats):
+                        run = one_stack(
+                            broker.bootstrap, workdir, dataset, stack, start_rate, args, table_format, repeat
+                        )
                         run["burst"] = burst.get((dataset, stack))
                         run["limit_chain"] = limit["events_per_s"]
                         run["producer"] = producer_settings(args.compression)
@@ -619,6 +660,45 @@ def write_results(report: dict, name: str) -> None:
     for r in timed:
         stages = ", ".join(f"{name} {p50}/{p99}" for name, (p50, p99) in r["batch_stage_s_p50_p99"].items())
         lines.append(f"- {r['dataset']}, {r['stack']}: {r['batches']} batches; {stages}")
+    repeated: dict[tuple[str, str], list[dict]] = {}
+    for r in report["runs"]:
+        if " run " in r["stack"] and r.get("p99_s") is not None:
+            repeated.setdefault((r["dataset"], r["stack"].rsplit(" run ", 1)[0]), []).append(r)
+    if repeated:
+        lines += [
+            "",
+            "Over the repeats (runs alternating between the stacks): the median of the runs' p50 and p99, "
+            "each run's p99, and the median CPU seconds per million events:",
+            "",
+            "| dataset | stack | runs | median p50 s | median p99 s | each run's p99 s | CPU s per million events |",
+            "|---|---|---|---|---|---|---|",
+        ]
+    for (dataset, stack), group in repeated.items():
+        cpu = [r["cpu_s_per_million_events"] for r in group if r.get("cpu_s_per_million_events")]
+        lines.append(
+            f"| {dataset} | {stack} | {len(group)} | {round(float(np.median([r['p50_s'] for r in group])), 3)} "
+            f"| {round(float(np.median([r['p99_s'] for r in group])), 3)} "
+            f"| {', '.join(str(r['p99_s']) for r in group)} | {round(float(np.median(cpu)), 1) if cpu else ''} |"
+        )
+    parted = [r for r in report["runs"] if r.get("cpu_parts_s") and r.get("rows_measured")]
+    if parted:
+        lines += [
+            "",
+            "Where the CPU went over the hold: CPU seconds per million events taken in, by part of the stack "
+            "(bench/memory.py tree_cpu_parts; Spark's JVM also by thread, the ten busiest):",
+            "",
+        ]
+    for r in parted:
+        events = r["cpu_parts_s"].get("_events") or r["rows_measured"]
+        per_million = {k: v / events * 1e6 for k, v in r["cpu_parts_s"].items() if not k.startswith("_")}
+        processes = {k: v for k, v in per_million.items() if " thread " not in k}
+        threads = sorted(((v, k) for k, v in per_million.items() if " thread " in k), reverse=True)[:10]
+        lines.append(
+            f"- {r['dataset']}, {r['stack']}: "
+            + ", ".join(f"{k} {v:.1f}" for k, v in sorted(processes.items(), key=lambda kv: -kv[1]))
+            + "; Spark JVM threads: "
+            + ", ".join(f"{k.removeprefix('spark_jvm thread ')} {v:.1f}" for v, k in threads)
+        )
     lines.append("")
     (RESULTS / f"{name}.md").write_text("\n".join(lines))
     print("\n".join(lines))

@@ -881,31 +881,47 @@ RECOVERED_BATCH_PROGRESS = {
 }
 
 
-def test_a_restarted_service_survives_the_progress_of_a_recovered_batch():
-    """pyspark 4.0 renders the null latestOffset of such a batch as the string 'None'
-    (SourceProgress.fromJObject does str(None)). app.metrics._offsets used to json.loads it and the
-    JSONDecodeError escaped the service's watch loop: the restarted service exited 2 right after the
-    replayed batch, and since Spark had already planned the next batch, every restart did the same,
-    one batch each (seen in the chaos runs). Fixed in app/metrics.py and app/service.py."""
+@pytest.mark.parametrize("rendering", ["spark-json", "pyspark"])
+def test_a_restarted_service_survives_the_progress_of_a_recovered_batch(rendering):
+    """Such a batch has a null latestOffset: null in Spark's JSON of its progress, which the
+    service reads (app/progress.py), and the string 'None' in pyspark 4.0's rendering of it
+    (SourceProgress.fromJObject does str(None)), which it read before. app.metrics._offsets used to
+    json.loads it and the JSONDecodeError escaped the service's watch loop: the restarted service
+    exited 2 right after the replayed batch, and since Spark had already planned the next batch,
+    every restart did the same, one batch each (seen in the chaos runs). Fixed in app/metrics.py
+    and app/service.py. The query is a stand-in: a restart's first progress, captured from one."""
     from prometheus_client import CollectorRegistry
     from pyspark.sql.streaming.listener import StreamingQueryProgress
 
     from app.metrics import Health, IngestMetrics
+    from app.progress import ProgressReader
     from app.service import Lane
 
-    progress = StreamingQueryProgress.fromJson(RECOVERED_BATCH_PROGRESS)
-    assert progress["sources"][0]["latestOffset"] == "None", "what pyspark hands the service"
+    if rendering == "pyspark":
+        report = StreamingQueryProgress.fromJson(RECOVERED_BATCH_PROGRESS)
+        assert report["sources"][0]["latestOffset"] == "None", "what pyspark hands a reader"
+        rendered = report.json
+    else:
+        rendered = json.dumps(RECOVERED_BATCH_PROGRESS)
+
+    class JavaProgress:
+        def json(self):
+            return rendered
+
+    class JavaQuery:
+        def recentProgress(self):
+            return [JavaProgress()]
 
     class RecoveredQuery:  # a query that ran the recovered batch, then stopped
         def __init__(self):
             self.polls = 0
+            self._jsq = JavaQuery()
 
         @property
         def isActive(self):
             self.polls += 1
             return self.polls <= 2
 
-        lastProgress = progress
         status = {"isTriggerActive": False}
 
         def awaitTermination(self, timeout):
@@ -921,6 +937,7 @@ def test_a_restarted_service_survives_the_progress_of_a_recovered_batch():
     query = RecoveredQuery()
     # Only what the watch loop reads: the query's progress, the processor's error, metrics and health.
     lane = Lane(None, CONTRACT, None, None, QuietProcessor(), metrics, Health(max_silence_s=60), None, query=query)  # type: ignore[arg-type]
+    lane.progress = ProgressReader(query, CONTRACT.table)
     while query.isActive:
         lane.watch()
     assert lane.failure() is None

@@ -132,8 +132,10 @@ V3_CELLS = [
     Cell(1, "python", "batch", "upsert", "none", defaults=True, native=True),
     Cell(2, "spark-kafka", "task", "upsert", "day+geohash", native=True),
     Cell(5, "python", "batch", "append", "day+geohash", jobs=True, native=True),
-    # Without the covering: the cells and the Hilbert key from a covering the rows carry, not the table.
+    # Without the covering: the cells and the Hilbert key from a covering the rows carry, not the
+    # table; an upsert row filled from the key's current row gets its covering made again.
     Cell(5, "spark-kafka", "task", "upsert", "day+geohash", native=True, covering=False),
+    Cell(1, "spark-kafka", "task", "upsert", "none", defaults=True, native=True, covering=False),
 ]
 
 
