@@ -4,10 +4,10 @@ the "progress" log line of each batch that read records.
 pyspark builds a progress object from the JVM's field by field: `StreamingQuery.lastProgress`
 and a Python `StreamingQueryListener` (which Spark calls back through py4j on every trigger) each
 cost hundreds of py4j round trips per report, most of them a type check that makes the JVM look a
-class name up in every jar. Measured on the service at 60,000 GeoJSON points/s (trigger "0
-seconds", py4j and thread sampling over 60 s): those conversions were 57 % of the driver's busy
-samples and most of what the JVM's py4j and listener threads ran. Here a report is one round
-trip: its JSON, which Spark renders itself (`StreamingQueryProgress.json`).
+class name up in every jar. The service did both, and at 100,000 GeoJSON points/s (trigger "0
+seconds") the driver's Python and the JVM's py4j and listener threads used 0.30 CPU-seconds per
+batch; reading each report as one round trip, its JSON as Spark renders it
+(`StreamingQueryProgress.json`), they use 0.07 (bench/sustained.py's CPU by part; docs/benchmarks.md).
 """
 
 from __future__ import annotations

@@ -26,7 +26,7 @@ from app.maven import configure_iceberg_java
 from app.metrics import Health, IngestMetrics, MaintenanceMetrics, TablesHealth, serve
 from app.progress import ProgressReader
 from app.settings import Settings
-from app.spark import spark_session
+from app.spark import local_checkpoint_conf, spark_session
 from streaming.contract import Contract
 from streaming.decode.decoder import DecodeOptions
 from streaming.decode.schema_registry import RegistrySettings
@@ -123,7 +123,12 @@ def dead_letter_config(settings: Settings, location: str, io_properties: dict[st
 
 
 def start_spark(settings: Settings) -> SparkSession:
-    return spark_session(settings.spark_master, settings.cache_dir, settings.driver_memory, settings.spark)
+    return spark_session(settings.spark_master, settings.cache_dir, settings.driver_memory, spark_conf(settings))
+
+
+def spark_conf(settings: Settings) -> dict[str, str]:
+    """The service's Spark configuration: the settings' spark.* over what its checkpoint location asks."""
+    return {**local_checkpoint_conf(settings.checkpoint_location), **settings.spark}
 
 
 @dataclass

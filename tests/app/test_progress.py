@@ -28,7 +28,10 @@ def test_each_report_is_read_once_in_order_as_pyspark_reads_it(spark, caplog):
     try:
         deadline = time.monotonic() + 120
         while sum(1 for r in read if r["numInputRows"]) < 12 and time.monotonic() < deadline:
-            time.sleep(0.45)  # slower than the batches: a read finds several new reports
+            # Read once two more batches ran (pyspark's own view): a read finds several new reports.
+            newest = read[-1]["batchId"] if read else -1
+            while time.monotonic() < deadline and (query.lastProgress or {"batchId": -1})["batchId"] < newest + 2:
+                time.sleep(0.05)
             new = reader.new_reports()
             reads_with_several += len(new) > 1
             read += new

@@ -5,6 +5,10 @@ from __future__ import annotations
 import pyarrow as pa
 import pytest
 
+from app.service import spark_conf
+from app.settings import load_settings
+from app.spark import local_checkpoint_conf
+
 pytestmark = pytest.mark.integration
 
 
@@ -57,3 +61,31 @@ print("done", file=sys.stderr)
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.split() == ["True", "True", "True"]
     assert result.stderr.strip().splitlines()[-1] == "done"
+
+
+@pytest.mark.parametrize(
+    ("location", "raw_local"),
+    [
+        ("/srv/geoingest/checkpoints", True),
+        ("file:///srv/checkpoints", True),
+        ("s3a://bucket/ck", False),
+        ("hdfs://nn/ck", False),
+    ],
+)
+def test_only_a_local_checkpoint_is_written_through_the_raw_local_file_system(location, raw_local):
+    """Spark's default checkpoint manager stays for stores whose FileContext renames atomically;
+    the service's kill -9 tests (tests/streaming/job/test_chaos.py) resume from local ones."""
+    conf = local_checkpoint_conf(location)
+    assert bool(conf) is raw_local
+    if raw_local:
+        assert conf["spark.hadoop.fs.file.impl"] == "org.apache.hadoop.fs.RawLocalFileSystem"
+        assert conf["spark.sql.streaming.checkpointFileManagerClass"].endswith("FileSystemBasedCheckpointFileManager")
+
+
+def test_the_services_own_spark_settings_win_over_the_checkpoints(tmp_path):
+    settings = load_settings(
+        env={}, checkpoint_location=str(tmp_path), spark={"spark.hadoop.fs.file.impl": "org.example.Mine"}
+    )
+    conf = spark_conf(settings)
+    assert conf["spark.hadoop.fs.file.impl"] == "org.example.Mine"
+    assert conf["spark.sql.streaming.checkpointFileManagerClass"].endswith("FileSystemBasedCheckpointFileManager")
