@@ -100,15 +100,9 @@ class SplitLane:
         return tuple(self.tables)
 
     def start(self, spark: SparkSession, until_idle: bool) -> None:
-        self.query = start_stream(
-            spark,
-            self.splitter,
-            self.config,
-            f"topic-{self.settings.topic}",
-            until_idle,
-            self.settings.trigger_interval,
-        )
-        self.progress = ProgressReader(self.query, f"topic-{self.settings.topic}")
+        name = f"topic-{self.settings.topic}"
+        self.query = start_stream(spark, self.splitter, self.config, name, until_idle, self.settings.trigger_interval)
+        self.progress = ProgressReader(self.query, name)
 
     def _processor_for(self, name: str) -> BatchProcessor:
         """The processor of a table the route names, its lane opened (and the table created) on its

@@ -47,20 +47,21 @@ class PeakMemory:
             self.workers = max(self.workers, sum(_rss(p) for j in jvms for p in _descendants(j, children)))
 
 
-def tree_cpu_s(pid: int) -> float:
-    """CPU seconds (user and system) a process and every process under it used so far: the live
-    ones' own and those of the children they reaped (a maintenance run that ended, a Python worker
-    Spark replaced), so the figure only grows while the tree runs."""
-    return sum(v for k, v in tree_cpu_parts(pid).items() if " thread " not in k)
+def processes_cpu_s(parts: dict[str, float]) -> float:
+    """The CPU seconds of `tree_cpu_parts` (or a difference of two), each second once: the
+    "spark_jvm thread" entries split the "spark_jvm" one."""
+    return sum(seconds for part, seconds in parts.items() if " thread " not in part)
 
 
 def tree_cpu_parts(pid: int) -> dict[str, float]:
-    """`tree_cpu_s` by part of the stack: "driver" (the process `pid`), "spark_jvm", "iceberg_jvm"
+    """CPU seconds (user and system) a process and every process under it used so far, by part of
+    the stack: the live ones' own and those of the children they reaped (a maintenance run that
+    ended, a Python worker Spark replaced), so each figure only grows while the tree runs. Parts: "driver" (the process `pid`), "spark_jvm", "iceberg_jvm"
     (the py4j JVM native-geometry tables are committed through), "python_workers" (Python under
     Spark's JVM), "maintenance" (Python under the driver), "other"; what a process reaped goes to
     "<part> reaped" (Spark's JVM reaps the Python workers it replaced, the driver its maintenance
     runs), and the Spark JVM's own time also by thread, "spark_jvm thread <name>" (digits as #; threads that ended:
-    "spark_jvm thread (ended)"), which the other parts do not count twice: see `tree_cpu_s`."""
+    "spark_jvm thread (ended)"), which `processes_cpu_s` does not count twice."""
     children = _children_by_parent()
     parts: dict[str, float] = {}
     tick = os.sysconf("SC_CLK_TCK")

@@ -71,7 +71,7 @@ import pyarrow.parquet as pq  # noqa: E402
 
 from app.maven import configure_iceberg_java  # noqa: E402
 from bench.ingest import CORES, limit_chain, make_events, producer_settings  # noqa: E402
-from bench.memory import tree_cpu_parts  # noqa: E402
+from bench.memory import processes_cpu_s, tree_cpu_parts  # noqa: E402
 from bench.plain_stack import DATASET_FORMATS, PlainStackProcess, launch_plain_stack  # noqa: E402
 from bench.upsert import broker_topic  # noqa: E402
 from streaming.contract import parse_contract  # noqa: E402
@@ -228,7 +228,7 @@ class Run:
         if cpu_before is not None and taken_before is not None and self.cpu_parts and self.taken_in:
             after = self.cpu_parts()
             spent = {part: after[part] - cpu_before.get(part, 0.0) for part in sorted(after)}
-            stage.cpu_s = sum(v for k, v in spent.items() if " thread " not in k)
+            stage.cpu_s = processes_cpu_s(spent)
             stage.cpu_parts = {part: s for part, s in spent.items() if s >= 0.05}
             stage.events = self.taken_in() - taken_before
         stage.load = os.getloadavg()[0]
